@@ -1,0 +1,255 @@
+/* attention_impl.h: scaled dot-product attention, forward and backward, for a type `real`.
+ * Included by attention.c with real (float|double), SFX (f32|f64) and EXP (expf|exp) defined.
+ *
+ * Work is split into query blocks of up to BQ rows. A block's scores S (rows, n_k) are
+ * computed by one GEMM, turned into probabilities row by row (the whole row is in hand, so
+ * the softmax is exact and needs no running rescale), and multiplied into V by a second GEMM.
+ * The scratch is O(BQ * n_k) per thread, never n_q x n_k, unless the weights are requested.
+ * The backward recomputes P with the same code, so it needs nothing saved by the forward.
+ */
+
+/* Scores of one query block, in elements; bounded so a block stays about 4 MiB. */
+static int64_t FN(block_rows)(int64_t n_k) {
+    int64_t rows = (int64_t)((4u << 20) / sizeof(real)) / MHA_MAX(n_k, 1);
+    return MHA_MAX(1, MHA_MIN(64, rows));
+}
+
+/* Keys that a causal block's last row can see: columns [0, n_visible) of the block. */
+static int64_t FN(visible_keys)(const mha_attention_desc *d, int64_t i_last) {
+    if (!d->causal) return d->n_k;
+    int64_t last = i_last + (d->n_k - d->n_q);
+    return MHA_MAX(0, MHA_MIN(d->n_k, last + 1));
+}
+
+/* P (rows, n_vis) with row stride ld: the attention probabilities of query rows
+ * [i0, i0 + rows) of head (b, h). On entry P holds scale * q k^T; masks are applied here.
+ * A row with no finite score becomes all zeros. */
+static void FN(softmax_rows)(real *P, int64_t ld, int64_t rows, int64_t n_vis, int64_t b,
+                             int64_t h, int64_t i0, const mha_attention_desc *d) {
+    const int64_t shift = d->n_k - d->n_q;
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t i = i0 + r;
+        real *p = P + r * ld;
+        /* 1. masks: float added; bool, key padding and causal set -inf */
+        if (d->mask_kind != MHA_MASK_NONE) {
+            int64_t base = b * d->mask_strides[0] + h * d->mask_strides[1] + i * d->mask_strides[2];
+            int64_t sj = d->mask_strides[3];
+            if (d->mask_kind == MHA_MASK_FLOAT) {
+                const real *m = (const real *)d->mask + base;
+                for (int64_t j = 0; j < n_vis; j++) p[j] += m[j * sj];
+            } else {
+                const uint8_t *m = (const uint8_t *)d->mask + base;
+                for (int64_t j = 0; j < n_vis; j++)
+                    if (!m[j * sj]) p[j] = -INFINITY;
+            }
+        }
+        if (d->key_padding) {
+            const uint8_t *kp = d->key_padding + b * d->key_padding_stride;
+            for (int64_t j = 0; j < n_vis; j++)
+                if (!kp[j]) p[j] = -INFINITY;
+        }
+        int64_t n_row = n_vis; /* columns this row may see */
+        if (d->causal) n_row = MHA_MAX(0, MHA_MIN(n_vis, i + shift + 1));
+        /* 2. max (NaN propagates: once m is NaN it stays NaN) */
+        real m = -INFINITY;
+        for (int64_t j = 0; j < n_row; j++)
+            if (p[j] > m || p[j] != p[j]) m = m != m ? m : p[j];
+        if (m == -INFINITY) { /* every key masked: the row is 0 */
+            memset(p, 0, (size_t)n_vis * sizeof(real));
+            continue;
+        }
+        /* 3. exp and normalise */
+        real sum = 0;
+        for (int64_t j = 0; j < n_row; j++) {
+            p[j] = EXP(p[j] - m);
+            sum += p[j];
+        }
+        real inv = 1 / sum;
+        for (int64_t j = 0; j < n_row; j++) p[j] *= inv;
+        for (int64_t j = n_row; j < n_vis; j++) p[j] = 0;
+    }
+}
+
+/* A = P * keep / (1 - p): dropout of rows [i0, i0 + rows) of head (b, h), out of place
+ * (A may equal P). */
+static void FN(dropout_rows)(real *A, const real *P, int64_t ld, int64_t rows, int64_t n_vis,
+                             int64_t b, int64_t h, int64_t i0, const mha_attention_desc *d) {
+    const double p_drop = d->dropout;
+    const real keep_scale = (real)(1.0 / (1.0 - p_drop));
+    for (int64_t r = 0; r < rows; r++) {
+        uint64_t state = mha_dropout_row_state(d->seed, (uint64_t)b, (uint64_t)h, (uint64_t)(i0 + r));
+        for (int64_t j = 0; j < n_vis; j++) {
+            int keep = mha_uniform_from_state(state, (uint64_t)j) >= p_drop;
+            A[r * ld + j] = keep ? P[r * ld + j] * keep_scale : 0;
+        }
+    }
+}
+
+/* Pointers to head (b, h) of a view. */
+#define AT(ptr, view, b, h) ((ptr) + (b) * (view).batch + (h) * (view).head)
+
+/* Scores then probabilities of one query block into P; returns the visible key count. */
+static int64_t FN(block_probs)(real *P, int64_t ld, real *gemm_ws, const real *q_bh,
+                               const real *k_bh, int64_t b, int64_t h, int64_t i0, int64_t rows,
+                               const mha_attention_desc *d) {
+    int64_t n_vis = FN(visible_keys)(d, i0 + rows - 1);
+    FN(mha_gemm_ws)(0, 1, rows, n_vis, d->d_k, (real)d->scale, q_bh + i0 * d->q.row, d->q.row,
+                    k_bh, d->k.row, 0, P, ld, gemm_ws, 1);
+    FN(softmax_rows)(P, ld, rows, n_vis, b, h, i0, d);
+    return n_vis;
+}
+
+static size_t FN(attention_gemm_ws)(const mha_attention_desc *d, int64_t bq) {
+    size_t ws = 0, w;
+    int64_t dk = MHA_MAX(d->d_k, d->d_v);
+    w = FN(mha_gemm_workspace)(bq, d->n_k, dk, 1);      ws = MHA_MAX(ws, w); /* S, dA        */
+    w = FN(mha_gemm_workspace)(bq, dk, d->n_k, 1);      ws = MHA_MAX(ws, w); /* O, dQ        */
+    w = FN(mha_gemm_workspace)(d->n_k, dk, bq, 1);      ws = MHA_MAX(ws, w); /* dK, dV       */
+    return mha_round_up(ws, MHA_CACHE_LINE);
+}
+
+/* Per-thread scratch: n_buffers blocks of (bq, ld) plus a GEMM workspace, or 0 on overflow. */
+static size_t FN(thread_scratch)(const mha_attention_desc *d, int64_t bq, int64_t ld,
+                                 int n_buffers) {
+    int ok = 1;
+    size_t block = mha_mul_size((size_t)bq, (size_t)ld, &ok);
+    block = mha_mul_size(block, sizeof(real) * (size_t)n_buffers, &ok);
+    size_t total = mha_round_up(block, MHA_CACHE_LINE) + FN(attention_gemm_ws)(d, bq);
+    return ok ? total : 0;
+}
+
+/* Forward
+ * out: (B, H, n_q, d_v) by d->out   weights: (B, H, n_q, n_k) contiguous or NULL
+ * q: (B, H, n_q, d_k)   k: (B, H_kv, n_k, d_k)   v: (B, H_kv, n_k, d_v)   */
+int FN(mha_attention_forward)(real *out, real *weights, const real *q, const real *k,
+                              const real *v, const mha_attention_desc *d) {
+    const int64_t B = d->batch, H = d->heads, group = d->heads / d->kv_heads;
+    const int64_t bq = FN(block_rows)(d->n_k), ld = MHA_MAX(d->n_k, 1);
+    const int64_t q_blocks = (d->n_q + bq - 1) / bq;
+    const int64_t tasks = B * H * q_blocks;
+    if (tasks == 0) return MHA_OK;
+    int threads = (int)MHA_MIN((int64_t)mha_threads_for_region(), tasks);
+    size_t per_thread = FN(thread_scratch)(d, bq, ld, 1);
+    if (per_thread == 0 || per_thread > SIZE_MAX / (size_t)threads) return MHA_ENOMEM;
+    char *scratch = mha_alloc(per_thread * (size_t)threads);
+    if (!scratch) return MHA_ENOMEM;
+
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1)
+#endif
+    for (int64_t task = 0; task < tasks; task++) {
+        int t = 0;
+#ifdef _OPENMP
+        t = omp_get_thread_num();
+#endif
+        real *P = (real *)(scratch + (size_t)t * per_thread);
+        real *gemm_ws = (real *)((char *)P + mha_round_up((size_t)bq * ld * sizeof(real), MHA_CACHE_LINE));
+        const int64_t b = task / (H * q_blocks), h = task / q_blocks % H;
+        const int64_t i0 = task % q_blocks * bq, rows = MHA_MIN(bq, d->n_q - i0);
+        const real *q_bh = AT(q, d->q, b, h);
+        const real *k_bh = AT(k, d->k, b, h / group), *v_bh = AT(v, d->v, b, h / group);
+        real *o_blk = AT(out, d->out, b, h) + i0 * d->out.row;
+
+        // 1. P = softmax(scale * q k^T + masks), block (rows, n_vis)
+        int64_t n_vis = FN(block_probs)(P, ld, gemm_ws, q_bh, k_bh, b, h, i0, rows, d);
+        if (weights) {
+            real *w = weights + ((b * H + h) * d->n_q + i0) * d->n_k;
+            for (int64_t r = 0; r < rows; r++) {
+                memcpy(w + r * d->n_k, P + r * ld, (size_t)n_vis * sizeof(real));
+                memset(w + r * d->n_k + n_vis, 0, (size_t)(d->n_k - n_vis) * sizeof(real));
+            }
+        }
+        // 2. A = dropout(P), in place
+        if (d->dropout > 0) FN(dropout_rows)(P, P, ld, rows, n_vis, b, h, i0, d);
+        // 3. O = A v
+        FN(mha_gemm_ws)(0, 0, rows, d->d_v, n_vis, 1, P, ld, v_bh, d->v.row, 0, o_blk,
+                        d->out.row, gemm_ws, 1);
+    }
+    free(scratch);
+    return MHA_OK;
+}
+
+/* Backward: tasks are (b, key/value head), because dK and dV gather from every query row of
+ * every query head in the group.
+ * dq like q, dk like k, dv like v; d_out like out.   */
+int FN(mha_attention_backward)(real *dq, real *dk, real *dv, const real *d_out, const real *q,
+                               const real *k, const real *v, const mha_attention_desc *d) {
+    const int64_t B = d->batch, H_kv = d->kv_heads, group = d->heads / d->kv_heads;
+    const int64_t bq = FN(block_rows)(d->n_k), ld = MHA_MAX(d->n_k, 1);
+    const int64_t tasks = B * H_kv;
+    if (tasks == 0) return MHA_OK;
+    int threads = (int)MHA_MIN((int64_t)mha_threads_for_region(), tasks);
+    size_t per_thread = FN(thread_scratch)(d, bq, ld, 3);
+    if (per_thread == 0 || per_thread > SIZE_MAX / (size_t)threads) return MHA_ENOMEM;
+    char *scratch = mha_alloc(per_thread * (size_t)threads);
+    if (!scratch) return MHA_ENOMEM;
+
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1)
+#endif
+    for (int64_t task = 0; task < tasks; task++) {
+        int t = 0;
+#ifdef _OPENMP
+        t = omp_get_thread_num();
+#endif
+        char *mine = scratch + (size_t)t * per_thread;
+        real *P = (real *)mine;                                /* probabilities  (rows, n_vis) */
+        real *D = P + (size_t)bq * ld;                          /* dA, dP, then dS              */
+        real *A = d->dropout > 0 ? D + (size_t)bq * ld : P;     /* P after dropout              */
+        real *gemm_ws = (real *)(mine + mha_round_up(3 * (size_t)bq * ld * sizeof(real), MHA_CACHE_LINE));
+        const int64_t b = task / H_kv, g = task % H_kv;
+        const real *k_bg = AT(k, d->k, b, g), *v_bg = AT(v, d->v, b, g);
+        real *dk_bg = AT(dk, d->k, b, g), *dv_bg = AT(dv, d->v, b, g);
+        for (int64_t j = 0; j < d->n_k; j++) {
+            memset(dk_bg + j * d->k.row, 0, (size_t)d->d_k * sizeof(real));
+            memset(dv_bg + j * d->v.row, 0, (size_t)d->d_v * sizeof(real));
+        }
+        for (int64_t h = g * group; h < (g + 1) * group; h++) {
+            const real *q_bh = AT(q, d->q, b, h), *do_bh = AT(d_out, d->out, b, h);
+            real *dq_bh = AT(dq, d->q, b, h);
+            for (int64_t i0 = 0; i0 < d->n_q; i0 += bq) {
+                const int64_t rows = MHA_MIN(bq, d->n_q - i0);
+                const real *q_blk = q_bh + i0 * d->q.row, *do_blk = do_bh + i0 * d->out.row;
+                real *dq_blk = dq_bh + i0 * d->q.row;
+                // forward 1: P = softmax(scale * q k^T + masks), recomputed
+                int64_t n_vis = FN(block_probs)(P, ld, gemm_ws, q_bh, k_bg, b, h, i0, rows, d);
+                // forward 2: A = dropout(P)
+                if (d->dropout > 0) FN(dropout_rows)(A, P, ld, rows, n_vis, b, h, i0, d);
+                // forward 3: O = A v  ->  dv += A^T dO,  dA = dO v^T
+                FN(mha_gemm_ws)(1, 0, n_vis, d->d_v, rows, 1, A, ld, do_blk, d->out.row, 1,
+                                dv_bg, d->v.row, gemm_ws, 1);
+                FN(mha_gemm_ws)(0, 1, rows, n_vis, d->d_v, 1, do_blk, d->out.row, v_bg,
+                                d->v.row, 0, D, ld, gemm_ws, 1);
+                // forward 2: A = P * Z  ->  dP = dA * Z  (Z = A / P, regenerated)
+                if (d->dropout > 0) {
+                    const real keep_scale = (real)(1.0 / (1.0 - d->dropout));
+                    for (int64_t r = 0; r < rows; r++) {
+                        uint64_t state = mha_dropout_row_state(d->seed, (uint64_t)b, (uint64_t)h,
+                                                               (uint64_t)(i0 + r));
+                        for (int64_t j = 0; j < n_vis; j++) {
+                            int keep = mha_uniform_from_state(state, (uint64_t)j) >= d->dropout;
+                            D[r * ld + j] = keep ? D[r * ld + j] * keep_scale : 0;
+                        }
+                    }
+                }
+                // forward 1 (softmax): dS = P * (dP - rowsum(P * dP))
+                for (int64_t r = 0; r < rows; r++) {
+                    const real *p = P + r * ld;
+                    real *ds = D + r * ld;
+                    real dot = 0;
+                    for (int64_t j = 0; j < n_vis; j++) dot += p[j] * ds[j];
+                    for (int64_t j = 0; j < n_vis; j++) ds[j] = p[j] * (ds[j] - dot);
+                }
+                // forward 1 (scores S = scale * q k^T): dq = scale * dS k,  dk += scale * dS^T q
+                FN(mha_gemm_ws)(0, 0, rows, d->d_k, n_vis, (real)d->scale, D, ld, k_bg,
+                                d->k.row, 0, dq_blk, d->q.row, gemm_ws, 1);
+                FN(mha_gemm_ws)(1, 0, n_vis, d->d_k, rows, (real)d->scale, D, ld, q_blk,
+                                d->q.row, 1, dk_bg, d->k.row, gemm_ws, 1);
+            }
+        }
+    }
+    free(scratch);
+    return MHA_OK;
+}
+
+#undef AT

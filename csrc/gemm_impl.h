@@ -1,0 +1,204 @@
+/* gemm_impl.h: the one matrix multiply, written once for a type `real`.
+ * Included by gemm.c with real (float|double), SFX (f32|f64) defined.
+ *
+ * C = alpha * op(A) @ op(B) + beta * C, row-major, in the BLIS scheme:
+ *   for jc (NC columns of C):        pack op(B)[pc:pc+KC, jc:jc+NC] into NR-wide panels
+ *     for pc (KC of the shared axis):
+ *       for ic (MC rows, in parallel): pack op(A)[ic:ic+MC, pc:pc+KC] into MR-tall panels
+ *         for jr, ir: an MR x NR micro-tile of C held in vector registers.
+ * Packing absorbs the transposes, so one micro-kernel serves NN, NT, TN and TT.
+ */
+#define VEC_BYTES 32
+#define VL ((int)(VEC_BYTES / sizeof(real)))   /* elements per vector: 8 float, 4 double */
+#define MR 6                                   /* micro-tile rows                         */
+#define NR (2 * VL)                            /* micro-tile columns: two vectors         */
+#define KC 256                                 /* shared-axis block (packed panels in L1/L2) */
+#define MC_MAX 144                             /* rows of A per block (multiple of MR)    */
+#define NC 2048                                /* columns of B per block                  */
+
+typedef real FN(vec) __attribute__((vector_size(VEC_BYTES)));
+#define vreal FN(vec)
+
+/* Unaligned vector load/store (macros: passing AVX vectors to functions would change the ABI). */
+#define VLOAD(v, p) memcpy(&(v), (p), sizeof(vreal))
+#define VSTORE(p, v) memcpy((p), &(v), sizeof(vreal))
+
+/* Rows of A per block: split M evenly over the threads, at most MC_MAX. */
+static int64_t FN(gemm_mc)(int64_t M, int threads) {
+    int64_t per_thread = (M + threads - 1) / threads;
+    int64_t mc = (per_thread + MR - 1) / MR * MR;
+    return MHA_MAX(MR, MHA_MIN(mc, MC_MAX));
+}
+
+size_t FN(mha_gemm_workspace)(int64_t M, int64_t N, int64_t K, int threads) {
+    size_t kc = (size_t)MHA_MAX(1, MHA_MIN(K, KC));
+    size_t nc = mha_round_up((size_t)MHA_MAX(1, MHA_MIN(N, NC)), NR);
+    size_t mc = (size_t)FN(gemm_mc)(M, threads);
+    size_t b_elems = mha_round_up(kc * nc, MHA_CACHE_LINE);
+    size_t a_elems = mha_round_up(kc * mc, MHA_CACHE_LINE);
+    return (b_elems + (size_t)threads * a_elems) * sizeof(real);
+}
+
+/* Packs op(A)[0:mc, 0:kc] (a points at its first element) into MR-row panels:
+ * buf[panel][p][r], zero-padded to a multiple of MR rows. */
+static void FN(pack_a)(real *buf, const real *a, int64_t lda, int trans, int64_t mc, int64_t kc) {
+    for (int64_t i0 = 0; i0 < mc; i0 += MR) {
+        int64_t rows = MHA_MIN(MR, mc - i0);
+        for (int64_t p = 0; p < kc; p++) {
+            for (int64_t r = 0; r < rows; r++)
+                buf[p * MR + r] = trans ? a[p * lda + i0 + r] : a[(i0 + r) * lda + p];
+            for (int64_t r = rows; r < MR; r++) buf[p * MR + r] = 0;
+        }
+        buf += kc * MR;
+    }
+}
+
+/* Packs op(B)[0:kc, 0:nc] into NR-column panels: buf[panel][p][c], zero-padded. */
+static void FN(pack_b)(real *buf, const real *b, int64_t ldb, int trans, int64_t kc, int64_t nc) {
+    for (int64_t j0 = 0; j0 < nc; j0 += NR) {
+        int64_t cols = MHA_MIN(NR, nc - j0);
+        for (int64_t p = 0; p < kc; p++) {
+            real *dst = buf + p * NR;
+            if (!trans && cols == NR) {
+                memcpy(dst, b + p * ldb + j0, NR * sizeof(real));
+                continue;
+            }
+            for (int64_t c = 0; c < cols; c++)
+                dst[c] = trans ? b[(j0 + c) * ldb + p] : b[p * ldb + j0 + c];
+            for (int64_t c = cols; c < NR; c++) dst[c] = 0;
+        }
+        buf += kc * NR;
+    }
+}
+
+/* The micro-kernel: acc (MR x NR) = a_panel (MR x kc)^T-packed @ b_panel (kc x NR), then
+ * c[0:m, 0:n] = alpha * acc + beta * c (c not read when beta == 0). */
+static inline __attribute__((always_inline)) void
+FN(micro_kernel)(int64_t kc, const real *a, const real *b, real *c, int64_t ldc, int64_t m,
+                 int64_t n, real alpha, real beta) {
+    vreal acc[MR][2];
+    for (int r = 0; r < MR; r++) acc[r][0] = acc[r][1] = (vreal){0};
+    for (int64_t p = 0; p < kc; p++) {
+        vreal b0, b1;
+        VLOAD(b0, b + p * NR);
+        VLOAD(b1, b + p * NR + VL);
+        for (int r = 0; r < MR; r++) {
+            real a_r = a[p * MR + r];
+            acc[r][0] += a_r * b0;
+            acc[r][1] += a_r * b1;
+        }
+    }
+    if (m == MR && n == NR) {
+        for (int r = 0; r < MR; r++) {
+            real *c_r = c + r * ldc;
+            vreal c0 = alpha * acc[r][0], c1 = alpha * acc[r][1];
+            if (beta != 0) {
+                vreal old0, old1;
+                VLOAD(old0, c_r);
+                VLOAD(old1, c_r + VL);
+                c0 += beta * old0;
+                c1 += beta * old1;
+            }
+            VSTORE(c_r, c0);
+            VSTORE(c_r + VL, c1);
+        }
+        return;
+    }
+    real tile[MR][NR];
+    for (int r = 0; r < MR; r++) {
+        VSTORE(tile[r], acc[r][0]);
+        VSTORE(tile[r] + VL, acc[r][1]);
+    }
+    for (int64_t r = 0; r < m; r++)
+        for (int64_t col = 0; col < n; col++) {
+            real *cij = c + r * ldc + col;
+            *cij = beta == 0 ? alpha * tile[r][col] : alpha * tile[r][col] + beta * *cij;
+        }
+}
+
+/* One MC x NC block of C from packed panels. */
+MHA_HOT static void FN(macro_kernel)(int64_t mc, int64_t nc, int64_t kc, const real *a_pack,
+                                     const real *b_pack, real *c, int64_t ldc, real alpha,
+                                     real beta) {
+    for (int64_t jr = 0; jr < nc; jr += NR) {
+        int64_t n = MHA_MIN(NR, nc - jr);
+        for (int64_t ir = 0; ir < mc; ir += MR) {
+            int64_t m = MHA_MIN(MR, mc - ir);
+            FN(micro_kernel)(kc, a_pack + ir * kc, b_pack + jr * kc, c + ir * ldc + jr, ldc, m,
+                             n, alpha, beta);
+        }
+    }
+}
+
+static void FN(scale_c)(int64_t M, int64_t N, real beta, real *C, int64_t ldc) {
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) C[i * ldc + j] = beta == 0 ? 0 : beta * C[i * ldc + j];
+}
+
+int FN(mha_gemm_ws)(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, real alpha,
+                    const real *A, int64_t lda, const real *B, int64_t ldb, real beta, real *C,
+                    int64_t ldc, real *workspace, int threads) {
+    if (M <= 0 || N <= 0) return MHA_OK;
+    if (K <= 0 || alpha == 0) { FN(scale_c)(M, N, beta, C, ldc); return MHA_OK; }
+    if (threads < 1) threads = 1;
+    int64_t mc_block = FN(gemm_mc)(M, threads);
+    int64_t m_blocks = (M + mc_block - 1) / mc_block;
+    if (threads > m_blocks) threads = (int)m_blocks;
+    real *owned = NULL;
+    if (!workspace) {
+        owned = mha_alloc(FN(mha_gemm_workspace)(M, N, K, threads));
+        if (!owned) return MHA_ENOMEM;
+        workspace = owned;
+    }
+    size_t kc_max = (size_t)MHA_MIN(K, KC);
+    size_t b_elems = mha_round_up(kc_max * mha_round_up((size_t)MHA_MIN(N, NC), NR),
+                                  MHA_CACHE_LINE);
+    size_t a_elems = mha_round_up(kc_max * (size_t)mc_block, MHA_CACHE_LINE);
+    real *b_pack = workspace;
+
+    for (int64_t jc = 0; jc < N; jc += NC) {
+        int64_t nc = MHA_MIN(NC, N - jc);
+        for (int64_t pc = 0; pc < K; pc += KC) {
+            int64_t kc = MHA_MIN(KC, K - pc);
+            const real *b = trans_b ? B + jc * ldb + pc : B + pc * ldb + jc;
+            FN(pack_b)(b_pack, b, ldb, trans_b, kc, nc);
+            real beta_block = pc == 0 ? beta : 1;
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+#endif
+            for (int64_t blk = 0; blk < m_blocks; blk++) {
+                int t = 0;
+#ifdef _OPENMP
+                t = omp_get_thread_num();
+#endif
+                int64_t ic = blk * mc_block;
+                int64_t mc = MHA_MIN(mc_block, M - ic);
+                real *a_pack = workspace + b_elems + (size_t)t * a_elems;
+                const real *a = trans_a ? A + pc * lda + ic : A + ic * lda + pc;
+                FN(pack_a)(a_pack, a, lda, trans_a, mc, kc);
+                FN(macro_kernel)(mc, nc, kc, a_pack, b_pack, C + ic * ldc + jc, ldc, alpha,
+                                 beta_block);
+            }
+        }
+    }
+    free(owned);
+    return MHA_OK;
+}
+
+int FN(mha_gemm)(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, real alpha,
+                 const real *A, int64_t lda, const real *B, int64_t ldb, real beta, real *C,
+                 int64_t ldc) {
+    return FN(mha_gemm_ws)(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, NULL,
+                           mha_threads_for_region());
+}
+
+#undef vreal
+#undef VLOAD
+#undef VSTORE
+#undef VEC_BYTES
+#undef VL
+#undef MR
+#undef NR
+#undef KC
+#undef MC_MAX
+#undef NC

@@ -1,0 +1,153 @@
+/* mha.h: the public C API of mha's core (plain C11, no Python).
+ *
+ * Multi-head attention, forward and backward, for float (suffix _f32) and double (_f64).
+ * Conventions, shared with the Python package (see docs/semantics.md):
+ *   - Row-major arrays; the last axis of every q/k/v/out view is contiguous, the other axes
+ *     are addressed with element strides (mha_view), so heads can live interleaved in a
+ *     (B, n, H * d) projection without split/merge copies.
+ *   - Masks: bool masks are bytes, nonzero = "may attend"; a float mask is added to the
+ *     scores. A row whose every score is -inf gives output 0, weights 0 and gradient 0.
+ *   - causal: query i may attend key j iff j <= i + (n_k - n_q) (bottom-right aligned).
+ *   - Dropout on the attention weights with inverted scaling 1/(1-p), drawn from a
+ *     counter-based RNG keyed by (seed, b, h, i, j) (mha_dropout_uniform), so the backward
+ *     regenerates the mask and results do not depend on the thread count.
+ * Every function returns MHA_OK or an error code; on error nothing has been written outside
+ * the outputs and all scratch has been freed.
+ */
+#ifndef MHA_H
+#define MHA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum { MHA_OK = 0, MHA_ENOMEM = 1, MHA_EINVAL = 2 };
+
+/* Element strides of a (B, H, n, d) view whose last axis is contiguous. */
+typedef struct {
+    int64_t batch, head, row;
+} mha_view;
+
+/* A mask broadcast to (B, H, n_q, n_k): element (b, h, i, j) is
+ * data[b * strides[0] + h * strides[1] + i * strides[2] + j * strides[3]] (strides in
+ * elements, 0 on broadcast axes, possibly negative). */
+enum { MHA_MASK_NONE = 0, MHA_MASK_BOOL = 1, MHA_MASK_FLOAT = 2 };
+
+typedef struct {
+    /* sizes */
+    int64_t batch, heads, kv_heads;  /* heads % kv_heads == 0 (grouped-query attention)  */
+    int64_t n_q, n_k, d_k, d_v;
+    /* views: q (B, H, n_q, d_k), k (B, H_kv, n_k, d_k), v (B, H_kv, n_k, d_v),
+     *        out (B, H, n_q, d_v); gradients share the views of what they differentiate. */
+    mha_view q, k, v, out;
+    /* masking */
+    int mask_kind;                   /* MHA_MASK_NONE / _BOOL (uint8_t) / _FLOAT (same type as q) */
+    const void *mask;
+    int64_t mask_strides[4];
+    const uint8_t *key_padding;      /* (B, n_k), nonzero = real token; or NULL             */
+    int64_t key_padding_stride;      /* elements between batches (row stride)              */
+    int causal;
+    /* scaling and dropout */
+    double scale;                    /* usually 1/sqrt(d_k)                                 */
+    double dropout;                  /* probability in [0, 1)                               */
+    uint64_t seed;
+} mha_attention_desc;
+
+/* Fills a descriptor with contiguous views for (B, H, n, d) arrays, no mask, scale 1/sqrt(d_k). */
+void mha_attention_desc_init(mha_attention_desc *desc, int64_t batch, int64_t heads,
+                             int64_t kv_heads, int64_t n_q, int64_t n_k, int64_t d_k,
+                             int64_t d_v);
+
+/* Scaled dot-product attention.
+ * out: (B, H, n_q, d_v) by desc->out; weights: (B, H, n_q, n_k) contiguous, or NULL (then no
+ * n_q x n_k buffer is allocated); q, k, v by desc views. */
+int mha_attention_forward_f32(float *out, float *weights, const float *q, const float *k,
+                              const float *v, const mha_attention_desc *desc);
+int mha_attention_forward_f64(double *out, double *weights, const double *q, const double *k,
+                              const double *v, const mha_attention_desc *desc);
+
+/* Its backward (stateless: recomputes the probabilities).
+ * dq like q, dk like k, dv like v (overwritten); d_out like out. */
+int mha_attention_backward_f32(float *dq, float *dk, float *dv, const float *d_out,
+                               const float *q, const float *k, const float *v,
+                               const mha_attention_desc *desc);
+int mha_attention_backward_f64(double *dq, double *dk, double *dv, const double *d_out,
+                               const double *q, const double *k, const double *v,
+                               const mha_attention_desc *desc);
+
+/* ---- the multi-head layer ------------------------------------------------------------- */
+
+typedef struct {
+    int64_t batch, n_q, n_k;         /* n_k: keys attended (cache length + new keys)        */
+    int64_t n_new;                   /* rows of x_k / x_v projected by this call (n_k unless a
+                                        KV cache supplies the first n_k - n_new)           */
+    int64_t d_model, kdim, vdim;
+    int64_t heads, kv_heads, d_head;
+    int64_t kv_row_offset;           /* row where new keys are written in k_proj / v_proj   */
+    int64_t kv_batch_stride;         /* rows between batches of k_proj / v_proj (>= n_k)    */
+} mha_layer_dims;
+
+/* Parameters, stored (in, out) so that x @ W is the projection. Biases may be NULL. */
+#define MHA_DECLARE_LAYER(T, SFX)                                                              \
+    typedef struct {                                                                           \
+        const T *W_q, *W_k, *W_v, *W_o; /* (d_model|kdim|vdim, H*|H_kv*d_head), (H*d_head, d_model) */ \
+        const T *b_q, *b_k, *b_v, *b_o;                                                        \
+        const T *head_mask;             /* (H,) or NULL for all ones */                        \
+    } mha_layer_params_##SFX;                                                                  \
+    typedef struct {                                                                           \
+        T *W_q, *W_k, *W_v, *W_o, *b_q, *b_k, *b_v, *b_o, *head_mask;                         \
+    } mha_layer_grads_##SFX;                                                                   \
+    /* out (B, n_q, d_model); weights (B, H, n_q, n_k) or NULL;                               \
+     * saved for backward: q_proj (B, n_q, H*d_head), k_proj, v_proj (B, kv_batch_stride,     \
+     * H_kv*d_head) of which rows [kv_row_offset, +n_new) are written here, attn (B, n_q,      \
+     * H*d_head) the heads' outputs before head_mask; x_q (B, n_q, d_model), x_k (B, n_new,    \
+     * kdim), x_v (B, n_new, vdim). attn_desc gives masks, causal, dropout (sizes and views   \
+     * are filled in here). */                                                                 \
+    int mha_layer_forward_##SFX(T *out, T *weights, T *q_proj, T *k_proj, T *v_proj, T *attn, \
+                                const T *x_q, const T *x_k, const T *x_v,                      \
+                                const mha_layer_params_##SFX *params,                          \
+                                const mha_layer_dims *dims,                                    \
+                                const mha_attention_desc *attn_desc);                          \
+    /* Gradients of the inputs (dx_q like x_q, dx_k like x_k, dx_v like x_v) and of every      \
+     * parameter (grads fields may be NULL when the parameter is absent), from the arrays the  \
+     * forward saved. Requires kv_row_offset == 0 (no cache). */                               \
+    int mha_layer_backward_##SFX(T *dx_q, T *dx_k, T *dx_v, const mha_layer_grads_##SFX *grads, \
+                                 const T *d_out, const T *q_proj, const T *k_proj,             \
+                                 const T *v_proj, const T *attn, const T *x_q, const T *x_k,   \
+                                 const T *x_v, const mha_layer_params_##SFX *params,           \
+                                 const mha_layer_dims *dims,                                   \
+                                 const mha_attention_desc *attn_desc);
+
+MHA_DECLARE_LAYER(float, f32)
+MHA_DECLARE_LAYER(double, f64)
+
+/* ---- building blocks -------------------------------------------------------------------- */
+
+/* C = alpha * op(A) @ op(B) + beta * C, row-major; op(X) = X or X^T (trans_X != 0).
+ * op(A): (M, K), op(B): (K, N), C: (M, N) with leading dimensions lda, ldb, ldc.
+ * With beta == 0, C is not read. Uses mha_get_num_threads() threads unless called from
+ * inside a parallel region. */
+int mha_gemm_f32(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                 const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
+                 float *C, int64_t ldc);
+int mha_gemm_f64(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, double alpha,
+                 const double *A, int64_t lda, const double *B, int64_t ldb, double beta,
+                 double *C, int64_t ldc);
+
+/* The dropout RNG: a uniform double in [0, 1) for (seed, b, h, i, j); position (i, j) is
+ * dropped iff the value is < p. */
+double mha_dropout_uniform(uint64_t seed, uint64_t b, uint64_t h, uint64_t i, uint64_t j);
+
+/* Threads (OpenMP when compiled with it; otherwise always 1). */
+void mha_set_num_threads(int n);
+int mha_get_num_threads(void);
+/* A static string: compiler, SIMD level, OpenMP. */
+const char *mha_build_info(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MHA_H */

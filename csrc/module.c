@@ -1,0 +1,607 @@
+/* module.c: the CPython binding of the C core, `mha._C` (private; mha/functional.py and
+ * mha/layer.py own the public API, defaults, dtype policy and friendly shape messages).
+ *
+ * Every function here: parse; check that each array has the dtype, rank, layout and sizes the
+ * core needs (a safety net under the Python layer: nothing reaches the core unchecked);
+ * allocate the outputs while holding the GIL; release the GIL around the pure C call; raise
+ * MemoryError / ValueError from the core's error code after taking the GIL back; release
+ * every reference on every path.
+ */
+#define PY_SSIZE_T_CLEAN
+#define NPY_NO_DEPRECATED_API NPY_2_0_API_VERSION
+#include <Python.h>
+#include <numpy/arrayobject.h>
+
+#include "mha.h"
+
+/* ---- argument checks ---------------------------------------------------------------------- */
+
+/* obj must be a C-contiguous, aligned ndarray of dtype typenum and rank ndim. */
+static PyArrayObject *get_array(PyObject *obj, const char *name, int typenum, int ndim) {
+    if (!PyArray_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "%s must be a numpy array, not %.100s", name, Py_TYPE(obj)->tp_name);
+        return NULL;
+    }
+    PyArrayObject *a = (PyArrayObject *)obj;
+    if (PyArray_TYPE(a) != typenum) {
+        PyErr_Format(PyExc_TypeError, "%s has dtype %S but the core expected %s", name,
+                     (PyObject *)PyArray_DESCR(a), typenum == NPY_FLOAT32 ? "float32" : typenum == NPY_FLOAT64 ? "float64" : "bool");
+        return NULL;
+    }
+    if (PyArray_NDIM(a) != ndim) {
+        PyErr_Format(PyExc_ValueError, "%s has %d dimensions but the core expected %d", name, PyArray_NDIM(a), ndim);
+        return NULL;
+    }
+    if (!PyArray_IS_C_CONTIGUOUS(a) || !PyArray_ISALIGNED(a)) {
+        PyErr_Format(PyExc_ValueError, "%s must be C-contiguous and aligned", name);
+        return NULL;
+    }
+    return a;
+}
+
+static PyArrayObject *get_optional(PyObject *obj, const char *name, int typenum, int ndim) {
+    return obj == Py_None ? NULL : get_array(obj, name, typenum, ndim);
+}
+
+/* a.shape[axis] == expected, or ValueError naming both. */
+static int check_dim(PyArrayObject *a, const char *name, int axis, npy_intp expected, const char *what) {
+    if (PyArray_DIM(a, axis) != expected) {
+        PyErr_Format(PyExc_ValueError, "%s has %zd along axis %d (%s) but %zd was expected", name,
+                     (Py_ssize_t)PyArray_DIM(a, axis), axis, what, (Py_ssize_t)expected);
+        return -1;
+    }
+    return 0;
+}
+
+static int check_shape(PyArrayObject *a, const char *name, int ndim, const npy_intp *shape) {
+    for (int i = 0; i < ndim; i++)
+        if (check_dim(a, name, i, shape[i], "size")) return -1;
+    return 0;
+}
+
+static int raise_core_error(int err) {
+    if (err == MHA_ENOMEM) PyErr_SetString(PyExc_MemoryError, "mha: not enough memory for the scratch buffers");
+    else if (err) PyErr_Format(PyExc_ValueError, "mha: the core rejected its arguments (error %d)", err);
+    return err ? -1 : 0;
+}
+
+static PyArrayObject *new_array(int ndim, const npy_intp *shape, int typenum, int zero) {
+    return (PyArrayObject *)(zero ? PyArray_ZEROS(ndim, (npy_intp *)shape, typenum, 0)
+                                  : PyArray_SimpleNew(ndim, (npy_intp *)shape, typenum));
+}
+
+/* The float dtype of the call, from q (every other float array must match it). */
+static int float_type(PyObject *obj, const char *name) {
+    if (!PyArray_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "%s must be a numpy array, not %.100s", name, Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    int t = PyArray_TYPE((PyArrayObject *)obj);
+    if (t != NPY_FLOAT32 && t != NPY_FLOAT64) {
+        PyErr_Format(PyExc_TypeError, "%s must be float32 or float64, not %S", name,
+                     (PyObject *)PyArray_DESCR((PyArrayObject *)obj));
+        return -1;
+    }
+    return t;
+}
+
+/* Fills the mask, key padding, causal, scale and dropout fields of d (sizes already set).
+ * mask: None or a rank-4 array of shape (B, H, n_q, n_k), any strides (broadcast views),
+ * bool or of the call's float dtype. key_padding: None or bool (B, n_k) C-contiguous. */
+static int fill_masks(mha_attention_desc *d, int typenum, PyObject *mask_obj, PyObject *kp_obj,
+                      int causal, double scale, double dropout, unsigned long long seed) {
+    d->causal = causal;
+    d->scale = scale;
+    d->dropout = dropout;
+    d->seed = (uint64_t)seed;
+    if (!(dropout >= 0 && dropout < 1)) {
+        PyErr_Format(PyExc_ValueError, "dropout must be in [0, 1), got %g", dropout);
+        return -1;
+    }
+    if (mask_obj != Py_None) {
+        if (!PyArray_Check(mask_obj)) {
+            PyErr_SetString(PyExc_TypeError, "mask must be a numpy array");
+            return -1;
+        }
+        PyArrayObject *m = (PyArrayObject *)mask_obj;
+        int t = PyArray_TYPE(m);
+        if (t != NPY_BOOL && t != typenum) {
+            PyErr_Format(PyExc_TypeError, "mask must be bool or of the inputs' float dtype, not %S",
+                         (PyObject *)PyArray_DESCR(m));
+            return -1;
+        }
+        npy_intp shape[4] = {d->batch, d->heads, d->n_q, d->n_k};
+        if (PyArray_NDIM(m) != 4) {
+            PyErr_SetString(PyExc_ValueError, "mask must be broadcast to rank 4 (B, H, n_q, n_k) by the caller");
+            return -1;
+        }
+        if (check_shape(m, "mask", 4, shape)) return -1;
+        npy_intp item = PyArray_ITEMSIZE(m);
+        if (!PyArray_ISALIGNED(m)) {
+            PyErr_SetString(PyExc_ValueError, "mask must be aligned");
+            return -1;
+        }
+        for (int i = 0; i < 4; i++) {
+            npy_intp s = PyArray_STRIDE(m, i);
+            if (s % item) {
+                PyErr_SetString(PyExc_ValueError, "mask strides must be multiples of its item size");
+                return -1;
+            }
+            d->mask_strides[i] = shape[i] > 1 ? (int64_t)(s / item) : 0;
+        }
+        d->mask = PyArray_DATA(m);
+        d->mask_kind = t == NPY_BOOL ? MHA_MASK_BOOL : MHA_MASK_FLOAT;
+    }
+    if (kp_obj != Py_None) {
+        PyArrayObject *kp = get_array(kp_obj, "key_padding_mask", NPY_BOOL, 2);
+        if (!kp) return -1;
+        npy_intp shape[2] = {d->batch, d->n_k};
+        if (check_shape(kp, "key_padding_mask", 2, shape)) return -1;
+        d->key_padding = (const uint8_t *)PyArray_DATA(kp);
+        d->key_padding_stride = d->n_k;
+    }
+    return 0;
+}
+
+/* q (B, H, n_q, d_k), k (B, H_kv, n_k, d_k), v (B, H_kv, n_k, d_v): checks, fills sizes. */
+static int attention_args(mha_attention_desc *d, int typenum, PyObject *q_obj, PyObject *k_obj,
+                          PyObject *v_obj, PyArrayObject **q, PyArrayObject **k, PyArrayObject **v) {
+    if (!(*q = get_array(q_obj, "q", typenum, 4)) || !(*k = get_array(k_obj, "k", typenum, 4)) ||
+        !(*v = get_array(v_obj, "v", typenum, 4)))
+        return -1;
+    npy_intp B = PyArray_DIM(*q, 0), H = PyArray_DIM(*q, 1), H_kv = PyArray_DIM(*k, 1);
+    if (check_dim(*k, "k", 0, B, "batch") || check_dim(*v, "v", 0, B, "batch") ||
+        check_dim(*k, "k", 3, PyArray_DIM(*q, 3), "d_k") || check_dim(*v, "v", 1, H_kv, "heads") ||
+        check_dim(*v, "v", 2, PyArray_DIM(*k, 2), "n_k"))
+        return -1;
+    if (H_kv == 0 ? H != 0 : H % H_kv != 0) {
+        PyErr_Format(PyExc_ValueError, "k has %zd heads, which does not divide q's %zd heads",
+                     (Py_ssize_t)H_kv, (Py_ssize_t)H);
+        return -1;
+    }
+    mha_attention_desc_init(d, B, H, H_kv == 0 ? 1 : H_kv, PyArray_DIM(*q, 2), PyArray_DIM(*k, 2),
+                            PyArray_DIM(*q, 3), PyArray_DIM(*v, 3));
+    return 0;
+}
+
+/* ---- attention ---------------------------------------------------------------------------- */
+
+static char *attention_kw[] = {"q", "k", "v", "mask", "key_padding_mask", "causal", "scale",
+                               "dropout", "seed", "need_weights", NULL};
+
+static PyObject *py_attention_forward(PyObject *self, PyObject *args, PyObject *kwargs) {
+    (void)self;
+    PyObject *q_obj, *k_obj, *v_obj, *mask_obj = Py_None, *kp_obj = Py_None;
+    int causal = 0, need_weights = 1;
+    double scale, dropout = 0;
+    unsigned long long seed = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|OOpddKp", attention_kw, &q_obj, &k_obj,
+                                     &v_obj, &mask_obj, &kp_obj, &causal, &scale, &dropout, &seed,
+                                     &need_weights))
+        return NULL;
+    int typenum = float_type(q_obj, "q");
+    if (typenum < 0) return NULL;
+    PyArrayObject *q, *k, *v, *out = NULL, *weights = NULL;
+    mha_attention_desc d;
+    if (attention_args(&d, typenum, q_obj, k_obj, v_obj, &q, &k, &v)) return NULL;
+    if (fill_masks(&d, typenum, mask_obj, kp_obj, causal, scale, dropout, seed)) return NULL;
+    npy_intp out_shape[4] = {d.batch, d.heads, d.n_q, d.d_v};
+    npy_intp w_shape[4] = {d.batch, d.heads, d.n_q, d.n_k};
+    if (!(out = new_array(4, out_shape, typenum, 0))) goto fail;
+    if (need_weights && !(weights = new_array(4, w_shape, typenum, 0))) goto fail;
+    int err;
+    Py_BEGIN_ALLOW_THREADS
+    if (typenum == NPY_FLOAT32)
+        err = mha_attention_forward_f32(PyArray_DATA(out), weights ? PyArray_DATA(weights) : NULL,
+                                        PyArray_DATA(q), PyArray_DATA(k), PyArray_DATA(v), &d);
+    else
+        err = mha_attention_forward_f64(PyArray_DATA(out), weights ? PyArray_DATA(weights) : NULL,
+                                        PyArray_DATA(q), PyArray_DATA(k), PyArray_DATA(v), &d);
+    Py_END_ALLOW_THREADS
+    if (raise_core_error(err)) goto fail;
+    if (!weights) return Py_BuildValue("(NO)", out, Py_None);
+    return Py_BuildValue("(NN)", out, weights);
+fail:
+    Py_XDECREF(out);
+    Py_XDECREF(weights);
+    return NULL;
+}
+
+static char *attention_backward_kw[] = {"d_out", "q", "k", "v", "mask", "key_padding_mask",
+                                        "causal", "scale", "dropout", "seed", NULL};
+
+static PyObject *py_attention_backward(PyObject *self, PyObject *args, PyObject *kwargs) {
+    (void)self;
+    PyObject *do_obj, *q_obj, *k_obj, *v_obj, *mask_obj = Py_None, *kp_obj = Py_None;
+    int causal = 0;
+    double scale, dropout = 0;
+    unsigned long long seed = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOO|OOpddK", attention_backward_kw, &do_obj,
+                                     &q_obj, &k_obj, &v_obj, &mask_obj, &kp_obj, &causal, &scale,
+                                     &dropout, &seed))
+        return NULL;
+    int typenum = float_type(q_obj, "q");
+    if (typenum < 0) return NULL;
+    PyArrayObject *q, *k, *v, *d_out, *dq = NULL, *dk = NULL, *dv = NULL;
+    mha_attention_desc d;
+    if (attention_args(&d, typenum, q_obj, k_obj, v_obj, &q, &k, &v)) return NULL;
+    if (fill_masks(&d, typenum, mask_obj, kp_obj, causal, scale, dropout, seed)) return NULL;
+    npy_intp out_shape[4] = {d.batch, d.heads, d.n_q, d.d_v};
+    if (!(d_out = get_array(do_obj, "d_out", typenum, 4)) || check_shape(d_out, "d_out", 4, out_shape))
+        return NULL;
+    if (!(dq = new_array(4, PyArray_DIMS(q), typenum, 0)) ||
+        !(dk = new_array(4, PyArray_DIMS(k), typenum, 0)) ||
+        !(dv = new_array(4, PyArray_DIMS(v), typenum, 0)))
+        goto fail;
+    int err;
+    Py_BEGIN_ALLOW_THREADS
+    if (typenum == NPY_FLOAT32)
+        err = mha_attention_backward_f32(PyArray_DATA(dq), PyArray_DATA(dk), PyArray_DATA(dv),
+                                         PyArray_DATA(d_out), PyArray_DATA(q), PyArray_DATA(k),
+                                         PyArray_DATA(v), &d);
+    else
+        err = mha_attention_backward_f64(PyArray_DATA(dq), PyArray_DATA(dk), PyArray_DATA(dv),
+                                         PyArray_DATA(d_out), PyArray_DATA(q), PyArray_DATA(k),
+                                         PyArray_DATA(v), &d);
+    Py_END_ALLOW_THREADS
+    if (raise_core_error(err)) goto fail;
+    return Py_BuildValue("(NNN)", dq, dk, dv);
+fail:
+    Py_XDECREF(dq);
+    Py_XDECREF(dk);
+    Py_XDECREF(dv);
+    return NULL;
+}
+
+/* ---- the layer ---------------------------------------------------------------------------- */
+
+/* params: a tuple (W_q, W_k, W_v, W_o, b_q, b_k, b_v, b_o, head_mask); biases and head_mask
+ * may be None. Checks shapes against dims; the pointers stay valid while params is alive. */
+typedef struct {
+    PyArrayObject *a[9];
+} layer_arrays;
+
+static int layer_params(layer_arrays *la, PyObject *params, int typenum, const mha_layer_dims *m) {
+    static const char *names[9] = {"W_q", "W_k", "W_v", "W_o", "b_q", "b_k", "b_v", "b_o", "head_mask"};
+    if (!PyTuple_Check(params) || PyTuple_GET_SIZE(params) != 9) {
+        PyErr_SetString(PyExc_TypeError, "params must be a 9-tuple (W_q, W_k, W_v, W_o, b_q, b_k, b_v, b_o, head_mask)");
+        return -1;
+    }
+    const npy_intp E_q = m->heads * m->d_head, E_kv = m->kv_heads * m->d_head;
+    const npy_intp shapes[9][2] = {{m->d_model, E_q}, {m->kdim, E_kv}, {m->vdim, E_kv}, {E_q, m->d_model},
+                                   {E_q, 0}, {E_kv, 0}, {E_kv, 0}, {m->d_model, 0}, {m->heads, 0}};
+    for (int i = 0; i < 9; i++) {
+        PyObject *o = PyTuple_GET_ITEM(params, i);
+        int ndim = i < 4 ? 2 : 1;
+        la->a[i] = i < 4 ? get_array(o, names[i], typenum, ndim) : get_optional(o, names[i], typenum, ndim);
+        if (i < 4 && !la->a[i]) return -1;
+        if (i >= 4 && !la->a[i] && PyErr_Occurred()) return -1;
+        if (la->a[i] && check_shape(la->a[i], names[i], ndim, shapes[i])) return -1;
+    }
+    return 0;
+}
+
+#define DATA_OR_NULL(a) ((a) ? PyArray_DATA(a) : NULL)
+
+static char *layer_forward_kw[] = {"x_q", "x_k", "x_v", "params", "heads", "kv_heads", "d_head",
+                                   "mask", "key_padding_mask", "causal", "dropout", "seed",
+                                   "need_weights", "k_cache", "v_cache", "cache_length", NULL};
+
+/* -> (out, weights|None, q_proj, k_proj, v_proj, attn). With k_cache/v_cache (B, max_len,
+ * H_kv*d_head) the new keys/values are written there at rows [cache_length, +n_new) and
+ * k_proj/v_proj are the caches themselves. */
+static PyObject *py_layer_forward(PyObject *self, PyObject *args, PyObject *kwargs) {
+    (void)self;
+    PyObject *xq_obj, *xk_obj, *xv_obj, *params, *mask_obj = Py_None, *kp_obj = Py_None;
+    PyObject *kc_obj = Py_None, *vc_obj = Py_None;
+    Py_ssize_t heads, kv_heads, d_head, cache_length = 0;
+    int causal = 0, need_weights = 1;
+    double dropout = 0;
+    unsigned long long seed = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOnnn|OOpdKpOOn", layer_forward_kw, &xq_obj,
+                                     &xk_obj, &xv_obj, &params, &heads, &kv_heads, &d_head,
+                                     &mask_obj, &kp_obj, &causal, &dropout, &seed, &need_weights,
+                                     &kc_obj, &vc_obj, &cache_length))
+        return NULL;
+    int typenum = float_type(xq_obj, "query");
+    if (typenum < 0) return NULL;
+    PyArrayObject *xq, *xk, *xv, *kc = NULL, *vc = NULL;
+    PyArrayObject *out = NULL, *weights = NULL, *q_proj = NULL, *k_proj = NULL, *v_proj = NULL, *attn = NULL;
+    if (!(xq = get_array(xq_obj, "query", typenum, 3)) || !(xk = get_array(xk_obj, "key", typenum, 3)) ||
+        !(xv = get_array(xv_obj, "value", typenum, 3)))
+        return NULL;
+    if (heads <= 0 || kv_heads <= 0 || d_head <= 0 || heads % kv_heads) {
+        PyErr_SetString(PyExc_ValueError, "heads, kv_heads, d_head must be positive with kv_heads dividing heads");
+        return NULL;
+    }
+    mha_layer_dims m = {0};
+    m.batch = PyArray_DIM(xq, 0);
+    m.n_q = PyArray_DIM(xq, 1);
+    m.n_new = PyArray_DIM(xk, 1);
+    m.d_model = PyArray_DIM(xq, 2);
+    m.kdim = PyArray_DIM(xk, 2);
+    m.vdim = PyArray_DIM(xv, 2);
+    m.heads = heads;
+    m.kv_heads = kv_heads;
+    m.d_head = d_head;
+    if (check_dim(xk, "key", 0, m.batch, "batch") || check_dim(xv, "value", 0, m.batch, "batch") ||
+        check_dim(xv, "value", 1, m.n_new, "n_k"))
+        return NULL;
+    const npy_intp E_q = heads * d_head, E_kv = kv_heads * d_head;
+    if (kc_obj != Py_None) {
+        if (!(kc = get_array(kc_obj, "k_cache", typenum, 3)) || !(vc = get_array(vc_obj, "v_cache", typenum, 3)))
+            return NULL;
+        npy_intp max_len = PyArray_DIM(kc, 1);
+        npy_intp shape[3] = {m.batch, max_len, E_kv};
+        if (check_shape(kc, "k_cache", 3, shape) || check_shape(vc, "v_cache", 3, shape)) return NULL;
+        if (cache_length < 0 || cache_length + m.n_new > max_len) {
+            PyErr_Format(PyExc_ValueError, "the KV cache holds %zd of %zd positions: %zd more do not fit",
+                         cache_length, (Py_ssize_t)max_len, (Py_ssize_t)m.n_new);
+            return NULL;
+        }
+        m.kv_row_offset = cache_length;
+        m.kv_batch_stride = max_len;
+    } else {
+        m.kv_batch_stride = m.n_new;
+    }
+    m.n_k = m.kv_row_offset + m.n_new;
+    layer_arrays la;
+    if (layer_params(&la, params, typenum, &m)) return NULL;
+    mha_attention_desc d;
+    mha_attention_desc_init(&d, m.batch, m.heads, m.kv_heads, m.n_q, m.n_k, m.d_head, m.d_head);
+    if (fill_masks(&d, typenum, mask_obj, kp_obj, causal, d.scale, dropout, seed)) return NULL;
+
+    npy_intp out_shape[3] = {m.batch, m.n_q, m.d_model}, w_shape[4] = {m.batch, m.heads, m.n_q, m.n_k};
+    npy_intp q_shape[3] = {m.batch, m.n_q, E_q}, kv_shape[3] = {m.batch, m.n_new, E_kv};
+    if (!(out = new_array(3, out_shape, typenum, 0)) ||
+        (need_weights && !(weights = new_array(4, w_shape, typenum, 0))) ||
+        !(q_proj = new_array(3, q_shape, typenum, 0)) || !(attn = new_array(3, q_shape, typenum, 0)))
+        goto fail;
+    if (kc) {
+        Py_INCREF(kc);
+        Py_INCREF(vc);
+        k_proj = kc;
+        v_proj = vc;
+    } else if (!(k_proj = new_array(3, kv_shape, typenum, 0)) || !(v_proj = new_array(3, kv_shape, typenum, 0))) {
+        goto fail;
+    }
+    int err;
+    Py_BEGIN_ALLOW_THREADS
+    if (typenum == NPY_FLOAT32) {
+        mha_layer_params_f32 p = {DATA_OR_NULL(la.a[0]), DATA_OR_NULL(la.a[1]), DATA_OR_NULL(la.a[2]),
+                                  DATA_OR_NULL(la.a[3]), DATA_OR_NULL(la.a[4]), DATA_OR_NULL(la.a[5]),
+                                  DATA_OR_NULL(la.a[6]), DATA_OR_NULL(la.a[7]), DATA_OR_NULL(la.a[8])};
+        err = mha_layer_forward_f32(PyArray_DATA(out), DATA_OR_NULL(weights), PyArray_DATA(q_proj),
+                                    PyArray_DATA(k_proj), PyArray_DATA(v_proj), PyArray_DATA(attn),
+                                    PyArray_DATA(xq), PyArray_DATA(xk), PyArray_DATA(xv), &p, &m, &d);
+    } else {
+        mha_layer_params_f64 p = {DATA_OR_NULL(la.a[0]), DATA_OR_NULL(la.a[1]), DATA_OR_NULL(la.a[2]),
+                                  DATA_OR_NULL(la.a[3]), DATA_OR_NULL(la.a[4]), DATA_OR_NULL(la.a[5]),
+                                  DATA_OR_NULL(la.a[6]), DATA_OR_NULL(la.a[7]), DATA_OR_NULL(la.a[8])};
+        err = mha_layer_forward_f64(PyArray_DATA(out), DATA_OR_NULL(weights), PyArray_DATA(q_proj),
+                                    PyArray_DATA(k_proj), PyArray_DATA(v_proj), PyArray_DATA(attn),
+                                    PyArray_DATA(xq), PyArray_DATA(xk), PyArray_DATA(xv), &p, &m, &d);
+    }
+    Py_END_ALLOW_THREADS
+    if (raise_core_error(err)) goto fail;
+    if (!weights) {
+        Py_INCREF(Py_None);
+        weights = (PyArrayObject *)Py_None;
+    }
+    return Py_BuildValue("(NNNNNN)", out, weights, q_proj, k_proj, v_proj, attn);
+fail:
+    Py_XDECREF(out);
+    Py_XDECREF(weights);
+    Py_XDECREF(q_proj);
+    Py_XDECREF(k_proj);
+    Py_XDECREF(v_proj);
+    Py_XDECREF(attn);
+    return NULL;
+}
+
+static char *layer_backward_kw[] = {"d_out", "q_proj", "k_proj", "v_proj", "attn", "x_q", "x_k",
+                                    "x_v", "params", "heads", "kv_heads", "d_head", "mask",
+                                    "key_padding_mask", "causal", "dropout", "seed", NULL};
+
+/* -> (dx_q, dx_k, dx_v, (dW_q, dW_k, dW_v, dW_o, db_q|None, db_k, db_v, db_o, d_head_mask)) */
+static PyObject *py_layer_backward(PyObject *self, PyObject *args, PyObject *kwargs) {
+    (void)self;
+    PyObject *do_obj, *qp_obj, *kp_obj_, *vp_obj, *attn_obj, *xq_obj, *xk_obj, *xv_obj, *params;
+    PyObject *mask_obj = Py_None, *kpm_obj = Py_None;
+    Py_ssize_t heads, kv_heads, d_head;
+    int causal = 0;
+    double dropout = 0;
+    unsigned long long seed = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOOnnn|OOpdK", layer_backward_kw,
+                                     &do_obj, &qp_obj, &kp_obj_, &vp_obj, &attn_obj, &xq_obj,
+                                     &xk_obj, &xv_obj, &params, &heads, &kv_heads, &d_head,
+                                     &mask_obj, &kpm_obj, &causal, &dropout, &seed))
+        return NULL;
+    int typenum = float_type(xq_obj, "query");
+    if (typenum < 0) return NULL;
+    PyArrayObject *xq, *xk, *xv, *d_out, *qp, *kp, *vp, *attn;
+    if (!(xq = get_array(xq_obj, "query", typenum, 3)) || !(xk = get_array(xk_obj, "key", typenum, 3)) ||
+        !(xv = get_array(xv_obj, "value", typenum, 3)) || !(d_out = get_array(do_obj, "d_out", typenum, 3)) ||
+        !(qp = get_array(qp_obj, "q_proj", typenum, 3)) || !(kp = get_array(kp_obj_, "k_proj", typenum, 3)) ||
+        !(vp = get_array(vp_obj, "v_proj", typenum, 3)) || !(attn = get_array(attn_obj, "attn", typenum, 3)))
+        return NULL;
+    if (heads <= 0 || kv_heads <= 0 || d_head <= 0 || heads % kv_heads) {
+        PyErr_SetString(PyExc_ValueError, "heads, kv_heads, d_head must be positive with kv_heads dividing heads");
+        return NULL;
+    }
+    mha_layer_dims m = {0};
+    m.batch = PyArray_DIM(xq, 0);
+    m.n_q = PyArray_DIM(xq, 1);
+    m.n_k = m.n_new = m.kv_batch_stride = PyArray_DIM(xk, 1);
+    m.d_model = PyArray_DIM(xq, 2);
+    m.kdim = PyArray_DIM(xk, 2);
+    m.vdim = PyArray_DIM(xv, 2);
+    m.heads = heads;
+    m.kv_heads = kv_heads;
+    m.d_head = d_head;
+    const npy_intp E_q = heads * d_head, E_kv = kv_heads * d_head;
+    npy_intp out_shape[3] = {m.batch, m.n_q, m.d_model}, q_shape[3] = {m.batch, m.n_q, E_q};
+    npy_intp kv_shape[3] = {m.batch, m.n_k, E_kv}, xk_shape[3] = {m.batch, m.n_k, m.kdim};
+    npy_intp xv_shape[3] = {m.batch, m.n_k, m.vdim};
+    if (check_shape(d_out, "d_out", 3, out_shape) || check_shape(qp, "q_proj", 3, q_shape) ||
+        check_shape(attn, "attn", 3, q_shape) || check_shape(kp, "k_proj", 3, kv_shape) ||
+        check_shape(vp, "v_proj", 3, kv_shape) || check_shape(xk, "key", 3, xk_shape) ||
+        check_shape(xv, "value", 3, xv_shape))
+        return NULL;
+    layer_arrays la;
+    if (layer_params(&la, params, typenum, &m)) return NULL;
+    mha_attention_desc d;
+    mha_attention_desc_init(&d, m.batch, m.heads, m.kv_heads, m.n_q, m.n_k, m.d_head, m.d_head);
+    if (fill_masks(&d, typenum, mask_obj, kpm_obj, causal, d.scale, dropout, seed)) return NULL;
+
+    PyArrayObject *out[3] = {NULL, NULL, NULL}, *g[9] = {NULL};
+    if (!(out[0] = new_array(3, PyArray_DIMS(xq), typenum, 0)) ||
+        !(out[1] = new_array(3, PyArray_DIMS(xk), typenum, 0)) ||
+        !(out[2] = new_array(3, PyArray_DIMS(xv), typenum, 0)))
+        goto fail;
+    for (int i = 0; i < 9; i++) {
+        PyArrayObject *a = la.a[i];
+        npy_intp hshape[1] = {m.heads};
+        if (i == 8) { /* the head mask's gradient always exists */
+            if (!(g[i] = new_array(1, hshape, typenum, 0))) goto fail;
+        } else if (a && !(g[i] = new_array(PyArray_NDIM(a), PyArray_DIMS(a), typenum, 0))) {
+            goto fail;
+        }
+    }
+    int err;
+    Py_BEGIN_ALLOW_THREADS
+    if (typenum == NPY_FLOAT32) {
+        mha_layer_params_f32 p = {DATA_OR_NULL(la.a[0]), DATA_OR_NULL(la.a[1]), DATA_OR_NULL(la.a[2]),
+                                  DATA_OR_NULL(la.a[3]), DATA_OR_NULL(la.a[4]), DATA_OR_NULL(la.a[5]),
+                                  DATA_OR_NULL(la.a[6]), DATA_OR_NULL(la.a[7]), DATA_OR_NULL(la.a[8])};
+        mha_layer_grads_f32 gr = {DATA_OR_NULL(g[0]), DATA_OR_NULL(g[1]), DATA_OR_NULL(g[2]),
+                                  DATA_OR_NULL(g[3]), DATA_OR_NULL(g[4]), DATA_OR_NULL(g[5]),
+                                  DATA_OR_NULL(g[6]), DATA_OR_NULL(g[7]), DATA_OR_NULL(g[8])};
+        err = mha_layer_backward_f32(PyArray_DATA(out[0]), PyArray_DATA(out[1]), PyArray_DATA(out[2]),
+                                     &gr, PyArray_DATA(d_out), PyArray_DATA(qp), PyArray_DATA(kp),
+                                     PyArray_DATA(vp), PyArray_DATA(attn), PyArray_DATA(xq),
+                                     PyArray_DATA(xk), PyArray_DATA(xv), &p, &m, &d);
+    } else {
+        mha_layer_params_f64 p = {DATA_OR_NULL(la.a[0]), DATA_OR_NULL(la.a[1]), DATA_OR_NULL(la.a[2]),
+                                  DATA_OR_NULL(la.a[3]), DATA_OR_NULL(la.a[4]), DATA_OR_NULL(la.a[5]),
+                                  DATA_OR_NULL(la.a[6]), DATA_OR_NULL(la.a[7]), DATA_OR_NULL(la.a[8])};
+        mha_layer_grads_f64 gr = {DATA_OR_NULL(g[0]), DATA_OR_NULL(g[1]), DATA_OR_NULL(g[2]),
+                                  DATA_OR_NULL(g[3]), DATA_OR_NULL(g[4]), DATA_OR_NULL(g[5]),
+                                  DATA_OR_NULL(g[6]), DATA_OR_NULL(g[7]), DATA_OR_NULL(g[8])};
+        err = mha_layer_backward_f64(PyArray_DATA(out[0]), PyArray_DATA(out[1]), PyArray_DATA(out[2]),
+                                     &gr, PyArray_DATA(d_out), PyArray_DATA(qp), PyArray_DATA(kp),
+                                     PyArray_DATA(vp), PyArray_DATA(attn), PyArray_DATA(xq),
+                                     PyArray_DATA(xk), PyArray_DATA(xv), &p, &m, &d);
+    }
+    Py_END_ALLOW_THREADS
+    if (raise_core_error(err)) goto fail;
+    PyObject *grads = PyTuple_New(9);
+    if (!grads) goto fail;
+    for (int i = 0; i < 9; i++) {
+        PyObject *item = g[i] ? (PyObject *)g[i] : Py_None;
+        if (!g[i]) Py_INCREF(Py_None);
+        PyTuple_SET_ITEM(grads, i, item); /* steals */
+        g[i] = NULL;
+    }
+    return Py_BuildValue("(NNNN)", out[0], out[1], out[2], grads);
+fail:
+    for (int i = 0; i < 3; i++) Py_XDECREF(out[i]);
+    for (int i = 0; i < 9; i++) Py_XDECREF(g[i]);
+    return NULL;
+}
+
+/* ---- building blocks ---------------------------------------------------------------------- */
+
+static char *matmul_kw[] = {"a", "b", "trans_a", "trans_b", NULL};
+
+/* op(a) @ op(b) for 2-D C-contiguous float arrays of one dtype: the core's GEMM. */
+static PyObject *py_matmul(PyObject *self, PyObject *args, PyObject *kwargs) {
+    (void)self;
+    PyObject *a_obj, *b_obj;
+    int ta = 0, tb = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|pp", matmul_kw, &a_obj, &b_obj, &ta, &tb))
+        return NULL;
+    int typenum = float_type(a_obj, "a");
+    if (typenum < 0) return NULL;
+    PyArrayObject *a = get_array(a_obj, "a", typenum, 2), *b;
+    if (!a || !(b = get_array(b_obj, "b", typenum, 2))) return NULL;
+    npy_intp M = PyArray_DIM(a, ta ? 1 : 0), K = PyArray_DIM(a, ta ? 0 : 1);
+    npy_intp Kb = PyArray_DIM(b, tb ? 1 : 0), N = PyArray_DIM(b, tb ? 0 : 1);
+    if (K != Kb) {
+        PyErr_Format(PyExc_ValueError, "op(a) has %zd columns but op(b) has %zd rows", (Py_ssize_t)K, (Py_ssize_t)Kb);
+        return NULL;
+    }
+    npy_intp shape[2] = {M, N};
+    PyArrayObject *c = new_array(2, shape, typenum, 0);
+    if (!c) return NULL;
+    int err;
+    npy_intp lda = PyArray_DIM(a, 1), ldb = PyArray_DIM(b, 1);
+    Py_BEGIN_ALLOW_THREADS
+    if (typenum == NPY_FLOAT32)
+        err = mha_gemm_f32(ta, tb, M, N, K, 1, PyArray_DATA(a), lda, PyArray_DATA(b), ldb, 0, PyArray_DATA(c), N);
+    else
+        err = mha_gemm_f64(ta, tb, M, N, K, 1, PyArray_DATA(a), lda, PyArray_DATA(b), ldb, 0, PyArray_DATA(c), N);
+    Py_END_ALLOW_THREADS
+    if (raise_core_error(err)) {
+        Py_DECREF(c);
+        return NULL;
+    }
+    return (PyObject *)c;
+}
+
+static PyObject *py_dropout_uniform(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned long long seed, b, h, i, j;
+    if (!PyArg_ParseTuple(args, "KKKKK", &seed, &b, &h, &i, &j)) return NULL;
+    return PyFloat_FromDouble(mha_dropout_uniform(seed, b, h, i, j));
+}
+
+static PyObject *py_set_num_threads(PyObject *self, PyObject *arg) {
+    (void)self;
+    long n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (n < 1 || n > 4096) {
+        PyErr_Format(PyExc_ValueError, "n must be between 1 and 4096, got %ld", n);
+        return NULL;
+    }
+    mha_set_num_threads((int)n);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_get_num_threads(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    return PyLong_FromLong(mha_get_num_threads());
+}
+
+static PyObject *py_build_info(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    return PyUnicode_FromString(mha_build_info());
+}
+
+static PyMethodDef methods[] = {
+    {"attention_forward", (PyCFunction)(void (*)(void))py_attention_forward, METH_VARARGS | METH_KEYWORDS,
+     "attention_forward(q, k, v, mask, key_padding_mask, causal, scale, dropout, seed, need_weights) -> (out, weights)"},
+    {"attention_backward", (PyCFunction)(void (*)(void))py_attention_backward, METH_VARARGS | METH_KEYWORDS,
+     "attention_backward(d_out, q, k, v, mask, key_padding_mask, causal, scale, dropout, seed) -> (dq, dk, dv)"},
+    {"layer_forward", (PyCFunction)(void (*)(void))py_layer_forward, METH_VARARGS | METH_KEYWORDS,
+     "layer_forward(x_q, x_k, x_v, params, heads, kv_heads, d_head, ...) -> (out, weights, q_proj, k_proj, v_proj, attn)"},
+    {"layer_backward", (PyCFunction)(void (*)(void))py_layer_backward, METH_VARARGS | METH_KEYWORDS,
+     "layer_backward(d_out, q_proj, k_proj, v_proj, attn, x_q, x_k, x_v, params, heads, kv_heads, d_head, ...)"},
+    {"matmul", (PyCFunction)(void (*)(void))py_matmul, METH_VARARGS | METH_KEYWORDS,
+     "matmul(a, b, trans_a=False, trans_b=False): the core's GEMM on 2-D C-contiguous arrays"},
+    {"dropout_uniform", py_dropout_uniform, METH_VARARGS, "dropout_uniform(seed, b, h, i, j) -> float in [0, 1)"},
+    {"set_num_threads", py_set_num_threads, METH_O, "set_num_threads(n)"},
+    {"get_num_threads", py_get_num_threads, METH_NOARGS, "get_num_threads() -> int"},
+    {"build_info", py_build_info, METH_NOARGS, "build_info() -> str"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "mha._C", "mha's C core (private).", -1,
+                                    methods, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__C(void) {
+    import_array();
+    return PyModule_Create(&module);
+}

@@ -1,0 +1,181 @@
+/* multihead_impl.h: the multi-head attention layer, forward and backward, for a type `real`.
+ * Included by multihead.c with real (float|double) and SFX (f32|f64) defined.
+ *
+ * Heads are never split or merged by copying: a projection (B, n, H * d_head) is read as
+ * (B, H, n, d_head) through strides (mha_view), so head h of row i starts at
+ * row i * H * d_head + h * d_head.
+ */
+
+#define PARAMS FN(mha_layer_params)
+#define GRADS FN(mha_layer_grads)
+
+/* y[r, :] += bias for rows r of a (rows, cols) matrix with row stride ld. */
+static void FN(add_bias)(real *y, int64_t rows, int64_t cols, int64_t ld, const real *bias) {
+    if (!bias) return;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) y[r * ld + c] += bias[c];
+}
+
+/* grad_bias[c] = sum over rows of dy[r, c]. */
+static void FN(sum_rows)(real *grad_bias, const real *dy, int64_t rows, int64_t cols) {
+    if (!grad_bias) return;
+    memset(grad_bias, 0, (size_t)cols * sizeof(real));
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) grad_bias[c] += dy[r * cols + c];
+}
+
+/* concat (rows, H * d_head) = attn with head h scaled by head_mask[h] */
+static void FN(apply_head_mask)(real *concat, const real *attn, const real *head_mask,
+                                int64_t rows, int64_t H, int64_t d_head) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t c = 0; c < d_head; c++) {
+                int64_t at = (r * H + h) * d_head + c;
+                concat[at] = attn[at] * head_mask[h];
+            }
+}
+
+/* The attention descriptor of the layer: sizes and strided views into the projections. */
+static mha_attention_desc FN(layer_attention_desc)(const mha_layer_dims *m,
+                                                   const mha_attention_desc *opts) {
+    mha_attention_desc d = *opts;
+    const int64_t E_q = m->heads * m->d_head, E_kv = m->kv_heads * m->d_head;
+    d.batch = m->batch;
+    d.heads = m->heads;
+    d.kv_heads = m->kv_heads;
+    d.n_q = m->n_q;
+    d.n_k = m->n_k;
+    d.d_k = d.d_v = m->d_head;
+    d.q = d.out = (mha_view){m->n_q * E_q, m->d_head, E_q};
+    d.k = d.v = (mha_view){m->kv_batch_stride * E_kv, m->d_head, E_kv};
+    return d;
+}
+
+/* y (rows of each batch at y + b * y_batch, row stride ld) = x @ W + bias */
+static int FN(project)(real *y, int64_t y_batch, int64_t ld, const real *x, int64_t x_batch,
+                       int64_t batch, int64_t rows, int64_t d_in, const real *W,
+                       const real *bias, int64_t d_out) {
+    if (y_batch == rows * ld && x_batch == rows * d_in) { /* one GEMM over all batches */
+        rows *= batch;
+        batch = 1;
+    }
+    for (int64_t b = 0; b < batch; b++) {
+        int err = FN(mha_gemm)(0, 0, rows, d_out, d_in, 1, x + b * x_batch, d_in, W, d_out, 0,
+                               y + b * y_batch, ld);
+        if (err) return err;
+        FN(add_bias)(y + b * y_batch, rows, d_out, ld, bias);
+    }
+    return MHA_OK;
+}
+
+/* Forward
+ * out: (B, n_q, d_model)  weights: (B, H, n_q, n_k) or NULL
+ * q_proj: (B, n_q, H*d_head)  k_proj, v_proj: (B, kv_batch_stride, H_kv*d_head)
+ * attn: (B, n_q, H*d_head)    x_q: (B, n_q, d_model)  x_k: (B, n_new, kdim)  x_v: (B, n_new, vdim) */
+int FN(mha_layer_forward)(real *out, real *weights, real *q_proj, real *k_proj, real *v_proj,
+                          real *attn, const real *x_q, const real *x_k, const real *x_v,
+                          const PARAMS *p, const mha_layer_dims *m,
+                          const mha_attention_desc *opts) {
+    const int64_t B = m->batch, E_q = m->heads * m->d_head, E_kv = m->kv_heads * m->d_head;
+    const int64_t kv_batch = m->kv_batch_stride * E_kv, kv_first = m->kv_row_offset * E_kv;
+    int err;
+    // 1. projections: Q = x_q W_q + b_q; new rows of K and V
+    if ((err = FN(project)(q_proj, m->n_q * E_q, E_q, x_q, m->n_q * m->d_model, B, m->n_q,
+                           m->d_model, p->W_q, p->b_q, E_q)))
+        return err;
+    if ((err = FN(project)(k_proj + kv_first, kv_batch, E_kv, x_k, m->n_new * m->kdim, B,
+                           m->n_new, m->kdim, p->W_k, p->b_k, E_kv)))
+        return err;
+    if ((err = FN(project)(v_proj + kv_first, kv_batch, E_kv, x_v, m->n_new * m->vdim, B,
+                           m->n_new, m->vdim, p->W_v, p->b_v, E_kv)))
+        return err;
+    // 2. attention of every head, written into attn (B, n_q, H*d_head)
+    mha_attention_desc d = FN(layer_attention_desc)(m, opts);
+    if ((err = FN(mha_attention_forward)(attn, weights, q_proj, k_proj, v_proj, &d))) return err;
+    // 3. concat = attn * head_mask; out = concat W_o + b_o
+    const int64_t rows = B * m->n_q;
+    const real *concat = attn;
+    real *masked = NULL;
+    if (p->head_mask) {
+        int ok = 1;
+        size_t bytes = mha_mul_size(mha_mul_size((size_t)rows, (size_t)E_q, &ok), sizeof(real), &ok);
+        if (!ok || !(masked = mha_alloc(bytes))) return MHA_ENOMEM;
+        FN(apply_head_mask)(masked, attn, p->head_mask, rows, m->heads, m->d_head);
+        concat = masked;
+    }
+    err = FN(project)(out, 0, m->d_model, concat, 0, 1, rows, E_q, p->W_o, p->b_o, m->d_model);
+    free(masked);
+    return err;
+}
+
+/* Backward: mirrors the forward's passes in reverse.
+ * dx_q like x_q, dx_k like x_k, dx_v like x_v; d_out (B, n_q, d_model). */
+int FN(mha_layer_backward)(real *dx_q, real *dx_k, real *dx_v, const GRADS *g,
+                           const real *d_out, const real *q_proj, const real *k_proj,
+                           const real *v_proj, const real *attn, const real *x_q,
+                           const real *x_k, const real *x_v, const PARAMS *p,
+                           const mha_layer_dims *m, const mha_attention_desc *opts) {
+    if (m->kv_row_offset != 0 || m->n_new != m->n_k || m->kv_batch_stride != m->n_k)
+        return MHA_EINVAL;
+    const int64_t B = m->batch, H = m->heads, dh = m->d_head;
+    const int64_t E_q = H * dh, E_kv = m->kv_heads * dh;
+    const int64_t rows_q = B * m->n_q, rows_k = B * m->n_k;
+    int ok = 1;
+    size_t n_q_elems = mha_mul_size((size_t)rows_q, (size_t)E_q, &ok);
+    size_t n_k_elems = mha_mul_size((size_t)rows_k, (size_t)E_kv, &ok);
+    size_t total = n_q_elems * 3 + n_k_elems * 2; /* dC, concat, dQ, dK, dV */
+    if (!ok || total / 3 < n_q_elems || total > SIZE_MAX / sizeof(real)) return MHA_ENOMEM;
+    real *scratch = mha_alloc(total * sizeof(real));
+    if (!scratch) return MHA_ENOMEM;
+    real *dC = scratch, *concat = dC + n_q_elems, *dQ = concat + n_q_elems;
+    real *dK = dQ + n_q_elems, *dV = dK + n_k_elems;
+    int err = MHA_OK;
+
+    // 3. out = concat W_o + b_o  ->  dconcat = d_out W_o^T, dW_o = concat^T d_out, db_o
+    if (p->head_mask) FN(apply_head_mask)(concat, attn, p->head_mask, rows_q, H, dh);
+    else memcpy(concat, attn, n_q_elems * sizeof(real));
+    if ((err = FN(mha_gemm)(0, 1, rows_q, E_q, m->d_model, 1, d_out, m->d_model, p->W_o,
+                            m->d_model, 0, dC, E_q)))
+        goto done;
+    if ((err = FN(mha_gemm)(1, 0, E_q, m->d_model, rows_q, 1, concat, E_q, d_out, m->d_model, 0,
+                            g->W_o, m->d_model)))
+        goto done;
+    FN(sum_rows)(g->b_o, d_out, rows_q, m->d_model);
+    // concat = attn * head_mask  ->  d_head_mask[h] = sum(dconcat_h * attn_h), dattn = dconcat * head_mask
+    if (g->head_mask) {
+        for (int64_t h = 0; h < H; h++) g->head_mask[h] = 0;
+        for (int64_t r = 0; r < rows_q; r++)
+            for (int64_t h = 0; h < H; h++) {
+                real s = 0;
+                for (int64_t c = 0; c < dh; c++) s += dC[(r * H + h) * dh + c] * attn[(r * H + h) * dh + c];
+                g->head_mask[h] += s;
+            }
+    }
+    if (p->head_mask) FN(apply_head_mask)(dC, dC, p->head_mask, rows_q, H, dh);
+    // 2. attention -> dQ, dK, dV
+    mha_attention_desc d = FN(layer_attention_desc)(m, opts);
+    if ((err = FN(mha_attention_backward)(dQ, dK, dV, dC, q_proj, k_proj, v_proj, &d))) goto done;
+    // 1. projections X W + b  ->  dW = X^T dY, db = sum_rows dY, dX = dY W^T
+    struct { const real *x, *W; const real *dY; real *dX, *dW, *db; int64_t rows, d_in, d_out; } proj[3] = {
+        {x_q, p->W_q, dQ, dx_q, g->W_q, g->b_q, rows_q, m->d_model, E_q},
+        {x_k, p->W_k, dK, dx_k, g->W_k, g->b_k, rows_k, m->kdim, E_kv},
+        {x_v, p->W_v, dV, dx_v, g->W_v, g->b_v, rows_k, m->vdim, E_kv},
+    };
+    for (int i = 0; i < 3; i++) {
+        if ((err = FN(mha_gemm)(1, 0, proj[i].d_in, proj[i].d_out, proj[i].rows, 1, proj[i].x,
+                                proj[i].d_in, proj[i].dY, proj[i].d_out, 0, proj[i].dW,
+                                proj[i].d_out)))
+            goto done;
+        FN(sum_rows)(proj[i].db, proj[i].dY, proj[i].rows, proj[i].d_out);
+        if ((err = FN(mha_gemm)(0, 1, proj[i].rows, proj[i].d_in, proj[i].d_out, 1, proj[i].dY,
+                                proj[i].d_out, proj[i].W, proj[i].d_out, 0, proj[i].dX,
+                                proj[i].d_in)))
+            goto done;
+    }
+done:
+    free(scratch);
+    return err;
+}
+
+#undef PARAMS
+#undef GRADS

@@ -1,0 +1,318 @@
+/* test_core.c: the C core on its own, no Python. `make -C csrc test` (and `make asan`).
+ *
+ * Each fast kernel is held to a naive twin written here in the plainest loops: the GEMM in all
+ * four transpose combinations, attention forward with every mask kind, causal, GQA and
+ * dropout, its backward against central finite differences (float64), the layer against
+ * projections + attention composed by hand, and fully masked rows giving 0.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mha.h"
+
+static int failures = 0, checks = 0;
+
+static void expect(int ok, const char *what, double err, double tol) {
+    checks++;
+    if (!ok) {
+        failures++;
+        printf("FAIL %s: error %.3e > tolerance %.1e\n", what, err, tol);
+    }
+}
+
+static double max_abs_diff(const double *a, const double *b, size_t n) {
+    double m = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs(a[i] - b[i]);
+        if (d > m || d != d) m = d;
+    }
+    return m;
+}
+
+static unsigned long long rng_state = 42;
+static double randn(void) { /* Box-Muller on a small LCG: enough for test data */
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    double u1 = ((rng_state >> 11) + 1.0) * 0x1.0p-53;
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    double u2 = (rng_state >> 11) * 0x1.0p-53;
+    return sqrt(-2 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+static double *random_array(size_t n) {
+    double *a = malloc(n * sizeof *a);
+    for (size_t i = 0; i < n; i++) a[i] = randn();
+    return a;
+}
+
+/* ---- GEMM ---------------------------------------------------------------------------------- */
+
+static void test_gemm(void) {
+    const int64_t sizes[][3] = {{1, 1, 1}, {7, 5, 3}, {37, 53, 301}, {130, 20, 513}};
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++)
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++) {
+                int64_t M = sizes[s][0], N = sizes[s][1], K = sizes[s][2];
+                double *A = random_array(M * K), *B = random_array(K * N), *C = random_array(M * N);
+                double *R = malloc(M * N * sizeof *R);
+                float *Af = malloc(M * K * 4), *Bf = malloc(K * N * 4), *Cf = malloc(M * N * 4);
+                int64_t lda = ta ? M : K, ldb = tb ? K : N;
+                for (int64_t i = 0; i < M; i++)
+                    for (int64_t j = 0; j < N; j++) {
+                        double acc = 0;
+                        for (int64_t p = 0; p < K; p++)
+                            acc += (ta ? A[p * lda + i] : A[i * lda + p]) * (tb ? B[j * ldb + p] : B[p * ldb + j]);
+                        R[i * N + j] = 2 * acc + 0.5 * C[i * N + j];
+                    }
+                for (int64_t i = 0; i < M * K; i++) Af[i] = (float)A[i];
+                for (int64_t i = 0; i < K * N; i++) Bf[i] = (float)B[i];
+                for (int64_t i = 0; i < M * N; i++) Cf[i] = (float)C[i];
+                mha_gemm_f64(ta, tb, M, N, K, 2, A, lda, B, ldb, 0.5, C, N);
+                mha_gemm_f32(ta, tb, M, N, K, 2, Af, lda, Bf, ldb, 0.5f, Cf, N);
+                double err = max_abs_diff(C, R, M * N), err32 = 0;
+                for (int64_t i = 0; i < M * N; i++) err32 = fmax(err32, fabs(Cf[i] - R[i]));
+                char what[96];
+                snprintf(what, sizeof what, "gemm f64 %lldx%lldx%lld ta=%d tb=%d", (long long)M, (long long)N, (long long)K, ta, tb);
+                expect(err <= 1e-12 * K, what, err, 1e-12 * K);
+                snprintf(what, sizeof what, "gemm f32 %lldx%lldx%lld ta=%d tb=%d", (long long)M, (long long)N, (long long)K, ta, tb);
+                expect(err32 <= 1e-5 * K, what, err32, 1e-5 * K);
+                free(A), free(B), free(C), free(R), free(Af), free(Bf), free(Cf);
+            }
+}
+
+/* ---- attention: the naive twin --------------------------------------------------------------- */
+
+/* Contiguous (B, H, n_q, d) arrays; mask (B, H, n_q, n_k) bytes or NULL. */
+static void naive_attention(double *out, double *weights, const double *q, const double *k,
+                            const double *v, const uint8_t *mask, const mha_attention_desc *d) {
+    int64_t group = d->heads / d->kv_heads;
+    double *s = malloc((d->n_k + 1) * sizeof *s);
+    for (int64_t b = 0; b < d->batch; b++)
+        for (int64_t h = 0; h < d->heads; h++)
+            for (int64_t i = 0; i < d->n_q; i++) {
+                const double *q_i = q + ((b * d->heads + h) * d->n_q + i) * d->d_k;
+                const double *k_bh = k + (b * d->kv_heads + h / group) * d->n_k * d->d_k;
+                const double *v_bh = v + (b * d->kv_heads + h / group) * d->n_k * d->d_v;
+                double m = -INFINITY, sum = 0;
+                for (int64_t j = 0; j < d->n_k; j++) {
+                    double dot = 0;
+                    for (int64_t c = 0; c < d->d_k; c++) dot += q_i[c] * k_bh[j * d->d_k + c];
+                    s[j] = d->scale * dot;
+                    int allowed = !mask || mask[((b * d->heads + h) * d->n_q + i) * d->n_k + j];
+                    if (d->causal && j > i + d->n_k - d->n_q) allowed = 0;
+                    if (!allowed) s[j] = -INFINITY;
+                    if (s[j] > m) m = s[j];
+                }
+                for (int64_t j = 0; j < d->n_k; j++) {
+                    s[j] = m == -INFINITY ? 0 : exp(s[j] - m);
+                    sum += s[j];
+                }
+                double *o_i = out + ((b * d->heads + h) * d->n_q + i) * d->d_v;
+                memset(o_i, 0, d->d_v * sizeof *o_i);
+                for (int64_t j = 0; j < d->n_k; j++) {
+                    double p = sum > 0 ? s[j] / sum : 0;
+                    if (weights) weights[((b * d->heads + h) * d->n_q + i) * d->n_k + j] = p;
+                    double keep = 1;
+                    if (d->dropout > 0)
+                        keep = mha_dropout_uniform(d->seed, b, h, i, j) >= d->dropout ? 1 / (1 - d->dropout) : 0;
+                    for (int64_t c = 0; c < d->d_v; c++) o_i[c] += p * keep * v_bh[j * d->d_v + c];
+                }
+            }
+    free(s);
+}
+
+typedef struct {
+    int64_t B, H, H_kv, n_q, n_k, d_k, d_v;
+    int causal, use_mask;
+    double dropout;
+} attention_case;
+
+static void test_attention_case(attention_case c) {
+    mha_attention_desc d;
+    mha_attention_desc_init(&d, c.B, c.H, c.H_kv, c.n_q, c.n_k, c.d_k, c.d_v);
+    d.causal = c.causal;
+    d.dropout = c.dropout;
+    d.seed = 1234;
+    size_t nq = c.B * c.H * c.n_q * c.d_k, nk = c.B * c.H_kv * c.n_k * c.d_k, nv = c.B * c.H_kv * c.n_k * c.d_v;
+    size_t no = c.B * c.H * c.n_q * c.d_v, nw = c.B * c.H * c.n_q * c.n_k;
+    double *q = random_array(nq), *k = random_array(nk), *v = random_array(nv);
+    uint8_t *mask = NULL;
+    if (c.use_mask) {
+        mask = malloc(nw);
+        for (size_t i = 0; i < nw; i++) mask[i] = randn() > -0.5;
+        for (int64_t j = 0; j < c.n_k; j++) mask[j] = 0; /* row 0 of head 0: fully masked */
+        d.mask_kind = MHA_MASK_BOOL;
+        d.mask = mask;
+        d.mask_strides[0] = c.H * c.n_q * c.n_k;
+        d.mask_strides[1] = c.n_q * c.n_k;
+        d.mask_strides[2] = c.n_k;
+        d.mask_strides[3] = 1;
+    }
+    double *out = malloc(no * 8), *w = malloc(nw * 8), *out_ref = malloc(no * 8), *w_ref = malloc(nw * 8);
+    char what[160];
+    snprintf(what, sizeof what, "attention B=%lld H=%lld/%lld n_q=%lld n_k=%lld d=%lld/%lld causal=%d mask=%d dropout=%g",
+             (long long)c.B, (long long)c.H, (long long)c.H_kv, (long long)c.n_q, (long long)c.n_k,
+             (long long)c.d_k, (long long)c.d_v, c.causal, c.use_mask, c.dropout);
+    naive_attention(out_ref, w_ref, q, k, v, mask, &d);
+    expect(mha_attention_forward_f64(out, w, q, k, v, &d) == MHA_OK, what, 0, 0);
+    double err = fmax(max_abs_diff(out, out_ref, no), max_abs_diff(w, w_ref, nw));
+    expect(err <= 1e-12, what, err, 1e-12);
+    /* without weights: the same output */
+    double *out2 = malloc(no * 8);
+    mha_attention_forward_f64(out2, NULL, q, k, v, &d);
+    err = max_abs_diff(out, out2, no);
+    expect(err == 0, "need_weights=false gives the same output", err, 0);
+
+    /* float32 from the same source */
+    float *qf = malloc(nq * 4), *kf = malloc(nk * 4), *vf = malloc(nv * 4), *of = malloc(no * 4);
+    for (size_t i = 0; i < nq; i++) qf[i] = (float)q[i];
+    for (size_t i = 0; i < nk; i++) kf[i] = (float)k[i];
+    for (size_t i = 0; i < nv; i++) vf[i] = (float)v[i];
+    mha_attention_forward_f32(of, NULL, qf, kf, vf, &d);
+    double err32 = 0;
+    for (size_t i = 0; i < no; i++) err32 = fmax(err32, fabs(of[i] - out_ref[i]));
+    expect(err32 <= 1e-4 * (1 + c.dropout * 4), "float32 forward", err32, 1e-4);
+
+    /* backward against central finite differences of L = sum(out * g) */
+    double *g = random_array(no), *dq = malloc(nq * 8), *dk = malloc(nk * 8), *dv = malloc(nv * 8);
+    expect(mha_attention_backward_f64(dq, dk, dv, g, q, k, v, &d) == MHA_OK, "backward status", 0, 0);
+    double *arrays[3] = {q, k, v}, *grads[3] = {dq, dk, dv};
+    size_t sizes[3] = {nq, nk, nv};
+    const double eps = 1e-6;
+    double worst = 0;
+    for (int a = 0; a < 3; a++)
+        for (size_t i = 0; i < sizes[a]; i += 1 + sizes[a] / 23) {
+            double saved = arrays[a][i], lp = 0, lm = 0;
+            arrays[a][i] = saved + eps;
+            naive_attention(out2, NULL, q, k, v, mask, &d);
+            for (size_t t = 0; t < no; t++) lp += out2[t] * g[t];
+            arrays[a][i] = saved - eps;
+            naive_attention(out2, NULL, q, k, v, mask, &d);
+            for (size_t t = 0; t < no; t++) lm += out2[t] * g[t];
+            arrays[a][i] = saved;
+            double fd = (lp - lm) / (2 * eps);
+            worst = fmax(worst, fabs(fd - grads[a][i]) / fmax(1, fabs(fd)));
+        }
+    snprintf(what + strlen(what), sizeof what - strlen(what), " backward vs finite differences");
+    expect(worst <= 1e-6, what, worst, 1e-6);
+    if (c.use_mask) { /* the fully masked row: output 0 and gradient 0 */
+        double z = 0;
+        for (int64_t t = 0; t < c.d_v; t++) z = fmax(z, fabs(out[t]));
+        for (int64_t t = 0; t < c.d_k; t++) z = fmax(z, fabs(dq[t]));
+        expect(z == 0, "a fully masked row gives output 0 and dq 0", z, 0);
+    }
+    free(q), free(k), free(v), free(mask), free(out), free(w), free(out_ref), free(w_ref), free(out2);
+    free(qf), free(kf), free(vf), free(of), free(g), free(dq), free(dk), free(dv);
+}
+
+/* ---- the layer: projections + attention + output projection by hand ------------------------ */
+
+static void test_layer(void) {
+    const int64_t B = 2, n = 7, d_model = 8, H = 4, H_kv = 2, dh = 3, E_q = H * dh, E_kv = H_kv * dh;
+    double *x = random_array(B * n * d_model);
+    double *W_q = random_array(d_model * E_q), *W_k = random_array(d_model * E_kv);
+    double *W_v = random_array(d_model * E_kv), *W_o = random_array(E_q * d_model);
+    double *b_q = random_array(E_q), *b_k = random_array(E_kv), *b_v = random_array(E_kv), *b_o = random_array(d_model);
+    double head_mask[4] = {1, 0.5, 0, 2};
+    mha_layer_params_f64 p = {W_q, W_k, W_v, W_o, b_q, b_k, b_v, b_o, head_mask};
+    mha_layer_dims m = {.batch = B, .n_q = n, .n_k = n, .n_new = n, .d_model = d_model, .kdim = d_model,
+                        .vdim = d_model, .heads = H, .kv_heads = H_kv, .d_head = dh, .kv_batch_stride = n};
+    mha_attention_desc opts;
+    mha_attention_desc_init(&opts, B, H, H_kv, n, n, dh, dh);
+    opts.causal = 1;
+    double *out = malloc(B * n * d_model * 8), *qp = malloc(B * n * E_q * 8), *kp = malloc(B * n * E_kv * 8);
+    double *vp = malloc(B * n * E_kv * 8), *attn = malloc(B * n * E_q * 8);
+    expect(mha_layer_forward_f64(out, NULL, qp, kp, vp, attn, x, x, x, &p, &m, &opts) == MHA_OK, "layer forward status", 0, 0);
+
+    /* by hand: Q = x W_q + b_q as (B, H, n, dh) contiguous, then naive attention */
+    double *Q = malloc(B * H * n * dh * 8), *K = malloc(B * H_kv * n * dh * 8), *V = malloc(B * H_kv * n * dh * 8);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t i = 0; i < n; i++) {
+            const double *x_i = x + (b * n + i) * d_model;
+            for (int64_t f = 0; f < E_q; f++) {
+                double s = b_q[f];
+                for (int64_t c = 0; c < d_model; c++) s += x_i[c] * W_q[c * E_q + f];
+                Q[((b * H + f / dh) * n + i) * dh + f % dh] = s;
+            }
+            for (int64_t f = 0; f < E_kv; f++) {
+                double sk = b_k[f], sv = b_v[f];
+                for (int64_t c = 0; c < d_model; c++) sk += x_i[c] * W_k[c * E_kv + f], sv += x_i[c] * W_v[c * E_kv + f];
+                K[((b * H_kv + f / dh) * n + i) * dh + f % dh] = sk;
+                V[((b * H_kv + f / dh) * n + i) * dh + f % dh] = sv;
+            }
+        }
+    double *O = malloc(B * H * n * dh * 8), *ref = malloc(B * n * d_model * 8);
+    naive_attention(O, NULL, Q, K, V, NULL, &opts);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t c = 0; c < d_model; c++) {
+                double s = b_o[c];
+                for (int64_t f = 0; f < E_q; f++)
+                    s += head_mask[f / dh] * O[((b * H + f / dh) * n + i) * dh + f % dh] * W_o[f * d_model + c];
+                ref[(b * n + i) * d_model + c] = s;
+            }
+    double err = max_abs_diff(out, ref, B * n * d_model);
+    expect(err <= 1e-12, "layer forward vs projections + naive attention by hand", err, 1e-12);
+
+    /* backward: d_head_mask and dW_o against finite differences of L = sum(out * g) */
+    double *g = random_array(B * n * d_model), *dx = malloc(B * n * d_model * 8);
+    double *dx_k = malloc(B * n * d_model * 8), *dx_v = malloc(B * n * d_model * 8);
+    double *gW_q = malloc(d_model * E_q * 8), *gW_k = malloc(d_model * E_kv * 8), *gW_v = malloc(d_model * E_kv * 8);
+    double *gW_o = malloc(E_q * d_model * 8), *gb_q = malloc(E_q * 8), *gb_k = malloc(E_kv * 8), *gb_v = malloc(E_kv * 8);
+    double *gb_o = malloc(d_model * 8), ghm[4];
+    mha_layer_grads_f64 gr = {gW_q, gW_k, gW_v, gW_o, gb_q, gb_k, gb_v, gb_o, ghm};
+    expect(mha_layer_backward_f64(dx, dx_k, dx_v, &gr, g, qp, kp, vp, attn, x, x, x, &p, &m, &opts) == MHA_OK,
+           "layer backward status", 0, 0);
+    double *targets[4] = {head_mask, W_o, W_q, x}, *grads[4] = {ghm, gW_o, gW_q, NULL};
+    size_t counts[4] = {4, E_q * d_model, d_model * E_q, B * n * d_model};
+    double worst = 0;
+    for (int t = 0; t < 4; t++)
+        for (size_t i = 0; i < counts[t]; i += 1 + counts[t] / 11) {
+            double saved = targets[t][i], lp = 0, lm = 0;
+            targets[t][i] = saved + 1e-6;
+            mha_layer_forward_f64(out, NULL, qp, kp, vp, attn, x, x, x, &p, &m, &opts);
+            for (int64_t s = 0; s < B * n * d_model; s++) lp += out[s] * g[s];
+            targets[t][i] = saved - 1e-6;
+            mha_layer_forward_f64(out, NULL, qp, kp, vp, attn, x, x, x, &p, &m, &opts);
+            for (int64_t s = 0; s < B * n * d_model; s++) lm += out[s] * g[s];
+            targets[t][i] = saved;
+            double fd = (lp - lm) / 2e-6;
+            /* x feeds q, k and v: its gradient is the sum of the three */
+            double analytic = grads[t] ? grads[t][i] : dx[i] + dx_k[i] + dx_v[i];
+            worst = fmax(worst, fabs(fd - analytic) / fmax(1, fabs(fd)));
+        }
+    expect(worst <= 1e-6, "layer backward (head_mask, W_o, W_q, x) vs finite differences", worst, 1e-6);
+    free(x), free(W_q), free(W_k), free(W_v), free(W_o), free(b_q), free(b_k), free(b_v), free(b_o);
+    free(out), free(qp), free(kp), free(vp), free(attn), free(Q), free(K), free(V), free(O), free(ref);
+    free(g), free(dx), free(dx_k), free(dx_v), free(gW_q), free(gW_k), free(gW_v), free(gW_o);
+    free(gb_q), free(gb_k), free(gb_v), free(gb_o);
+}
+
+static void test_dropout_rng(void) {
+    /* the uniform is in [0, 1) and about 1/2 on average; mha.reference holds the same values */
+    double mean = 0, lo = 1, hi = 0;
+    for (int j = 0; j < 10000; j++) {
+        double u = mha_dropout_uniform(7, 1, 2, 3, (uint64_t)j);
+        lo = fmin(lo, u), hi = fmax(hi, u);
+        mean += u / 10000;
+    }
+    expect(lo >= 0 && hi < 1, "dropout uniform in [0, 1)", hi, 1);
+    expect(fabs(mean - 0.5) < 0.01, "dropout uniform mean", fabs(mean - 0.5), 0.01);
+}
+
+int main(void) {
+    printf("%s, %d threads\n", mha_build_info(), mha_get_num_threads());
+    test_gemm();
+    const attention_case cases[] = {
+        {1, 1, 1, 5, 7, 4, 3, 0, 0, 0},   {2, 4, 2, 9, 9, 5, 6, 1, 0, 0},
+        {2, 2, 1, 6, 3, 8, 8, 1, 1, 0},   {1, 3, 3, 70, 33, 17, 9, 0, 1, 0},
+        {2, 2, 2, 8, 11, 4, 4, 0, 0, 0.3}, {1, 2, 1, 5, 5, 3, 2, 1, 1, 0.5},
+        {1, 1, 1, 3, 0, 4, 4, 0, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_attention_case(cases[i]);
+    test_layer();
+    test_dropout_rng();
+    printf("%d passed, %d failed\n", checks - failures, failures);
+    return failures != 0;
+}

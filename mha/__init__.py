@@ -1,0 +1,45 @@
+"""mha: multi-head attention for NumPy with a C core.
+
+    out, weights = mha.attention(q, k, v, mask=None, causal=False)       # (..., n, d) arrays
+    layer = mha.MultiHeadAttention(d_model=64, n_heads=8, seed=0)
+    out, weights = layer(x)                                               # x: (B, n, d_model)
+    d_x, _, _ = layer.backward(d_out)                                     # fills layer.grads
+
+Masks: True (or 1) = may attend, False = masked, like torch.nn.functional.scaled_dot_product_attention
+and OPPOSITE to torch.nn.MultiheadAttention. `mha.reference` holds pure NumPy twins of
+everything, the oracle of the tests. See docs/semantics.md for the exact numerics.
+"""
+from . import _C, reference
+from .functional import attention, attention_backward
+from .layer import KVCache, MultiHeadAttention
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "attention",
+    "attention_backward",
+    "MultiHeadAttention",
+    "KVCache",
+    "set_num_threads",
+    "get_num_threads",
+    "build_info",
+    "reference",
+]
+
+
+def set_num_threads(n):
+    """Use `n` threads (>= 1) in the C kernels (OpenMP); results do not depend on it."""
+    _C.set_num_threads(int(n))
+
+
+def get_num_threads():
+    """The number of threads the C kernels use (1 when built without OpenMP)."""
+    return _C.get_num_threads()
+
+
+def build_info():
+    """How the C core was built: {"compiler": ..., "simd": ..., "threads": ..., "openmp": bool}."""
+    info = dict(part.split("=", 1) for part in _C.build_info().split("; "))
+    info["openmp"] = info["threads"].startswith("OpenMP")
+    info["num_threads"] = get_num_threads()
+    return info
