@@ -1,0 +1,25 @@
+"""`python -m mha COMMAND`: bench (the benchmark table), tour (the seeds' figures)."""
+import sys
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    commands = {
+        "bench": "speed and memory against torch and NumPy, measured in one run",
+        "tour": "the seeds' figures on the C kernels, as PNGs and an index.html",
+    }
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
+        print("usage: python -m mha {bench,tour} [options]\n")
+        for name, what in commands.items():
+            print(f"  {name:6s} {what}")
+        print("\n`python -m mha COMMAND --help` explains each command's options.")
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    if argv[0] == "bench":
+        from .bench import main as command
+    else:
+        from .tour import main as command
+    return command(argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,290 @@
+"""Speed and memory of mha against its peers, measured in one run: `python -m mha bench`.
+
+Peers: PyTorch (torch.nn.MultiheadAttention and torch.nn.functional.scaled_dot_product_attention,
+when torch is installed, with the same thread count), the seeds' NumPy implementation
+(`mha.reference`, which runs on NumPy's BLAS), and NumPy's own float32 matmul as the
+machine's practical GEMM ceiling. Every time is the median over repeats after a warm-up.
+
+Cases (float32):
+  a  seed 000's shape: batch 16, seq 128, d_model 256, heads 1/4/8/16 (the layer)
+  b  batch 4, seq 1024, d_model 512, 8 heads, with and without causal (the layer)
+  c  attention core at b=1, L=1024, H=25, D=64 (the shape of PyTorch's CPU flash-attention RFC)
+  d  seq 16384, 8 heads, d_head 64, need_weights=False: time and extra peak memory
+"""
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+import mha
+
+__all__ = ["median_time", "matmul_gflops", "run", "main"]
+
+
+def median_time(fn, repeats=7, warmup=1, min_time=0.0):
+    """Median wall time of fn() in seconds over `repeats` calls after `warmup` calls."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    start = time.perf_counter()
+    while len(times) < repeats or time.perf_counter() - start < min_time:
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+        if len(times) >= 10 * repeats:
+            break
+    return float(np.median(times))
+
+
+def matmul_gflops(n=1024, repeats=7):
+    """NumPy's float32 matmul rate (GFLOP/s) at n x n x n: the machine's practical ceiling."""
+    a = np.random.default_rng(0).standard_normal((n, n)).astype(np.float32)
+    b = a.T.copy()
+    t = median_time(lambda: a @ b, repeats)
+    return 2 * n**3 / t / 1e9
+
+
+def _torch(threads):
+    try:
+        import torch
+    except ImportError:
+        return None
+    torch.set_num_threads(threads)
+    return torch
+
+
+def layer_flops(B, n_q, n_k, d_model, n_heads, d_head):
+    """Forward FLOPs of the layer: four projections and the two attention products."""
+    E = n_heads * d_head
+    proj = 2 * B * (n_q * d_model * E + 2 * n_k * d_model * E + n_q * E * d_model)
+    return proj + attention_flops(B, n_heads, n_q, n_k, d_head)
+
+
+def attention_flops(B, H, n_q, n_k, d, causal=False):
+    """Forward FLOPs of q k^T and P v (halved for causal squares)."""
+    f = 4 * B * H * n_q * n_k * d
+    return f // 2 if causal else f
+
+
+def _row(case, what, impl, seconds, flops, ceiling, baseline=None):
+    row = dict(case=case, what=what, impl=impl, ms=seconds * 1e3,
+               gflops=flops / seconds / 1e9 if seconds else float("nan"))
+    row["ceiling_frac"] = row["gflops"] / ceiling
+    return row
+
+
+def _layer_case(case, B, n, d_model, n_heads, causal, ceiling, torch, repeats, with_numpy=True):
+    rows = []
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((B, n, d_model)).astype(np.float32)
+    d_out = rng.standard_normal((B, n, d_model)).astype(np.float32)
+    layer = mha.MultiHeadAttention(d_model, n_heads, seed=0)
+    ref = mha.reference.MultiHeadAttention(d_model, n_heads, seed=0)
+    flops = layer_flops(B, n, n, d_model, n_heads, d_model // n_heads)
+    if causal:
+        flops -= attention_flops(B, n_heads, n, n, d_model // n_heads) // 2
+    label = f"{case}: B={B} n={n} d={d_model} h={n_heads}" + (" causal" if causal else "")
+    impls = {"mha": layer}
+    if with_numpy:
+        impls["numpy"] = ref
+    for name, lay in impls.items():
+        for need in (True, False):
+            t = median_time(lambda: lay(x, causal=causal, need_weights=need), repeats)
+            rows.append(_row(label, "forward" + (" +weights" if need else ""), name, t, flops, ceiling))
+
+        def fwd_bwd():
+            lay(x, causal=causal, need_weights=False)
+            lay.backward(d_out)
+        t = median_time(fwd_bwd, repeats)
+        rows.append(_row(label, "forward+backward", name, t, 3 * flops, ceiling))
+    if torch is not None:
+        mod = torch.nn.MultiheadAttention(d_model, n_heads, batch_first=True)
+        xt = torch.from_numpy(x)
+        mask = torch.triu(torch.ones(n, n, dtype=torch.bool), 1) if causal else None
+        for need in (True, False):
+            with torch.no_grad():
+                t = median_time(lambda: mod(xt, xt, xt, attn_mask=mask, need_weights=need,
+                                            average_attn_weights=False), repeats)
+            rows.append(_row(label, "forward" + (" +weights" if need else ""), "torch", t, flops, ceiling))
+        xg = xt.clone().requires_grad_(True)
+        dt = torch.from_numpy(d_out)
+
+        def torch_fwd_bwd():
+            out, _ = mod(xg, xg, xg, attn_mask=mask, need_weights=False)
+            out.backward(dt)
+        t = median_time(torch_fwd_bwd, repeats)
+        rows.append(_row(label, "forward+backward", "torch", t, 3 * flops, ceiling))
+    return rows
+
+
+def _attention_case(case, B, H, n, d, causal, ceiling, torch, repeats, with_numpy=True):
+    rows = []
+    rng = np.random.default_rng(0)
+    q, k, v, g = (rng.standard_normal((B, H, n, d)).astype(np.float32) for _ in range(4))
+    flops = attention_flops(B, H, n, n, d, causal)
+    label = f"{case}: attention B={B} H={H} L={n} D={d}" + (" causal" if causal else "")
+    impls = {"mha": mha}
+    if with_numpy:
+        impls["numpy"] = mha.reference
+    for name, lib in impls.items():
+        t = median_time(lambda: lib.attention(q, k, v, causal=causal, need_weights=False), repeats)
+        rows.append(_row(label, "forward", name, t, flops, ceiling))
+        t = median_time(lambda: (lib.attention(q, k, v, causal=causal, need_weights=False),
+                                 lib.attention_backward(g, q, k, v, causal=causal)), repeats)
+        rows.append(_row(label, "forward+backward", name, t, 3.5 * flops, ceiling))
+    if torch is not None:
+        F = torch.nn.functional
+        qt, kt, vt, gt = (torch.from_numpy(a) for a in (q, k, v, g))
+        with torch.no_grad():
+            t = median_time(lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal), repeats)
+        rows.append(_row(label, "forward", "torch", t, flops, ceiling))
+        qg, kg, vg = (a.clone().requires_grad_(True) for a in (qt, kt, vt))
+
+        def fwd_bwd():
+            F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal).backward(gt)
+        t = median_time(fwd_bwd, repeats)
+        rows.append(_row(label, "forward+backward", "torch", t, 3.5 * flops, ceiling))
+    return rows
+
+
+_PEAK_SCRIPT = r"""
+import resource, sys, time, numpy as np
+impl, n, H, d, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+rng = np.random.default_rng(0)
+q, k, v = (rng.standard_normal((1, H, n, d)).astype(np.float32) for _ in range(3))
+if impl == "torch":
+    import torch
+    torch.set_num_threads(threads)
+    tq, tk, tv = (torch.from_numpy(a) for a in (q, k, v))
+    run = lambda: torch.nn.functional.scaled_dot_product_attention(tq, tk, tv)
+    with torch.no_grad():
+        run()  # warm-up: the allocator's pools count as the library's memory
+else:
+    import mha
+    mha.set_num_threads(threads)
+    run = lambda: mha.attention(q, k, v, need_weights=False)
+def rss():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM"):
+                return int(line.split()[1]) * 1024
+out = np.empty((1, H, n, d), np.float32)  # the output, allocated up front for both
+base = rss()
+t = time.perf_counter()
+if impl == "torch":
+    with torch.no_grad():
+        run()
+else:
+    run()
+t = time.perf_counter() - t
+print(t, rss() - base)
+"""
+
+
+def _peak_case(case, n, H, d, threads, ceiling, have_torch):
+    """Time and extra peak RSS (beyond inputs and output) in a fresh process per library."""
+    rows = []
+    flops = attention_flops(1, H, n, n, d)
+    label = f"{case}: attention L={n} H={H} D={d}, no weights"
+    for impl in ["mha"] + (["torch"] if have_torch else []):
+        res = subprocess.run([sys.executable, "-c", _PEAK_SCRIPT, impl, str(n), str(H), str(d), str(threads)],
+                             capture_output=True, text=True, check=True)
+        seconds, extra = res.stdout.split()
+        row = _row(label, "forward", impl, float(seconds), flops, ceiling)
+        row["extra_peak_mib"] = max(0, int(extra)) / 2**20
+        rows.append(row)
+    return rows
+
+
+def run(cases="abcd", repeats=5, threads=None, progress=True):
+    """Run the benchmark cases; returns dict(meta, rows). Each row: case, what, impl, ms,
+    gflops, ceiling_frac (fraction of NumPy's float32 matmul rate)."""
+    threads = threads or mha.get_num_threads()
+    mha.set_num_threads(threads)
+    torch = _torch(threads)
+    ceiling = matmul_gflops()
+    meta = dict(date=time.strftime("%Y-%m-%d"), cpu=_cpu_model(), threads=threads,
+                numpy=np.__version__, torch=getattr(torch, "__version__", None),
+                build=mha.build_info(), matmul_gflops=ceiling)
+    rows = []
+    say = (lambda s: print(s, file=sys.stderr, flush=True)) if progress else (lambda s: None)
+    if "a" in cases:
+        for h in (1, 4, 8, 16):
+            say(f"case a, {h} heads")
+            rows += _layer_case("a", 16, 128, 256, h, False, ceiling, torch, repeats)
+    if "b" in cases:
+        for causal in (False, True):
+            say(f"case b, causal={causal}")
+            rows += _layer_case("b", 4, 1024, 512, 8, causal, ceiling, torch, max(3, repeats // 2), with_numpy=False)
+            rows += _attention_case("b", 4, 8, 1024, 64, causal, ceiling, torch, max(3, repeats // 2), with_numpy=False)
+    if "c" in cases:
+        say("case c")
+        rows += _attention_case("c", 1, 25, 1024, 64, False, ceiling, torch, repeats)
+    if "d" in cases:
+        say("case d (fresh processes)")
+        rows += _peak_case("d", 16384, 8, 64, threads, ceiling, torch is not None)
+    return dict(meta=meta, rows=rows)
+
+
+def _cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def table(result):
+    """The rows as a Markdown table with ratios against torch and NumPy in the same run."""
+    rows = result["rows"]
+    by = {(r["case"], r["what"], r["impl"]): r for r in rows}
+    lines = ["| case | measure | mha ms | torch ms | numpy ms | mha vs torch | mha vs numpy | mha GFLOP/s | of matmul ceiling |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    seen = []
+    for r in rows:
+        key = (r["case"], r["what"])
+        if key in seen:
+            continue
+        seen.append(key)
+        m, t, n = (by.get(key + (impl,)) for impl in ("mha", "torch", "numpy"))
+        if m is None:
+            continue
+        fmt = lambda x: f"{x['ms']:.2f}" if x else "-"
+        ratio = lambda x: f"{x['ms'] / m['ms']:.2f}x" if x else "-"
+        what = r["what"] + (f" (+{m['extra_peak_mib']:.0f} MiB peak; torch +{t['extra_peak_mib']:.0f} MiB)"
+                            if "extra_peak_mib" in m and t else "")
+        lines.append(f"| {r['case']} | {what} | {fmt(m)} | {fmt(t)} | {fmt(n)} | {ratio(t)} | {ratio(n)} | "
+                     f"{m['gflops']:.1f} | {m['ceiling_frac']:.0%} |")
+    meta = result["meta"]
+    head = (f"Measured {meta['date']} on {meta['cpu']}, {meta['threads']} threads, float32; "
+            f"NumPy float32 matmul ceiling {meta['matmul_gflops']:.0f} GFLOP/s; torch {meta['torch']}. "
+            "Ratios > 1x mean mha is faster.")
+    return head + "\n\n" + "\n".join(lines)
+
+
+def main(argv=None):
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m mha bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cases", default="abcd", help="which cases to run, e.g. 'ac' (default: abcd)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed repeats per measurement (median)")
+    parser.add_argument("--threads", type=int, default=None, help="threads for mha and torch (default: mha's)")
+    parser.add_argument("--json", metavar="FILE", help="also write the raw rows as JSON")
+    args = parser.parse_args(argv)
+    if not set(args.cases) <= set("abcd"):
+        parser.error(f"--cases takes letters from 'abcd', got {args.cases!r}")
+    result = run(args.cases, args.repeats, args.threads)
+    print(table(result))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
