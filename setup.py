@@ -55,7 +55,7 @@ setup(
             "mha._C",
             sources=["csrc/module.c"] + CORE,
             include_dirs=["csrc", numpy.get_include()],
-            depends=["csrc/mha.h", "csrc/common.h", "csrc/gemm_impl.h", "csrc/attention_impl.h",
+            depends=["csrc/mha.h", "csrc/common.h", "csrc/vec.h", "csrc/gemm_impl.h", "csrc/attention_impl.h",
                      "csrc/multihead_impl.h"],
         )
     ],

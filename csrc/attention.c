@@ -4,6 +4,7 @@
 
 #include "common.h"
 #include "mha.h"
+#include "vec.h"
 
 void mha_attention_desc_init(mha_attention_desc *d, int64_t batch, int64_t heads,
                              int64_t kv_heads, int64_t n_q, int64_t n_k, int64_t d_k,

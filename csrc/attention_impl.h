@@ -8,10 +8,19 @@
  * The backward recomputes P with the same code, so it needs nothing saved by the forward.
  */
 
-/* Scores of one query block, in elements; bounded so a block stays about 4 MiB. */
+/* Rows of one query block: at most BQ_MAX, fewer when n_k is so long that the block's
+ * scores would pass about 4 MiB. */
+#define BQ_MAX 64
 static int64_t FN(block_rows)(int64_t n_k) {
     int64_t rows = (int64_t)((4u << 20) / sizeof(real)) / MHA_MAX(n_k, 1);
-    return MHA_MAX(1, MHA_MIN(64, rows));
+    return MHA_MAX(1, MHA_MIN(BQ_MAX, rows));
+}
+
+/* Rows flagged dead (every key masked) are set to exactly 0, whatever v or k hold. */
+static void FN(zero_dead_rows)(real *x, int64_t ld, int64_t width, const uint8_t *dead,
+                               int64_t rows) {
+    for (int64_t r = 0; r < rows; r++)
+        if (dead[r]) memset(x + r * ld, 0, (size_t)width * sizeof(real));
 }
 
 /* Keys that a causal block's last row can see: columns [0, n_visible) of the block. */
@@ -23,9 +32,10 @@ static int64_t FN(visible_keys)(const mha_attention_desc *d, int64_t i_last) {
 
 /* P (rows, n_vis) with row stride ld: the attention probabilities of query rows
  * [i0, i0 + rows) of head (b, h). On entry P holds scale * q k^T; masks are applied here.
- * A row with no finite score becomes all zeros. */
-static void FN(softmax_rows)(real *P, int64_t ld, int64_t rows, int64_t n_vis, int64_t b,
-                             int64_t h, int64_t i0, const mha_attention_desc *d) {
+ * A row with no finite score becomes all zeros and is flagged in dead[r]. */
+MHA_HOT static void FN(softmax_rows)(real *P, uint8_t *dead, int64_t ld, int64_t rows,
+                                     int64_t n_vis, int64_t b, int64_t h, int64_t i0,
+                                     const mha_attention_desc *d) {
     const int64_t shift = d->n_k - d->n_q;
     for (int64_t r = 0; r < rows; r++) {
         const int64_t i = i0 + r;
@@ -50,22 +60,16 @@ static void FN(softmax_rows)(real *P, int64_t ld, int64_t rows, int64_t n_vis, i
         }
         int64_t n_row = n_vis; /* columns this row may see */
         if (d->causal) n_row = MHA_MAX(0, MHA_MIN(n_vis, i + shift + 1));
-        /* 2. max (NaN propagates: once m is NaN it stays NaN) */
-        real m = -INFINITY;
-        for (int64_t j = 0; j < n_row; j++)
-            if (p[j] > m || p[j] != p[j]) m = m != m ? m : p[j];
-        if (m == -INFINITY) { /* every key masked: the row is 0 */
+        /* 2. max (NaN propagates) */
+        real m = FN(mha_max)(p, n_row);
+        dead[r] = m == -INFINITY;
+        if (dead[r]) { /* every key masked: the row is 0 */
             memset(p, 0, (size_t)n_vis * sizeof(real));
             continue;
         }
         /* 3. exp and normalise */
-        real sum = 0;
-        for (int64_t j = 0; j < n_row; j++) {
-            p[j] = EXP(p[j] - m);
-            sum += p[j];
-        }
-        real inv = 1 / sum;
-        for (int64_t j = 0; j < n_row; j++) p[j] *= inv;
+        real sum = FN(mha_exp_sum)(p, n_row, m);
+        FN(mha_scale)(p, n_row, 1 / sum);
         for (int64_t j = n_row; j < n_vis; j++) p[j] = 0;
     }
 }
@@ -89,13 +93,13 @@ static void FN(dropout_rows)(real *A, const real *P, int64_t ld, int64_t rows, i
 #define AT(ptr, view, b, h) ((ptr) + (b) * (view).batch + (h) * (view).head)
 
 /* Scores then probabilities of one query block into P; returns the visible key count. */
-static int64_t FN(block_probs)(real *P, int64_t ld, real *gemm_ws, const real *q_bh,
+static int64_t FN(block_probs)(real *P, uint8_t *dead, int64_t ld, real *gemm_ws, const real *q_bh,
                                const real *k_bh, int64_t b, int64_t h, int64_t i0, int64_t rows,
                                const mha_attention_desc *d) {
     int64_t n_vis = FN(visible_keys)(d, i0 + rows - 1);
     FN(mha_gemm_ws)(0, 1, rows, n_vis, d->d_k, (real)d->scale, q_bh + i0 * d->q.row, d->q.row,
                     k_bh, d->k.row, 0, P, ld, gemm_ws, 1);
-    FN(softmax_rows)(P, ld, rows, n_vis, b, h, i0, d);
+    FN(softmax_rows)(P, dead, ld, rows, n_vis, b, h, i0, d);
     return n_vis;
 }
 
@@ -151,7 +155,8 @@ int FN(mha_attention_forward)(real *out, real *weights, const real *q, const rea
         real *o_blk = AT(out, d->out, b, h) + i0 * d->out.row;
 
         // 1. P = softmax(scale * q k^T + masks), block (rows, n_vis)
-        int64_t n_vis = FN(block_probs)(P, ld, gemm_ws, q_bh, k_bh, b, h, i0, rows, d);
+        uint8_t dead[BQ_MAX];
+        int64_t n_vis = FN(block_probs)(P, dead, ld, gemm_ws, q_bh, k_bh, b, h, i0, rows, d);
         if (weights) {
             real *w = weights + ((b * H + h) * d->n_q + i0) * d->n_k;
             for (int64_t r = 0; r < rows; r++) {
@@ -164,6 +169,7 @@ int FN(mha_attention_forward)(real *out, real *weights, const real *q, const rea
         // 3. O = A v
         FN(mha_gemm_ws)(0, 0, rows, d->d_v, n_vis, 1, P, ld, v_bh, d->v.row, 0, o_blk,
                         d->out.row, gemm_ws, 1);
+        FN(zero_dead_rows)(o_blk, d->out.row, d->d_v, dead, rows);
     }
     free(scratch);
     return MHA_OK;
@@ -212,7 +218,8 @@ int FN(mha_attention_backward)(real *dq, real *dk, real *dv, const real *d_out, 
                 const real *q_blk = q_bh + i0 * d->q.row, *do_blk = do_bh + i0 * d->out.row;
                 real *dq_blk = dq_bh + i0 * d->q.row;
                 // forward 1: P = softmax(scale * q k^T + masks), recomputed
-                int64_t n_vis = FN(block_probs)(P, ld, gemm_ws, q_bh, k_bg, b, h, i0, rows, d);
+                uint8_t dead[BQ_MAX];
+                int64_t n_vis = FN(block_probs)(P, dead, ld, gemm_ws, q_bh, k_bg, b, h, i0, rows, d);
                 // forward 2: A = dropout(P)
                 if (d->dropout > 0) FN(dropout_rows)(A, P, ld, rows, n_vis, b, h, i0, d);
                 // forward 3: O = A v  ->  dv += A^T dO,  dA = dO v^T
@@ -243,6 +250,7 @@ int FN(mha_attention_backward)(real *dq, real *dk, real *dv, const real *d_out, 
                 // forward 1 (scores S = scale * q k^T): dq = scale * dS k,  dk += scale * dS^T q
                 FN(mha_gemm_ws)(0, 0, rows, d->d_k, n_vis, (real)d->scale, D, ld, k_bg,
                                 d->k.row, 0, dq_blk, d->q.row, gemm_ws, 1);
+                FN(zero_dead_rows)(dq_blk, d->q.row, d->d_k, dead, rows);
                 FN(mha_gemm_ws)(1, 0, n_vis, d->d_k, rows, (real)d->scale, D, ld, q_blk,
                                 d->q.row, 1, dk_bg, d->k.row, gemm_ws, 1);
             }
@@ -253,3 +261,4 @@ int FN(mha_attention_backward)(real *dq, real *dk, real *dv, const real *d_out, 
 }
 
 #undef AT
+#undef BQ_MAX

@@ -24,7 +24,23 @@ __all__ = [
     "get_num_threads",
     "build_info",
     "reference",
+    "analysis",
+    "viz",
+    "models",
+    "train",
 ]
+
+_SUBMODULES = ("analysis", "viz", "models", "train", "bench")
+
+
+def __getattr__(name):
+    """`mha.viz`, `mha.analysis`, `mha.models`, `mha.train`: imported on first use, so that
+    `import mha` stays light (no matplotlib, no tokenizers) until they are needed."""
+    if name in _SUBMODULES:
+        import importlib
+
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'mha' has no attribute {name!r}")
 
 
 def set_num_threads(n):
