@@ -1,0 +1,517 @@
+"""Pictures of attention: the seeds' figures, in matplotlib.
+
+Every function returns a ``matplotlib.figure.Figure`` (built without pyplot, so nothing
+piles up in pyplot's figure list): Jupyter shows the returned figure once, a script calls
+``fig.savefig("x.png")``. Functions that draw one panel accept ``ax=`` to draw into your own
+axes instead (they then return ``ax.figure``). Attention arrays are NumPy (torch tensors are
+converted), rows = queries ("attending from"), columns = keys ("attending to").
+
+- :func:`heatmap` -- one attention matrix with token labels and annotations (seeds 000, 001)
+- :func:`head_grid` -- every head of a layer in a grid with ``n_cols`` (seed 002)
+- :func:`similarity_matrices` -- head-by-head similarity per layer (seed 000)
+- :func:`mask_heatmap` -- a (causal) mask (seed 001)
+- :func:`concat_projection` -- head outputs, their concatenation, and W_o's mix (seed 000)
+- :func:`training_curves`, :func:`accuracy_bars`, :func:`training_summary` (seed 000)
+- :func:`speed_bars` -- time per configuration, e.g. 1/4/8/16 heads (seed 000)
+- :func:`pruning_plot` -- a :class:`mha.analysis.PruningCurve` (seed 002, E12.3)
+- :func:`attention_gif` -- one head (or the sum of heads) across layers, animated (seed 004)
+- :func:`head_view` -- the interactive, self-contained HTML head view (seed 004)
+
+seaborn is not needed.
+"""
+from __future__ import annotations
+
+import base64
+import io
+import os
+from typing import Mapping
+
+import numpy as np
+
+from . import analysis
+from .headview import HeadView, head_view
+
+__all__ = [
+    "heatmap", "head_grid", "similarity_matrices", "mask_heatmap", "concat_projection",
+    "training_curves", "accuracy_bars", "training_summary", "speed_bars", "pruning_plot",
+    "attention_gif", "AnimatedGIF", "head_view", "HeadView",
+]
+
+# seed 000's bar colours, then matplotlib's tab10
+_COLORS = ["#e74c3c", "#3498db", "#2ecc71", "#f39c12", "#9b59b6", "#1abc9c", "#34495e",
+           "#e67e22", "#7f8c8d", "#c0392b"]
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+def _figure(figsize, dpi=None):
+    from matplotlib.figure import Figure
+    return Figure(figsize=figsize, dpi=dpi, layout="compressed")
+
+
+def _figure_and_ax(ax, figsize):
+    if ax is not None:
+        return ax.figure, ax
+    fig = _figure(figsize)
+    return fig, fig.add_subplot()
+
+
+def _array(x, name="weights"):
+    if hasattr(x, "detach") and hasattr(x, "cpu"):
+        x = x.detach().cpu().numpy()
+    x = np.asarray(x)
+    if x.dtype.kind not in "fiub":
+        raise TypeError(f"{name} must be real numbers, got dtype {x.dtype}")
+    return x.astype(np.float64)
+
+
+def _squeeze_to(x, ndim, name, expected):
+    """Drop leading length-1 axes (a batch of one) until x has ndim axes."""
+    while x.ndim > ndim and x.shape[0] == 1:
+        x = x[0]
+    if x.ndim != ndim:
+        raise ValueError(f"{name} has shape {x.shape}: expected {expected}")
+    return x
+
+
+def _labels(tokens, n, name):
+    if tokens is None:
+        return [str(i) for i in range(n)]
+    tokens = [str(t) for t in tokens]
+    if len(tokens) != n:
+        raise ValueError(f"{name} has {len(tokens)} entries but the attention has {n} positions")
+    return tokens
+
+
+def _label_size(n):
+    return float(np.clip(260.0 / max(n, 1), 4.0, 10.0))
+
+
+def _cell_text(v, fmt, cmap, vmin, vmax):
+    """The text of one annotated cell and its colour: white on dark cells (as seaborn does)."""
+    if not np.isfinite(v):
+        return str(v), "black"
+    r, g, b = cmap(np.clip((v - vmin) / ((vmax - vmin) or 1.0), 0, 1))[:3]
+    return format(v, fmt), ("white" if 0.2126 * r + 0.7152 * g + 0.0722 * b < 0.5 else "black")
+
+
+def _annotate(ax, values, fmt, cmap, vmin, vmax, fontsize):
+    """Write each value in its cell; returns the Text artists, row by row."""
+    import matplotlib as mpl
+    cmap = mpl.colormaps[cmap] if isinstance(cmap, str) else cmap
+    texts = []
+    for (i, j), v in np.ndenumerate(values):
+        text, color = _cell_text(v, fmt, cmap, vmin, vmax)
+        texts.append(ax.text(j, i, text, ha="center", va="center", fontsize=fontsize, color=color))
+    return texts
+
+
+def _matrix(ax, values, *, x_labels, y_labels, cmap, vmin, vmax, annot, fmt, colorbar,
+            title=None, xlabel=None, ylabel=None, label_rotation=45, fontsize=None):
+    """imshow + token ticks + optional annotations/colorbar on one axes -> (image, texts)."""
+    n_q, n_k = values.shape
+    im = ax.imshow(values, cmap=cmap, vmin=vmin, vmax=vmax, aspect="equal",
+                   interpolation="nearest")
+    size = fontsize or _label_size(max(n_q, n_k))
+    if x_labels is not None:
+        ax.set_xticks(range(n_k))
+        ax.set_xticklabels(x_labels, rotation=label_rotation, fontsize=size,
+                           ha="right" if label_rotation else "center",
+                           rotation_mode="anchor")
+    else:
+        ax.set_xticks([])
+    if y_labels is not None:
+        ax.set_yticks(range(n_q))
+        ax.set_yticklabels(y_labels, fontsize=size)
+    else:
+        ax.set_yticks([])
+    ax.tick_params(length=0)
+    texts = []
+    if annot:
+        texts = _annotate(ax, values, fmt, cmap, vmin, vmax,
+                          fontsize=max(5.0, min(10.0, 90.0 / max(n_q, n_k))))
+    if colorbar:
+        ax.figure.colorbar(im, ax=ax, shrink=0.85)
+    if title:
+        ax.set_title(title, fontsize=12, fontweight="bold")
+    if xlabel:
+        ax.set_xlabel(xlabel, fontsize=10)
+    if ylabel:
+        ax.set_ylabel(ylabel, fontsize=10)
+    return im, texts
+
+
+# --- attention matrices ----------------------------------------------------------------------
+
+def heatmap(weights, tokens=None, key_tokens=None, *, title="Attention Weights", ax=None,
+            annot=None, fmt=".2f", cmap="Blues", vmin=0.0, vmax=1.0, colorbar=True,
+            xlabel="Key (attending to)", ylabel="Query (attending from)", figsize=(8, 6)):
+    """One attention matrix as an annotated heatmap (seed 000's ``visualize_attention``).
+
+    weights: (n_q, n_k) (leading axes of length 1 are dropped). tokens: query labels, also
+    used for the keys unless key_tokens is given (cross-attention). annot: write the values
+    in the cells; by default when the matrix has at most 20 x 20 cells. vmax=None scales to
+    the largest weight. Returns the Figure.
+    """
+    values = _squeeze_to(_array(weights), 2, "weights", "(n_q, n_k)")
+    n_q, n_k = values.shape
+    y_labels = _labels(tokens, n_q, "tokens")
+    x_labels = _labels(key_tokens if key_tokens is not None else (tokens if n_q == n_k else None),
+                       n_k, "key_tokens")
+    if annot is None:
+        annot = max(n_q, n_k) <= 20
+    vmax = float(np.nanmax(values)) if vmax is None else vmax
+    fig, ax = _figure_and_ax(ax, figsize)
+    _matrix(ax, values, x_labels=x_labels, y_labels=y_labels, cmap=cmap, vmin=vmin, vmax=vmax,
+            annot=annot, fmt=fmt, colorbar=colorbar, title=title, xlabel=xlabel, ylabel=ylabel)
+    return fig
+
+
+def head_grid(weights, tokens=None, *, n_cols=4, layer=None, heads=None,
+              title="Attention Patterns per Head", cmap="Blues", vmin=0.0, vmax=None,
+              annot=False, fmt=".2f", colorbar=True, panel_size=4.0):
+    """Every head of one layer side by side (seed 002's ``visualize_heads``).
+
+    weights: (heads, n, n), or (layers, heads, n, n) with ``layer=`` choosing the layer.
+    heads: which heads to show (default all). n_cols: panels per row. vmax=None scales all
+    panels to the largest weight shown. One shared colorbar when colorbar=True.
+    """
+    values = _array(weights)
+    if values.ndim == 4:
+        if layer is None:
+            if values.shape[0] != 1:
+                raise ValueError(f"weights has shape {values.shape}: pass layer= to pick one "
+                                 "of the layers, or give (heads, n, n)")
+            layer = 0
+        values = values[layer]
+    values = _squeeze_to(values, 3, "weights", "(heads, n_q, n_k) or (layers, heads, n_q, n_k)")
+    heads = list(range(values.shape[0])) if heads is None else [int(h) for h in heads]
+    n_q, n_k = values.shape[1:]
+    labels_q = _labels(tokens, n_q, "tokens")
+    labels_k = labels_q if n_q == n_k else None
+    n_cols = max(1, min(int(n_cols), len(heads)))
+    n_rows = -(-len(heads) // n_cols)
+    vmax = float(np.nanmax(values[heads])) if vmax is None else vmax
+    fig = _figure((panel_size * n_cols, panel_size * n_rows + 0.6))
+    axes = fig.subplots(n_rows, n_cols, squeeze=False).ravel()
+    im = None
+    for ax, h in zip(axes, heads):
+        im, _ = _matrix(ax, values[h], x_labels=labels_k, y_labels=labels_q, cmap=cmap, vmin=vmin,
+                     vmax=vmax, annot=annot, fmt=fmt, colorbar=False,
+                     fontsize=min(7.0, _label_size(max(n_q, n_k))))
+        name = f"Layer {layer}, Head {h}" if layer is not None else f"Head {h}"
+        ax.set_title(name, fontsize=10, fontweight="bold")
+    for ax in axes[len(heads):]:
+        ax.set_visible(False)
+    if colorbar and im is not None:
+        fig.colorbar(im, ax=list(axes[:len(heads)]), shrink=0.6)
+    if title:
+        fig.suptitle(title, fontsize=14, fontweight="bold")
+    return fig
+
+
+def similarity_matrices(weights, *, layers=None, metric="cosine", n_cols=3, annot=True,
+                        title=None, cmap="RdYlGn_r", panel_size=3.6):
+    """Head-by-head similarity of each layer (seed 000's head-diversity figure).
+
+    weights: attention (layers, heads, n, n) or one layer (heads, n, n).
+    layers: which layers to show (default all). metric: "cosine" (seed 000's head_diversity,
+    :func:`mha.analysis.head_similarity`) or "js" (Jensen-Shannon distance,
+    :func:`mha.analysis.head_distance`). Both are drawn on a 0..1 scale.
+    """
+    values = _array(weights)
+    if values.ndim == 3:
+        values = values[None]
+    values = _squeeze_to(values, 4, "weights", "(layers, heads, n, n) or (heads, n, n)")
+    layers = list(range(values.shape[0])) if layers is None else [int(l) for l in layers]
+    if metric in ("cosine", "cos"):
+        matrices = analysis.head_similarity(values[layers])
+        default_title = ("Head Diversity: Pairwise Cosine Similarity Between Attention Heads\n"
+                         "(Lower = more diverse = better)")
+    elif metric in ("js", "jensen-shannon", "jensen_shannon"):
+        matrices = analysis.head_distance(values[layers])
+        default_title = ("Head Diversity: Jensen-Shannon Distance Between Attention Heads\n"
+                         "(Higher = more diverse)")
+    else:
+        raise ValueError(f"metric={metric!r}: expected 'cosine' or 'js'")
+    n_heads = matrices.shape[-1]
+    panel_size = max(panel_size, 0.4 * n_heads) if panel_size is None or n_heads > 9 else panel_size
+    n_cols = max(1, min(int(n_cols), len(layers)))
+    n_rows = -(-len(layers) // n_cols)
+    fig = _figure((panel_size * n_cols + 0.8, panel_size * n_rows + 0.9))
+    axes = fig.subplots(n_rows, n_cols, squeeze=False).ravel()
+    head_labels = [str(h) for h in range(n_heads)]
+    im = None
+    for ax, layer, matrix in zip(axes, layers, matrices):
+        im, _ = _matrix(ax, matrix, x_labels=head_labels, y_labels=head_labels, cmap=cmap, vmin=0.0,
+                     vmax=1.0, annot=annot and n_heads <= 16, fmt=".2f", colorbar=False,
+                     title=f"Layer {layer}", xlabel="Head", ylabel="Head", label_rotation=0,
+                     fontsize=7)
+    for ax in axes[len(layers):]:
+        ax.set_visible(False)
+    if im is not None:
+        fig.colorbar(im, ax=list(axes[:len(layers)]), shrink=0.6)
+    fig.suptitle(default_title if title is None else title, fontsize=13, fontweight="bold")
+    return fig
+
+
+def mask_heatmap(mask, tokens=None, *, title="Causal Attention Mask", ax=None, cmap="Blues",
+                 annot=None, figsize=(6, 5)):
+    """A mask as seed 001 draws it: 1 = may attend, 0 = masked.
+
+    mask: an int n (draws the causal mask ``tril(ones(n, n))``), a bool/0-1 array (n_q, n_k)
+    with True = may attend (mha's convention), or a float additive mask (-inf = masked).
+    """
+    if isinstance(mask, (int, np.integer)):
+        allowed = np.tril(np.ones((int(mask), int(mask))))
+    else:
+        m = mask.detach().cpu().numpy() if hasattr(mask, "detach") else np.asarray(mask)
+        m = _squeeze_to(m, 2, "mask", "(n_q, n_k)")
+        if m.dtype == bool or m.dtype.kind in "iu":
+            allowed = (m != 0).astype(float)
+        else:
+            allowed = np.isfinite(m).astype(float) if np.isinf(m).any() else (m != 0).astype(float)
+    n_q, n_k = allowed.shape
+    labels_q = _labels(tokens, n_q, "tokens") if tokens is not None else None
+    labels_k = labels_q if tokens is not None and n_q == n_k else None
+    if annot is None:
+        annot = max(n_q, n_k) <= 24
+    fig, ax = _figure_and_ax(ax, figsize)
+    _matrix(ax, allowed, x_labels=labels_k if labels_k else [str(j) for j in range(n_k)],
+            y_labels=labels_q if labels_q else [str(i) for i in range(n_q)], cmap=cmap, vmin=0,
+            vmax=1, annot=annot, fmt=".0f", colorbar=False, title=title,
+            xlabel="Key Position", ylabel="Query Position",
+            label_rotation=45 if tokens is not None else 0)
+    return fig
+
+
+def concat_projection(head_outputs=None, W_o=None, *, n_heads=4, d_head=2, seed=None,
+                      title="Multi-Head Attention: Concat + Project"):
+    """Seed 000's picture: per-head outputs -> concatenation -> mixed by W_o.
+
+    head_outputs: (heads, d_head), one token's output of every head (e.g. ``O[b, :, i, :]``);
+    W_o: (heads * d_head, d_model). Both default to random values like the seed
+    (n_heads x d_head, seeded by ``seed``).
+    """
+    rng = np.random.default_rng(seed)
+    if head_outputs is None:
+        head_outputs = rng.standard_normal((n_heads, d_head))
+    heads = _squeeze_to(_array(head_outputs, "head_outputs"), 2, "head_outputs", "(heads, d_head)")
+    n_heads, d_head = heads.shape
+    concat = heads.reshape(1, n_heads * d_head)
+    if W_o is None:
+        W_o = rng.standard_normal((n_heads * d_head, n_heads * d_head)) * 0.3
+    W_o = _array(W_o, "W_o")
+    if W_o.ndim != 2 or W_o.shape[0] != n_heads * d_head:
+        raise ValueError(f"W_o has shape {W_o.shape}: expected ({n_heads * d_head}, d_model)")
+    projected = concat @ W_o
+    fig = _figure((18, 4))
+    axes = fig.subplots(1, 3)
+    lim = max(np.abs(heads).max(), np.abs(projected).max(), 1e-12)
+    kw = dict(cmap="RdBu", aspect="auto", vmin=-lim, vmax=lim, interpolation="nearest")
+    axes[0].imshow(heads, **kw)
+    axes[0].set_title(f"Individual Head Outputs\n({n_heads} heads x {d_head} dims)",
+                      fontweight="bold")
+    axes[0].set_ylabel("Head")
+    axes[0].set_xlabel("Dimension")
+    axes[0].set_xticks(range(d_head))
+    axes[0].set_yticks(range(n_heads))
+    axes[0].set_yticklabels([f"Head {i}" for i in range(n_heads)])
+    axes[1].imshow(concat, **kw)
+    axes[1].set_title(f"After Concatenation\n(1 x {n_heads * d_head} dims)", fontweight="bold")
+    axes[1].set_xlabel("Dimension")
+    axes[1].set_xticks(range(n_heads * d_head))
+    axes[1].set_yticks([])
+    for i in range(1, n_heads):
+        axes[1].axvline(x=i * d_head - 0.5, color="white", linewidth=2)
+    im = axes[2].imshow(projected, **kw)
+    axes[2].set_title("After W_o Projection\n(mixed across heads)", fontweight="bold")
+    axes[2].set_xlabel("Dimension")
+    axes[2].set_xticks(range(projected.shape[1]))
+    axes[2].set_yticks([])
+    fig.colorbar(im, ax=list(axes), shrink=0.8)
+    if title:
+        fig.suptitle(title, fontsize=14, fontweight="bold")
+    return fig
+
+
+# --- training and speed ----------------------------------------------------------------------
+
+def _named(values):
+    if isinstance(values, Mapping):
+        return [str(k) for k in values], list(values.values())
+    values = list(values)
+    return [str(i) for i in range(len(values))], values
+
+
+def training_curves(losses, *, ax=None, title="Training Loss: Single vs Multi-Head",
+                    xlabel="Epoch", ylabel="Loss", log=False, figsize=(8, 5)):
+    """Loss curves, one line per model: losses = {"1 Head": [...], "4 Heads": [...], ...}."""
+    names, curves = _named(losses)
+    fig, ax = _figure_and_ax(ax, figsize)
+    for name, curve, color in zip(names, curves, _cycle(len(names))):
+        ax.plot(np.asarray(curve, dtype=float), label=name, alpha=0.85, linewidth=2, color=color)
+    if log:
+        ax.set_yscale("log")
+    ax.set_xlabel(xlabel, fontsize=12)
+    ax.set_ylabel(ylabel, fontsize=12)
+    ax.set_title(title, fontsize=13, fontweight="bold")
+    ax.legend(fontsize=11)
+    ax.grid(True, alpha=0.3)
+    return fig
+
+
+def _cycle(n):
+    return [_COLORS[i % len(_COLORS)] for i in range(n)]
+
+
+def _bars(ax, names, values, labels, ylabel, title):
+    bars = ax.bar(names, values, color=_cycle(len(names)), edgecolor="black", linewidth=1.2)
+    top = max([v for v in values if np.isfinite(v)] + [0.0])
+    for bar, text in zip(bars, labels):
+        ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height() + 0.015 * (top or 1.0),
+                text, ha="center", va="bottom", fontsize=11, fontweight="bold")
+    ax.set_ylabel(ylabel, fontsize=12)
+    ax.set_title(title, fontsize=13, fontweight="bold")
+    ax.grid(True, alpha=0.3, axis="y")
+    ax.set_axisbelow(True)
+    return bars
+
+
+def accuracy_bars(accuracies, *, ax=None, title="Test Accuracy Comparison",
+                  ylabel="Test Accuracy", figsize=(8, 5)):
+    """Accuracy (0..1) per model as labelled bars: {"1 Head": 0.71, "4 Heads": 0.98}."""
+    names, values = _named(accuracies)
+    values = [float(v) for v in values]
+    fig, ax = _figure_and_ax(ax, figsize)
+    _bars(ax, names, values, [f"{v:.1%}" for v in values], ylabel, title)
+    ax.set_ylim(0, 1.05 if max(values + [0]) <= 1 else max(values) * 1.1)
+    return fig
+
+
+def training_summary(losses, accuracies, *, figsize=(16, 5)):
+    """Seed 000's two panels: loss curves and test-accuracy bars."""
+    fig = _figure(figsize)
+    ax_loss, ax_acc = fig.subplots(1, 2)
+    training_curves(losses, ax=ax_loss)
+    accuracy_bars(accuracies, ax=ax_acc)
+    return fig
+
+
+def speed_bars(times, *, ax=None, unit="ms",
+               title="Inference Time: Single vs Multi-Head Attention\n"
+                     "(Same parameters, similar speed)", figsize=(10, 5)):
+    """Time per configuration as labelled bars: {"1 Head": 3.1, "4 Heads": 3.3, ...} (in unit)."""
+    names, values = _named(times)
+    values = [float(v) for v in values]
+    fig, ax = _figure_and_ax(ax, figsize)
+    _bars(ax, names, values, [f"{v:.2f} {unit}" for v in values], f"Time ({unit})", title)
+    ax.set_ylim(0, max(values + [0]) * 1.15 or 1.0)
+    return fig
+
+
+def pruning_plot(curve, *, ax=None, title="Iterative Head Pruning", metric_name="Accuracy",
+                 figsize=(8, 5)):
+    """Metric against the fraction of heads pruned, with the tolerated drop and the answer.
+
+    curve: a :class:`mha.analysis.PruningCurve` (from :func:`mha.analysis.pruning_curve`).
+    """
+    fig, ax = _figure_and_ax(ax, figsize)
+    x = 100.0 * curve.n_pruned / curve.n_heads
+    ax.plot(x, curve.metric, "o-", color=_COLORS[1], linewidth=2, label=metric_name)
+    tol = curve.max_drop * abs(curve.baseline) if curve.relative else curve.max_drop
+    edge = curve.baseline - tol if curve.higher_is_better else curve.baseline + tol
+    ax.axhline(edge, color=_COLORS[0], linestyle="--", linewidth=1.5,
+               label=f"baseline {'-' if curve.higher_is_better else '+'} "
+                     f"{curve.max_drop:g}{' (relative)' if curve.relative else ''}")
+    ax.axvline(100.0 * curve.prunable / curve.n_heads, color=_COLORS[2], linestyle=":",
+               linewidth=2, label=f"{curve.prunable}/{curve.n_heads} heads prunable")
+    ax.set_xlabel("Heads pruned (%)", fontsize=12)
+    ax.set_ylabel(metric_name, fontsize=12)
+    ax.set_title(title, fontsize=13, fontweight="bold")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=10)
+    return fig
+
+
+# --- animation -------------------------------------------------------------------------------
+
+class AnimatedGIF:
+    """GIF bytes with a Jupyter display: ``gif.save(path)``, ``gif.data``, ``gif.n_frames``."""
+
+    def __init__(self, data: bytes, n_frames: int):
+        self.data = data
+        self.n_frames = n_frames
+
+    def save(self, path):
+        path = os.fspath(path)
+        with open(path, "wb") as f:
+            f.write(self.data)
+        return path
+
+    def _repr_html_(self):
+        b64 = base64.b64encode(self.data).decode("ascii")
+        return f'<img src="data:image/gif;base64,{b64}" alt="attention across layers"/>'
+
+    def __repr__(self):
+        return f"<AnimatedGIF: {self.n_frames} frames, {len(self.data)} bytes>"
+
+
+def attention_gif(attentions, tokens=None, path=None, *, head=0, fps=2.0, cmap="Blues",
+                  vmax=None, annot=None, figsize=(7, 6), dpi=80):
+    """Animate one head (or the sum/mean of heads) across layers, one frame per layer.
+
+    attentions: (layers, heads, n, n) or a list of per-layer arrays (Hugging Face
+    ``outputs.attentions`` works). head: an int, "sum" or "mean". fps: frames per second.
+    The colour scale is shared by all frames (vmax=None: the largest value shown).
+    Writes the GIF to path when given; returns an :class:`AnimatedGIF` (shown in Jupyter).
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from PIL import Image
+
+    if isinstance(attentions, (list, tuple)):
+        attentions = np.stack([_squeeze_to(_array(a), 3, "attentions[l]", "(heads, n, n)")
+                               for a in attentions])
+    values = _squeeze_to(_array(attentions, "attentions"), 4, "attentions",
+                         "(layers, heads, n, n)")
+    if head == "sum":
+        frames, what = values.sum(axis=1), "Sum of heads"
+    elif head == "mean":
+        frames, what = values.mean(axis=1), "Mean of heads"
+    else:
+        frames, what = values[:, int(head)], f"Head {int(head)}"
+    n = frames.shape[-1]
+    labels = _labels(tokens, n, "tokens")
+    vmax = float(np.nanmax(frames)) if vmax is None else vmax
+    if annot is None:
+        annot = n <= 12
+    import matplotlib as mpl
+    colormap = mpl.colormaps[cmap] if isinstance(cmap, str) else cmap
+    fig = _figure(figsize, dpi)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    im, texts = _matrix(ax, frames[0], x_labels=labels, y_labels=labels, cmap=colormap, vmin=0.0,
+                        vmax=vmax, annot=annot, fmt=".2f", colorbar=True,
+                        title=f"Layer 0 - {what}", xlabel="Key (attending to)",
+                        ylabel="Query (attending from)")
+    fig.canvas.draw()                        # lay out once, then only repaint the data
+    fig.set_layout_engine("none")
+    images = []
+    for layer, frame in enumerate(frames):
+        im.set_data(frame)
+        ax.set_title(f"Layer {layer} - {what}", fontsize=12, fontweight="bold")
+        for text, v in zip(texts, frame.ravel()):
+            label, color = _cell_text(v, ".2f", colormap, 0.0, vmax)
+            text.set_text(label)
+            text.set_color(color)
+        fig.canvas.draw()
+        rgba = np.asarray(fig.canvas.buffer_rgba())
+        images.append(Image.fromarray(rgba[..., :3].copy()).convert(
+            "P", palette=Image.Palette.ADAPTIVE, colors=255))
+    buffer = io.BytesIO()
+    images[0].save(buffer, format="GIF", save_all=True, append_images=images[1:],
+                   duration=int(round(1000.0 / fps)), loop=0, optimize=False)
+    gif = AnimatedGIF(buffer.getvalue(), len(images))
+    if path is not None:
+        gif.save(path)
+    return gif
