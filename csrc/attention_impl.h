@@ -132,7 +132,8 @@ int FN(mha_attention_forward)(real *out, real *weights, const real *q, const rea
     const int64_t q_blocks = (d->n_q + bq - 1) / bq;
     const int64_t tasks = B * H * q_blocks;
     if (tasks == 0) return MHA_OK;
-    int threads = (int)MHA_MIN((int64_t)mha_threads_for_region(), tasks);
+    const double flops = 2.0 * B * H * d->n_q * d->n_k * (double)(d->d_k + d->d_v);
+    int threads = (int)MHA_MIN((int64_t)mha_threads_for(flops), tasks);
     size_t per_thread = FN(thread_scratch)(d, bq, ld, 1);
     if (per_thread == 0 || per_thread > SIZE_MAX / (size_t)threads) return MHA_ENOMEM;
     char *scratch = mha_alloc(per_thread * (size_t)threads);
@@ -184,7 +185,8 @@ int FN(mha_attention_backward)(real *dq, real *dk, real *dv, const real *d_out, 
     const int64_t bq = FN(block_rows)(d->n_k), ld = MHA_MAX(d->n_k, 1);
     const int64_t tasks = B * H_kv;
     if (tasks == 0) return MHA_OK;
-    int threads = (int)MHA_MIN((int64_t)mha_threads_for_region(), tasks);
+    const double flops = 5.0 * B * d->heads * d->n_q * d->n_k * (double)(d->d_k + d->d_v);
+    int threads = (int)MHA_MIN((int64_t)mha_threads_for(flops), tasks);
     size_t per_thread = FN(thread_scratch)(d, bq, ld, 3);
     if (per_thread == 0 || per_thread > SIZE_MAX / (size_t)threads) return MHA_ENOMEM;
     char *scratch = mha_alloc(per_thread * (size_t)threads);

@@ -44,8 +44,11 @@ static inline size_t mha_mul_size(size_t a, size_t b, int *ok) {
     return r;
 }
 
-/* Number of threads to use for a parallel region started here (1 inside one). */
-int mha_threads_for_region(void);
+/* Threads for a parallel region doing about `flops` of work started here: 1 inside another
+ * region, and no more than one per MHA_FLOPS_PER_THREAD so that small calls do not pay for
+ * waking threads (tens of microseconds, far more on a busy machine). */
+#define MHA_FLOPS_PER_THREAD 4e6
+int mha_threads_for(double flops);
 
 /* The counter-based RNG of the dropout mask (docs/semantics.md). */
 static inline uint64_t mha_splitmix64(uint64_t x) {

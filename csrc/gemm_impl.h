@@ -189,7 +189,7 @@ int FN(mha_gemm)(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, real
                  const real *A, int64_t lda, const real *B, int64_t ldb, real beta, real *C,
                  int64_t ldc) {
     return FN(mha_gemm_ws)(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, NULL,
-                           mha_threads_for_region());
+                           mha_threads_for(2.0 * (double)M * (double)N * (double)K));
 }
 
 #undef vreal

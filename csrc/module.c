@@ -95,7 +95,9 @@ static int fill_masks(mha_attention_desc *d, int typenum, PyObject *mask_obj, Py
     d->dropout = dropout;
     d->seed = (uint64_t)seed;
     if (!(dropout >= 0 && dropout < 1)) {
-        PyErr_Format(PyExc_ValueError, "dropout must be in [0, 1), got %g", dropout);
+        PyObject *value = PyFloat_FromDouble(dropout); /* PyErr_Format has no %g */
+        PyErr_Format(PyExc_ValueError, "dropout must be in [0, 1), got %R", value);
+        Py_XDECREF(value);
         return -1;
     }
     if (mask_obj != Py_None) {

@@ -14,11 +14,13 @@ int mha_get_num_threads(void) {
 #endif
 }
 
-int mha_threads_for_region(void) {
+int mha_threads_for(double flops) {
 #ifdef _OPENMP
     if (omp_in_parallel()) return 1;
 #endif
-    return mha_get_num_threads();
+    double useful = flops / MHA_FLOPS_PER_THREAD;
+    int n = mha_get_num_threads();
+    return useful < n ? (int)MHA_MAX(1.0, useful) : n;
 }
 
 double mha_dropout_uniform(uint64_t seed, uint64_t b, uint64_t h, uint64_t i, uint64_t j) {

@@ -224,8 +224,8 @@ def _attention_inputs(arrays, scale, dropout, seed):
     _check_qkv(*arrays[-3:])
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     dropout = float(dropout)
-    if not 0.0 <= dropout <= 1.0:
-        raise ValueError(f"dropout must be in [0, 1], got {dropout}")
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"dropout must be in [0, 1), got {dropout}")
     if seed is not None:
         seed = _check_seed(seed)
     return arrays, dtype, scale, dropout, seed
@@ -557,8 +557,8 @@ class MultiHeadAttention:
          self.vdim) = _layer_dims(d_model, n_heads, n_kv_heads, d_head, kdim, vdim)
         self.bias = bool(bias)
         self.dropout = float(dropout)
-        if not 0.0 <= self.dropout <= 1.0:
-            raise ValueError(f"dropout must be in [0, 1], got {dropout}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         self.dtype = _layer_dtype(dtype)
         # one generator: the initial weights, then one dropout seed per training forward
         self._rng = np.random.default_rng(seed)

@@ -320,8 +320,8 @@ def test_dropout_same_seed_same_output_and_keyed_by_position():
     assert not np.array_equal(attention(q, k, v, dropout=0.5)[0], attention(q, k, v, dropout=0.5)[0])
     with pytest.raises(ValueError, match="seed"):
         attention_backward(out1, q, k, v, dropout=0.5)
-    out_all, _ = attention(q, k, v, dropout=1.0, seed=1)
-    assert (out_all == 0).all()
+    with pytest.raises(ValueError, match="dropout"):                   # p = 1 would divide by 0
+        attention(q, k, v, dropout=1.0, seed=1)
 
 
 def test_dropout_mean_over_seeds_approaches_no_dropout():

@@ -1,0 +1,158 @@
+"""Shared fixtures and helpers for the mha test suite.
+
+Tolerances (docs/semantics.md, issue item 4): a C result is compared with the NumPy reference
+computed in float64 on the same input values; the max abs error must be <= tol * max|expected|,
+with tol = 1e-10 for float64 and 1e-5 for float32.
+"""
+import numpy as np
+import pytest
+
+import mha
+import mha.reference
+
+TOL = {np.float32: 1e-5, np.float64: 1e-10}
+DTYPES = [np.float32, np.float64]
+
+# True once the C core is built: until then mha/__init__.py falls back to the reference,
+# and "C vs reference" tests compare the reference with itself.
+HAS_C = mha.attention is not mha.reference.attention
+
+requires_c = pytest.mark.skipif(not HAS_C, reason="C core not built: mha falls back to mha.reference")
+
+
+@pytest.fixture
+def rng(request):
+    """A generator seeded from the test's name: reproducible, different per test."""
+    seed = sum(ord(c) * (i + 1) for i, c in enumerate(request.node.name)) % (2**32)
+    return np.random.default_rng(seed)
+
+
+@pytest.fixture
+def single_thread():
+    """Finite-difference loops make thousands of tiny calls: run them on one thread (thread
+    start-up on a busy machine would dominate). Thread independence is tested on its own."""
+    if not hasattr(mha, "set_num_threads"):
+        yield
+        return
+    old = mha.get_num_threads()
+    mha.set_num_threads(1)
+    try:
+        yield
+    finally:
+        mha.set_num_threads(old)
+
+
+def assert_close(actual, expected, tol, what="value", scale=None):
+    """max |actual - expected| <= tol * scale, scale = max(|expected|) (at least 1e-30);
+    pass `scale` for a quantity that is zero in exact arithmetic (e.g. grads['b_k']), whose
+    natural scale is that of a related quantity.
+
+    Shapes must match exactly; NaN must sit at the same positions on both sides.
+    On failure, report the max abs error, the scale and the index where it occurs.
+    """
+    assert actual is not None, f"{what}: got None"
+    actual = np.asarray(actual)
+    expected = np.asarray(expected)
+    assert actual.shape == expected.shape, (
+        f"{what}: shape {actual.shape} but expected {expected.shape}")
+    a = actual.astype(np.float64)
+    e = expected.astype(np.float64)
+    nan_a, nan_e = np.isnan(a), np.isnan(e)
+    if not np.array_equal(nan_a, nan_e):
+        where = np.argwhere(nan_a != nan_e)[0]
+        raise AssertionError(
+            f"{what}: NaN mismatch at {tuple(int(i) for i in where)}: "
+            f"actual={a[tuple(where)]!r} expected={e[tuple(where)]!r} "
+            f"({int(nan_a.sum())} NaN in actual, {int(nan_e.sum())} in expected)")
+    inf_e = np.isinf(e)
+    if not np.array_equal(a[inf_e], e[inf_e]) or np.isinf(a[~inf_e]).any():
+        raise AssertionError(f"{what}: Inf positions or signs differ")
+    ok = ~(nan_e | inf_e)
+    if not ok.any():
+        return
+    err = np.abs(a - e)
+    err[~ok] = 0.0
+    scale = max(float(np.max(np.abs(e[ok]))), 0.0 if scale is None else float(scale))
+    max_err = float(err.max())
+    if max_err > tol * max(scale, 1e-30):
+        where = tuple(int(i) for i in np.unravel_index(np.argmax(err), err.shape))
+        raise AssertionError(
+            f"{what}: max abs err {max_err:.3e} > tol {tol:.1e} * scale {scale:.3e} "
+            f"(relative {max_err / max(scale, 1e-300):.3e}) at index {where}: "
+            f"actual={a[where]!r} expected={e[where]!r}, shape {a.shape}")
+
+
+def numeric_grad(f, x, eps=1e-6):
+    """Central finite differences of the scalar f() with respect to every entry of x (in place).
+
+    x is perturbed in place and restored exactly; f must read x when called.
+    """
+    g = np.zeros(x.shape, dtype=np.float64)
+    it = np.nditer(x, flags=["multi_index"])
+    for _ in it:
+        idx = it.multi_index
+        old = x[idx].copy()
+        x[idx] = old + eps
+        fp = f()
+        x[idx] = old - eps
+        fm = f()
+        x[idx] = old
+        g[idx] = (fp - fm) / (2 * eps)
+    return g
+
+
+# --- an independent oracle, written from docs/semantics.md, for the reference itself ----------
+
+_M64 = (1 << 64) - 1
+
+
+def splitmix64(x):
+    x = (x + 0x9E3779B97F4A7C15) & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
+
+
+def keep_mask(seed, p, B, H, n_q, n_k):
+    """The dropout keep mask of semantics.md, (B, H, n_q, n_k), in plain Python integers."""
+    keep = np.zeros((B, H, n_q, n_k), dtype=bool)
+    z0 = splitmix64(seed)
+    for b in range(B):
+        zb = splitmix64(z0 ^ b)
+        for h in range(H):
+            zh = splitmix64(zb ^ h)
+            for i in range(n_q):
+                zi = splitmix64(zh ^ i)
+                for j in range(n_k):
+                    z = splitmix64(zi ^ j)
+                    keep[b, h, i, j] = (z >> 11) * 2.0**-53 >= p
+    return keep
+
+
+def naive_attention(q, k, v, mask=None, causal=False, scale=None, dropout=0.0, seed=None):
+    """Float64 loops-free oracle of semantics.md for 4-D inputs (GQA allowed)."""
+    q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
+    B, H, n_q, d_k = q.shape
+    H_kv, n_k = k.shape[1], k.shape[2]
+    k = np.repeat(k, H // H_kv, axis=1)
+    v = np.repeat(v, H // H_kv, axis=1)
+    scale = 1.0 / np.sqrt(d_k) if scale is None else scale
+    s = scale * q @ np.swapaxes(k, -1, -2)
+    if mask is not None:
+        mask = np.asarray(mask)
+        if mask.dtype == bool:
+            s = np.where(mask, s, -np.inf)
+        else:
+            s = s + mask
+    if causal:
+        i = np.arange(n_q)[:, None]
+        j = np.arange(n_k)[None, :]
+        s = np.where(j <= i + (n_k - n_q), s, -np.inf)
+    m = s.max(axis=-1, keepdims=True)
+    dead = np.isneginf(m)
+    e = np.exp(s - np.where(dead, 0.0, m))
+    p = np.where(dead, 0.0, e / np.where(dead, 1.0, e.sum(axis=-1, keepdims=True)))
+    a = p
+    if dropout > 0:
+        a = p * keep_mask(seed, dropout, B, H, n_q, n_k) / (1.0 - dropout)
+    return a @ v, p
