@@ -40,14 +40,23 @@ size_t FN(mha_gemm_workspace)(int64_t M, int64_t N, int64_t K, int threads) {
 }
 
 /* Packs op(A)[0:mc, 0:kc] (a points at its first element) into MR-row panels:
- * buf[panel][p][r], zero-padded to a multiple of MR rows. */
+ * buf[panel][p][r], zero-padded to a multiple of MR rows. Loops run along memory. */
 static void FN(pack_a)(real *buf, const real *a, int64_t lda, int trans, int64_t mc, int64_t kc) {
     for (int64_t i0 = 0; i0 < mc; i0 += MR) {
         int64_t rows = MHA_MIN(MR, mc - i0);
-        for (int64_t p = 0; p < kc; p++) {
-            for (int64_t r = 0; r < rows; r++)
-                buf[p * MR + r] = trans ? a[p * lda + i0 + r] : a[(i0 + r) * lda + p];
-            for (int64_t r = rows; r < MR; r++) buf[p * MR + r] = 0;
+        if (trans) { /* op(A)[i][p] = a[p * lda + i]: row p of a holds the panel's p-th column */
+            for (int64_t p = 0; p < kc; p++) {
+                const real *src = a + p * lda + i0;
+                for (int64_t r = 0; r < rows; r++) buf[p * MR + r] = src[r];
+                for (int64_t r = rows; r < MR; r++) buf[p * MR + r] = 0;
+            }
+        } else {       /* op(A)[i][p] = a[i * lda + p]: read each row once, write with stride MR */
+            for (int64_t r = 0; r < rows; r++) {
+                const real *src = a + (i0 + r) * lda;
+                for (int64_t p = 0; p < kc; p++) buf[p * MR + r] = src[p];
+            }
+            for (int64_t r = rows; r < MR; r++)
+                for (int64_t p = 0; p < kc; p++) buf[p * MR + r] = 0;
         }
         buf += kc * MR;
     }
@@ -57,15 +66,24 @@ static void FN(pack_a)(real *buf, const real *a, int64_t lda, int trans, int64_t
 static void FN(pack_b)(real *buf, const real *b, int64_t ldb, int trans, int64_t kc, int64_t nc) {
     for (int64_t j0 = 0; j0 < nc; j0 += NR) {
         int64_t cols = MHA_MIN(NR, nc - j0);
-        for (int64_t p = 0; p < kc; p++) {
-            real *dst = buf + p * NR;
-            if (!trans && cols == NR) {
-                memcpy(dst, b + p * ldb + j0, NR * sizeof(real));
-                continue;
+        if (trans) {   /* op(B)[p][j] = b[j * ldb + p]: read each row of b once */
+            for (int64_t c = 0; c < cols; c++) {
+                const real *src = b + (j0 + c) * ldb;
+                for (int64_t p = 0; p < kc; p++) buf[p * NR + c] = src[p];
             }
-            for (int64_t c = 0; c < cols; c++)
-                dst[c] = trans ? b[(j0 + c) * ldb + p] : b[p * ldb + j0 + c];
-            for (int64_t c = cols; c < NR; c++) dst[c] = 0;
+            for (int64_t c = cols; c < NR; c++)
+                for (int64_t p = 0; p < kc; p++) buf[p * NR + c] = 0;
+        } else {
+            for (int64_t p = 0; p < kc; p++) {
+                const real *src = b + p * ldb + j0;
+                real *dst = buf + p * NR;
+                if (cols == NR) {
+                    memcpy(dst, src, NR * sizeof(real));
+                    continue;
+                }
+                for (int64_t c = 0; c < cols; c++) dst[c] = src[c];
+                for (int64_t c = cols; c < NR; c++) dst[c] = 0;
+            }
         }
         buf += kc * NR;
     }

@@ -47,7 +47,7 @@ typedef int32_t mha_v8i __attribute__((vector_size(32)));
     } while (0)
 
 /* The maximum of x[0:n], NaN if any element is NaN, -inf if n == 0. */
-static inline float mha_max_f32(const float *x, int64_t n) {
+static inline __attribute__((always_inline)) float mha_max_f32(const float *x, int64_t n) {
     float m = -INFINITY;
     int nan = 0;
     for (int64_t j = 0; j < n; j++) {
@@ -57,7 +57,7 @@ static inline float mha_max_f32(const float *x, int64_t n) {
     return nan ? NAN : m;
 }
 
-static inline double mha_max_f64(const double *x, int64_t n) {
+static inline __attribute__((always_inline)) double mha_max_f64(const double *x, int64_t n) {
     double m = -INFINITY;
     int nan = 0;
     for (int64_t j = 0; j < n; j++) {
@@ -68,7 +68,7 @@ static inline double mha_max_f64(const double *x, int64_t n) {
 }
 
 /* x[j] = exp(x[j] - shift) for j < n; returns the sum. */
-static inline float mha_exp_sum_f32(float *x, int64_t n, float shift) {
+static inline __attribute__((always_inline)) float mha_exp_sum_f32(float *x, int64_t n, float shift) {
     mha_v8f acc = {0};
     int64_t j = 0;
     for (; j + 8 <= n; j += 8) {
@@ -94,7 +94,7 @@ static inline float mha_exp_sum_f32(float *x, int64_t n, float shift) {
     return s;
 }
 
-static inline double mha_exp_sum_f64(double *x, int64_t n, double shift) {
+static inline __attribute__((always_inline)) double mha_exp_sum_f64(double *x, int64_t n, double shift) {
     double s = 0;
     for (int64_t j = 0; j < n; j++) {
         x[j] = exp(x[j] - shift);
@@ -103,11 +103,11 @@ static inline double mha_exp_sum_f64(double *x, int64_t n, double shift) {
     return s;
 }
 
-static inline void mha_scale_f32(float *x, int64_t n, float a) {
+static inline __attribute__((always_inline)) void mha_scale_f32(float *x, int64_t n, float a) {
     for (int64_t j = 0; j < n; j++) x[j] *= a;
 }
 
-static inline void mha_scale_f64(double *x, int64_t n, double a) {
+static inline __attribute__((always_inline)) void mha_scale_f64(double *x, int64_t n, double a) {
     for (int64_t j = 0; j < n; j++) x[j] *= a;
 }
 
