@@ -10,7 +10,7 @@
 
 /* Rows of one query block: at most BQ_MAX, fewer when n_k is so long that the block's
  * scores would pass about 4 MiB. */
-#define BQ_MAX 64
+#define BQ_MAX 128
 static int64_t FN(block_rows)(int64_t n_k) {
     int64_t rows = (int64_t)((4u << 20) / sizeof(real)) / MHA_MAX(n_k, 1);
     return MHA_MAX(1, MHA_MIN(BQ_MAX, rows));

@@ -2,8 +2,9 @@
  *
  * Written with GCC/Clang vector extensions (32-byte vectors: AVX2 in the x86-64-v3 clone,
  * pairs of SSE registers in the baseline one) with a scalar tail. The float exp is a
- * Cephes-style polynomial (about 2 ulp, exactly 0 for -inf, NaN propagated); the double
+ * Cephes-style polynomial (relative error < 2e-7, exactly 0 for -inf, NaN propagated); the double
  * path uses libm's exp so float64 results stay within 1e-15 of the NumPy reference.
+ * The exp is only for the softmax's non-positive arguments.
  */
 #ifndef MHA_VEC_H
 #define MHA_VEC_H
@@ -18,16 +19,14 @@ typedef int32_t mha_v8i __attribute__((vector_size(32)));
 #define MHA_V8_LOAD(v, p) memcpy(&(v), (p), sizeof(mha_v8f))
 #define MHA_V8_STORE(p, v) memcpy((p), &(v), sizeof(mha_v8f))
 
-/* exp of 8 floats: 2^k * P(r), k = round(x / ln 2), r = x - k ln 2 (Cody-Waite split). */
-#define MHA_V8_EXP(out, x_in)                                                                   \
+/* exp of 8 floats x <= 0 (softmax arguments s - max): 2^k * P(r), k = round(x / ln 2),
+ * r = x - k ln 2 (Cody-Waite split); exactly 0 below -87 (and for -inf), NaN kept. */
+#define MHA_V8_EXP_NONPOS(out, x_in)                                                            \
     do {                                                                                        \
         mha_v8f x_ = (x_in);                                                                    \
-        mha_v8i nan_ = x_ != x_;                        /* all ones where NaN */                \
-        mha_v8i under_ = x_ < -87.0f;                   /* exp < FLT_MIN: 0 (and -inf) */       \
-        mha_v8i over_ = x_ > 88.0f;                                                             \
-        mha_v8f xc_ = x_;                                                                       \
-        xc_ = (mha_v8f)(((mha_v8i)xc_ & ~(under_ | nan_)) | ((mha_v8i)((mha_v8f){0} - 87.0f) & (under_ | nan_))); \
-        xc_ = (mha_v8f)(((mha_v8i)xc_ & ~over_) | ((mha_v8i)((mha_v8f){0} + 88.0f) & over_));  \
+        mha_v8i keep_ = x_ >= -87.0f;                   /* false below -87, for -inf and NaN */ \
+        mha_v8i nan_ = x_ != x_;                                                                \
+        mha_v8f xc_ = (mha_v8f)((mha_v8i)x_ & keep_);   /* 0 where not kept: finite math */     \
         mha_v8f kf_ = xc_ * 1.44269504088896341f + 12582912.0f;                                 \
         kf_ = kf_ - 12582912.0f;                        /* round to nearest */                  \
         mha_v8f r_ = xc_ - kf_ * 0.693359375f;                                                  \
@@ -39,18 +38,29 @@ typedef int32_t mha_v8i __attribute__((vector_size(32)));
         p_ = p_ * r_ + 5.0000001201e-1f;                                                        \
         p_ = p_ * (r_ * r_) + r_ + 1.0f;                                                        \
         mha_v8i k_ = __builtin_convertvector(kf_, mha_v8i);                                     \
-        mha_v8f two_k_ = (mha_v8f)((k_ + 127) << 23);                                           \
-        mha_v8f y_ = p_ * two_k_;                                                               \
-        y_ = (mha_v8f)((mha_v8i)y_ & ~under_);                                                  \
-        y_ = (mha_v8f)(((mha_v8i)y_ & ~over_) | ((mha_v8i)((mha_v8f){0} + INFINITY) & over_)); \
-        (out) = (mha_v8f)(((mha_v8i)y_ & ~nan_) | ((mha_v8i)x_ & nan_));                       \
+        mha_v8f y_ = p_ * (mha_v8f)((k_ + 127) << 23);                                          \
+        (out) = (mha_v8f)(((mha_v8i)y_ & keep_) | ((mha_v8i)x_ & nan_));                       \
     } while (0)
 
 /* The maximum of x[0:n], NaN if any element is NaN, -inf if n == 0. */
 static inline __attribute__((always_inline)) float mha_max_f32(const float *x, int64_t n) {
+    mha_v8f vmax = (mha_v8f){0} - INFINITY;
+    mha_v8i vnan = {0};
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        mha_v8f v;
+        MHA_V8_LOAD(v, x + j);
+        mha_v8i greater = v > vmax;
+        vnan |= v != v;
+        vmax = (mha_v8f)(((mha_v8i)v & greater) | ((mha_v8i)vmax & ~greater));
+    }
     float m = -INFINITY;
     int nan = 0;
-    for (int64_t j = 0; j < n; j++) {
+    for (int i = 0; i < 8; i++) {
+        m = vmax[i] > m ? vmax[i] : m;
+        nan |= vnan[i] != 0;
+    }
+    for (; j < n; j++) {
         m = x[j] > m ? x[j] : m;
         nan |= x[j] != x[j];
     }
@@ -67,14 +77,14 @@ static inline __attribute__((always_inline)) double mha_max_f64(const double *x,
     return nan ? NAN : m;
 }
 
-/* x[j] = exp(x[j] - shift) for j < n; returns the sum. */
+/* x[j] = exp(x[j] - shift) for j < n, where shift >= every x[j] (or NaN); returns the sum. */
 static inline __attribute__((always_inline)) float mha_exp_sum_f32(float *x, int64_t n, float shift) {
     mha_v8f acc = {0};
     int64_t j = 0;
     for (; j + 8 <= n; j += 8) {
         mha_v8f v, e;
         MHA_V8_LOAD(v, x + j);
-        MHA_V8_EXP(e, v - shift);
+        MHA_V8_EXP_NONPOS(e, v - shift);
         MHA_V8_STORE(x + j, e);
         acc += e;
     }
@@ -84,7 +94,7 @@ static inline __attribute__((always_inline)) float mha_exp_sum_f32(float *x, int
         for (int i = 0; i < 8; i++) tmp[i] = i < rest ? x[j + i] : -INFINITY;
         mha_v8f v, e;
         MHA_V8_LOAD(v, tmp);
-        MHA_V8_EXP(e, v - shift);
+        MHA_V8_EXP_NONPOS(e, v - shift);
         acc += e;
         MHA_V8_STORE(tmp, e);
         memcpy(x + j, tmp, (size_t)rest * sizeof(float));

@@ -1,0 +1,87 @@
+/* bench_core.c: time the core's pieces without Python: `make -C csrc bench`.
+ *
+ * Seed 000's layer shape (B=16, n=128, d_model=256, 8 heads, float32): the projection GEMM,
+ * the attention forward with and without weights, its backward, the layer forward and
+ * backward. Prints the median of the thread CPU time (one thread; steady under machine load)
+ * and the wall time (all threads), with GFLOP/s.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "mha.h"
+
+static double clock_s(clockid_t id) {
+    struct timespec t;
+    clock_gettime(id, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static int cmp(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+#define REPEATS 15
+#define TIME(name, flops, stmt)                                                               \
+    do {                                                                                      \
+        double cpu[REPEATS], wall[REPEATS];                                                   \
+        stmt;                                                                                 \
+        for (int r_ = 0; r_ < REPEATS; r_++) {                                                \
+            double c0 = clock_s(CLOCK_PROCESS_CPUTIME_ID), w0 = clock_s(CLOCK_MONOTONIC);     \
+            stmt;                                                                             \
+            cpu[r_] = clock_s(CLOCK_PROCESS_CPUTIME_ID) - c0;                                 \
+            wall[r_] = clock_s(CLOCK_MONOTONIC) - w0;                                         \
+        }                                                                                     \
+        qsort(cpu, REPEATS, sizeof(double), cmp);                                             \
+        qsort(wall, REPEATS, sizeof(double), cmp);                                            \
+        printf("%-34s cpu %8.3f ms  wall %8.3f ms  %6.1f GFLOP/s (cpu)\n", name,              \
+               cpu[REPEATS / 2] * 1e3, wall[REPEATS / 2] * 1e3, (flops) / cpu[REPEATS / 2] * 1e-9); \
+    } while (0)
+
+static float *rand_f32(size_t n) {
+    float *a = malloc(n * sizeof *a);
+    for (size_t i = 0; i < n; i++) a[i] = (float)rand() / RAND_MAX - 0.5f;
+    return a;
+}
+
+int main(int argc, char **argv) {
+    int threads = argc > 1 ? atoi(argv[1]) : 1;
+    mha_set_num_threads(threads);
+    printf("%s; %d thread(s)\n", mha_build_info(), mha_get_num_threads());
+    const int64_t B = 16, n = 128, D = 256, H = 8, dh = D / H;
+    float *x = rand_f32(B * n * D), *W = rand_f32(D * D), *y = rand_f32(B * n * D);
+    TIME("gemm 2048x256x256 NN", 2.0 * B * n * D * D, mha_gemm_f32(0, 0, B * n, D, D, 1, x, D, W, D, 0, y, D));
+    TIME("gemm 256x256x2048 TN (dW)", 2.0 * B * n * D * D, mha_gemm_f32(1, 0, D, D, B * n, 1, x, D, y, D, 0, W, D));
+    TIME("gemm 2048x256x256 NT (dX)", 2.0 * B * n * D * D, mha_gemm_f32(0, 1, B * n, D, D, 1, y, D, W, D, 0, x, D));
+
+    float *q = rand_f32(B * H * n * dh), *k = rand_f32(B * H * n * dh), *v = rand_f32(B * H * n * dh);
+    float *o = rand_f32(B * H * n * dh), *w = rand_f32(B * H * n * n);
+    float *dq = rand_f32(B * H * n * dh), *dk = rand_f32(B * H * n * dh), *dv = rand_f32(B * H * n * dh);
+    mha_attention_desc d;
+    mha_attention_desc_init(&d, B, H, H, n, n, dh, dh);
+    double attn_flops = 4.0 * B * H * n * n * dh;
+    TIME("attention fwd +weights", attn_flops, mha_attention_forward_f32(o, w, q, k, v, &d));
+    TIME("attention fwd", attn_flops, mha_attention_forward_f32(o, NULL, q, k, v, &d));
+    TIME("attention bwd", 2.5 * attn_flops, mha_attention_backward_f32(dq, dk, dv, o, q, k, v, &d));
+    d.causal = 1;
+    TIME("attention fwd causal", attn_flops / 2, mha_attention_forward_f32(o, NULL, q, k, v, &d));
+    d.causal = 0;
+
+    float *W_q = rand_f32(D * D), *W_k = rand_f32(D * D), *W_v = rand_f32(D * D), *W_o = rand_f32(D * D);
+    float *b_q = rand_f32(D), *b_k = rand_f32(D), *b_v = rand_f32(D), *b_o = rand_f32(D);
+    mha_layer_params_f32 p = {W_q, W_k, W_v, W_o, b_q, b_k, b_v, b_o, NULL};
+    mha_layer_dims m = {.batch = B, .n_q = n, .n_k = n, .n_new = n, .d_model = D, .kdim = D, .vdim = D,
+                        .heads = H, .kv_heads = H, .d_head = dh, .kv_batch_stride = n};
+    float *out = rand_f32(B * n * D), *qp = rand_f32(B * n * D), *kp = rand_f32(B * n * D);
+    float *vp = rand_f32(B * n * D), *attn = rand_f32(B * n * D);
+    float *dx = rand_f32(B * n * D), *dxk = rand_f32(B * n * D), *dxv = rand_f32(B * n * D);
+    float *g[9];
+    for (int i = 0; i < 9; i++) g[i] = rand_f32(D * D);
+    mha_layer_grads_f32 gr = {g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8]};
+    double layer_flops = 8.0 * B * n * D * D + attn_flops;
+    TIME("layer fwd +weights", layer_flops, mha_layer_forward_f32(out, w, qp, kp, vp, attn, x, x, x, &p, &m, &d));
+    TIME("layer fwd", layer_flops, mha_layer_forward_f32(out, NULL, qp, kp, vp, attn, x, x, x, &p, &m, &d));
+    TIME("layer bwd", 2 * layer_flops, mha_layer_backward_f32(dx, dxk, dxv, &gr, y, qp, kp, vp, attn, x, x, x, &p, &m, &d));
+    return 0;
+}
