@@ -138,9 +138,10 @@ int FN(mha_attention_forward)(real *out, real *weights, const real *q, const rea
     if (per_thread == 0 || per_thread > SIZE_MAX / (size_t)threads) return MHA_ENOMEM;
     char *scratch = mha_alloc(per_thread * (size_t)threads);
     if (!scratch) return MHA_ENOMEM;
+    const int64_t chunk = MHA_MAX(1, tasks / (8 * threads)); /* tiny heads: several per fetch */
 
 #ifdef _OPENMP
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1)
+#pragma omp parallel for num_threads(threads) schedule(dynamic, chunk) if (threads > 1)
 #endif
     for (int64_t task = 0; task < tasks; task++) {
         int t = 0;
@@ -191,9 +192,10 @@ int FN(mha_attention_backward)(real *dq, real *dk, real *dv, const real *d_out, 
     if (per_thread == 0 || per_thread > SIZE_MAX / (size_t)threads) return MHA_ENOMEM;
     char *scratch = mha_alloc(per_thread * (size_t)threads);
     if (!scratch) return MHA_ENOMEM;
+    const int64_t chunk = MHA_MAX(1, tasks / (8 * threads)); /* tiny heads: several per fetch */
 
 #ifdef _OPENMP
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1)
+#pragma omp parallel for num_threads(threads) schedule(dynamic, chunk) if (threads > 1)
 #endif
     for (int64_t task = 0; task < tasks; task++) {
         int t = 0;

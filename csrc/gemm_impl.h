@@ -23,11 +23,13 @@ typedef real FN(vec) __attribute__((vector_size(VEC_BYTES)));
 #define VLOAD(v, p) memcpy(&(v), (p), sizeof(vreal))
 #define VSTORE(p, v) memcpy((p), &(v), sizeof(vreal))
 
-/* Rows of A per block: split M evenly over the threads, at most MC_MAX. */
+/* Rows of A per block: at most MC_MAX, with the number of blocks a multiple of the thread
+ * count where M allows, so that every thread gets the same work. */
 static int64_t FN(gemm_mc)(int64_t M, int threads) {
-    int64_t per_thread = (M + threads - 1) / threads;
-    int64_t mc = (per_thread + MR - 1) / MR * MR;
-    return MHA_MAX(MR, MHA_MIN(mc, MC_MAX));
+    int64_t blocks = MHA_MAX(1, (M + MC_MAX - 1) / MC_MAX);
+    blocks = (blocks + threads - 1) / threads * threads;
+    int64_t mc = (M + blocks - 1) / blocks;
+    return MHA_MAX(MR, MHA_MIN((mc + MR - 1) / MR * MR, MC_MAX));
 }
 
 size_t FN(mha_gemm_workspace)(int64_t M, int64_t N, int64_t K, int threads) {
@@ -148,6 +150,32 @@ MHA_HOT static void FN(macro_kernel)(int64_t mc, int64_t nc, int64_t kc, const r
     }
 }
 
+/* Products too small to repay packing (tiny heads: n = 12, d_head = 8): plain loops, with
+ * the inner loop along contiguous memory (rows of B, or a dot product when B is transposed). */
+#define SMALL_GEMM_MNK 16384
+MHA_HOT static void FN(gemm_small)(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, real alpha,
+                           const real *A, int64_t lda, const real *B, int64_t ldb, real beta,
+                           real *C, int64_t ldc) {
+    for (int64_t i = 0; i < M; i++) {
+        real *c = C + i * ldc;
+        if (trans_b) {   /* c[j] = alpha * dot(op(A)[i, :], B[j, :]) + beta * c[j] */
+            for (int64_t j = 0; j < N; j++) {
+                const real *b = B + j * ldb;
+                real s = 0;
+                for (int64_t p = 0; p < K; p++) s += (trans_a ? A[p * lda + i] : A[i * lda + p]) * b[p];
+                c[j] = beta == 0 ? alpha * s : alpha * s + beta * c[j];
+            }
+        } else {         /* c = beta * c + sum_p alpha * op(A)[i, p] * B[p, :] */
+            for (int64_t j = 0; j < N; j++) c[j] = beta == 0 ? 0 : beta * c[j];
+            for (int64_t p = 0; p < K; p++) {
+                const real a = alpha * (trans_a ? A[p * lda + i] : A[i * lda + p]);
+                const real *b = B + p * ldb;
+                for (int64_t j = 0; j < N; j++) c[j] += a * b[j];
+            }
+        }
+    }
+}
+
 static void FN(scale_c)(int64_t M, int64_t N, real beta, real *C, int64_t ldc) {
     for (int64_t i = 0; i < M; i++)
         for (int64_t j = 0; j < N; j++) C[i * ldc + j] = beta == 0 ? 0 : beta * C[i * ldc + j];
@@ -158,44 +186,68 @@ int FN(mha_gemm_ws)(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, r
                     int64_t ldc, real *workspace, int threads) {
     if (M <= 0 || N <= 0) return MHA_OK;
     if (K <= 0 || alpha == 0) { FN(scale_c)(M, N, beta, C, ldc); return MHA_OK; }
+    if ((double)M * (double)N * (double)K <= SMALL_GEMM_MNK) {
+        FN(gemm_small)(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return MHA_OK;
+    }
     if (threads < 1) threads = 1;
-    int64_t mc_block = FN(gemm_mc)(M, threads);
-    int64_t m_blocks = (M + mc_block - 1) / mc_block;
-    if (threads > m_blocks) threads = (int)m_blocks;
+    const int64_t mc_block = FN(gemm_mc)(M, threads);
+    const int64_t m_blocks = (M + mc_block - 1) / mc_block;
+    /* Tasks are (row block, column chunk): with fewer row blocks than threads (short, wide
+     * products such as the weight gradients), the columns are split too. */
+    const int64_t n_chunks = m_blocks >= threads ? 1 : (threads + m_blocks - 1) / m_blocks;
+    const int64_t tasks = m_blocks * n_chunks;
+    if (threads > tasks) threads = (int)tasks;
     real *owned = NULL;
     if (!workspace) {
         owned = mha_alloc(FN(mha_gemm_workspace)(M, N, K, threads));
         if (!owned) return MHA_ENOMEM;
         workspace = owned;
     }
-    size_t kc_max = (size_t)MHA_MIN(K, KC);
-    size_t b_elems = mha_round_up(kc_max * mha_round_up((size_t)MHA_MIN(N, NC), NR),
-                                  MHA_CACHE_LINE);
-    size_t a_elems = mha_round_up(kc_max * (size_t)mc_block, MHA_CACHE_LINE);
+    const size_t kc_max = (size_t)MHA_MIN(K, KC);
+    const size_t b_elems = mha_round_up(kc_max * mha_round_up((size_t)MHA_MIN(N, NC), NR),
+                                        MHA_CACHE_LINE);
+    const size_t a_elems = mha_round_up(kc_max * (size_t)mc_block, MHA_CACHE_LINE);
     real *b_pack = workspace;
 
-    for (int64_t jc = 0; jc < N; jc += NC) {
-        int64_t nc = MHA_MIN(NC, N - jc);
-        for (int64_t pc = 0; pc < K; pc += KC) {
-            int64_t kc = MHA_MIN(KC, K - pc);
-            const real *b = trans_b ? B + jc * ldb + pc : B + pc * ldb + jc;
-            FN(pack_b)(b_pack, b, ldb, trans_b, kc, nc);
-            real beta_block = pc == 0 ? beta : 1;
+    /* One parallel region for the whole product: the threads pack B's panels together, wait,
+     * then each packs its own blocks of A and runs the micro-kernels on them. */
 #ifdef _OPENMP
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+#pragma omp parallel num_threads(threads) if (threads > 1)
 #endif
-            for (int64_t blk = 0; blk < m_blocks; blk++) {
-                int t = 0;
+    {
+        int t = 0;
 #ifdef _OPENMP
-                t = omp_get_thread_num();
+        t = omp_get_thread_num();
 #endif
-                int64_t ic = blk * mc_block;
-                int64_t mc = MHA_MIN(mc_block, M - ic);
-                real *a_pack = workspace + b_elems + (size_t)t * a_elems;
-                const real *a = trans_a ? A + pc * lda + ic : A + ic * lda + pc;
-                FN(pack_a)(a_pack, a, lda, trans_a, mc, kc);
-                FN(macro_kernel)(mc, nc, kc, a_pack, b_pack, C + ic * ldc + jc, ldc, alpha,
-                                 beta_block);
+        real *a_pack = workspace + b_elems + (size_t)t * a_elems;
+        for (int64_t jc = 0; jc < N; jc += NC) {
+            const int64_t nc = MHA_MIN(NC, N - jc), panels = (nc + NR - 1) / NR;
+            for (int64_t pc = 0; pc < K; pc += KC) {
+                const int64_t kc = MHA_MIN(KC, K - pc);
+                const real beta_block = pc == 0 ? beta : 1;
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+                for (int64_t panel = 0; panel < panels; panel++) {
+                    const int64_t j0 = panel * NR;
+                    const real *b = trans_b ? B + (jc + j0) * ldb + pc : B + pc * ldb + jc + j0;
+                    FN(pack_b)(b_pack + j0 * kc, b, ldb, trans_b, kc, MHA_MIN(NR, nc - j0));
+                } /* implied barrier: B is packed */
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+                for (int64_t task = 0; task < tasks; task++) {
+                    const int64_t blk = task / n_chunks, chunk = task % n_chunks;
+                    const int64_t ic = blk * mc_block, mc = MHA_MIN(mc_block, M - ic);
+                    const int64_t p0 = panels * chunk / n_chunks, p1 = panels * (chunk + 1) / n_chunks;
+                    if (p0 == p1) continue;
+                    const real *a = trans_a ? A + pc * lda + ic : A + ic * lda + pc;
+                    FN(pack_a)(a_pack, a, lda, trans_a, mc, kc);
+                    FN(macro_kernel)(mc, MHA_MIN(nc, p1 * NR) - p0 * NR, kc, a_pack,
+                                     b_pack + p0 * NR * kc, C + ic * ldc + jc + p0 * NR, ldc, alpha,
+                                     beta_block);
+                } /* implied barrier: b_pack may be overwritten */
             }
         }
     }
@@ -206,8 +258,10 @@ int FN(mha_gemm_ws)(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, r
 int FN(mha_gemm)(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, real alpha,
                  const real *A, int64_t lda, const real *B, int64_t ldb, real beta, real *C,
                  int64_t ldc) {
+    /* threads by the work between two barriers (one KC slice), not by the whole product */
+    double slice = 2.0 * (double)M * (double)N * (double)MHA_MIN(K, KC);
     return FN(mha_gemm_ws)(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, NULL,
-                           mha_threads_for(2.0 * (double)M * (double)N * (double)K));
+                           mha_threads_for(slice));
 }
 
 #undef vreal
@@ -220,3 +274,4 @@ int FN(mha_gemm)(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, real
 #undef KC
 #undef MC_MAX
 #undef NC
+#undef SMALL_GEMM_MNK

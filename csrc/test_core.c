@@ -49,7 +49,8 @@ static double *random_array(size_t n) {
 /* ---- GEMM ---------------------------------------------------------------------------------- */
 
 static void test_gemm(void) {
-    const int64_t sizes[][3] = {{1, 1, 1}, {7, 5, 3}, {37, 53, 301}, {130, 20, 513}};
+    /* the last two are big enough for two threads: split by rows, and by columns */
+    const int64_t sizes[][3] = {{1, 1, 1}, {7, 5, 3}, {37, 53, 301}, {130, 20, 513}, {300, 40, 300}, {12, 700, 400}, {12, 12, 8}, {5, 9, 40}};
     for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++)
         for (int ta = 0; ta < 2; ta++)
             for (int tb = 0; tb < 2; tb++) {
