@@ -1,0 +1,49 @@
+"""Seed 000's period-3 pattern task: predict the next token of a repeating sequence."""
+import numpy as np
+
+__all__ = ["pattern_data", "pattern_ceiling", "pattern_min_loss"]
+
+
+def pattern_data(n_samples=500, seq_len=12, vocab_size=5, period=3, seed=None):
+    """Repeating-pattern sequences and their next tokens (seed 000's ``generate_pattern_data``).
+
+    Each sample draws a pattern of `period` tokens uniformly from [0, vocab_size) and repeats it:
+    with period 3, ``A B C A B C ...``. To predict the token after position i (i >= period - 1)
+    a model must look `period - 1` positions back; the first period - 1 targets are random.
+
+    Returns (tokens, targets), both int64 arrays of shape (n_samples, seq_len), with
+    ``targets[:, i] == sequence[i + 1]``. `seed` seeds NumPy's default_rng (reproducible).
+
+        >>> x, y = pattern_data(2, seq_len=6, vocab_size=5, seed=0)
+        >>> x[0], y[0]          # (array([4, 3, 2, 4, 3, 2]), array([3, 2, 4, 3, 2, 4]))
+    """
+    for name, value in (("n_samples", n_samples), ("seq_len", seq_len),
+                        ("vocab_size", vocab_size), ("period", period)):
+        if int(value) != value or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    rng = np.random.default_rng(seed)
+    patterns = rng.integers(0, vocab_size, size=(n_samples, period))           # (N, period)
+    repeats = -(-(seq_len + 1) // period)
+    sequences = np.tile(patterns, (1, repeats))[:, :seq_len + 1]              # (N, seq_len + 1)
+    return sequences[:, :-1].astype(np.int64), sequences[:, 1:].astype(np.int64)
+
+
+def pattern_ceiling(seq_len=12, vocab_size=5, period=3):
+    """The best expected accuracy any model can reach on :func:`pattern_data`.
+
+    The first ``period - 1`` targets are fresh uniform draws (chance 1/vocab_size); every later
+    target repeats a token `period - 1` positions back (predictable). For the seed's sizes
+    (12, 5, 3): (10 + 2/5) / 12 = 0.8667.
+    """
+    random_targets = min(period - 1, seq_len)
+    return ((seq_len - random_targets) + random_targets / vocab_size) / seq_len
+
+
+def pattern_min_loss(seq_len=12, vocab_size=5, period=3):
+    """The smallest expected cross-entropy (nats per token) on :func:`pattern_data`.
+
+    Only the first ``period - 1`` targets are uncertain, each uniform over the vocabulary
+    (ln vocab_size nats); the rest can be predicted with certainty. For (12, 5, 3):
+    2 ln 5 / 12 = 0.268.
+    """
+    return min(period - 1, seq_len) * float(np.log(vocab_size)) / seq_len
