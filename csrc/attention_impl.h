@@ -138,7 +138,9 @@ int FN(mha_attention_forward)(real *out, real *weights, const real *q, const rea
     if (per_thread == 0 || per_thread > SIZE_MAX / (size_t)threads) return MHA_ENOMEM;
     char *scratch = mha_alloc(per_thread * (size_t)threads);
     if (!scratch) return MHA_ENOMEM;
+#ifdef _OPENMP
     const int64_t chunk = MHA_MAX(1, tasks / (8 * threads)); /* tiny heads: several per fetch */
+#endif
 
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(threads) schedule(dynamic, chunk) if (threads > 1)
@@ -192,7 +194,9 @@ int FN(mha_attention_backward)(real *dq, real *dk, real *dv, const real *d_out, 
     if (per_thread == 0 || per_thread > SIZE_MAX / (size_t)threads) return MHA_ENOMEM;
     char *scratch = mha_alloc(per_thread * (size_t)threads);
     if (!scratch) return MHA_ENOMEM;
+#ifdef _OPENMP
     const int64_t chunk = MHA_MAX(1, tasks / (8 * threads)); /* tiny heads: several per fetch */
+#endif
 
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(threads) schedule(dynamic, chunk) if (threads > 1)

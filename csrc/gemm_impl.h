@@ -15,6 +15,7 @@
 #define KC 256                                 /* shared-axis block (packed panels in L1/L2) */
 #define MC_MAX 144                             /* rows of A per block (multiple of MR)    */
 #define NC 2048                                /* columns of B per block                  */
+#define DIRECT_A_PANELS 8                      /* read A in place when B has <= 4 panels  */
 
 typedef real FN(vec) __attribute__((vector_size(VEC_BYTES)));
 #define vreal FN(vec)
@@ -91,11 +92,16 @@ static void FN(pack_b)(real *buf, const real *b, int64_t ldb, int trans, int64_t
     }
 }
 
-/* The micro-kernel: acc (MR x NR) = a_panel (MR x kc)^T-packed @ b_panel (kc x NR), then
- * c[0:m, 0:n] = alpha * acc + beta * c (c not read when beta == 0). */
+/* The micro-kernel: acc (MR x NR) = A rows (MR x kc) @ b_panel (kc x NR), then
+ * c[0:m, 0:n] = alpha * acc + beta * c (c not read when beta == 0).
+ * Element (r, p) of the A rows is a[r * a_rs + p * a_cs]: (1, MR) for a packed panel, or the
+ * strides of op(A) itself when A is read in place; rows past m then repeat row m - 1 (valid
+ * memory, results discarded) instead of reading past the matrix. */
 static inline __attribute__((always_inline)) void
-FN(micro_kernel)(int64_t kc, const real *a, const real *b, real *c, int64_t ldc, int64_t m,
-                 int64_t n, real alpha, real beta) {
+FN(micro_kernel)(int64_t kc, const real *a, int64_t a_rs, int64_t a_cs, const real *b, real *c,
+                 int64_t ldc, int64_t m, int64_t n, real alpha, real beta) {
+    const real *row[MR];
+    for (int r = 0; r < MR; r++) row[r] = a + MHA_MIN(r, m - 1) * a_rs;
     vreal acc[MR][2];
     for (int r = 0; r < MR; r++) acc[r][0] = acc[r][1] = (vreal){0};
     for (int64_t p = 0; p < kc; p++) {
@@ -103,7 +109,7 @@ FN(micro_kernel)(int64_t kc, const real *a, const real *b, real *c, int64_t ldc,
         VLOAD(b0, b + p * NR);
         VLOAD(b1, b + p * NR + VL);
         for (int r = 0; r < MR; r++) {
-            real a_r = a[p * MR + r];
+            real a_r = row[r][p * a_cs];
             acc[r][0] += a_r * b0;
             acc[r][1] += a_r * b1;
         }
@@ -136,7 +142,7 @@ FN(micro_kernel)(int64_t kc, const real *a, const real *b, real *c, int64_t ldc,
         }
 }
 
-/* One MC x NC block of C from packed panels. */
+/* One MC x NC block of C from packed panels of A and B. */
 MHA_HOT static void FN(macro_kernel)(int64_t mc, int64_t nc, int64_t kc, const real *a_pack,
                                      const real *b_pack, real *c, int64_t ldc, real alpha,
                                      real beta) {
@@ -144,8 +150,24 @@ MHA_HOT static void FN(macro_kernel)(int64_t mc, int64_t nc, int64_t kc, const r
         int64_t n = MHA_MIN(NR, nc - jr);
         for (int64_t ir = 0; ir < mc; ir += MR) {
             int64_t m = MHA_MIN(MR, mc - ir);
-            FN(micro_kernel)(kc, a_pack + ir * kc, b_pack + jr * kc, c + ir * ldc + jr, ldc, m,
-                             n, alpha, beta);
+            FN(micro_kernel)(kc, a_pack + ir * kc, 1, MR, b_pack + jr * kc, c + ir * ldc + jr,
+                             ldc, m, n, alpha, beta);
+        }
+    }
+}
+
+/* The same with A read in place: op(A)[i][p] = a[i * a_rs + p * a_cs]. Used when B has so
+ * few panels that packing A would cost about as much as the products it feeds (attention's
+ * P v with d_head = 32 .. 64). */
+MHA_HOT static void FN(macro_kernel_direct)(int64_t mc, int64_t nc, int64_t kc, const real *a,
+                                            int64_t a_rs, int64_t a_cs, const real *b_pack,
+                                            real *c, int64_t ldc, real alpha, real beta) {
+    for (int64_t jr = 0; jr < nc; jr += NR) {
+        int64_t n = MHA_MIN(NR, nc - jr);
+        for (int64_t ir = 0; ir < mc; ir += MR) {
+            int64_t m = MHA_MIN(MR, mc - ir);
+            FN(micro_kernel)(kc, a + ir * a_rs, a_rs, a_cs, b_pack + jr * kc, c + ir * ldc + jr,
+                             ldc, m, n, alpha, beta);
         }
     }
 }
@@ -243,10 +265,16 @@ int FN(mha_gemm_ws)(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, r
                     const int64_t p0 = panels * chunk / n_chunks, p1 = panels * (chunk + 1) / n_chunks;
                     if (p0 == p1) continue;
                     const real *a = trans_a ? A + pc * lda + ic : A + ic * lda + pc;
-                    FN(pack_a)(a_pack, a, lda, trans_a, mc, kc);
-                    FN(macro_kernel)(mc, MHA_MIN(nc, p1 * NR) - p0 * NR, kc, a_pack,
-                                     b_pack + p0 * NR * kc, C + ic * ldc + jc + p0 * NR, ldc, alpha,
-                                     beta_block);
+                    const int64_t cols = MHA_MIN(nc, p1 * NR) - p0 * NR;
+                    real *c = C + ic * ldc + jc + p0 * NR;
+                    if (p1 - p0 <= DIRECT_A_PANELS) {
+                        FN(macro_kernel_direct)(mc, cols, kc, a, trans_a ? 1 : lda, trans_a ? lda : 1,
+                                                b_pack + p0 * NR * kc, c, ldc, alpha, beta_block);
+                    } else {
+                        FN(pack_a)(a_pack, a, lda, trans_a, mc, kc);
+                        FN(macro_kernel)(mc, cols, kc, a_pack, b_pack + p0 * NR * kc, c, ldc,
+                                         alpha, beta_block);
+                    }
                 } /* implied barrier: b_pack may be overwritten */
             }
         }
@@ -274,4 +302,5 @@ int FN(mha_gemm)(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, real
 #undef KC
 #undef MC_MAX
 #undef NC
+#undef DIRECT_A_PANELS
 #undef SMALL_GEMM_MNK
