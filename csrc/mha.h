@@ -113,7 +113,8 @@ typedef struct {
                                 const mha_attention_desc *attn_desc);                          \
     /* Gradients of the inputs (dx_q like x_q, dx_k like x_k, dx_v like x_v) and of every      \
      * parameter (grads fields may be NULL when the parameter is absent), from the arrays the  \
-     * forward saved. Requires kv_row_offset == 0 (no cache). */                               \
+     * forward saved. Requires kv_row_offset == 0 (no cache). When an input is another one   \
+     * (self-attention), pass the same dx buffer for both: their gradients are summed there. */ \
     int mha_layer_backward_##SFX(T *dx_q, T *dx_k, T *dx_v, const mha_layer_grads_##SFX *grads, \
                                  const T *d_out, const T *q_proj, const T *k_proj,             \
                                  const T *v_proj, const T *attn, const T *x_q, const T *x_k,   \

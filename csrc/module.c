@@ -403,21 +403,25 @@ fail:
 
 static char *layer_backward_kw[] = {"d_out", "q_proj", "k_proj", "v_proj", "attn", "x_q", "x_k",
                                     "x_v", "params", "heads", "kv_heads", "d_head", "mask",
-                                    "key_padding_mask", "causal", "dropout", "seed", NULL};
+                                    "key_padding_mask", "causal", "dropout", "seed",
+                                    "key_is_query", "value_is_key", NULL};
 
-/* -> (dx_q, dx_k, dx_v, (dW_q, dW_k, dW_v, dW_o, db_q|None, db_k, db_v, db_o, d_head_mask)) */
+/* -> (dx_q, dx_k, dx_v, (dW_q, dW_k, dW_v, dW_o, db_q|None, db_k, db_v, db_o, d_head_mask)).
+ * key_is_query: x_k was x_q, so its gradient is added into dx_q and dx_k is None; likewise
+ * value_is_key. */
 static PyObject *py_layer_backward(PyObject *self, PyObject *args, PyObject *kwargs) {
     (void)self;
     PyObject *do_obj, *qp_obj, *kp_obj_, *vp_obj, *attn_obj, *xq_obj, *xk_obj, *xv_obj, *params;
     PyObject *mask_obj = Py_None, *kpm_obj = Py_None;
     Py_ssize_t heads, kv_heads, d_head;
-    int causal = 0;
+    int causal = 0, key_is_query = 0, value_is_key = 0;
     double dropout = 0;
     unsigned long long seed = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOOnnn|OOpdK", layer_backward_kw,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOOnnn|OOpdKpp", layer_backward_kw,
                                      &do_obj, &qp_obj, &kp_obj_, &vp_obj, &attn_obj, &xq_obj,
                                      &xk_obj, &xv_obj, &params, &heads, &kv_heads, &d_head,
-                                     &mask_obj, &kpm_obj, &causal, &dropout, &seed))
+                                     &mask_obj, &kpm_obj, &causal, &dropout, &seed,
+                                     &key_is_query, &value_is_key))
         return NULL;
     int typenum = float_type(xq_obj, "query");
     if (typenum < 0) return NULL;
@@ -456,11 +460,18 @@ static PyObject *py_layer_backward(PyObject *self, PyObject *args, PyObject *kwa
     mha_attention_desc_init(&d, m.batch, m.heads, m.kv_heads, m.n_q, m.n_k, m.d_head, m.d_head);
     if (fill_masks(&d, typenum, mask_obj, kpm_obj, causal, d.scale, dropout, seed)) return NULL;
 
+    if ((key_is_query && (xk != xq)) || (value_is_key && (xv != xk))) {
+        PyErr_SetString(PyExc_ValueError, "key_is_query / value_is_key need the same array objects");
+        return NULL;
+    }
     PyArrayObject *out[3] = {NULL, NULL, NULL}, *g[9] = {NULL};
     if (!(out[0] = new_array(3, PyArray_DIMS(xq), typenum, 0)) ||
-        !(out[1] = new_array(3, PyArray_DIMS(xk), typenum, 0)) ||
-        !(out[2] = new_array(3, PyArray_DIMS(xv), typenum, 0)))
+        (!key_is_query && !(out[1] = new_array(3, PyArray_DIMS(xk), typenum, 0))) ||
+        (!value_is_key && !(out[2] = new_array(3, PyArray_DIMS(xv), typenum, 0))))
         goto fail;
+    /* the buffers the core writes: an aliased input shares the buffer of the one it is */
+    PyArrayObject *dxk_buf = key_is_query ? out[0] : out[1];
+    PyArrayObject *dxv_buf = value_is_key ? dxk_buf : out[2];
     for (int i = 0; i < 9; i++) {
         PyArrayObject *a = la.a[i];
         npy_intp hshape[1] = {m.heads};
@@ -479,7 +490,7 @@ static PyObject *py_layer_backward(PyObject *self, PyObject *args, PyObject *kwa
         mha_layer_grads_f32 gr = {DATA_OR_NULL(g[0]), DATA_OR_NULL(g[1]), DATA_OR_NULL(g[2]),
                                   DATA_OR_NULL(g[3]), DATA_OR_NULL(g[4]), DATA_OR_NULL(g[5]),
                                   DATA_OR_NULL(g[6]), DATA_OR_NULL(g[7]), DATA_OR_NULL(g[8])};
-        err = mha_layer_backward_f32(PyArray_DATA(out[0]), PyArray_DATA(out[1]), PyArray_DATA(out[2]),
+        err = mha_layer_backward_f32(PyArray_DATA(out[0]), PyArray_DATA(dxk_buf), PyArray_DATA(dxv_buf),
                                      &gr, PyArray_DATA(d_out), PyArray_DATA(qp), PyArray_DATA(kp),
                                      PyArray_DATA(vp), PyArray_DATA(attn), PyArray_DATA(xq),
                                      PyArray_DATA(xk), PyArray_DATA(xv), &p, &m, &d);
@@ -490,7 +501,7 @@ static PyObject *py_layer_backward(PyObject *self, PyObject *args, PyObject *kwa
         mha_layer_grads_f64 gr = {DATA_OR_NULL(g[0]), DATA_OR_NULL(g[1]), DATA_OR_NULL(g[2]),
                                   DATA_OR_NULL(g[3]), DATA_OR_NULL(g[4]), DATA_OR_NULL(g[5]),
                                   DATA_OR_NULL(g[6]), DATA_OR_NULL(g[7]), DATA_OR_NULL(g[8])};
-        err = mha_layer_backward_f64(PyArray_DATA(out[0]), PyArray_DATA(out[1]), PyArray_DATA(out[2]),
+        err = mha_layer_backward_f64(PyArray_DATA(out[0]), PyArray_DATA(dxk_buf), PyArray_DATA(dxv_buf),
                                      &gr, PyArray_DATA(d_out), PyArray_DATA(qp), PyArray_DATA(kp),
                                      PyArray_DATA(vp), PyArray_DATA(attn), PyArray_DATA(xq),
                                      PyArray_DATA(xk), PyArray_DATA(xv), &p, &m, &d);
@@ -505,6 +516,11 @@ static PyObject *py_layer_backward(PyObject *self, PyObject *args, PyObject *kwa
         PyTuple_SET_ITEM(grads, i, item); /* steals */
         g[i] = NULL;
     }
+    for (int i = 1; i < 3; i++)
+        if (!out[i]) {
+            Py_INCREF(Py_None);
+            out[i] = (PyArrayObject *)Py_None;
+        }
     return Py_BuildValue("(NNNN)", out[0], out[1], out[2], grads);
 fail:
     for (int i = 0; i < 3; i++) Py_XDECREF(out[i]);

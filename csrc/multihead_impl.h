@@ -167,8 +167,12 @@ int FN(mha_layer_backward)(real *dx_q, real *dx_k, real *dx_v, const GRADS *g,
                                 proj[i].d_out)))
             goto done;
         FN(sum_rows)(proj[i].db, proj[i].dY, proj[i].rows, proj[i].d_out);
+        /* an input that is another one (self-attention) gathers both gradients in one buffer */
+        real beta = 0;
+        for (int j = 0; j < i; j++)
+            if (proj[j].dX == proj[i].dX) beta = 1;
         if ((err = FN(mha_gemm)(0, 1, proj[i].rows, proj[i].d_in, proj[i].d_out, 1, proj[i].dY,
-                                proj[i].d_out, proj[i].W, proj[i].d_out, 0, proj[i].dX,
+                                proj[i].d_out, proj[i].W, proj[i].d_out, beta, proj[i].dX,
                                 proj[i].d_in)))
             goto done;
     }

@@ -102,7 +102,11 @@ class MultiHeadAttention(reference.MultiHeadAttention):
                              "batch sizes and key/value lengths must match")
         B, n_q, _ = query.shape
         H, H_kv, D = self.n_heads, self.n_kv_heads, self.d_head
-        query, key, value = (np.ascontiguousarray(a) for a in (query, key, value))
+        # contiguous copies where needed, keeping an omitted input the same object as the one
+        # it defaults to (the core then gathers both gradients in one buffer)
+        query = np.ascontiguousarray(query)
+        key = query if not key_given else np.ascontiguousarray(key)
+        value = key if not value_given else np.ascontiguousarray(value)
 
         k_rows = v_rows = None
         length = 0
@@ -167,18 +171,15 @@ class MultiHeadAttention(reference.MultiHeadAttention):
             raise ValueError(f"d_out has shape {given_shape} but the output has shape {out_shape}")
         d_out = np.ascontiguousarray(d_out, self.dtype)
 
+        # an omitted input was the same array as another one: the core adds its gradient
+        # there and returns None for it
         d_query, d_key, d_value, grads = _C.layer_backward(
             d_out, s["q_proj"], s["k_proj"], s["v_proj"], s["attn"], s["query"], s["key"],
             s["value"], s["params"], self.n_heads, self.n_kv_heads, self.d_head, s["mask"],
-            s["kpm"], s["causal"], s["dropout"], s["seed"])
+            s["kpm"], s["causal"], s["dropout"], s["seed"],
+            key_is_query=not s["key_given"], value_is_key=not s["value_given"])
         names = ("W_q", "W_k", "W_v", "W_o", "b_q", "b_k", "b_v", "b_o", "head_mask")
         self.grads = {n: g for n, g in zip(names, grads) if g is not None}
-
-        # an omitted input was the same array as another one: its gradient flows there
-        if not s["value_given"]:                                        # value = key
-            d_key, d_value = d_key + d_value, None
-        if not s["key_given"]:                                          # key = query
-            d_query, d_key = d_query + d_key, None
         if s["unbatched"]:
             d_query, d_key, d_value = (None if d is None else d[0] for d in (d_query, d_key, d_value))
         return d_query, d_key, d_value
