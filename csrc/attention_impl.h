@@ -122,6 +122,25 @@ static size_t FN(thread_scratch)(const mha_attention_desc *d, int64_t bq, int64_
     return ok ? total : 0;
 }
 
+/* Threads and per-thread scratch for `tasks` independent tasks doing `flops` in all, each
+ * thread owning n_buffers blocks of (bq, ld) and a GEMM workspace. */
+typedef struct {
+    int threads;
+    int64_t chunk;      /* tasks per fetch: several when they are tiny */
+    size_t per_thread;  /* bytes of scratch each thread owns */
+    char *scratch;      /* threads * per_thread bytes, freed by the caller */
+} FN(plan);
+
+static int FN(make_plan)(FN(plan) *pl, const mha_attention_desc *d, int64_t tasks, double flops,
+                         int64_t bq, int64_t ld, int n_buffers) {
+    pl->threads = (int)MHA_MIN((int64_t)mha_threads_for(flops), tasks);
+    pl->chunk = MHA_MAX(1, tasks / (8 * pl->threads));
+    pl->per_thread = FN(thread_scratch)(d, bq, ld, n_buffers);
+    if (pl->per_thread == 0 || pl->per_thread > SIZE_MAX / (size_t)pl->threads) return MHA_ENOMEM;
+    pl->scratch = mha_alloc(pl->per_thread * (size_t)pl->threads);
+    return pl->scratch ? MHA_OK : MHA_ENOMEM;
+}
+
 /* Forward
  * out: (B, H, n_q, d_v) by d->out   weights: (B, H, n_q, n_k) contiguous or NULL
  * q: (B, H, n_q, d_k)   k: (B, H_kv, n_k, d_k)   v: (B, H_kv, n_k, d_v)   */
@@ -132,25 +151,20 @@ int FN(mha_attention_forward)(real *out, real *weights, const real *q, const rea
     const int64_t q_blocks = (d->n_q + bq - 1) / bq;
     const int64_t tasks = B * H * q_blocks;
     if (tasks == 0) return MHA_OK;
-    const double flops = 2.0 * B * H * d->n_q * d->n_k * (double)(d->d_k + d->d_v);
-    int threads = (int)MHA_MIN((int64_t)mha_threads_for(flops), tasks);
-    size_t per_thread = FN(thread_scratch)(d, bq, ld, 1);
-    if (per_thread == 0 || per_thread > SIZE_MAX / (size_t)threads) return MHA_ENOMEM;
-    char *scratch = mha_alloc(per_thread * (size_t)threads);
-    if (!scratch) return MHA_ENOMEM;
-#ifdef _OPENMP
-    const int64_t chunk = MHA_MAX(1, tasks / (8 * threads)); /* tiny heads: several per fetch */
-#endif
+    FN(plan) pl;
+    if (FN(make_plan)(&pl, d, tasks, 2.0 * B * H * d->n_q * d->n_k * (double)(d->d_k + d->d_v),
+                      bq, ld, 1))
+        return MHA_ENOMEM;
 
 #ifdef _OPENMP
-#pragma omp parallel for num_threads(threads) schedule(dynamic, chunk) if (threads > 1)
+#pragma omp parallel for num_threads(pl.threads) schedule(dynamic, pl.chunk) if (pl.threads > 1)
 #endif
     for (int64_t task = 0; task < tasks; task++) {
         int t = 0;
 #ifdef _OPENMP
         t = omp_get_thread_num();
 #endif
-        real *P = (real *)(scratch + (size_t)t * per_thread);
+        real *P = (real *)(pl.scratch + (size_t)t * pl.per_thread);
         real *gemm_ws = (real *)((char *)P + mha_round_up((size_t)bq * ld * sizeof(real), MHA_CACHE_LINE));
         const int64_t b = task / (H * q_blocks), h = task / q_blocks % H;
         const int64_t i0 = task % q_blocks * bq, rows = MHA_MIN(bq, d->n_q - i0);
@@ -175,7 +189,7 @@ int FN(mha_attention_forward)(real *out, real *weights, const real *q, const rea
                         d->out.row, gemm_ws, 1);
         FN(zero_dead_rows)(o_blk, d->out.row, d->d_v, dead, rows);
     }
-    free(scratch);
+    free(pl.scratch);
     return MHA_OK;
 }
 
@@ -188,25 +202,20 @@ int FN(mha_attention_backward)(real *dq, real *dk, real *dv, const real *d_out, 
     const int64_t bq = FN(block_rows)(d->n_k), ld = MHA_MAX(d->n_k, 1);
     const int64_t tasks = B * H_kv;
     if (tasks == 0) return MHA_OK;
-    const double flops = 5.0 * B * d->heads * d->n_q * d->n_k * (double)(d->d_k + d->d_v);
-    int threads = (int)MHA_MIN((int64_t)mha_threads_for(flops), tasks);
-    size_t per_thread = FN(thread_scratch)(d, bq, ld, 3);
-    if (per_thread == 0 || per_thread > SIZE_MAX / (size_t)threads) return MHA_ENOMEM;
-    char *scratch = mha_alloc(per_thread * (size_t)threads);
-    if (!scratch) return MHA_ENOMEM;
-#ifdef _OPENMP
-    const int64_t chunk = MHA_MAX(1, tasks / (8 * threads)); /* tiny heads: several per fetch */
-#endif
+    FN(plan) pl;
+    if (FN(make_plan)(&pl, d, tasks, 5.0 * B * d->heads * d->n_q * d->n_k * (double)(d->d_k + d->d_v),
+                      bq, ld, 3))
+        return MHA_ENOMEM;
 
 #ifdef _OPENMP
-#pragma omp parallel for num_threads(threads) schedule(dynamic, chunk) if (threads > 1)
+#pragma omp parallel for num_threads(pl.threads) schedule(dynamic, pl.chunk) if (pl.threads > 1)
 #endif
     for (int64_t task = 0; task < tasks; task++) {
         int t = 0;
 #ifdef _OPENMP
         t = omp_get_thread_num();
 #endif
-        char *mine = scratch + (size_t)t * per_thread;
+        char *mine = pl.scratch + (size_t)t * pl.per_thread;
         real *P = (real *)mine;                                /* probabilities  (rows, n_vis) */
         real *D = P + (size_t)bq * ld;                          /* dA, dP, then dS              */
         real *A = d->dropout > 0 ? D + (size_t)bq * ld : P;     /* P after dropout              */
@@ -264,7 +273,7 @@ int FN(mha_attention_backward)(real *dq, real *dk, real *dv, const real *d_out, 
             }
         }
     }
-    free(scratch);
+    free(pl.scratch);
     return MHA_OK;
 }
 

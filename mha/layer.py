@@ -88,25 +88,9 @@ class MultiHeadAttention(reference.MultiHeadAttention):
     def __call__(self, query, key=None, value=None, *, mask=None, key_padding_mask=None,
                  causal=False, need_weights=True, average_weights=False, cache=None):
         key_given, value_given = key is not None, value is not None
-        query = self._as_input(query, "query", self.d_model)
-        unbatched = query.ndim == 2
-        key = query if key is None else self._as_input(key, "key", self.kdim)
-        value = key if value is None else self._as_input(value, "value", self.vdim)
-        if key.ndim != query.ndim or value.ndim != query.ndim:
-            raise ValueError(f"query, key, value must all be batched or all unbatched, got "
-                             f"shapes {query.shape}, {key.shape}, {value.shape}")
-        if unbatched:
-            query, key, value = query[None], key[None], value[None]
-        if key.shape[:2] != value.shape[:2] or key.shape[0] != query.shape[0]:
-            raise ValueError(f"query {query.shape}, key {key.shape}, value {value.shape}: "
-                             "batch sizes and key/value lengths must match")
+        query, key, value, unbatched = self._inputs(query, key, value)
         B, n_q, _ = query.shape
         H, H_kv, D = self.n_heads, self.n_kv_heads, self.d_head
-        # contiguous copies where needed, keeping an omitted input the same object as the one
-        # it defaults to (the core then gathers both gradients in one buffer)
-        query = np.ascontiguousarray(query)
-        key = query if not key_given else np.ascontiguousarray(key)
-        value = key if not value_given else np.ascontiguousarray(value)
 
         k_rows = v_rows = None
         length = 0

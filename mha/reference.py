@@ -605,6 +605,27 @@ class MultiHeadAttention:
                              f"or (n, {width})")
         return x.astype(self.dtype, copy=False)
 
+    def _inputs(self, query, key, value):
+        """(query, key, value, unbatched): validated, cast to the layer's dtype, batched
+        (B, n, width) and C-contiguous. An omitted key is the query array itself and an
+        omitted value the key array itself (the same objects), which `backward` relies on."""
+        query = self._as_input(query, "query", self.d_model)
+        unbatched = query.ndim == 2
+        key_given, value_given = key is not None, value is not None
+        key = self._as_input(key, "key", self.kdim) if key_given else query
+        value = self._as_input(value, "value", self.vdim) if value_given else key
+        if key.ndim != query.ndim or value.ndim != query.ndim:
+            raise ValueError(f"query, key, value must all be batched or all unbatched, got "
+                             f"shapes {query.shape}, {key.shape}, {value.shape}")
+        if key.shape[-2] != value.shape[-2] or (not unbatched and key.shape[0] != query.shape[0]) \
+                or (not unbatched and key.shape[0] != value.shape[0]):
+            raise ValueError(f"query {query.shape}, key {key.shape}, value {value.shape}: "
+                             "batch sizes and key/value lengths must match")
+        query = np.ascontiguousarray(query[None] if unbatched else query)
+        key = np.ascontiguousarray(key[None] if unbatched else key) if key_given else query
+        value = np.ascontiguousarray(value[None] if unbatched else value) if value_given else key
+        return query, key, value, unbatched
+
     def _key_padding_mask(self, key_padding_mask, B, n_k, unbatched):
         key_padding_mask = np.asarray(key_padding_mask)
         if not _is_bool_mask(key_padding_mask):
@@ -652,18 +673,7 @@ class MultiHeadAttention:
             (unbatched input drops the B axis of both)
         """
         key_given, value_given = key is not None, value is not None
-        query = self._as_input(query, "query", self.d_model)
-        unbatched = query.ndim == 2
-        key = query if key is None else self._as_input(key, "key", self.kdim)
-        value = key if value is None else self._as_input(value, "value", self.vdim)
-        if key.ndim != query.ndim or value.ndim != query.ndim:
-            raise ValueError(f"query, key, value must all be batched or all unbatched, got "
-                             f"shapes {query.shape}, {key.shape}, {value.shape}")
-        if unbatched:
-            query, key, value = query[None], key[None], value[None]
-        if key.shape[:2] != value.shape[:2] or key.shape[0] != query.shape[0]:
-            raise ValueError(f"query {query.shape}, key {key.shape}, value {value.shape}: "
-                             "batch sizes and key/value lengths must match")
+        query, key, value, unbatched = self._inputs(query, key, value)
         B, n_q, _ = query.shape
         n_new = key.shape[1]
         H, H_kv, D = self.n_heads, self.n_kv_heads, self.d_head
