@@ -331,3 +331,17 @@ def test_ablation_and_pruning_on_real_layers(layers_and_data):
     assert curve.metric[0] == pytest.approx(evaluate(np.ones((2, 4))))
     assert curve.metric[-1] == pytest.approx(evaluate(np.zeros((2, 4))))
     assert 0 <= curve.prunable <= 8
+
+
+def test_dominant_pattern_prefers_previous_token_within_rtol():
+    # 99% on the previous token, 1% on itself: local (1.0) beats previous (0.99) by 1% only
+    n = 8
+    w = 0.99 * shifted(n, -1) + 0.01 * np.eye(n)
+    w[0] = 0
+    w[0, 0] = 1
+    scores = analysis.pattern_scores(w)
+    assert scores["local"] > scores["previous_token"]
+    assert analysis.dominant_pattern(w) == "previous_token"
+    assert analysis.dominant_pattern(w, rtol=0) == "local"            # the seed's plain max
+    # a head clearly on itself stays local
+    assert analysis.dominant_pattern(0.5 * shifted(n, -1) + 0.5 * np.eye(n)) == "local"
