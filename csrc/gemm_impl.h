@@ -249,7 +249,7 @@ int FN(mha_gemm_ws)(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, r
                 const int64_t kc = MHA_MIN(KC, K - pc);
                 const real beta_block = pc == 0 ? beta : 1;
 #ifdef _OPENMP
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 1)
 #endif
                 for (int64_t panel = 0; panel < panels; panel++) {
                     const int64_t j0 = panel * NR;
@@ -257,7 +257,7 @@ int FN(mha_gemm_ws)(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, r
                     FN(pack_b)(b_pack + j0 * kc, b, ldb, trans_b, kc, MHA_MIN(NR, nc - j0));
                 } /* implied barrier: B is packed */
 #ifdef _OPENMP
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 1)
 #endif
                 for (int64_t task = 0; task < tasks; task++) {
                     const int64_t blk = task / n_chunks, chunk = task % n_chunks;
