@@ -112,48 +112,58 @@ static size_t FN(attention_gemm_ws)(const mha_attention_desc *d, int64_t bq) {
     return mha_round_up(ws, MHA_CACHE_LINE);
 }
 
-/* Per-thread scratch: n_buffers blocks of (bq, ld) plus a GEMM workspace, or 0 on overflow. */
-static size_t FN(thread_scratch)(const mha_attention_desc *d, int64_t bq, int64_t ld,
-                                 int n_buffers) {
-    int ok = 1;
-    size_t block = mha_mul_size((size_t)bq, (size_t)ld, &ok);
-    block = mha_mul_size(block, sizeof(real) * (size_t)n_buffers, &ok);
-    size_t total = mha_round_up(block, MHA_CACHE_LINE) + FN(attention_gemm_ws)(d, bq);
-    return ok ? total : 0;
-}
-
-/* Threads and per-thread scratch for `tasks` independent tasks doing `flops` in all, each
- * thread owning n_buffers blocks of (bq, ld) and a GEMM workspace. */
+/* Threads and per-thread scratch for `tasks` independent tasks doing `flops` in all. Each
+ * thread owns n_buffers blocks of (bq, ld), then `extra` elements, then a GEMM workspace
+ * starting at byte gemm_offset of its slice. */
 typedef struct {
     int threads;
     int64_t chunk;      /* tasks per fetch: several when they are tiny */
     size_t per_thread;  /* bytes of scratch each thread owns */
+    size_t gemm_offset; /* where its GEMM workspace starts */
     char *scratch;      /* threads * per_thread bytes, freed by the caller */
 } FN(plan);
 
 static int FN(make_plan)(FN(plan) *pl, const mha_attention_desc *d, int64_t tasks, double flops,
-                         int64_t bq, int64_t ld, int n_buffers) {
+                         int64_t bq, int64_t ld, int n_buffers, int64_t extra) {
+    int ok = 1;
+    size_t elems = mha_mul_size(mha_mul_size((size_t)bq, (size_t)ld, &ok), (size_t)n_buffers, &ok);
+    if (__builtin_add_overflow(elems, (size_t)extra, &elems)) ok = 0;
+    pl->gemm_offset = mha_round_up(mha_mul_size(elems, sizeof(real), &ok), MHA_CACHE_LINE);
+    pl->per_thread = pl->gemm_offset + FN(attention_gemm_ws)(d, bq);
     pl->threads = (int)MHA_MIN((int64_t)mha_threads_for(flops), tasks);
     pl->chunk = MHA_MAX(1, tasks / (8 * pl->threads));
-    pl->per_thread = FN(thread_scratch)(d, bq, ld, n_buffers);
-    if (pl->per_thread == 0 || pl->per_thread > SIZE_MAX / (size_t)pl->threads) return MHA_ENOMEM;
+    if (!ok || pl->per_thread > SIZE_MAX / (size_t)pl->threads) return MHA_ENOMEM;
     pl->scratch = mha_alloc(pl->per_thread * (size_t)pl->threads);
     return pl->scratch ? MHA_OK : MHA_ENOMEM;
 }
+
+/* Sizes that the core can take: non-negative, kv_heads dividing heads. */
+static int FN(check_desc)(const mha_attention_desc *d) {
+    if (d->batch < 0 || d->heads < 0 || d->kv_heads < 0 || d->n_q < 0 || d->n_k < 0 ||
+        d->d_k < 0 || d->d_v < 0)
+        return MHA_EINVAL;
+    if (d->heads > 0 && (d->kv_heads == 0 || d->heads % d->kv_heads != 0)) return MHA_EINVAL;
+    return MHA_OK;
+}
+
+#define NONE(a, b, c, e) ((a) == 0 || (b) == 0 || (c) == 0 || (e) == 0) /* an empty 4-D array */
 
 /* Forward
  * out: (B, H, n_q, d_v) by d->out   weights: (B, H, n_q, n_k) contiguous or NULL
  * q: (B, H, n_q, d_k)   k: (B, H_kv, n_k, d_k)   v: (B, H_kv, n_k, d_v)   */
 int FN(mha_attention_forward)(real *out, real *weights, const real *q, const real *k,
                               const real *v, const mha_attention_desc *d) {
-    const int64_t B = d->batch, H = d->heads, group = d->heads / d->kv_heads;
+    if (FN(check_desc)(d)) return MHA_EINVAL;
+    const int64_t B = d->batch, H = d->heads;
+    /* nothing to write (this also bounds the task count below by an array's size) */
+    if (NONE(B, H, d->n_q, d->d_v) && (!weights || NONE(B, H, d->n_q, d->n_k))) return MHA_OK;
+    const int64_t group = d->heads / d->kv_heads;
     const int64_t bq = FN(block_rows)(d->n_k), ld = MHA_MAX(d->n_k, 1);
     const int64_t q_blocks = (d->n_q + bq - 1) / bq;
     const int64_t tasks = B * H * q_blocks;
-    if (tasks == 0) return MHA_OK;
     FN(plan) pl;
     if (FN(make_plan)(&pl, d, tasks, 2.0 * B * H * d->n_q * d->n_k * (double)(d->d_k + d->d_v),
-                      bq, ld, 1))
+                      bq, ld, 1, 0))
         return MHA_ENOMEM;
 
 #ifdef _OPENMP
@@ -165,7 +175,7 @@ int FN(mha_attention_forward)(real *out, real *weights, const real *q, const rea
         t = omp_get_thread_num();
 #endif
         real *P = (real *)(pl.scratch + (size_t)t * pl.per_thread);
-        real *gemm_ws = (real *)((char *)P + mha_round_up((size_t)bq * ld * sizeof(real), MHA_CACHE_LINE));
+        real *gemm_ws = (real *)((char *)P + pl.gemm_offset);
         const int64_t b = task / (H * q_blocks), h = task / q_blocks % H;
         const int64_t i0 = task % q_blocks * bq, rows = MHA_MIN(bq, d->n_q - i0);
         const real *q_bh = AT(q, d->q, b, h);
@@ -198,13 +208,16 @@ int FN(mha_attention_forward)(real *out, real *weights, const real *q, const rea
  * dq like q, dk like k, dv like v; d_out like out.   */
 int FN(mha_attention_backward)(real *dq, real *dk, real *dv, const real *d_out, const real *q,
                                const real *k, const real *v, const mha_attention_desc *d) {
-    const int64_t B = d->batch, H_kv = d->kv_heads, group = d->heads / d->kv_heads;
+    if (FN(check_desc)(d)) return MHA_EINVAL;
+    const int64_t B = d->batch, H = d->heads, H_kv = d->kv_heads;
+    if (NONE(B, H, d->n_q, d->d_k) && NONE(B, H_kv, d->n_k, d->d_k) && NONE(B, H_kv, d->n_k, d->d_v))
+        return MHA_OK;
+    const int64_t group = H / H_kv;
     const int64_t bq = FN(block_rows)(d->n_k), ld = MHA_MAX(d->n_k, 1);
     const int64_t tasks = B * H_kv;
-    if (tasks == 0) return MHA_OK;
     FN(plan) pl;
-    if (FN(make_plan)(&pl, d, tasks, 5.0 * B * d->heads * d->n_q * d->n_k * (double)(d->d_k + d->d_v),
-                      bq, ld, 3))
+    if (FN(make_plan)(&pl, d, tasks, 5.0 * B * H * d->n_q * d->n_k * (double)(d->d_k + d->d_v),
+                      bq, ld, 3, bq * d->d_v))
         return MHA_ENOMEM;
 
 #ifdef _OPENMP
@@ -219,7 +232,8 @@ int FN(mha_attention_backward)(real *dq, real *dk, real *dv, const real *d_out, 
         real *P = (real *)mine;                                /* probabilities  (rows, n_vis) */
         real *D = P + (size_t)bq * ld;                          /* dA, dP, then dS              */
         real *A = d->dropout > 0 ? D + (size_t)bq * ld : P;     /* P after dropout              */
-        real *gemm_ws = (real *)(mine + mha_round_up(3 * (size_t)bq * ld * sizeof(real), MHA_CACHE_LINE));
+        real *dO_live = P + 3 * (size_t)bq * ld;                /* d_out, fully masked rows 0   */
+        real *gemm_ws = (real *)(mine + pl.gemm_offset);
         const int64_t b = task / H_kv, g = task % H_kv;
         const real *k_bg = AT(k, d->k, b, g), *v_bg = AT(v, d->v, b, g);
         real *dk_bg = AT(dk, d->k, b, g), *dv_bg = AT(dv, d->v, b, g);
@@ -233,16 +247,26 @@ int FN(mha_attention_backward)(real *dq, real *dk, real *dv, const real *d_out, 
             for (int64_t i0 = 0; i0 < d->n_q; i0 += bq) {
                 const int64_t rows = MHA_MIN(bq, d->n_q - i0);
                 const real *q_blk = q_bh + i0 * d->q.row, *do_blk = do_bh + i0 * d->out.row;
+                int64_t do_ld = d->out.row;
                 real *dq_blk = dq_bh + i0 * d->q.row;
                 // forward 1: P = softmax(scale * q k^T + masks), recomputed
                 uint8_t dead[BQ_MAX];
                 int64_t n_vis = FN(block_probs)(P, dead, ld, gemm_ws, q_bh, k_bg, b, h, i0, rows, d);
+                // a fully masked row has no output: its d_out (even NaN) must not reach dk, dv
+                if (memchr(dead, 1, (size_t)rows)) {
+                    for (int64_t r = 0; r < rows; r++) {
+                        if (dead[r]) memset(dO_live + r * d->d_v, 0, (size_t)d->d_v * sizeof(real));
+                        else memcpy(dO_live + r * d->d_v, do_blk + r * d->out.row, (size_t)d->d_v * sizeof(real));
+                    }
+                    do_blk = dO_live;
+                    do_ld = d->d_v;
+                }
                 // forward 2: A = dropout(P)
                 if (d->dropout > 0) FN(dropout_rows)(A, P, ld, rows, n_vis, b, h, i0, d);
                 // forward 3: O = A v  ->  dv += A^T dO,  dA = dO v^T
-                FN(mha_gemm_ws)(1, 0, n_vis, d->d_v, rows, 1, A, ld, do_blk, d->out.row, 1,
+                FN(mha_gemm_ws)(1, 0, n_vis, d->d_v, rows, 1, A, ld, do_blk, do_ld, 1,
                                 dv_bg, d->v.row, gemm_ws, 1);
-                FN(mha_gemm_ws)(0, 1, rows, n_vis, d->d_v, 1, do_blk, d->out.row, v_bg,
+                FN(mha_gemm_ws)(0, 1, rows, n_vis, d->d_v, 1, do_blk, do_ld, v_bg,
                                 d->v.row, 0, D, ld, gemm_ws, 1);
                 // forward 2: A = P * Z  ->  dP = dA * Z  (Z = A / P, regenerated)
                 if (d->dropout > 0) {
@@ -278,4 +302,5 @@ int FN(mha_attention_backward)(real *dq, real *dk, real *dv, const real *d_out, 
 }
 
 #undef AT
+#undef NONE
 #undef BQ_MAX

@@ -32,11 +32,33 @@ static PyArrayObject *get_array(PyObject *obj, const char *name, int typenum, in
         PyErr_Format(PyExc_ValueError, "%s has %d dimensions but the core expected %d", name, PyArray_NDIM(a), ndim);
         return NULL;
     }
-    if (!PyArray_IS_C_CONTIGUOUS(a) || !PyArray_ISALIGNED(a)) {
-        PyErr_Format(PyExc_ValueError, "%s must be C-contiguous and aligned", name);
+    if (!PyArray_IS_C_CONTIGUOUS(a) || !PyArray_ISALIGNED(a) || !PyArray_ISNOTSWAPPED(a)) {
+        PyErr_Format(PyExc_ValueError, "%s must be C-contiguous, aligned and in native byte order", name);
         return NULL;
     }
     return a;
+}
+
+/* Like get_array, for a buffer the core writes into. */
+static PyArrayObject *get_output_array(PyObject *obj, const char *name, int typenum, int ndim) {
+    PyArrayObject *a = get_array(obj, name, typenum, ndim);
+    if (a && !PyArray_ISWRITEABLE(a)) {
+        PyErr_Format(PyExc_ValueError, "%s is read-only, but the core writes into it", name);
+        return NULL;
+    }
+    return a;
+}
+
+/* The scale argument: omitted (NULL) or None means 1/sqrt(d_k) (1 when d_k = 0). */
+static int get_scale(PyObject *obj, double *scale) {
+    if (!obj || obj == Py_None) return 0; /* keep the descriptor's default */
+    double value = PyFloat_AsDouble(obj);
+    if (value == -1.0 && PyErr_Occurred()) {
+        PyErr_SetString(PyExc_TypeError, "scale must be a float");
+        return -1;
+    }
+    *scale = value;
+    return 0;
 }
 
 static PyArrayObject *get_optional(PyObject *obj, const char *name, int typenum, int ndim) {
@@ -119,8 +141,8 @@ static int fill_masks(mha_attention_desc *d, int typenum, PyObject *mask_obj, Py
         }
         if (check_shape(m, "mask", 4, shape)) return -1;
         npy_intp item = PyArray_ITEMSIZE(m);
-        if (!PyArray_ISALIGNED(m)) {
-            PyErr_SetString(PyExc_ValueError, "mask must be aligned");
+        if (!PyArray_ISALIGNED(m) || !PyArray_ISNOTSWAPPED(m)) {
+            PyErr_SetString(PyExc_ValueError, "mask must be aligned and in native byte order");
             return -1;
         }
         for (int i = 0; i < 4; i++) {
@@ -161,7 +183,7 @@ static int attention_args(mha_attention_desc *d, int typenum, PyObject *q_obj, P
                      (Py_ssize_t)H_kv, (Py_ssize_t)H);
         return -1;
     }
-    mha_attention_desc_init(d, B, H, H_kv == 0 ? 1 : H_kv, PyArray_DIM(*q, 2), PyArray_DIM(*k, 2),
+    mha_attention_desc_init(d, B, H, H_kv, PyArray_DIM(*q, 2), PyArray_DIM(*k, 2),
                             PyArray_DIM(*q, 3), PyArray_DIM(*v, 3));
     return 0;
 }
@@ -173,19 +195,21 @@ static char *attention_kw[] = {"q", "k", "v", "mask", "key_padding_mask", "causa
 
 static PyObject *py_attention_forward(PyObject *self, PyObject *args, PyObject *kwargs) {
     (void)self;
-    PyObject *q_obj, *k_obj, *v_obj, *mask_obj = Py_None, *kp_obj = Py_None;
+    PyObject *q_obj, *k_obj, *v_obj, *mask_obj = Py_None, *kp_obj = Py_None, *scale_obj = NULL;
     int causal = 0, need_weights = 1;
-    double scale, dropout = 0;
+    double dropout = 0;
     unsigned long long seed = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|OOpddKp", attention_kw, &q_obj, &k_obj,
-                                     &v_obj, &mask_obj, &kp_obj, &causal, &scale, &dropout, &seed,
-                                     &need_weights))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|OOpOdKp", attention_kw, &q_obj, &k_obj,
+                                     &v_obj, &mask_obj, &kp_obj, &causal, &scale_obj, &dropout,
+                                     &seed, &need_weights))
         return NULL;
     int typenum = float_type(q_obj, "q");
     if (typenum < 0) return NULL;
     PyArrayObject *q, *k, *v, *out = NULL, *weights = NULL;
     mha_attention_desc d;
     if (attention_args(&d, typenum, q_obj, k_obj, v_obj, &q, &k, &v)) return NULL;
+    double scale = d.scale;
+    if (get_scale(scale_obj, &scale)) return NULL;
     if (fill_masks(&d, typenum, mask_obj, kp_obj, causal, scale, dropout, seed)) return NULL;
     npy_intp out_shape[4] = {d.batch, d.heads, d.n_q, d.d_v};
     npy_intp w_shape[4] = {d.batch, d.heads, d.n_q, d.n_k};
@@ -214,19 +238,21 @@ static char *attention_backward_kw[] = {"d_out", "q", "k", "v", "mask", "key_pad
 
 static PyObject *py_attention_backward(PyObject *self, PyObject *args, PyObject *kwargs) {
     (void)self;
-    PyObject *do_obj, *q_obj, *k_obj, *v_obj, *mask_obj = Py_None, *kp_obj = Py_None;
+    PyObject *do_obj, *q_obj, *k_obj, *v_obj, *mask_obj = Py_None, *kp_obj = Py_None, *scale_obj = NULL;
     int causal = 0;
-    double scale, dropout = 0;
+    double dropout = 0;
     unsigned long long seed = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOO|OOpddK", attention_backward_kw, &do_obj,
-                                     &q_obj, &k_obj, &v_obj, &mask_obj, &kp_obj, &causal, &scale,
-                                     &dropout, &seed))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOO|OOpOdK", attention_backward_kw, &do_obj,
+                                     &q_obj, &k_obj, &v_obj, &mask_obj, &kp_obj, &causal,
+                                     &scale_obj, &dropout, &seed))
         return NULL;
     int typenum = float_type(q_obj, "q");
     if (typenum < 0) return NULL;
     PyArrayObject *q, *k, *v, *d_out, *dq = NULL, *dk = NULL, *dv = NULL;
     mha_attention_desc d;
     if (attention_args(&d, typenum, q_obj, k_obj, v_obj, &q, &k, &v)) return NULL;
+    double scale = d.scale;
+    if (get_scale(scale_obj, &scale)) return NULL;
     if (fill_masks(&d, typenum, mask_obj, kp_obj, causal, scale, dropout, seed)) return NULL;
     npy_intp out_shape[4] = {d.batch, d.heads, d.n_q, d.d_v};
     if (!(d_out = get_array(do_obj, "d_out", typenum, 4)) || check_shape(d_out, "d_out", 4, out_shape))
@@ -256,6 +282,20 @@ fail:
 }
 
 /* ---- the layer ---------------------------------------------------------------------------- */
+
+/* heads, kv_heads, d_head positive, kv_heads dividing heads, heads * d_head representable. */
+static int check_heads(Py_ssize_t heads, Py_ssize_t kv_heads, Py_ssize_t d_head) {
+    Py_ssize_t width;
+    if (heads <= 0 || kv_heads <= 0 || d_head <= 0 || heads % kv_heads) {
+        PyErr_SetString(PyExc_ValueError, "heads, kv_heads, d_head must be positive with kv_heads dividing heads");
+        return -1;
+    }
+    if (__builtin_mul_overflow(heads, d_head, &width)) {
+        PyErr_SetString(PyExc_ValueError, "heads * d_head does not fit in an array axis");
+        return -1;
+    }
+    return 0;
+}
 
 /* params: a tuple (W_q, W_k, W_v, W_o, b_q, b_k, b_v, b_o, head_mask); biases and head_mask
  * may be None. Checks shapes against dims; the pointers stay valid while params is alive. */
@@ -312,10 +352,7 @@ static PyObject *py_layer_forward(PyObject *self, PyObject *args, PyObject *kwar
     if (!(xq = get_array(xq_obj, "query", typenum, 3)) || !(xk = get_array(xk_obj, "key", typenum, 3)) ||
         !(xv = get_array(xv_obj, "value", typenum, 3)))
         return NULL;
-    if (heads <= 0 || kv_heads <= 0 || d_head <= 0 || heads % kv_heads) {
-        PyErr_SetString(PyExc_ValueError, "heads, kv_heads, d_head must be positive with kv_heads dividing heads");
-        return NULL;
-    }
+    if (check_heads(heads, kv_heads, d_head)) return NULL;
     mha_layer_dims m = {0};
     m.batch = PyArray_DIM(xq, 0);
     m.n_q = PyArray_DIM(xq, 1);
@@ -331,12 +368,13 @@ static PyObject *py_layer_forward(PyObject *self, PyObject *args, PyObject *kwar
         return NULL;
     const npy_intp E_q = heads * d_head, E_kv = kv_heads * d_head;
     if (kc_obj != Py_None) {
-        if (!(kc = get_array(kc_obj, "k_cache", typenum, 3)) || !(vc = get_array(vc_obj, "v_cache", typenum, 3)))
+        if (!(kc = get_output_array(kc_obj, "k_cache", typenum, 3)) ||
+            !(vc = get_output_array(vc_obj, "v_cache", typenum, 3)))
             return NULL;
         npy_intp max_len = PyArray_DIM(kc, 1);
         npy_intp shape[3] = {m.batch, max_len, E_kv};
         if (check_shape(kc, "k_cache", 3, shape) || check_shape(vc, "v_cache", 3, shape)) return NULL;
-        if (cache_length < 0 || cache_length + m.n_new > max_len) {
+        if (cache_length < 0 || cache_length > max_len - m.n_new) { /* no overflow */
             PyErr_Format(PyExc_ValueError, "the KV cache holds %zd of %zd positions: %zd more do not fit",
                          cache_length, (Py_ssize_t)max_len, (Py_ssize_t)m.n_new);
             return NULL;
@@ -431,10 +469,7 @@ static PyObject *py_layer_backward(PyObject *self, PyObject *args, PyObject *kwa
         !(qp = get_array(qp_obj, "q_proj", typenum, 3)) || !(kp = get_array(kp_obj_, "k_proj", typenum, 3)) ||
         !(vp = get_array(vp_obj, "v_proj", typenum, 3)) || !(attn = get_array(attn_obj, "attn", typenum, 3)))
         return NULL;
-    if (heads <= 0 || kv_heads <= 0 || d_head <= 0 || heads % kv_heads) {
-        PyErr_SetString(PyExc_ValueError, "heads, kv_heads, d_head must be positive with kv_heads dividing heads");
-        return NULL;
-    }
+    if (check_heads(heads, kv_heads, d_head)) return NULL;
     mha_layer_dims m = {0};
     m.batch = PyArray_DIM(xq, 0);
     m.n_q = PyArray_DIM(xq, 1);

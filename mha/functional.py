@@ -20,12 +20,13 @@ dtypes
     Inputs are never modified; non-contiguous inputs are copied.
 """
 
-import math
 import os
 
 import numpy as np
 
 from . import _C
+from .reference import c_array as contiguous
+from .reference import default_scale
 
 __all__ = ["attention", "attention_backward"]
 
@@ -36,7 +37,10 @@ def as_float_array(x, name):
     """`x` as an ndarray of a floating dtype, or TypeError naming the argument."""
     if isinstance(x, (str, bytes)) or x is None:
         raise TypeError(f"{name} must be a float array, not {type(x).__name__}")
-    a = np.asarray(x)
+    try:
+        a = np.asarray(x)
+    except ValueError as e:
+        raise ValueError(f"{name} is not a rectangular array: {e}") from None
     if a.dtype.kind != "f":
         raise TypeError(f"{name} must have a float dtype (float16, float32 or float64), not {a.dtype}")
     if a.dtype.itemsize > 8:
@@ -50,10 +54,23 @@ def compute_dtype(*arrays):
     return np.dtype(np.float64) if dtype.itemsize > 4 else np.dtype(np.float32)
 
 
-def contiguous(a, dtype):
-    """A C-contiguous, aligned array of `dtype` (a copy only when needed; never the caller's
-    buffer written to)."""
-    return np.ascontiguousarray(a, dtype=dtype)
+def as_flag(value, name):
+    """A Python bool from a bool-like scalar, or TypeError naming the argument."""
+    if isinstance(value, (bool, np.bool_, int, np.integer)):
+        return bool(value)
+    raise TypeError(f"{name} must be a bool, not {type(value).__name__}")
+
+
+def as_scale(scale, d_k):
+    """The softmax temperature: a real number, 1/sqrt(d_k) when None."""
+    if scale is None:
+        return default_scale(d_k)
+    if isinstance(scale, (bool, np.bool_, complex, np.complexfloating, str, bytes)) or np.ndim(scale) != 0:
+        raise TypeError(f"scale must be a real number, not {type(scale).__name__} {scale!r}")
+    try:
+        return float(scale)
+    except (TypeError, ValueError):
+        raise TypeError(f"scale must be a real number, not {type(scale).__name__}") from None
 
 
 def _physical_memory():
@@ -110,8 +127,8 @@ def prepare_mask(mask, scores_shape, dtype, name="mask"):
         m = m.astype(dtype, copy=False)
     else:
         raise TypeError(f"{name} must be bool, integer (nonzero = may attend) or float (added), not {m.dtype}")
-    if not m.flags.aligned:
-        m = np.ascontiguousarray(m)
+    if not (m.flags.aligned and m.dtype.isnative):
+        m = contiguous(m, m.dtype.newbyteorder("="))
     try:
         m = np.broadcast_to(m, scores_shape)
     except ValueError:
@@ -158,14 +175,15 @@ def _to4(a, B, H):
     return a.reshape((B, H) + a.shape[-2:]) if a.ndim < 4 else a
 
 
-def _prepare(q, k, v, mask, scale, names=("q", "k", "v")):
-    q, k, v = (as_float_array(a, n) for a, n in zip((q, k, v), names))
-    dtype = compute_dtype(q, k, v)
+def _prepare(q, k, v, mask, scale, *also):
+    """Validated q, k, v (and the dtype they compute in with the arrays `also`), their sizes,
+    the scores' shape, the mask as the core reads it, and the scale."""
+    q, k, v = (as_float_array(a, n) for a, n in zip((q, k, v), ("q", "k", "v")))
+    dtype = compute_dtype(q, k, v, *also)
     B, H, H_kv, n_q, n_k, d_k, d_v = _check_qkv(q, k, v)
     scores_shape = q.shape[:-2] + (n_q, n_k)
     mask4 = prepare_mask(mask, scores_shape, dtype)
-    scale = 1.0 / math.sqrt(d_k) if scale is None else float(scale)
-    return q, k, v, dtype, (B, H, H_kv, n_q, n_k, d_k, d_v), scores_shape, mask4, scale
+    return q, k, v, dtype, (B, H, H_kv, n_q, n_k, d_k, d_v), scores_shape, mask4, as_scale(scale, d_k)
 
 
 def attention(q, k, v, mask=None, *, causal=False, scale=None, dropout=0.0, seed=None, need_weights=True):
@@ -202,6 +220,7 @@ def attention(q, k, v, mask=None, *, causal=False, scale=None, dropout=0.0, seed
     """
     q, k, v, dtype, dims, scores_shape, mask4, scale = _prepare(q, k, v, mask, scale)
     B, H, H_kv, n_q, n_k, d_k, d_v = dims
+    causal, need_weights = as_flag(causal, "causal"), as_flag(need_weights, "need_weights")
     p, seed = check_dropout(dropout, seed)
     check_fits("output", q.shape[:-1] + (d_v,), dtype)
     if need_weights:
@@ -227,15 +246,13 @@ def attention_backward(d_out, q, k, v, mask=None, *, causal=False, scale=None, d
     -------
     dq : like q;  dk : like k (summed over the query heads sharing a key head);  dv : like v
     """
-    q, k, v, dtype, dims, scores_shape, mask4, scale = _prepare(q, k, v, mask, scale)
-    B, H, H_kv, n_q, n_k, d_k, d_v = dims
     d_out = as_float_array(d_out, "d_out")
+    q, k, v, dtype, dims, scores_shape, mask4, scale = _prepare(q, k, v, mask, scale, d_out)
+    B, H, H_kv, n_q, n_k, d_k, d_v = dims
     expected = q.shape[:-1] + (d_v,)
     if d_out.shape != expected:
         raise ValueError(f"d_out has shape {d_out.shape} but the output of attention has shape {expected}")
-    dtype = compute_dtype(q, k, v, d_out)
-    if mask4 is not None and mask4.dtype.kind == "f":
-        mask4 = mask4.astype(dtype, copy=False)
+    causal = as_flag(causal, "causal")
     p, seed = check_dropout(dropout, seed, backward=True)
     q4, k4, v4 = _to4(contiguous(q, dtype), B, H), _to4(contiguous(k, dtype), B, H_kv), _to4(contiguous(v, dtype), B, H_kv)
     do4 = _to4(contiguous(d_out, dtype), B, H)

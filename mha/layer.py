@@ -78,8 +78,8 @@ class MultiHeadAttention(reference.MultiHeadAttention):
         """(W_q, W_k, W_v, W_o, b_q, b_k, b_v, b_o, head_mask) as the core reads them."""
         P = self.params
         names = ("W_q", "W_k", "W_v", "W_o", "b_q", "b_k", "b_v", "b_o")
-        arrays = [np.ascontiguousarray(P[n], self.dtype) if n in P else None for n in names]
-        head_mask = np.ascontiguousarray(self.head_mask, self.dtype)
+        arrays = [reference.c_array(P[n], self.dtype) if n in P else None for n in names]
+        head_mask = reference.c_array(self.head_mask, self.dtype)
         if head_mask.shape != (self.n_heads,):
             raise ValueError(f"head_mask has shape {head_mask.shape} but expected ({self.n_heads},)")
         # all ones is the identity: skip the copy of the heads' outputs it would cost
@@ -97,6 +97,8 @@ class MultiHeadAttention(reference.MultiHeadAttention):
         if cache is not None:
             if not isinstance(cache, KVCache):
                 raise TypeError(f"cache must come from layer.new_cache(), not {type(cache).__name__}")
+            if not (cache.k_rows.flags.writeable and cache.v_rows.flags.writeable):
+                raise ValueError("the KV cache's buffers are read-only")
             if cache.k_rows.shape[0] != B or cache.k_rows.shape[2] != H_kv * D or cache.k_rows.dtype != self.dtype:
                 raise ValueError(f"cache holds {cache.k.shape} (batch, n_kv_heads, max_len, d_head) of "
                                  f"{cache.k_rows.dtype} but this call has batch {B}, {H_kv} kv heads of "
@@ -112,11 +114,12 @@ class MultiHeadAttention(reference.MultiHeadAttention):
         if key_padding_mask is not None:
             kpm = self._key_padding_mask(key_padding_mask, B, n_k, unbatched)[:, 0, 0, :]
             kpm = np.ascontiguousarray(kpm, dtype=bool)                  # (B, n_k)
-        p = self.dropout if self.training else 0.0
-        seed = int(self._rng.integers(0, 2**63)) if p > 0 else 0
         if need_weights:
             check_fits("weights", (B, H, n_q, n_k), self.dtype)
         params = self._param_tuple()
+        # drawn last, so that a call that fails its checks leaves the dropout stream alone
+        p = self.dropout if self.training else 0.0
+        seed = int(self._rng.integers(0, 2**63)) if p > 0 else 0
 
         out, weights, q_proj, k_proj, v_proj, attn = _C.layer_forward(
             query, key, value, params, H, H_kv, D, mask4, kpm, bool(causal), p, seed,
@@ -153,7 +156,7 @@ class MultiHeadAttention(reference.MultiHeadAttention):
         if d_out.shape != (B, n_q, self.d_model):
             out_shape = (n_q, self.d_model) if s["unbatched"] else (B, n_q, self.d_model)
             raise ValueError(f"d_out has shape {given_shape} but the output has shape {out_shape}")
-        d_out = np.ascontiguousarray(d_out, self.dtype)
+        d_out = reference.c_array(d_out, self.dtype)
 
         # an omitted input was the same array as another one: the core adds its gradient
         # there and returns None for it

@@ -79,6 +79,11 @@ def _check_seed(seed):
     return seed
 
 
+def default_scale(d_k):
+    """1 / sqrt(d_k); 1 for keys of width 0 (every score is 0 then, whatever the scale)."""
+    return 1.0 / math.sqrt(d_k) if d_k > 0 else 1.0
+
+
 def dropout_keep(seed, p, n_batch, n_heads, n_q, n_k):
     """Which attention weights dropout keeps, exactly as the C kernels draw them.
 
@@ -222,7 +227,7 @@ def _attention_inputs(arrays, scale, dropout, seed):
     arrays = [np.asarray(a, dtype=dtype) for a in arrays]
     q = arrays[-3]
     _check_qkv(*arrays[-3:])
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    scale = default_scale(q.shape[-1]) if scale is None else float(scale)
     dropout = float(dropout)
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"dropout must be in [0, 1), got {dropout}")
@@ -328,10 +333,19 @@ def attention_backward(d_out, q, k, v, mask=None, *, causal=False, scale=None, d
 # Parameters: one init, one torch import, one pruning rule, shared with the C-backed layer
 
 
+def c_array(a, dtype=None):
+    """`a` as a C-contiguous, aligned array in native byte order (a copy only when needed)."""
+    return np.require(a, dtype=dtype, requirements=("C", "A"))
+
+
 def _layer_dims(d_model, n_heads, n_kv_heads=None, d_head=None, kdim=None, vdim=None):
     """Fill in the defaults and validate: (d_model, n_heads, n_kv_heads, d_head, kdim, vdim)."""
     def positive(name, value):
-        value = operator.index(value)
+        try:
+            value = operator.index(value)
+        except TypeError:
+            raise TypeError(f"{name} must be a positive int, not {type(value).__name__} "
+                            f"{value!r}") from None
         if value <= 0:
             raise ValueError(f"{name} must be a positive int, got {value}")
         return value
@@ -353,10 +367,16 @@ def _layer_dims(d_model, n_heads, n_kv_heads=None, d_head=None, kdim=None, vdim=
 
 
 def _layer_dtype(dtype):
-    dtype = np.dtype(dtype)
+    try:
+        dtype = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"dtype must be float32 or float64, got {dtype!r}") from None
     if dtype not in (np.float32, np.float64):
         raise TypeError(f"dtype must be float32 or float64, got {dtype}")
     return dtype
+
+
+_PARAMETER_BYTES_LIMIT = 1 << 40   # 1 TiB: past this no machine of ours allocates, so say so
 
 
 def init_params(d_model, n_heads, *, n_kv_heads=None, d_head=None, kdim=None, vdim=None,
@@ -383,6 +403,10 @@ def init_params(d_model, n_heads, *, n_kv_heads=None, d_head=None, kdim=None, vd
         "W_v": (vdim, n_kv_heads * d_head),
         "W_o": (n_heads * d_head, d_model),
     }
+    n_bytes = sum(fan_in * fan_out for fan_in, fan_out in shapes.values()) * dtype.itemsize
+    if n_bytes > _PARAMETER_BYTES_LIMIT:
+        raise MemoryError(f"the parameters W_q, W_k, W_v, W_o of d_model={d_model}, "
+                          f"n_heads={n_heads}, d_head={d_head} would need {n_bytes / 2**30:.1f} GiB")
     params = {}
     for name, (fan_in, fan_out) in shapes.items():  # this order is part of the contract
         bound = math.sqrt(6.0 / (fan_in + fan_out))
@@ -556,12 +580,18 @@ class MultiHeadAttention:
         (self.d_model, self.n_heads, self.n_kv_heads, self.d_head, self.kdim,
          self.vdim) = _layer_dims(d_model, n_heads, n_kv_heads, d_head, kdim, vdim)
         self.bias = bool(bias)
-        self.dropout = float(dropout)
+        try:
+            self.dropout = float(dropout)
+        except (TypeError, ValueError):
+            raise TypeError(f"dropout must be a number in [0, 1), not {dropout!r}") from None
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         self.dtype = _layer_dtype(dtype)
         # one generator: the initial weights, then one dropout seed per training forward
-        self._rng = np.random.default_rng(seed)
+        try:
+            self._rng = np.random.default_rng(seed)
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"seed must be None or a non-negative int, got {seed!r}") from None
         self.params = init_params(self.d_model, self.n_heads, n_kv_heads=self.n_kv_heads,
                                   d_head=self.d_head, kdim=self.kdim, vdim=self.vdim,
                                   bias=self.bias, dtype=self.dtype, rng=self._rng)
@@ -597,7 +627,10 @@ class MultiHeadAttention:
         return grads
 
     def _as_input(self, x, name, width):
-        x = np.asarray(x)
+        try:
+            x = np.asarray(x)
+        except ValueError as e:
+            raise ValueError(f"{name} is not a rectangular array: {e}") from None
         if not np.issubdtype(x.dtype, np.floating):
             raise TypeError(f"{name} must be a floating-point array, got dtype {x.dtype}")
         if x.ndim not in (2, 3) or x.shape[-1] != width:
@@ -609,11 +642,17 @@ class MultiHeadAttention:
         """(query, key, value, unbatched): validated, cast to the layer's dtype, batched
         (B, n, width) and C-contiguous. An omitted key is the query array itself and an
         omitted value the key array itself (the same objects), which `backward` relies on."""
+        key_given, value_given = key is not None, value is not None
         query = self._as_input(query, "query", self.d_model)
         unbatched = query.ndim == 2
-        key_given, value_given = key is not None, value is not None
         key = self._as_input(key, "key", self.kdim) if key_given else query
         value = self._as_input(value, "value", self.vdim) if value_given else key
+        if not key_given and self.kdim != self.d_model:
+            raise ValueError(f"key must be given: it defaults to query (width d_model="
+                             f"{self.d_model}) but this layer has kdim={self.kdim}")
+        if not value_given and self.vdim != key.shape[-1]:
+            raise ValueError(f"value must be given: it defaults to key (width {key.shape[-1]}) "
+                             f"but this layer has vdim={self.vdim}")
         if key.ndim != query.ndim or value.ndim != query.ndim:
             raise ValueError(f"query, key, value must all be batched or all unbatched, got "
                              f"shapes {query.shape}, {key.shape}, {value.shape}")
@@ -621,9 +660,9 @@ class MultiHeadAttention:
                 or (not unbatched and key.shape[0] != value.shape[0]):
             raise ValueError(f"query {query.shape}, key {key.shape}, value {value.shape}: "
                              "batch sizes and key/value lengths must match")
-        query = np.ascontiguousarray(query[None] if unbatched else query)
-        key = np.ascontiguousarray(key[None] if unbatched else key) if key_given else query
-        value = np.ascontiguousarray(value[None] if unbatched else value) if value_given else key
+        query = c_array(query[None] if unbatched else query)
+        key = c_array(key[None] if unbatched else key) if key_given else query
+        value = c_array(value[None] if unbatched else value) if value_given else key
         return query, key, value, unbatched
 
     def _key_padding_mask(self, key_padding_mask, B, n_k, unbatched):
