@@ -1,0 +1,285 @@
+"""TransformerModel: what BERT and GPT-2 share (tokenize, batch, encode, read attentions)."""
+from dataclasses import dataclass
+
+import numpy as np
+
+import mha
+
+from .words import aggregate_to_words, group_words
+
+
+@dataclass
+class Encoding:
+    """The result of a forward pass.
+
+    One text (``model.encode("...")``), with n tokens, L layers, H heads, width d:
+      tokens: list of n str; input_ids: (n,) int64; attention_mask: (n,) bool (all True);
+      token_type_ids: (n,) int64 (BERT segments: 1 on the second text of a pair);
+      hidden_states: (L + 1, n, d), the embeddings then the output of each layer
+      (exactly ``output_hidden_states`` of transformers); attentions: (L, H, n, n) softmax
+      weights, rows = queries, or None with ``need_weights=False``.
+    A list of B texts: the same with a leading batch axis, padded on the right to the longest
+    text; ``attention_mask`` is False on padding and ``tokens`` lists each text's real tokens.
+    ``tokenized`` holds the TokenizedText(s) (word boundaries, offsets), or None when the
+    model was called on ids.
+    """
+    tokens: list
+    input_ids: np.ndarray
+    attention_mask: np.ndarray
+    hidden_states: np.ndarray
+    attentions: np.ndarray = None
+    tokenized: object = None
+    token_type_ids: np.ndarray = None
+
+    @property
+    def last_hidden_state(self):
+        """(n, d) or (B, n, d): the last entry of hidden_states."""
+        return self.hidden_states[..., -1, :, :]
+
+    @property
+    def n_tokens(self):
+        return self.input_ids.shape[-1]
+
+    def words(self, index=None):
+        """(word strings, token-index groups) of the text (or of text ``index`` in a batch)."""
+        tokenized = self.tokenized if index is None else self.tokenized[index]
+        if tokenized is None or isinstance(tokenized, list):
+            raise ValueError("word boundaries need a tokenized text: use model.encode(text)"
+                             + ("" if tokenized is None else " and pass index="))
+        groups = group_words(tokenized)
+        return [w for w, _ in groups], [g for _, g in groups]
+
+    def word_attentions(self, index=None):
+        """(words, weights (L, H, W, W)): attentions aggregated to words (Clark et al. 2019)."""
+        if self.attentions is None:
+            raise ValueError("this encoding has no attentions (need_weights=False)")
+        words, groups = self.words(index)
+        weights = self.attentions if index is None else self.attentions[index]
+        n = len(self.tokenized.ids if index is None else self.tokenized[index].ids)
+        return words, aggregate_to_words(weights[..., :n, :n], groups)
+
+
+class TransformerModel:
+    """A pretrained transformer run in NumPy, with mha's C kernels in every attention layer.
+
+    Build one with :func:`mha.models.load`. Attributes: ``config`` (a ModelConfig; the
+    config.json is ``config.raw``), ``tokenizer``, ``dtype``, ``n_layers``, ``n_heads``,
+    ``d_model``, ``d_head``, ``name``, ``folder``.
+    """
+    causal = False
+
+    def __init__(self, config, tensors, tokenizer=None, *, dtype=np.float32, name=None,
+                 folder=None):
+        dtype = np.dtype(dtype)
+        if dtype not in (np.float32, np.float64):
+            raise TypeError(f"dtype must be float32 or float64, got {dtype}")
+        self.config = config
+        self.tokenizer = tokenizer
+        self.dtype = dtype.type
+        self.name = name
+        self.folder = folder
+        self._load(tensors)
+
+    # --- shape --------------------------------------------------------------------------------
+    @property
+    def n_layers(self):
+        return self.config.n_layers
+
+    @property
+    def n_heads(self):
+        return self.config.n_heads
+
+    @property
+    def d_model(self):
+        return self.config.d_model
+
+    @property
+    def d_head(self):
+        return self.config.d_head
+
+    def num_parameters(self):
+        """Number of weights (embeddings included)."""
+        return int(sum(a.size for a in self.parameters().values()))
+
+    def __repr__(self):
+        return (f"{type(self).__name__}(name={self.name!r}, n_layers={self.n_layers}, "
+                f"n_heads={self.n_heads}, d_model={self.d_model}, "
+                f"dtype={np.dtype(self.dtype).name})")
+
+    # --- text ---------------------------------------------------------------------------------
+    def _need_tokenizer(self):
+        if self.tokenizer is None:
+            raise ValueError(f"{self.name or 'this model'} has no tokenizer; call it on ids")
+        return self.tokenizer
+
+    def tokenize(self, text, pair=None, *, truncation=False):
+        """The tokens of ``text`` (special tokens included), e.g. ['[CLS]', 'the', ..., '[SEP]']."""
+        return self._need_tokenizer()(text, pair, truncation=truncation).tokens
+
+    def encode(self, text, pair=None, *, need_weights=True, truncation=False, head_mask=None):
+        """Tokenize and run the model -> :class:`Encoding`.
+
+        text: a str, or a list of str (a batch, padded on the right).
+        pair: the second text of a BERT sentence pair (str, or list matching ``text``).
+        need_weights: compute and keep the attention weights (L, H, n, n) of every layer.
+        truncation: cut texts longer than the model's positions instead of raising.
+        head_mask: optional (n_layers, n_heads) multipliers on each head's output (1 keep,
+        0 prune), for ablation studies.
+        """
+        tok = self._need_tokenizer()
+        single = isinstance(text, str)
+        texts = [text] if single else list(text)
+        if pair is None:
+            pairs = [None] * len(texts)
+        else:
+            pairs = [pair] if isinstance(pair, str) else list(pair)
+            if len(pairs) != len(texts):
+                raise ValueError(f"pair has {len(pairs)} texts but text has {len(texts)}")
+        if not texts:
+            raise ValueError("text is an empty list")
+        tokenized = [tok(t, p, truncation=truncation) for t, p in zip(texts, pairs)]
+        n = max(len(t) for t in tokenized)
+        ids = np.full((len(texts), n), self.config.pad_token_id, dtype=np.int64)
+        type_ids = np.zeros((len(texts), n), dtype=np.int64)
+        mask = np.zeros((len(texts), n), dtype=bool)
+        for b, t in enumerate(tokenized):
+            ids[b, :len(t)] = t.ids
+            type_ids[b, :len(t)] = t.type_ids
+            mask[b, :len(t)] = True
+        enc = self(ids, mask, type_ids, need_weights=need_weights, head_mask=head_mask)
+        enc.tokens = [t.tokens for t in tokenized]
+        enc.tokenized = tokenized
+        if single:
+            enc = _unbatch(enc)
+        return enc
+
+    def __call__(self, input_ids, attention_mask=None, token_type_ids=None, *, need_weights=True,
+                 head_mask=None):
+        """Run the model on token ids -> :class:`Encoding` (its ``tokens`` from the vocabulary).
+
+        input_ids: (n,) or (B, n) integers. attention_mask: same shape, True / 1 = real token,
+        False / 0 = padding (padding keys get no attention). token_type_ids: BERT segment ids.
+        """
+        ids = np.asarray(input_ids)
+        if ids.dtype.kind not in "iu":
+            raise TypeError(f"input_ids must be integers, got dtype {ids.dtype}")
+        single = ids.ndim == 1
+        ids = np.atleast_2d(ids).astype(np.int64, copy=False)
+        if ids.ndim != 2:
+            raise ValueError(f"input_ids must have shape (n,) or (B, n), got {ids.shape}")
+        B, n = ids.shape
+        if n == 0:
+            raise ValueError("input_ids is empty")
+        if n > self.config.max_positions:
+            raise ValueError(f"input_ids has {n} tokens but the model has "
+                             f"{self.config.max_positions} positions")
+        if ids.min() < 0 or ids.max() >= self.config.vocab_size:
+            raise ValueError(f"input_ids must lie in [0, {self.config.vocab_size}), got "
+                             f"[{ids.min()}, {ids.max()}]")
+        if attention_mask is None:
+            mask = np.ones((B, n), dtype=bool)
+        else:
+            mask = np.asarray(attention_mask).astype(bool).reshape(B, n)
+        if token_type_ids is None:
+            type_ids = np.zeros((B, n), dtype=np.int64)
+        else:
+            type_ids = np.asarray(token_type_ids).astype(np.int64).reshape(B, n)
+        if head_mask is not None:
+            head_mask = np.asarray(head_mask, dtype=self.dtype)
+            if head_mask.shape != (self.n_layers, self.n_heads):
+                raise ValueError(f"head_mask must have shape (n_layers, n_heads) = "
+                                 f"{(self.n_layers, self.n_heads)}, got {head_mask.shape}")
+        hidden, attn = self._forward(ids, mask, type_ids, need_weights, head_mask)
+        tokens = None
+        if self.tokenizer is not None:
+            tokens = [[self.tokenizer.id_to_token(i) for i in row[m]] for row, m in zip(ids, mask)]
+        enc = Encoding(tokens=tokens, input_ids=ids, attention_mask=mask, hidden_states=hidden,
+                       attentions=attn, token_type_ids=type_ids)
+        return _unbatch(enc) if single else enc
+
+    # --- shortcuts for notebooks ----------------------------------------------------------------
+    def attentions(self, text, pair=None, *, words=False, truncation=False):
+        """(tokens, weights): weights (n_layers, n_heads, n, n), rows = queries.
+
+        words=True aggregates subword tokens to words (sum of the attention to a word, mean of
+        the attention from it) and returns (words, weights (n_layers, n_heads, W, W)).
+        """
+        enc = self.encode(text, pair, truncation=truncation)
+        if words:
+            return enc.word_attentions()
+        return enc.tokens, enc.attentions
+
+    def hidden_states(self, text, pair=None, *, truncation=False):
+        """(tokens, hidden states (n_layers + 1, n, d_model))."""
+        enc = self.encode(text, pair, need_weights=False, truncation=truncation)
+        return enc.tokens, enc.hidden_states
+
+    def embed(self, texts, *, normalize=True, pooling="mean", truncation=True):
+        """Sentence embeddings: the last hidden states pooled over real tokens.
+
+        pooling "mean" (what all-MiniLM-L6-v2 is trained for, with normalize=True) or "first"
+        (the [CLS] vector). Returns (d_model,) for a str, (B, d_model) for a list.
+        """
+        single = isinstance(texts, str)
+        enc = self.encode([texts] if single else list(texts), need_weights=False,
+                          truncation=truncation)
+        last = enc.last_hidden_state                                # (B, n, d)
+        if pooling == "mean":
+            m = enc.attention_mask[..., None].astype(last.dtype)
+            out = (last * m).sum(axis=1) / np.maximum(m.sum(axis=1), 1e-9)
+        elif pooling == "first":
+            out = last[:, 0].copy()
+        else:
+            raise ValueError(f"pooling must be 'mean' or 'first', got {pooling!r}")
+        if normalize:
+            out /= np.maximum(np.linalg.norm(out, axis=-1, keepdims=True), 1e-12)
+        return out[0] if single else out
+
+    # --- to implement -----------------------------------------------------------------------------
+    def _load(self, tensors):
+        raise NotImplementedError
+
+    def parameters(self):
+        """dict name -> array of every weight, stored (in, out) for dense layers."""
+        raise NotImplementedError
+
+    def _forward(self, ids, mask, type_ids, need_weights, head_mask):
+        """ids, mask, type_ids: (B, n) -> hidden (B, L+1, n, d), attentions (B, L, H, n, n)
+        or None."""
+        raise NotImplementedError
+
+    # --- shared by the subclasses ---------------------------------------------------------------
+    def _self_attention(self, x, B, n, w_qkv, b_qkv, attn_mask, causal, scale, head_scale,
+                        need_weights):
+        """Multi-head self-attention on the C kernels: x (B*n, d) -> heads (B*n, d), weights.
+
+        The fused projection gives (B*n, 3d) = [q | k | v], each split into H heads of width
+        d_head; mha.attention gets q, k, v (B, H, n, d_head).
+        """
+        H, dh = self.n_heads, self.d_head
+        qkv = x @ w_qkv
+        qkv += b_qkv
+        qkv = qkv.reshape(B, n, 3, H, dh)
+        q = qkv[:, :, 0].transpose(0, 2, 1, 3)
+        k = qkv[:, :, 1].transpose(0, 2, 1, 3)
+        v = qkv[:, :, 2].transpose(0, 2, 1, 3)
+        out, weights = mha.attention(q, k, v, attn_mask, causal=causal, scale=scale,
+                                     need_weights=need_weights)
+        if head_scale is not None:
+            out = out * head_scale[None, :, None, None]
+        out = np.ascontiguousarray(out.transpose(0, 2, 1, 3)).reshape(B * n, H * dh)
+        return out, weights
+
+
+def _unbatch(enc):
+    enc.input_ids = enc.input_ids[0]
+    enc.attention_mask = enc.attention_mask[0]
+    enc.token_type_ids = enc.token_type_ids[0]
+    enc.hidden_states = enc.hidden_states[0]
+    if enc.attentions is not None:
+        enc.attentions = enc.attentions[0]
+    if enc.tokens is not None:
+        enc.tokens = enc.tokens[0]
+    if isinstance(enc.tokenized, list):
+        enc.tokenized = enc.tokenized[0]
+    return enc

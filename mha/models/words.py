@@ -1,0 +1,58 @@
+"""Subword attention -> word attention, as Clark et al. (2019) "What Does BERT Look At?" do.
+
+Attention *to* a word split into several tokens is the sum of the attention to its tokens;
+attention *from* it is the mean of its tokens' attention rows. Each row still sums to 1.
+"""
+import numpy as np
+
+
+def group_words(tokenized):
+    """Token groups of a TokenizedText: a list of (word string, [token indices]).
+
+    Consecutive tokens of the same word (same ``sequence_ids`` and ``word_ids``) form one group;
+    each special token ([CLS], [SEP], <|endoftext|>) is a group of its own. A word's string is
+    its span in the original text (stripped), or the token itself for special tokens.
+    """
+    groups = []
+    last_key = None
+    for i, (w, s) in enumerate(zip(tokenized.word_ids, tokenized.sequence_ids)):
+        key = None if w is None else (s, w)
+        if key is not None and key == last_key:
+            groups[-1][1].append(i)
+        else:
+            groups.append([None, [i]])
+        last_key = key
+    for g in groups:
+        first, last = g[1][0], g[1][-1]
+        seq = tokenized.sequence_ids[first]
+        if tokenized.word_ids[first] is None or seq is None:
+            g[0] = tokenized.tokens[first]
+        else:
+            text = tokenized.texts[seq]
+            start, end = tokenized.offsets[first][0], tokenized.offsets[last][1]
+            g[0] = text[start:end].strip() or tokenized.tokens[first]
+    return [(word, idx) for word, idx in groups]
+
+
+def aggregate_to_words(weights, groups):
+    """Word-level attention from token-level attention.
+
+    weights: (..., n, n) attention (rows = queries, columns = keys), e.g. (layers, heads, n, n).
+    groups: a list of token-index lists, one per word (as the second items of
+    :func:`group_words`), or a list of (word, indices) pairs; together they must cover 0..n-1.
+    Returns (..., W, W): ``out[.., a, b] = mean_{i in a} sum_{j in b} weights[.., i, j]``.
+    """
+    weights = np.asarray(weights)
+    idx_lists = [g[1] if isinstance(g, tuple) else g for g in groups]
+    n = weights.shape[-1]
+    if weights.shape[-2] != n:
+        raise ValueError(f"weights must be square in the last two axes, got {weights.shape}")
+    covered = sorted(i for g in idx_lists for i in g)
+    if covered != list(range(n)):
+        raise ValueError(f"groups must cover the {n} tokens exactly once, got {idx_lists}")
+    dtype = weights.dtype if weights.dtype in (np.float32, np.float64) else np.float64
+    to_word = np.zeros((n, len(idx_lists)), dtype=dtype)      # sum over a word's keys
+    for w, g in enumerate(idx_lists):
+        to_word[g, w] = 1.0
+    from_word = (to_word / to_word.sum(axis=0, keepdims=True)).T   # mean over a word's queries
+    return from_word @ weights.astype(dtype, copy=False) @ to_word
