@@ -1,0 +1,161 @@
+# %% [markdown]
+# # 07 · Speed and cost
+#
+# Multi-head attention is "free": with $d_k = d_{model}/h$ the heads share the parameters and
+# the arithmetic of one big head. This notebook checks the claim three ways:
+#
+# 1. parameters: 1, 4, 8, 16 heads, and seed 002's exercise E12.1 (512 / 8, with and without
+#    bias, and the share of attention against the feed-forward layers in a Transformer);
+# 2. arithmetic: seed 004's operation count, one 512-wide head against 8 heads of 64;
+# 3. time: seed 000's benchmark (batch 16, 128 tokens, $d_{model} = 256$, 1/4/8/16 heads) on
+#    mha's C kernels, against the NumPy reference and PyTorch (when installed), measured in
+#    the same run. Times depend on the machine and its load; the ratios are what to read.
+
+# %%
+# %matplotlib inline
+import numpy as np
+from matplotlib.figure import Figure
+
+import mha
+import mha.viz as viz
+from mha import train
+from mha.bench import median_time
+
+try:
+    import torch
+except ImportError:
+    torch = None
+print(f"mha threads: {mha.get_num_threads()}, PyTorch: {torch.__version__ if torch else 'not installed'}")
+
+# %% [markdown]
+# ## 1. Parameters
+
+# %%
+d_model = 256
+print(f"d_model = {d_model}")
+for h in (1, 4, 8, 16):
+    no_bias = mha.MultiHeadAttention(d_model, h, bias=False).num_parameters()
+    with_bias = mha.MultiHeadAttention(d_model, h, bias=True).num_parameters()
+    print(f"{h:2d} head(s), d_k = {d_model // h:3d}: {no_bias:,} parameters without bias, "
+          f"{with_bias:,} with bias")
+
+# %% [markdown]
+# **E12.1.** The base Transformer ($d_{model} = 512$, $h = 8$, $d_{ff} = 2048$):
+# $d_k = d_v = 64$; $W_Q, W_K, W_V, W_O$ with and without bias; single-head ($h = 1$,
+# $d_k = 512$) has the same count; and the share of one encoder block that is attention.
+
+# %%
+rows = train.parameter_table(512, (1, 8), bias=(False, True))
+print(train.format_table(rows, ["n_heads", "d_head", "bias", "W_q", "W_o", "biases", "mha",
+                                "ffn", "block", "mha_share", "ffn_share"]))
+whole = train.transformer_parameters(512, 8, 2048)
+print(f"\nWhole base Transformer (6 + 6 layers, shared 37k-token embedding): "
+      f"{whole['total'] / 1e6:.1f} M parameters; attention {whole['mha_share']:.1%}, "
+      f"feed-forward {whole['ffn_share']:.1%}, embeddings {whole['embedding_share']:.1%}, "
+      f"layer norms {whole['layer_norm_share']:.2%}")
+
+# %% [markdown]
+# ## 2. Arithmetic (seed 004)
+#
+# Per token, the Q, K, V projections cost $3 \times 512 \times 512$ multiply-adds for one
+# 512-wide head, and $8 \times 3 \times 512 \times 64$ for eight heads of 64: the same.
+# The attention itself ($QK^T$ and the weighted sum) costs $2 n^2 d_k$ per head, so
+# $h \cdot 2 n^2 (d_{model}/h)$ in all: the same again.
+
+# %%
+n = 128
+single_proj, multi_proj = 3 * 512 * 512, 8 * 3 * 512 * 64
+single_attn, multi_attn = 2 * n * n * 512, 8 * 2 * n * n * 64
+print(f"projections per token: single head {single_proj:,}, 8 heads {multi_proj:,}")
+print(f"attention for n = {n}: single head {single_attn:,}, 8 heads {multi_attn:,}")
+print(f"forward FLOPs of the whole layer, B=16, n=128, d_model=256: "
+      + ", ".join(f"{h} heads {mha.bench.layer_flops(16, 128, 128, 256, h, 256 // h) / 1e9:.2f} G"
+                  for h in (1, 4, 8, 16)))
+
+# %% [markdown]
+# ## 3. Time: 1, 4, 8 and 16 heads
+#
+# Seed 000's setting: a batch of 16 sequences of 128 tokens, $d_{model} = 256$, forward pass
+# returning the attention weights (as the seed's model does). Median of 10 runs after a
+# warm-up (the seed takes the mean of 50). Three implementations of the same layer:
+# `mha.MultiHeadAttention` (C), `mha.reference.MultiHeadAttention` (the seeds' NumPy, on
+# NumPy's BLAS) and `torch.nn.MultiheadAttention`, with the same number of threads.
+
+# %%
+B, n, d_model, repeats = 16, 128, 256, 10
+x = np.random.default_rng(0).standard_normal((B, n, d_model)).astype(np.float32)
+if torch is not None:
+    torch.set_num_threads(mha.get_num_threads())
+    xt = torch.from_numpy(x)
+times = {"mha (C)": {}, "NumPy reference": {}}
+if torch is not None:
+    times["PyTorch"] = {}
+for h in (1, 4, 8, 16):
+    label = f"{h} Head" + ("s" if h > 1 else "")
+    layer = mha.MultiHeadAttention(d_model, h, seed=0)
+    ref = mha.reference.MultiHeadAttention(d_model, h, seed=0)
+    times["mha (C)"][label] = 1e3 * median_time(lambda: layer(x), repeats)
+    times["NumPy reference"][label] = 1e3 * median_time(lambda: ref(x), max(3, repeats // 2))
+    if torch is not None:
+        module = torch.nn.MultiheadAttention(d_model, h, batch_first=True).eval()
+        with torch.no_grad():
+            times["PyTorch"][label] = 1e3 * median_time(
+                lambda: module(xt, xt, xt, need_weights=True, average_attn_weights=False), repeats)
+    print(f"{label:>8}: " + ", ".join(f"{impl} {t[label]:.2f} ms" for impl, t in times.items())
+          + f"  ({layer.num_parameters():,} params)")
+
+# %%
+viz.speed_bars(times["mha (C)"],
+               title="Inference Time on mha's C kernels: Single vs Multi-Head Attention\n"
+                     "(Same parameters, similar speed)")
+
+# %% [markdown]
+# The same runs, all implementations side by side (lower is faster):
+
+# %%
+labels = list(times["mha (C)"])
+fig = Figure(figsize=(10, 5), layout="compressed")
+ax = fig.add_subplot()
+width = 0.8 / len(times)
+colors = ["#3498db", "#95a5a6", "#e67e22"]
+for i, (impl, t) in enumerate(times.items()):
+    xs = np.arange(len(labels)) + (i - (len(times) - 1) / 2) * width
+    bars = ax.bar(xs, [t[l] for l in labels], width, label=impl, color=colors[i], edgecolor="black")
+    ax.bar_label(bars, fmt="%.1f", fontsize=8)
+ax.set_xticks(range(len(labels)), labels)
+ax.set_ylabel("Time (ms)")
+ax.set_title(f"Forward with weights, B={B}, n={n}, d_model={d_model}", fontweight="bold")
+ax.legend()
+ax.grid(True, axis="y", alpha=0.3)
+fig
+
+# %%
+for impl, t in times.items():
+    if impl != "mha (C)":
+        ratios = [t[l] / times["mha (C)"][l] for l in labels]
+        print(f"{impl} / mha: " + ", ".join(f"{l} {r:.1f}x" for l, r in zip(labels, ratios)))
+
+# %% [markdown]
+# The head count barely moves the time: the arithmetic is the same. What changes is the shape
+# of the work: as $h$ grows each head's products get smaller ($d_k$ from 256 down to 16) and
+# the returned weights grow ($B \cdot h \cdot n^2$ numbers). On a shared machine a few
+# milliseconds of noise are normal: rerun the cell to see how much.
+#
+# ## Training: one epoch of notebook 05's task
+#
+# Forward, cross-entropy, backward (attention on the C backward) and an Adam step on 500
+# sequences, against the seed's PyTorch model with the same weights (needs PyTorch).
+
+# %%
+if torch is not None:
+    epoch = train.benchmark_epoch(n_heads=4, repeats=5, warmup=2, threads=mha.get_num_threads())
+    print(f"one epoch: mha {1e3 * epoch['mha_seconds']:.1f} ms, PyTorch "
+          f"{1e3 * epoch['torch_seconds']:.1f} ms -> mha is {epoch['speedup']:.1f}x "
+          f"{'faster' if epoch['speedup'] >= 1 else 'slower'}")
+else:
+    print("PyTorch is not installed: skipping the training comparison")
+
+# %% [markdown]
+# **Takeaway.** Heads cost no parameters and no extra arithmetic; their cost is in the shape
+# of the work (many small matrix products). `python -m mha bench` runs the full benchmark
+# (longer sequences, causal masks, memory) and prints the table.
