@@ -270,9 +270,9 @@ def test_huge_sizes_raise_memory_error(name):
             print("NO ERROR")
     """).format(body=textwrap.indent(textwrap.dedent(HUGE[name]).strip(), "    "))
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    here = os.path.dirname(os.path.abspath(__file__))  # not the checkout: import the installed mha
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=120, cwd=root, env=env)
+                          timeout=120, cwd=here, env=env)
     assert proc.returncode == 0, (
         f"child crashed (return code {proc.returncode}): {proc.stderr[-2000:]}")
     line = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
