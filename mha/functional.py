@@ -74,6 +74,14 @@ def as_scale(scale, d_k):
 
 
 def _physical_memory():
+    """Memory a new buffer can get: MemAvailable where Linux reports it, else physical RAM."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
@@ -89,7 +97,7 @@ def check_fits(what, shape, dtype):
     if nbytes > _physical_memory():
         raise MemoryError(
             f"{what} of shape {tuple(int(s) for s in shape)} would need {nbytes / 2**30:.1f} GiB, "
-            f"more than this machine's {_physical_memory() / 2**30:.1f} GiB"
+            f"more than the {_physical_memory() / 2**30:.1f} GiB this machine has available"
             + (" (pass need_weights=False to avoid the n_q x n_k weights)" if what == "weights" else "")
         )
 

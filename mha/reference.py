@@ -570,6 +570,10 @@ class MultiHeadAttention:
         head_mask: (n_heads,) multipliers on each head's output (1 keep, 0 prune)
         training: dropout only while True (see train() / eval())
 
+    Threads: calls on one layer from several threads are safe for inference (eval mode); for
+    training use one layer per thread, since backward() uses the last forward's inputs and
+    dropout draws from the layer's generator.
+
     Masks: `mask` is bool (True = may attend, the OPPOSITE of torch.nn.MultiheadAttention)
     or float (added to the scores), broadcasting to (B, n_heads, n_q, n_k);
     `key_padding_mask` is bool (B, n_k), True = real token, False = padding.

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Builds a copy of the mha package whose C extension (module.c + the core) is compiled with
+# AddressSanitizer + UndefinedBehaviorSanitizer, in a directory outside the source tree, and
+# prints the environment that runs Python against it:
+#
+#     eval "$(bash tests/fuzz/build_asan.sh [OUT_DIR])"
+#     $MHA_ASAN_PYTHON tests/fuzz/fuzz_binding.py --seconds 60
+#
+# The core's own test program already runs under ASan (make -C csrc asan); this build puts the
+# *binding* (argument checks, buffer sizes handed to the core, reference counting on error
+# paths) under the sanitizers too, driven by the fuzz target or by pytest. OpenMP stays on so
+# the parallel paths are checked; target_clones is off (MHA_NO_CLONES) because ifunc and ASan
+# do not mix. Needs gcc (or clang) with libasan/libubsan; numpy from the Python used.
+set -euo pipefail
+HERE="$(cd "$(dirname "$0")" && pwd)"
+ROOT="$(cd "$HERE/../.." && pwd)"
+PY="${PYTHON:-python3}"
+OUT="${1:-${TMPDIR:-/tmp}/mha-asan}"
+CC="${CC:-gcc}"
+
+mkdir -p "$OUT"
+rm -rf "$OUT/mha"
+# the pure Python part of the package, as it is in the tree
+cp -r "$ROOT/mha" "$OUT/mha"
+find "$OUT/mha" -name '*.so' -delete
+find "$OUT/mha" -name '__pycache__' -prune -exec rm -rf {} +
+
+read -r PYINC NPINC SUFFIX < <("$PY" -c 'import sysconfig, numpy; print(sysconfig.get_paths()["include"], numpy.get_include(), sysconfig.get_config_var("EXT_SUFFIX"))')
+"$CC" -std=c11 -O1 -g -fno-omit-frame-pointer -fPIC -shared \
+    -fsanitize=address,undefined -fno-sanitize-recover=undefined -fopenmp -DMHA_NO_CLONES \
+    -Wall -Wextra -I"$ROOT/csrc" -I"$PYINC" -I"$NPINC" \
+    "$ROOT/csrc/module.c" "$ROOT/csrc/gemm.c" "$ROOT/csrc/attention.c" \
+    "$ROOT/csrc/multihead.c" "$ROOT/csrc/threads.c" -lm \
+    -o "$OUT/mha/_C$SUFFIX" >&2
+
+ASAN_LIB="$("$CC" -print-file-name=libasan.so)"
+UBSAN_LIB="$("$CC" -print-file-name=libubsan.so)"
+# Python's own allocations are not freed at exit: leak detection off (leaks are measured by
+# tests/test_leaks_threads.py instead); any memory error aborts with a report.
+cat <<ENV
+export MHA_ASAN_DIR='$OUT'
+export MHA_ASAN_PYTHON='env LD_PRELOAD=$ASAN_LIB:$UBSAN_LIB PYTHONPATH=$OUT ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:allocator_may_return_null=1:max_allocation_size_mb=4096 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 PYTHONMALLOC=malloc $PY'
+ENV
