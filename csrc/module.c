@@ -324,6 +324,11 @@ static int layer_params(layer_arrays *la, PyObject *params, int typenum, const m
 }
 
 #define DATA_OR_NULL(a) ((a) ? PyArray_DATA(a) : NULL)
+/* The nine (W_q, W_k, W_v, W_o, b_q, b_k, b_v, b_o, head_mask) pointers of an array list. */
+#define NINE_POINTERS(a)                                                                        \
+    {DATA_OR_NULL(a[0]), DATA_OR_NULL(a[1]), DATA_OR_NULL(a[2]), DATA_OR_NULL(a[3]),            \
+     DATA_OR_NULL(a[4]), DATA_OR_NULL(a[5]), DATA_OR_NULL(a[6]), DATA_OR_NULL(a[7]),            \
+     DATA_OR_NULL(a[8])}
 
 static char *layer_forward_kw[] = {"x_q", "x_k", "x_v", "params", "heads", "kv_heads", "d_head",
                                    "mask", "key_padding_mask", "causal", "dropout", "seed",
@@ -408,16 +413,12 @@ static PyObject *py_layer_forward(PyObject *self, PyObject *args, PyObject *kwar
     int err;
     Py_BEGIN_ALLOW_THREADS
     if (typenum == NPY_FLOAT32) {
-        mha_layer_params_f32 p = {DATA_OR_NULL(la.a[0]), DATA_OR_NULL(la.a[1]), DATA_OR_NULL(la.a[2]),
-                                  DATA_OR_NULL(la.a[3]), DATA_OR_NULL(la.a[4]), DATA_OR_NULL(la.a[5]),
-                                  DATA_OR_NULL(la.a[6]), DATA_OR_NULL(la.a[7]), DATA_OR_NULL(la.a[8])};
+        mha_layer_params_f32 p = NINE_POINTERS(la.a);
         err = mha_layer_forward_f32(PyArray_DATA(out), DATA_OR_NULL(weights), PyArray_DATA(q_proj),
                                     PyArray_DATA(k_proj), PyArray_DATA(v_proj), PyArray_DATA(attn),
                                     PyArray_DATA(xq), PyArray_DATA(xk), PyArray_DATA(xv), &p, &m, &d);
     } else {
-        mha_layer_params_f64 p = {DATA_OR_NULL(la.a[0]), DATA_OR_NULL(la.a[1]), DATA_OR_NULL(la.a[2]),
-                                  DATA_OR_NULL(la.a[3]), DATA_OR_NULL(la.a[4]), DATA_OR_NULL(la.a[5]),
-                                  DATA_OR_NULL(la.a[6]), DATA_OR_NULL(la.a[7]), DATA_OR_NULL(la.a[8])};
+        mha_layer_params_f64 p = NINE_POINTERS(la.a);
         err = mha_layer_forward_f64(PyArray_DATA(out), DATA_OR_NULL(weights), PyArray_DATA(q_proj),
                                     PyArray_DATA(k_proj), PyArray_DATA(v_proj), PyArray_DATA(attn),
                                     PyArray_DATA(xq), PyArray_DATA(xk), PyArray_DATA(xv), &p, &m, &d);
@@ -519,23 +520,15 @@ static PyObject *py_layer_backward(PyObject *self, PyObject *args, PyObject *kwa
     int err;
     Py_BEGIN_ALLOW_THREADS
     if (typenum == NPY_FLOAT32) {
-        mha_layer_params_f32 p = {DATA_OR_NULL(la.a[0]), DATA_OR_NULL(la.a[1]), DATA_OR_NULL(la.a[2]),
-                                  DATA_OR_NULL(la.a[3]), DATA_OR_NULL(la.a[4]), DATA_OR_NULL(la.a[5]),
-                                  DATA_OR_NULL(la.a[6]), DATA_OR_NULL(la.a[7]), DATA_OR_NULL(la.a[8])};
-        mha_layer_grads_f32 gr = {DATA_OR_NULL(g[0]), DATA_OR_NULL(g[1]), DATA_OR_NULL(g[2]),
-                                  DATA_OR_NULL(g[3]), DATA_OR_NULL(g[4]), DATA_OR_NULL(g[5]),
-                                  DATA_OR_NULL(g[6]), DATA_OR_NULL(g[7]), DATA_OR_NULL(g[8])};
+        mha_layer_params_f32 p = NINE_POINTERS(la.a);
+        mha_layer_grads_f32 gr = NINE_POINTERS(g);
         err = mha_layer_backward_f32(PyArray_DATA(out[0]), PyArray_DATA(dxk_buf), PyArray_DATA(dxv_buf),
                                      &gr, PyArray_DATA(d_out), PyArray_DATA(qp), PyArray_DATA(kp),
                                      PyArray_DATA(vp), PyArray_DATA(attn), PyArray_DATA(xq),
                                      PyArray_DATA(xk), PyArray_DATA(xv), &p, &m, &d);
     } else {
-        mha_layer_params_f64 p = {DATA_OR_NULL(la.a[0]), DATA_OR_NULL(la.a[1]), DATA_OR_NULL(la.a[2]),
-                                  DATA_OR_NULL(la.a[3]), DATA_OR_NULL(la.a[4]), DATA_OR_NULL(la.a[5]),
-                                  DATA_OR_NULL(la.a[6]), DATA_OR_NULL(la.a[7]), DATA_OR_NULL(la.a[8])};
-        mha_layer_grads_f64 gr = {DATA_OR_NULL(g[0]), DATA_OR_NULL(g[1]), DATA_OR_NULL(g[2]),
-                                  DATA_OR_NULL(g[3]), DATA_OR_NULL(g[4]), DATA_OR_NULL(g[5]),
-                                  DATA_OR_NULL(g[6]), DATA_OR_NULL(g[7]), DATA_OR_NULL(g[8])};
+        mha_layer_params_f64 p = NINE_POINTERS(la.a);
+        mha_layer_grads_f64 gr = NINE_POINTERS(g);
         err = mha_layer_backward_f64(PyArray_DATA(out[0]), PyArray_DATA(dxk_buf), PyArray_DATA(dxv_buf),
                                      &gr, PyArray_DATA(d_out), PyArray_DATA(qp), PyArray_DATA(kp),
                                      PyArray_DATA(vp), PyArray_DATA(attn), PyArray_DATA(xq),

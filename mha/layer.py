@@ -16,7 +16,7 @@ from .functional import check_fits, prepare_mask
 __all__ = ["MultiHeadAttention", "KVCache"]
 
 
-class KVCache:
+class KVCache(reference.KVCache):
     """Keys and values of the tokens seen so far, for step-by-step decoding.
 
     Stored as the projections come out of the core, (batch_size, max_len, n_kv_heads*d_head),
@@ -48,22 +48,6 @@ class KVCache:
     @property
     def v(self):
         return self._heads(self.v_rows)
-
-    @property
-    def batch_size(self):
-        return self.k_rows.shape[0]
-
-    @property
-    def max_len(self):
-        return self.k_rows.shape[1]
-
-    def reset(self):
-        """Forget the cached tokens (the buffers are reused)."""
-        self.length = 0
-
-    def __repr__(self):
-        return (f"KVCache(batch_size={self.batch_size}, n_kv_heads={self.n_kv_heads}, "
-                f"max_len={self.max_len}, d_head={self.d_head}, length={self.length})")
 
 
 class MultiHeadAttention(reference.MultiHeadAttention):
