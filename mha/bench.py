@@ -10,6 +10,8 @@ Cases (float32):
   b  batch 4, seq 1024, d_model 512, 8 heads, with and without causal (the layer)
   c  attention core at b=1, L=1024, H=25, D=64 (the shape of PyTorch's CPU flash-attention RFC)
   d  seq 16384, 8 heads, d_head 64, need_weights=False: time and extra peak memory
+  e  MiniLM encoding a 128-token sentence (mha.models) against transformers on torch
+  f  one epoch of seed 000's training task (mha.train) against the seed's torch model
 """
 
 import json
@@ -71,11 +73,38 @@ def attention_flops(B, H, n_q, n_k, d, causal=False):
     return f // 2 if causal else f
 
 
-def _row(case, what, impl, seconds, flops, ceiling, baseline=None):
+def _row(case, what, impl, seconds, flops, ceiling):
+    """One measurement; flops=None where the work is not a FLOP count (whole models)."""
     row = dict(case=case, what=what, impl=impl, ms=seconds * 1e3,
-               gflops=flops / seconds / 1e9 if seconds else float("nan"))
+               gflops=flops / seconds / 1e9 if seconds and flops else float("nan"))
     row["ceiling_frac"] = row["gflops"] / ceiling
     return row
+
+
+def _model_cases(threads, ceiling, repeats):
+    """e: MiniLM encoding 128 tokens against transformers; f: one epoch of seed 000's training
+    task against the seed's torch model (both need torch; the tables of issues 4 and 6)."""
+    rows = []
+    try:
+        from .models import benchmark_encode
+        r = benchmark_encode(n_tokens=128, repeats=max(repeats, 10), threads=threads)
+        if "torch_eager_ms" in r:
+            label = "e: MiniLM encode, 128 tokens (best of runs)"
+            rows += [_row(label, "forward +weights", "mha", r["mha_ms"] / 1e3, None, ceiling),
+                     _row(label, "forward +weights", "torch", r["torch_eager_ms"] / 1e3, None, ceiling),
+                     _row(label, "forward (torch: SDPA)", "mha", r["mha_no_weights_ms"] / 1e3, None, ceiling),
+                     _row(label, "forward (torch: SDPA)", "torch", r["torch_sdpa_ms"] / 1e3, None, ceiling)]
+    except (ImportError, OSError) as e:  # no torch/transformers, or the MiniLM package
+        print(f"case e skipped: {e}", file=sys.stderr)
+    try:
+        from .train import benchmark_epoch
+        r = benchmark_epoch(4, threads=threads, repeats=max(repeats, 10))
+        label = "f: seed 000 training epoch, 4 heads, 500 x 12 tokens"
+        rows += [_row(label, "forward+backward+Adam", "mha", r["mha_seconds"], None, ceiling),
+                 _row(label, "forward+backward+Adam", "torch", r["torch_seconds"], None, ceiling)]
+    except ImportError as e:
+        print(f"case f skipped: {e}", file=sys.stderr)
+    return rows
 
 
 def _layer_case(case, B, n, d_model, n_heads, causal, ceiling, torch, repeats, with_numpy=True):
@@ -203,7 +232,7 @@ def _peak_case(case, n, H, d, threads, ceiling, have_torch):
     return rows
 
 
-def run(cases="abcd", repeats=5, threads=None, progress=True):
+def run(cases="abcdef", repeats=5, threads=None, progress=True):
     """Run the benchmark cases; returns dict(meta, rows). Each row: case, what, impl, ms,
     gflops, ceiling_frac (fraction of NumPy's float32 matmul rate)."""
     threads = threads or mha.get_num_threads()
@@ -230,6 +259,9 @@ def run(cases="abcd", repeats=5, threads=None, progress=True):
     if "d" in cases:
         say("case d (fresh processes)")
         rows += _peak_case("d", 16384, 8, 64, threads, ceiling, torch is not None)
+    if ("e" in cases or "f" in cases) and torch is not None:
+        say("cases e, f (MiniLM encoding, training epoch)")
+        rows += [r for r in _model_cases(threads, ceiling, repeats) if r["case"][0] in cases]
     return dict(meta=meta, rows=rows)
 
 
@@ -263,8 +295,10 @@ def table(result):
         ratio = lambda x: f"{x['ms'] / m['ms']:.2f}x" if x else "-"
         what = r["what"] + (f" (+{m['extra_peak_mib']:.0f} MiB peak; torch +{t['extra_peak_mib']:.0f} MiB)"
                             if "extra_peak_mib" in m and t else "")
+        rate = "-" if m["gflops"] != m["gflops"] else f"{m['gflops']:.1f}"
+        frac = "-" if m["gflops"] != m["gflops"] else f"{m['ceiling_frac']:.0%}"
         lines.append(f"| {r['case']} | {what} | {fmt(m)} | {fmt(t)} | {fmt(n)} | {ratio(t)} | {ratio(n)} | "
-                     f"{m['gflops']:.1f} | {m['ceiling_frac']:.0%} |")
+                     f"{rate} | {frac} |")
     meta = result["meta"]
     head = (f"Measured {meta['date']} on {meta['cpu']}, {meta['threads']} threads, float32; "
             f"NumPy float32 matmul ceiling {meta['matmul_gflops']:.0f} GFLOP/s; torch {meta['torch']}. "
@@ -277,13 +311,14 @@ def main(argv=None):
 
     parser = argparse.ArgumentParser(prog="python -m mha bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cases", default="abcd", help="which cases to run, e.g. 'ac' (default: abcd)")
+    parser.add_argument("--cases", default="abcdef",
+                        help="which cases to run, e.g. 'ac' (default: abcdef; e and f need torch)")
     parser.add_argument("--repeats", type=int, default=5, help="timed repeats per measurement (median)")
     parser.add_argument("--threads", type=int, default=None, help="threads for mha and torch (default: mha's)")
     parser.add_argument("--json", metavar="FILE", help="also write the raw rows as JSON")
     args = parser.parse_args(argv)
-    if not set(args.cases) <= set("abcd"):
-        parser.error(f"--cases takes letters from 'abcd', got {args.cases!r}")
+    if not set(args.cases) <= set("abcdef"):
+        parser.error(f"--cases takes letters from 'abcdef', got {args.cases!r}")
     result = run(args.cases, args.repeats, args.threads)
     print(table(result))
     if args.json:
