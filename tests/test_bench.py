@@ -1,0 +1,36 @@
+"""mha.bench: the table's arithmetic and the command line (the timings themselves are not tested:
+this machine is too noisy for timed tests)."""
+import math
+
+import pytest
+
+from mha import bench
+
+
+def test_table_ratios_rates_and_missing_peers():
+    ceiling = 100.0
+    rows = [bench._row("a: demo", "forward", "mha", 0.010, 1e9, ceiling),
+            bench._row("a: demo", "forward", "torch", 0.020, 1e9, ceiling),
+            bench._row("a: demo", "forward", "numpy", 0.005, 1e9, ceiling),
+            bench._row("e: model", "forward", "mha", 0.040, None, ceiling)]
+    assert rows[0]["gflops"] == pytest.approx(100.0) and rows[0]["ceiling_frac"] == pytest.approx(1.0)
+    assert math.isnan(rows[3]["gflops"])
+    meta = dict(date="2026-01-01", cpu="cpu", threads=2, matmul_gflops=ceiling, torch="x")
+    text = bench.table(dict(meta=meta, rows=rows))
+    demo = next(line for line in text.splitlines() if line.startswith("| a: demo"))
+    assert "| 10.00 | 20.00 | 5.00 | 2.00x | 0.50x | 100.0 | 100% |" in demo
+    model = next(line for line in text.splitlines() if line.startswith("| e: model"))
+    assert model.endswith("| 40.00 | - | - | - | - | - | - |")
+
+
+def test_flop_counts():
+    # seed 000's shape at 8 heads: 4 projections of 2048 x 256 x 256 plus q k^T and P v
+    assert bench.layer_flops(16, 128, 128, 256, 8, 32) == 8 * 2048 * 256 * 256 + 4 * 16 * 8 * 128 * 128 * 32
+    assert bench.attention_flops(1, 1, 4, 4, 2, causal=True) == bench.attention_flops(1, 1, 4, 4, 2) // 2
+
+
+def test_bad_cases_option_exits_with_a_message(capsys):
+    with pytest.raises(SystemExit) as info:
+        bench.main(["--cases", "xyz"])
+    assert info.value.code == 2
+    assert "--cases" in capsys.readouterr().err
