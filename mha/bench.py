@@ -15,7 +15,6 @@ Cases (float32):
 """
 
 import json
-import os
 import platform
 import subprocess
 import sys

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import html
-import os
 import sys
 import time
 from pathlib import Path
@@ -207,8 +206,8 @@ def run(out="mha-tour", model="minilm", *, quick=False, threads=None, progress=T
                         title=f'{label} Layer {grid_layer}: All {H} Attention Heads\n"{GRID_TEXT}"')
     _save(fig, out / "02_layer_grid.png")
     add("02_layer_grid.png", f"All {H} heads of layer {grid_layer}",
-        f"Seed 000's grid of every head of a middle layer (colour capped at 0.5): "
-        f"different heads, different relationships between the same tokens.")
+        "Seed 000's grid of every head of a middle layer (colour capped at 0.5): "
+        "different heads, different relationships between the same tokens.")
 
     steps.step("the coreference probe and an ambiguous sentence")
     coref = probes.coreference_probe(net)
@@ -233,7 +232,7 @@ def run(out="mha-tour", model="minilm", *, quick=False, threads=None, progress=T
                  fontweight="bold")
     _save(fig, out / "04_ambiguity.png")
     add("04_ambiguity.png", "An ambiguous sentence",
-        f"Seed 004: who has the telescope? Attention from 'telescope' to each reading's word: "
+        "Seed 004: who has the telescope? Attention from 'telescope' to each reading's word: "
         + ", ".join(f"{n} heads prefer '{c}'" for c, n in amb["counts"].items())
         + ", so both readings are represented.")
 

@@ -7,7 +7,6 @@ The full tour runs once, in --quick mode (30 training epochs instead of 100: the
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
