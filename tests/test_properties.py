@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 import mha
 import mha.reference as ref
 from conftest import assert_close, requires_c
+from memory_layouts import relayout
 
 pytestmark = requires_c
 
@@ -113,33 +114,11 @@ size = st.one_of(small, small, small, st.sampled_from(EDGE_SIZES), st.integers(1
 FLOATS = [np.float32, np.float64]
 
 
-def layouts(draw, allow=("c", "c", "c", "fortran", "strided", "reversed", "readonly",
+def layouts(draw, allow=("c", "c", "c", "fortran", "strided", "negative", "readonly",
                                "byteswapped")):
     return draw(st.sampled_from(allow))
 
 
-def relayout(a, kind):
-    """An array equal to `a` in another memory layout (a new buffer; `a` is untouched)."""
-    if kind == "c" or a.ndim == 0:
-        return a.copy()
-    if kind == "fortran":
-        return np.asfortranarray(a)
-    if kind == "strided":          # every other element of a twice-wider buffer
-        big = np.zeros(a.shape[:-1] + (2 * a.shape[-1],), a.dtype)
-        big[..., ::2] = a
-        return big[..., ::2]
-    if kind == "reversed":         # negative strides on every axis
-        flip = tuple(slice(None, None, -1) for _ in a.shape)
-        return np.ascontiguousarray(a[flip])[flip]
-    if kind == "readonly":
-        r = a.copy()
-        r.flags.writeable = False
-        return r
-    if kind == "byteswapped":      # non-native byte order, same values
-        if a.dtype == bool:
-            return a.copy()
-        return a.astype(a.dtype.newbyteorder())
-    raise ValueError(kind)
 
 
 def snapshot(*arrays):

@@ -11,6 +11,7 @@ import zlib
 import numpy as np
 import pytest
 
+from conftest import splitmix64 as splitmix64_python  # the tests' own Python-int oracle
 from mha import reference as R
 from mha.reference import MultiHeadAttention, attention, attention_backward
 
@@ -82,21 +83,10 @@ def multi_head_attention_numpy(X, n_heads, W_q, W_k, W_v, W_o, mask=None):
     return concat @ W_o, all_attention_weights
 
 
-U64 = 2**64 - 1
-
-
-def splitmix64_int(x):
-    """splitmix64 by hand on Python ints."""
-    x = (x + 0x9E3779B97F4A7C15) & U64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & U64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & U64
-    return x ^ (x >> 31)
-
-
 def keep_int(seed, p, b, h, i, j):
-    z = splitmix64_int(seed)
+    z = splitmix64_python(seed)
     for index in (b, h, i, j):
-        z = splitmix64_int(z ^ index)
+        z = splitmix64_python(z ^ index)
     return (z >> 11) * 2.0**-53 >= p
 
 
@@ -114,17 +104,17 @@ def randomize_layer(layer, rng):
 
 
 def test_splitmix64_known_values():
-    assert splitmix64_int(0) == 0xE220A8397B1DCDAF
+    assert splitmix64_python(0) == 0xE220A8397B1DCDAF
     assert int(R.splitmix64(0)) == 0xE220A8397B1DCDAF
-    assert int(R.splitmix64(1)) == splitmix64_int(1) == 0x910A2DEC89025CC1
+    assert int(R.splitmix64(1)) == splitmix64_python(1) == 0x910A2DEC89025CC1
     xs = [0, 1, 2, 12345, 2**32 + 7, 2**63, 2**64 - 1, 0x9E3779B97F4A7C15]
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no overflow warnings
         got = R.splitmix64(np.array(xs, dtype=np.uint64))
         scalar = R.splitmix64(2**64 - 1)
     assert got.dtype == np.uint64 and got.shape == (len(xs),)
-    assert [int(z) for z in got] == [splitmix64_int(x) for x in xs]
-    assert scalar.shape == () and int(scalar) == splitmix64_int(2**64 - 1)
+    assert [int(z) for z in got] == [splitmix64_python(x) for x in xs]
+    assert scalar.shape == () and int(scalar) == splitmix64_python(2**64 - 1)
 
 
 def test_dropout_keep_matches_the_chain_element_by_element():

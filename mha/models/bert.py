@@ -14,7 +14,7 @@ weights here are transposed once at load to (in, out), and q, k, v are fused int
 import numpy as np
 
 from .base import TransformerModel
-from .hub import as_dtype, strip_prefix
+from .hub import as_dtype, tensor_getter
 from .ops import activation, layer_norm_
 
 
@@ -24,24 +24,15 @@ class BertModel(TransformerModel):
 
     def _load(self, tensors):
         cfg, dt = self.config, self.dtype
-        t = strip_prefix(tensors, "embeddings.word_embeddings.weight")
-
-        def get(name):
-            try:
-                return t[name]
-            except KeyError:
-                raise KeyError(
-                    f"checkpoint has no tensor {name!r} (BERT layout expected)") from None
+        get = tensor_getter(tensors, "embeddings.word_embeddings.weight", dt, "BERT")
 
         def dense(prefix):      # torch Linear (out, in) -> (in, out)
-            return as_dtype(get(prefix + ".weight").T, dt), as_dtype(get(prefix + ".bias"), dt)
+            return as_dtype(get(prefix + ".weight").T, dt), get(prefix + ".bias")
 
-        self.word_embeddings = as_dtype(get("embeddings.word_embeddings.weight"), dt)
-        self.position_embeddings = as_dtype(get("embeddings.position_embeddings.weight"), dt)
-        tt = t.get("embeddings.token_type_embeddings.weight")
-        self.token_type_embeddings = None if tt is None else as_dtype(tt, dt)
-        self.ln_emb = (as_dtype(get("embeddings.LayerNorm.weight"), dt),
-                       as_dtype(get("embeddings.LayerNorm.bias"), dt))
+        self.word_embeddings = get("embeddings.word_embeddings.weight")
+        self.position_embeddings = get("embeddings.position_embeddings.weight")
+        self.token_type_embeddings = get.optional("embeddings.token_type_embeddings.weight")
+        self.ln_emb = (get("embeddings.LayerNorm.weight"), get("embeddings.LayerNorm.bias"))
         self.layers = []
         for i in range(cfg.n_layers):
             p = f"encoder.layer.{i}."
@@ -54,11 +45,11 @@ class BertModel(TransformerModel):
                 "W_qkv": np.ascontiguousarray(np.concatenate([wq, wk, wv], axis=1)),
                 "b_qkv": np.concatenate([bq, bk, bv]),
                 "W_o": w_o, "b_o": b_o,
-                "ln_1_weight": as_dtype(get(p + "attention.output.LayerNorm.weight"), dt),
-                "ln_1_bias": as_dtype(get(p + "attention.output.LayerNorm.bias"), dt),
+                "ln_1_weight": get(p + "attention.output.LayerNorm.weight"),
+                "ln_1_bias": get(p + "attention.output.LayerNorm.bias"),
                 "W_1": w_1, "b_1": b_1, "W_2": w_2, "b_2": b_2,
-                "ln_2_weight": as_dtype(get(p + "output.LayerNorm.weight"), dt),
-                "ln_2_bias": as_dtype(get(p + "output.LayerNorm.bias"), dt),
+                "ln_2_weight": get(p + "output.LayerNorm.weight"),
+                "ln_2_bias": get(p + "output.LayerNorm.bias"),
             })
         self._act = activation(cfg.activation)
 

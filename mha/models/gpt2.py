@@ -16,7 +16,7 @@ checkpoints are ignored.
 import numpy as np
 
 from .base import TransformerModel
-from .hub import as_dtype, strip_prefix
+from .hub import tensor_getter
 from .ops import activation, layer_norm, layer_norm_
 
 
@@ -26,14 +26,7 @@ class GPT2Model(TransformerModel):
 
     def _load(self, tensors):
         cfg, dt = self.config, self.dtype
-        t = strip_prefix(tensors, "wte.weight")
-
-        def get(name):
-            try:
-                return as_dtype(t[name], dt)
-            except KeyError:
-                raise KeyError(
-                    f"checkpoint has no tensor {name!r} (GPT-2 layout expected)") from None
+        get = tensor_getter(tensors, "wte.weight", dt, "GPT-2")
 
         self.wte = get("wte.weight")                # (vocab, d), tied with the LM head
         self.wpe = get("wpe.weight")                # (n_positions, d)

@@ -161,3 +161,19 @@ def strip_prefix(tensors, anchor):
 
 def as_dtype(array, dtype):
     return np.ascontiguousarray(array, dtype=dtype)
+
+
+def tensor_getter(tensors, anchor, dtype, layout):
+    """get(name) -> checkpoint tensor `name` (head-model prefix stripped, see strip_prefix) as a
+    C-contiguous `dtype` array; a missing name raises KeyError saying which layout was
+    expected. get.optional(name) returns None instead."""
+    t = strip_prefix(tensors, anchor)
+
+    def get(name):
+        try:
+            return as_dtype(t[name], dtype)
+        except KeyError:
+            raise KeyError(f"checkpoint has no tensor {name!r} ({layout} layout expected)") from None
+
+    get.optional = lambda name: get(name) if name in t else None
+    return get

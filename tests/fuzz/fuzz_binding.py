@@ -39,6 +39,9 @@ import traceback
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from memory_layouts import LAYOUTS, relayout  # noqa: E402  (tests/memory_layouts.py)
+
 if __name__ == "__main__" and "--engine" in sys.argv and "atheris" in sys.argv:
     import atheris  # noqa: F401  (instrument mha's Python layers for coverage feedback)
     with atheris.instrument_imports(include=["mha"]):
@@ -114,43 +117,6 @@ ODD_OBJECTS = [None, 0, 1.5, "q", [], [[1.0, 2.0], [3.0]], [[1.0, 2.0]], object(
                np.array(1.0), np.ones((2, 2), complex), np.ones((2, 2), object),
                np.ones((2, 2), "M8[s]"), np.ones((2, 2), np.int32), np.ones((2, 2), bool),
                np.ones((2, 2), np.float16), np.ones((2, 2), np.longdouble)]
-LAYOUTS = ["fortran", "strided", "negative", "readonly", "byteswapped", "broadcast", "unaligned"]
-
-
-def relayout(a, kind):
-    """`a`'s values in another memory layout (a new buffer unless broadcast)."""
-    if not isinstance(a, np.ndarray) or a.dtype == object:
-        return a
-    if kind == "fortran":
-        return np.asfortranarray(a)
-    if kind == "strided":
-        big = np.zeros(a.shape[:-1] + (2 * a.shape[-1],) if a.ndim else (), a.dtype)
-        if a.ndim == 0:
-            return a.copy()
-        view = big[..., ::2]
-        view[...] = a
-        return view
-    if kind == "negative":
-        flip = tuple(slice(None, None, -1) for _ in a.shape)
-        return np.ascontiguousarray(a[flip])[flip]
-    if kind == "readonly":
-        r = a.copy()
-        r.flags.writeable = False
-        return r
-    if kind == "byteswapped":
-        return a.astype(a.dtype.newbyteorder()) if a.dtype.kind in "fiuc" else a.copy()
-    if kind == "broadcast":       # a zero-stride view of the first row, when all rows are equal
-        if a.ndim and a.shape[0] > 0 and (a == a[:1]).all():
-            return np.broadcast_to(a[:1], a.shape)
-        return a.copy()
-    if kind == "unaligned":
-        buf = np.zeros(a.nbytes + 1, np.uint8)
-        u = buf[1:].view(a.dtype).reshape(a.shape) if a.dtype.itemsize > 1 else buf[1:].view(a.dtype).reshape(a.shape)
-        u[...] = a
-        return u
-    raise ValueError(kind)
-
-
 def is_known_unaligned_error(e):
     return isinstance(e, ValueError) and "aligned" in str(e)
 
