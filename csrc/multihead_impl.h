@@ -123,17 +123,24 @@ int FN(mha_layer_backward)(real *dx_q, real *dx_k, real *dx_v, const GRADS *g,
     int ok = 1;
     size_t n_q_elems = mha_mul_size((size_t)rows_q, (size_t)E_q, &ok);
     size_t n_k_elems = mha_mul_size((size_t)rows_k, (size_t)E_kv, &ok);
-    size_t total = n_q_elems * 3 + n_k_elems * 2; /* dC, concat, dQ, dK, dV */
-    if (!ok || total / 3 < n_q_elems || total > SIZE_MAX / sizeof(real)) return MHA_ENOMEM;
+    const size_t n_masked = p->head_mask ? n_q_elems : 0;
+    size_t total = 0; /* dC, masked concat, dQ, dK, dV */
+    const size_t parts[5] = {n_q_elems, n_masked, n_q_elems, n_k_elems, n_k_elems};
+    for (int i = 0; i < 5; i++)
+        if (__builtin_add_overflow(total, parts[i], &total)) ok = 0;
+    if (!ok || total > SIZE_MAX / sizeof(real)) return MHA_ENOMEM;
     real *scratch = mha_alloc(total * sizeof(real));
     if (!scratch) return MHA_ENOMEM;
-    real *dC = scratch, *concat = dC + n_q_elems, *dQ = concat + n_q_elems;
+    real *dC = scratch, *masked = dC + n_q_elems, *dQ = masked + n_masked;
     real *dK = dQ + n_q_elems, *dV = dK + n_k_elems;
     int err = MHA_OK;
 
     // 3. out = concat W_o + b_o  ->  dconcat = d_out W_o^T, dW_o = concat^T d_out, db_o
-    if (p->head_mask) FN(apply_head_mask)(concat, attn, p->head_mask, rows_q, H, dh);
-    else memcpy(concat, attn, n_q_elems * sizeof(real));
+    const real *concat = attn; /* without a head mask the concatenation is attn itself */
+    if (p->head_mask) {
+        FN(apply_head_mask)(masked, attn, p->head_mask, rows_q, H, dh);
+        concat = masked;
+    }
     if ((err = FN(mha_gemm)(0, 1, rows_q, E_q, m->d_model, 1, d_out, m->d_model, p->W_o,
                             m->d_model, 0, dC, E_q)))
         goto done;
