@@ -360,17 +360,24 @@ def test_layer_matches_reference(p):
     d_out = r.standard_normal(out.shape).astype(dtype)
     grads = layer.backward(d_out)
     twin_grads = twin.backward(d_out.astype(np.float64))
+    # float32: every gradient of one backward is judged against the largest of them, since a
+    # gradient that is small by cancellation (d_query when the softmax rows sum dS to ~0) still
+    # carries the rounding of the large terms it came from; float64 keeps per-array scales
+    common = None
+    if dtype == np.float32:
+        common = max(float(np.abs(a).max()) for a in list(twin_grads) + list(twin.grads.values())
+                     if a is not None and a.size)
     for name, g, tg in zip(("d_query", "d_key", "d_value"), grads, twin_grads):
         if tg is None:
             assert g is None, f"{name} must be None for this call pattern"
             continue
         assert g.dtype == dtype
-        assert_close(g, tg, TOL_LAYER_GRAD[dtype], name)
+        assert_close(g, tg, TOL_LAYER_GRAD[dtype], name, scale=common)
     assert set(layer.grads) == set(twin.grads)
     for name in layer.grads:
         scale = np.abs(twin.grads["W_k"]).max() if name == "b_k" else None  # b_k's is 0 exactly
         assert_close(layer.grads[name], twin.grads[name], TOL_LAYER_GRAD[dtype], f"grads[{name}]",
-                     scale=scale)
+                     scale=common or scale)
     assert_unmodified(snap, "layer forward/backward")
 
 
