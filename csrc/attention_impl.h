@@ -1,7 +1,8 @@
 /* attention_impl.h: scaled dot-product attention, forward and backward, for a type `real`.
  * Included by attention.c with real (float|double), SFX (f32|f64) and EXP (expf|exp) defined.
  *
- * Work is split into query blocks of up to BQ rows. A block's scores S (rows, n_k) are
+ * Without weights the forward is fused (fused_forward below: key tiles, online softmax, O(n)
+ * scratch). With weights, and in the backward, work is split into query blocks of up to BQ rows. A block's scores S (rows, n_k) are
  * computed by one GEMM, turned into probabilities row by row (the whole row is in hand, so
  * the softmax is exact and needs no running rescale), and multiplied into V by a second GEMM.
  * The scratch is O(BQ * n_k) per thread, never n_q x n_k, unless the weights are requested.
@@ -148,6 +149,159 @@ static int FN(check_desc)(const mha_attention_desc *d) {
 
 #define NONE(a, b, c, e) ((a) == 0 || (b) == 0 || (c) == 0 || (e) == 0) /* an empty 4-D array */
 
+/* ---- the fused forward (no weights requested) ---------------------------------------------
+ * Tasks are (b, key/value head, chunk of query rows). A task packs each tile of BK keys (K^T
+ * and V) once, then runs every query block of its chunk, for every query head of the group,
+ * against it: S = scale * q k^T for (BQF x BK), the online softmax (running max m and sum l
+ * per row; earlier output rescaled by exp(m_old - m_new)), and out += exp(S - m) v. Out holds
+ * the unnormalised sum until the last tile; then each row is divided by l. Each row sees the
+ * tiles in the same order whatever the chunking, so results do not depend on the threads.
+ * Scratch per thread: two packed tiles, one block of scores, and m, l of the chunk's rows. */
+#define BK 256
+#define BQF 64
+
+/* The online-softmax step for a block of scores S (rows, cols) of key tile j0: masks, then
+ * per row m_new = max(m, max S), alpha = exp(m - m_new), S = exp(S - m_new) (0 where masked,
+ * and for columns [ncols, cols) that no row of the block may see), l = alpha * l + sum S.
+ * Dropout scales the kept entries of S after the sum (l is the undropped normaliser). */
+MHA_HOT static void FN(online_softmax_tile)(real *S, int64_t ld, int64_t rows, int64_t ncols,
+                                            int64_t cols, int64_t b, int64_t h, int64_t i0,
+                                            int64_t j0, real *m, real *l, real *alpha,
+                                            const mha_attention_desc *d) {
+    const int64_t shift = d->n_k - d->n_q;
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t i = i0 + r;
+        real *p = S + r * ld;
+        if (d->mask_kind != MHA_MASK_NONE) {
+            int64_t base = b * d->mask_strides[0] + h * d->mask_strides[1] + i * d->mask_strides[2];
+            int64_t sj = d->mask_strides[3];
+            base += j0 * sj;
+            if (d->mask_kind == MHA_MASK_FLOAT) {
+                const real *mk = (const real *)d->mask + base;
+                for (int64_t j = 0; j < ncols; j++) p[j] += mk[j * sj];
+            } else {
+                const uint8_t *mk = (const uint8_t *)d->mask + base;
+                for (int64_t j = 0; j < ncols; j++)
+                    if (!mk[j * sj]) p[j] = -INFINITY;
+            }
+        }
+        if (d->key_padding) {
+            const uint8_t *kp = d->key_padding + b * d->key_padding_stride + j0;
+            for (int64_t j = 0; j < ncols; j++)
+                if (!kp[j]) p[j] = -INFINITY;
+        }
+        int64_t n_row = ncols;
+        if (d->causal) n_row = MHA_MAX(0, MHA_MIN(ncols, i + shift + 1 - j0));
+        real t_max = FN(mha_max)(p, n_row);
+        real m_new = t_max > m[r] ? t_max : m[r];
+        if (t_max != t_max) m_new = t_max;
+        if (m_new == -INFINITY) { /* nothing seen yet */
+            memset(p, 0, (size_t)cols * sizeof(real));
+            alpha[r] = 1;
+            continue;
+        }
+        alpha[r] = m_new == m[r] ? 1 : EXP(m[r] - m_new);
+        real sum = FN(mha_exp_sum)(p, n_row, m_new);
+        memset(p + n_row, 0, (size_t)(cols - n_row) * sizeof(real));
+        l[r] = l[r] * alpha[r] + sum;
+        m[r] = m_new;
+        if (d->dropout > 0) {
+            const real keep_scale = (real)(1.0 / (1.0 - d->dropout));
+            uint64_t state = mha_dropout_row_state(d->seed, (uint64_t)b, (uint64_t)h, (uint64_t)i);
+            for (int64_t j = 0; j < n_row; j++) {
+                int keep = mha_uniform_from_state(state, (uint64_t)(j0 + j)) >= d->dropout;
+                p[j] = keep ? p[j] * keep_scale : 0;
+            }
+        }
+    }
+}
+
+/* out (by d->out) without weights; lse (B, H, n_q) contiguous or NULL receives m + log(l)
+ * (-inf for fully masked rows). */
+static int FN(fused_forward)(real *out, real *lse, const real *q, const real *k, const real *v,
+                             const mha_attention_desc *d) {
+    const int64_t B = d->batch, H = d->heads, H_kv = d->kv_heads, group = H / H_kv;
+    const int64_t q_blocks = (d->n_q + BQF - 1) / BQF;
+    const double flops = 2.0 * B * H * d->n_q * d->n_k * (double)(d->d_k + d->d_v);
+    const int threads = mha_threads_for(flops);
+    /* chunks of query blocks per (b, kv head): enough tasks to balance the threads */
+    const int64_t want = (4 * (int64_t)threads + B * H_kv - 1) / (B * H_kv);
+    const int64_t chunks = MHA_MAX(1, MHA_MIN(q_blocks, threads > 1 ? want : 1));
+    const int64_t tasks = B * H_kv * chunks;
+    const int64_t chunk_rows = (q_blocks + chunks - 1) / chunks * BQF;
+    const size_t kp_elems = mha_round_up(FN(mha_packed_b_size)(d->d_k, BK), MHA_CACHE_LINE);
+    const size_t vp_elems = mha_round_up(FN(mha_packed_b_size)(BK, d->d_v), MHA_CACHE_LINE);
+    const size_t s_elems = (size_t)BQF * BK;
+    int ok = 1;
+    size_t row_elems = mha_mul_size((size_t)group, (size_t)chunk_rows, &ok);
+    size_t per_thread = kp_elems + vp_elems + s_elems + BQF;
+    if (__builtin_add_overflow(per_thread, mha_mul_size(row_elems, 2, &ok), &per_thread)) ok = 0;
+    per_thread = mha_round_up(mha_mul_size(per_thread, sizeof(real), &ok), MHA_CACHE_LINE);
+    const int nt = (int)MHA_MIN((int64_t)threads, tasks);
+    if (!ok || per_thread > SIZE_MAX / (size_t)nt) return MHA_ENOMEM;
+    char *scratch = mha_alloc(per_thread * (size_t)nt);
+    if (!scratch) return MHA_ENOMEM;
+
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (nt > 1)
+#endif
+    for (int64_t task = 0; task < tasks; task++) {
+        int t = 0;
+#ifdef _OPENMP
+        t = omp_get_thread_num();
+#endif
+        real *Kp = (real *)(scratch + (size_t)t * per_thread);
+        real *Vp = Kp + kp_elems, *S = Vp + vp_elems, *alpha = S + s_elems;
+        real *m = alpha + BQF, *l = m + row_elems;
+        const int64_t b = task / (H_kv * chunks), g = task / chunks % H_kv, c = task % chunks;
+        const int64_t r0 = MHA_MIN(d->n_q, q_blocks * c / chunks * BQF);
+        const int64_t r1 = MHA_MIN(d->n_q, q_blocks * (c + 1) / chunks * BQF);
+        const real *k_bg = AT(k, d->k, b, g), *v_bg = AT(v, d->v, b, g);
+        for (int64_t hh = 0; hh < group; hh++) {
+            real *o_bh = AT(out, d->out, b, g * group + hh);
+            for (int64_t i = r0; i < r1; i++) memset(o_bh + i * d->out.row, 0, (size_t)d->d_v * sizeof(real));
+        }
+        for (size_t e = 0; e < row_elems; e++) { m[e] = -INFINITY; l[e] = 0; }
+        const int64_t n_seen = r1 > r0 ? FN(visible_keys)(d, r1 - 1) : 0;
+        for (int64_t j0 = 0; j0 < n_seen; j0 += BK) {
+            const int64_t cols = MHA_MIN(BK, d->n_k - j0);
+            FN(mha_pack_b_full)(Kp, k_bg + j0 * d->k.row, d->k.row, 1, d->d_k, cols);
+            FN(mha_pack_b_full)(Vp, v_bg + j0 * d->v.row, d->v.row, 0, cols, d->d_v);
+            for (int64_t hh = 0; hh < group; hh++) {
+                const int64_t h = g * group + hh;
+                const real *q_bh = AT(q, d->q, b, h);
+                real *o_bh = AT(out, d->out, b, h);
+                for (int64_t i0 = r0; i0 < r1; i0 += BQF) {
+                    const int64_t rows = MHA_MIN(BQF, r1 - i0);
+                    const int64_t ncols = MHA_MIN(cols, FN(visible_keys)(d, i0 + rows - 1) - j0);
+                    if (ncols <= 0) continue;
+                    real *m_blk = m + hh * chunk_rows + (i0 - r0), *l_blk = l + hh * chunk_rows + (i0 - r0);
+                    real *o_blk = o_bh + i0 * d->out.row;
+                    FN(mha_gemm_packed)(rows, ncols, d->d_k, (real)d->scale, q_bh + i0 * d->q.row,
+                                        d->q.row, Kp, 0, S, BK);
+                    FN(online_softmax_tile)(S, BK, rows, ncols, cols, b, h, i0, j0, m_blk, l_blk, alpha, d);
+                    for (int64_t r = 0; r < rows; r++)
+                        if (alpha[r] != 1) FN(mha_scale)(o_blk + r * d->out.row, d->d_v, alpha[r]);
+                    FN(mha_gemm_packed)(rows, d->d_v, cols, 1, S, BK, Vp, 1, o_blk, d->out.row);
+                }
+            }
+        }
+        for (int64_t hh = 0; hh < group; hh++) {
+            const int64_t h = g * group + hh;
+            real *o_bh = AT(out, d->out, b, h);
+            for (int64_t i = r0; i < r1; i++) {
+                const real mi = m[hh * chunk_rows + (i - r0)], li = l[hh * chunk_rows + (i - r0)];
+                real *o = o_bh + i * d->out.row;
+                if (mi == -INFINITY) memset(o, 0, (size_t)d->d_v * sizeof(real));
+                else FN(mha_scale)(o, d->d_v, 1 / li);
+                if (lse) lse[(b * H + h) * d->n_q + i] = mi == -INFINITY ? -INFINITY : mi + (real)log((double)li);
+            }
+        }
+    }
+    free(scratch);
+    return MHA_OK;
+}
+
 /* Forward
  * out: (B, H, n_q, d_v) by d->out   weights: (B, H, n_q, n_k) contiguous or NULL
  * q: (B, H, n_q, d_k)   k: (B, H_kv, n_k, d_k)   v: (B, H_kv, n_k, d_v)   */
@@ -157,6 +311,7 @@ int FN(mha_attention_forward)(real *out, real *weights, const real *q, const rea
     const int64_t B = d->batch, H = d->heads;
     /* nothing to write (this also bounds the task count below by an array's size) */
     if (NONE(B, H, d->n_q, d->d_v) && (!weights || NONE(B, H, d->n_q, d->n_k))) return MHA_OK;
+    if (!weights) return FN(fused_forward)(out, NULL, q, k, v, d);
     const int64_t group = d->heads / d->kv_heads;
     const int64_t bq = FN(block_rows)(d->n_k), ld = MHA_MAX(d->n_k, 1);
     const int64_t q_blocks = (d->n_q + bq - 1) / bq;
@@ -304,3 +459,5 @@ int FN(mha_attention_backward)(real *dq, real *dk, real *dv, const real *d_out, 
 #undef AT
 #undef NONE
 #undef BQ_MAX
+#undef BK
+#undef BQF

@@ -283,6 +283,28 @@ int FN(mha_gemm_ws)(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, r
     return MHA_OK;
 }
 
+/* Pre-packed B, for attention's tiles: op(B) (K x N) packed once into NR-column panels with
+ * the whole K axis per panel, then used by many products whose A is read in place. */
+size_t FN(mha_packed_b_size)(int64_t K, int64_t N) {
+    return (size_t)MHA_MAX(K, 0) * mha_round_up((size_t)MHA_MAX(N, 0), NR);
+}
+
+/* Columns per packed panel; a tile of B starting at a multiple of this is packed[j0 * K:]. */
+int FN(mha_packed_b_panel)(void) { return NR; }
+
+void FN(mha_pack_b_full)(real *packed, const real *B, int64_t ldb, int trans_b, int64_t K, int64_t N) {
+    if (K > 0 && N > 0) FN(pack_b)(packed, B, ldb, trans_b, K, N);
+}
+
+/* C = alpha * A @ Bp + beta * C on the calling thread, A (M x K) read in place with row
+ * stride lda, Bp from mha_pack_b_full(K, N). */
+MHA_HOT void FN(mha_gemm_packed)(int64_t M, int64_t N, int64_t K, real alpha, const real *A,
+                                 int64_t lda, const real *packed, real beta, real *C, int64_t ldc) {
+    if (M <= 0 || N <= 0) return;
+    if (K <= 0) { FN(scale_c)(M, N, beta, C, ldc); return; }
+    FN(macro_kernel_direct)(M, N, K, A, lda, 1, packed, C, ldc, alpha, beta);
+}
+
 int FN(mha_gemm)(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, real alpha,
                  const real *A, int64_t lda, const real *B, int64_t ldb, real beta, real *C,
                  int64_t ldc) {
