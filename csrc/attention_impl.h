@@ -31,60 +31,68 @@ static int64_t FN(visible_keys)(const mha_attention_desc *d, int64_t i_last) {
     return MHA_MAX(0, MHA_MIN(d->n_k, last + 1));
 }
 
+/* Masks on the scores p[0:ncols] of query row i against keys [j0, j0 + ncols) of head (b, h):
+ * a float mask is added; bool mask, key padding set -inf. Returns the columns the row may
+ * see (fewer than ncols when causal); the caller ignores the rest. */
+static inline int64_t FN(mask_row)(real *p, int64_t ncols, int64_t b, int64_t h, int64_t i,
+                                   int64_t j0, const mha_attention_desc *d) {
+    if (d->mask_kind != MHA_MASK_NONE) {
+        const int64_t sj = d->mask_strides[3];
+        const int64_t base = b * d->mask_strides[0] + h * d->mask_strides[1] +
+                             i * d->mask_strides[2] + j0 * sj;
+        if (d->mask_kind == MHA_MASK_FLOAT) {
+            const real *m = (const real *)d->mask + base;
+            for (int64_t j = 0; j < ncols; j++) p[j] += m[j * sj];
+        } else {
+            const uint8_t *m = (const uint8_t *)d->mask + base;
+            for (int64_t j = 0; j < ncols; j++)
+                if (!m[j * sj]) p[j] = -INFINITY;
+        }
+    }
+    if (d->key_padding) {
+        const uint8_t *kp = d->key_padding + b * d->key_padding_stride + j0;
+        for (int64_t j = 0; j < ncols; j++)
+            if (!kp[j]) p[j] = -INFINITY;
+    }
+    if (!d->causal) return ncols;
+    return MHA_MAX(0, MHA_MIN(ncols, i + (d->n_k - d->n_q) + 1 - j0));
+}
+
 /* P (rows, n_vis) with row stride ld: the attention probabilities of query rows
  * [i0, i0 + rows) of head (b, h). On entry P holds scale * q k^T; masks are applied here.
- * A row with no finite score becomes all zeros and is flagged in dead[r]. */
-MHA_HOT static void FN(softmax_rows)(real *P, uint8_t *dead, int64_t ld, int64_t rows,
+ * A row with no finite score becomes all zeros and is flagged in dead[r]. lse[r] (if not
+ * NULL) gets the row's log-sum-exp, -inf for a dead row. */
+MHA_HOT static void FN(softmax_rows)(real *P, uint8_t *dead, real *lse, int64_t ld, int64_t rows,
                                      int64_t n_vis, int64_t b, int64_t h, int64_t i0,
                                      const mha_attention_desc *d) {
-    const int64_t shift = d->n_k - d->n_q;
     for (int64_t r = 0; r < rows; r++) {
-        const int64_t i = i0 + r;
         real *p = P + r * ld;
-        /* 1. masks: float added; bool, key padding and causal set -inf */
-        if (d->mask_kind != MHA_MASK_NONE) {
-            int64_t base = b * d->mask_strides[0] + h * d->mask_strides[1] + i * d->mask_strides[2];
-            int64_t sj = d->mask_strides[3];
-            if (d->mask_kind == MHA_MASK_FLOAT) {
-                const real *m = (const real *)d->mask + base;
-                for (int64_t j = 0; j < n_vis; j++) p[j] += m[j * sj];
-            } else {
-                const uint8_t *m = (const uint8_t *)d->mask + base;
-                for (int64_t j = 0; j < n_vis; j++)
-                    if (!m[j * sj]) p[j] = -INFINITY;
-            }
-        }
-        if (d->key_padding) {
-            const uint8_t *kp = d->key_padding + b * d->key_padding_stride;
-            for (int64_t j = 0; j < n_vis; j++)
-                if (!kp[j]) p[j] = -INFINITY;
-        }
-        int64_t n_row = n_vis; /* columns this row may see */
-        if (d->causal) n_row = MHA_MAX(0, MHA_MIN(n_vis, i + shift + 1));
-        /* 2. max (NaN propagates) */
-        real m = FN(mha_max)(p, n_row);
+        const int64_t n_row = FN(mask_row)(p, n_vis, b, h, i0 + r, 0, d);
+        real m = FN(mha_max)(p, n_row); /* NaN propagates */
         dead[r] = m == -INFINITY;
+        if (lse) lse[r] = m;
         if (dead[r]) { /* every key masked: the row is 0 */
             memset(p, 0, (size_t)n_vis * sizeof(real));
             continue;
         }
-        /* 3. exp and normalise */
         real sum = FN(mha_exp_sum)(p, n_row, m);
         FN(mha_scale)(p, n_row, 1 / sum);
-        for (int64_t j = n_row; j < n_vis; j++) p[j] = 0;
+        memset(p + n_row, 0, (size_t)(n_vis - n_row) * sizeof(real));
+        if (lse) lse[r] = m + (real)log((double)sum);
     }
 }
 
-/* A = P * keep / (1 - p): dropout of rows [i0, i0 + rows) of head (b, h), out of place
- * (A may equal P). */
+/* A = P * keep / (1 - p): dropout of rows [i0, i0 + rows), columns [j0, j0 + n_vis) of
+ * head (b, h), out of place (A may equal P). The same keep mask turns dA into dP. */
 static void FN(dropout_rows)(real *A, const real *P, int64_t ld, int64_t rows, int64_t n_vis,
-                             int64_t b, int64_t h, int64_t i0, const mha_attention_desc *d) {
+                             int64_t b, int64_t h, int64_t i0, int64_t j0,
+                             const mha_attention_desc *d) {
     const double p_drop = d->dropout;
     const real keep_scale = (real)(1.0 / (1.0 - p_drop));
     for (int64_t r = 0; r < rows; r++) {
         uint64_t state = mha_dropout_row_state(d->seed, (uint64_t)b, (uint64_t)h, (uint64_t)(i0 + r));
         for (int64_t j = 0; j < n_vis; j++) {
-            int keep = mha_uniform_from_state(state, (uint64_t)j) >= p_drop;
+            int keep = mha_uniform_from_state(state, (uint64_t)(j0 + j)) >= p_drop;
             A[r * ld + j] = keep ? P[r * ld + j] * keep_scale : 0;
         }
     }
@@ -94,23 +102,20 @@ static void FN(dropout_rows)(real *A, const real *P, int64_t ld, int64_t rows, i
 #define AT(ptr, view, b, h) ((ptr) + (b) * (view).batch + (h) * (view).head)
 
 /* Scores then probabilities of one query block into P; returns the visible key count. */
-static int64_t FN(block_probs)(real *P, uint8_t *dead, int64_t ld, real *gemm_ws, const real *q_bh,
-                               const real *k_bh, int64_t b, int64_t h, int64_t i0, int64_t rows,
-                               const mha_attention_desc *d) {
+static int64_t FN(block_probs)(real *P, uint8_t *dead, real *lse, int64_t ld, real *gemm_ws,
+                               const real *q_bh, const real *k_bh, int64_t b, int64_t h,
+                               int64_t i0, int64_t rows, const mha_attention_desc *d) {
     int64_t n_vis = FN(visible_keys)(d, i0 + rows - 1);
     FN(mha_gemm_ws)(0, 1, rows, n_vis, d->d_k, (real)d->scale, q_bh + i0 * d->q.row, d->q.row,
                     k_bh, d->k.row, 0, P, ld, gemm_ws, 1);
-    FN(softmax_rows)(P, dead, ld, rows, n_vis, b, h, i0, d);
+    FN(softmax_rows)(P, dead, lse, ld, rows, n_vis, b, h, i0, d);
     return n_vis;
 }
 
 static size_t FN(attention_gemm_ws)(const mha_attention_desc *d, int64_t bq) {
-    size_t ws = 0, w;
-    int64_t dk = MHA_MAX(d->d_k, d->d_v);
-    w = FN(mha_gemm_workspace)(bq, d->n_k, dk, 1);      ws = MHA_MAX(ws, w); /* S, dA        */
-    w = FN(mha_gemm_workspace)(bq, dk, d->n_k, 1);      ws = MHA_MAX(ws, w); /* O, dQ        */
-    w = FN(mha_gemm_workspace)(d->n_k, dk, bq, 1);      ws = MHA_MAX(ws, w); /* dK, dV       */
-    return mha_round_up(ws, MHA_CACHE_LINE);
+    size_t s = FN(mha_gemm_workspace)(bq, d->n_k, d->d_k, 1);  /* S = q k^T */
+    size_t o = FN(mha_gemm_workspace)(bq, d->d_v, d->n_k, 1);  /* O = P v   */
+    return mha_round_up(MHA_MAX(s, o), MHA_CACHE_LINE);
 }
 
 /* Threads and per-thread scratch for `tasks` independent tasks doing `flops` in all. Each
@@ -168,30 +173,10 @@ MHA_HOT static void FN(online_softmax_tile)(real *S, int64_t ld, int64_t rows, i
                                             int64_t cols, int64_t b, int64_t h, int64_t i0,
                                             int64_t j0, real *m, real *l, real *alpha,
                                             const mha_attention_desc *d) {
-    const int64_t shift = d->n_k - d->n_q;
     for (int64_t r = 0; r < rows; r++) {
         const int64_t i = i0 + r;
         real *p = S + r * ld;
-        if (d->mask_kind != MHA_MASK_NONE) {
-            int64_t base = b * d->mask_strides[0] + h * d->mask_strides[1] + i * d->mask_strides[2];
-            int64_t sj = d->mask_strides[3];
-            base += j0 * sj;
-            if (d->mask_kind == MHA_MASK_FLOAT) {
-                const real *mk = (const real *)d->mask + base;
-                for (int64_t j = 0; j < ncols; j++) p[j] += mk[j * sj];
-            } else {
-                const uint8_t *mk = (const uint8_t *)d->mask + base;
-                for (int64_t j = 0; j < ncols; j++)
-                    if (!mk[j * sj]) p[j] = -INFINITY;
-            }
-        }
-        if (d->key_padding) {
-            const uint8_t *kp = d->key_padding + b * d->key_padding_stride + j0;
-            for (int64_t j = 0; j < ncols; j++)
-                if (!kp[j]) p[j] = -INFINITY;
-        }
-        int64_t n_row = ncols;
-        if (d->causal) n_row = MHA_MAX(0, MHA_MIN(ncols, i + shift + 1 - j0));
+        const int64_t n_row = FN(mask_row)(p, ncols, b, h, i, j0, d);
         real t_max = FN(mha_max)(p, n_row);
         real m_new = t_max > m[r] ? t_max : m[r];
         if (t_max != t_max) m_new = t_max;
@@ -205,14 +190,7 @@ MHA_HOT static void FN(online_softmax_tile)(real *S, int64_t ld, int64_t rows, i
         memset(p + n_row, 0, (size_t)(cols - n_row) * sizeof(real));
         l[r] = l[r] * alpha[r] + sum;
         m[r] = m_new;
-        if (d->dropout > 0) {
-            const real keep_scale = (real)(1.0 / (1.0 - d->dropout));
-            uint64_t state = mha_dropout_row_state(d->seed, (uint64_t)b, (uint64_t)h, (uint64_t)i);
-            for (int64_t j = 0; j < n_row; j++) {
-                int keep = mha_uniform_from_state(state, (uint64_t)(j0 + j)) >= d->dropout;
-                p[j] = keep ? p[j] * keep_scale : 0;
-            }
-        }
+        if (d->dropout > 0) FN(dropout_rows)(p, p, ld, 1, n_row, b, h, i, j0, d);
     }
 }
 
@@ -277,12 +255,12 @@ static int FN(fused_forward)(real *out, real *lse, const real *q, const real *k,
                     if (ncols <= 0) continue;
                     real *m_blk = m + hh * chunk_rows + (i0 - r0), *l_blk = l + hh * chunk_rows + (i0 - r0);
                     real *o_blk = o_bh + i0 * d->out.row;
-                    FN(mha_gemm_packed)(rows, ncols, d->d_k, (real)d->scale, q_bh + i0 * d->q.row,
+                    FN(mha_gemm_packed)(0, rows, ncols, d->d_k, (real)d->scale, q_bh + i0 * d->q.row,
                                         d->q.row, Kp, 0, S, BK);
                     FN(online_softmax_tile)(S, BK, rows, ncols, cols, b, h, i0, j0, m_blk, l_blk, alpha, d);
                     for (int64_t r = 0; r < rows; r++)
                         if (alpha[r] != 1) FN(mha_scale)(o_blk + r * d->out.row, d->d_v, alpha[r]);
-                    FN(mha_gemm_packed)(rows, d->d_v, cols, 1, S, BK, Vp, 1, o_blk, d->out.row);
+                    FN(mha_gemm_packed)(0, rows, d->d_v, cols, 1, S, BK, Vp, 1, o_blk, d->out.row);
                 }
             }
         }
@@ -304,14 +282,18 @@ static int FN(fused_forward)(real *out, real *lse, const real *q, const real *k,
 
 /* Forward
  * out: (B, H, n_q, d_v) by d->out   weights: (B, H, n_q, n_k) contiguous or NULL
+ * lse: (B, H, n_q) contiguous or NULL: each row's log-sum-exp of its masked, scaled scores
+ * (what the backward needs to rebuild P; -inf for a fully masked row)
  * q: (B, H, n_q, d_k)   k: (B, H_kv, n_k, d_k)   v: (B, H_kv, n_k, d_v)   */
-int FN(mha_attention_forward)(real *out, real *weights, const real *q, const real *k,
-                              const real *v, const mha_attention_desc *d) {
+int FN(mha_attention_forward_lse)(real *out, real *weights, real *lse, const real *q,
+                                  const real *k, const real *v, const mha_attention_desc *d) {
     if (FN(check_desc)(d)) return MHA_EINVAL;
     const int64_t B = d->batch, H = d->heads;
     /* nothing to write (this also bounds the task count below by an array's size) */
-    if (NONE(B, H, d->n_q, d->d_v) && (!weights || NONE(B, H, d->n_q, d->n_k))) return MHA_OK;
-    if (!weights) return FN(fused_forward)(out, NULL, q, k, v, d);
+    if (NONE(B, H, d->n_q, d->d_v) && (!weights || NONE(B, H, d->n_q, d->n_k)) &&
+        (!lse || NONE(B, H, d->n_q, 1)))
+        return MHA_OK;
+    if (!weights) return FN(fused_forward)(out, lse, q, k, v, d);
     const int64_t group = d->heads / d->kv_heads;
     const int64_t bq = FN(block_rows)(d->n_k), ld = MHA_MAX(d->n_k, 1);
     const int64_t q_blocks = (d->n_q + bq - 1) / bq;
@@ -336,19 +318,18 @@ int FN(mha_attention_forward)(real *out, real *weights, const real *q, const rea
         const real *q_bh = AT(q, d->q, b, h);
         const real *k_bh = AT(k, d->k, b, h / group), *v_bh = AT(v, d->v, b, h / group);
         real *o_blk = AT(out, d->out, b, h) + i0 * d->out.row;
+        real *lse_blk = lse ? lse + (b * H + h) * d->n_q + i0 : NULL;
 
         // 1. P = softmax(scale * q k^T + masks), block (rows, n_vis)
         uint8_t dead[BQ_MAX];
-        int64_t n_vis = FN(block_probs)(P, dead, ld, gemm_ws, q_bh, k_bh, b, h, i0, rows, d);
-        if (weights) {
-            real *w = weights + ((b * H + h) * d->n_q + i0) * d->n_k;
-            for (int64_t r = 0; r < rows; r++) {
-                memcpy(w + r * d->n_k, P + r * ld, (size_t)n_vis * sizeof(real));
-                memset(w + r * d->n_k + n_vis, 0, (size_t)(d->n_k - n_vis) * sizeof(real));
-            }
+        int64_t n_vis = FN(block_probs)(P, dead, lse_blk, ld, gemm_ws, q_bh, k_bh, b, h, i0, rows, d);
+        real *w = weights + ((b * H + h) * d->n_q + i0) * d->n_k;
+        for (int64_t r = 0; r < rows; r++) {
+            memcpy(w + r * d->n_k, P + r * ld, (size_t)n_vis * sizeof(real));
+            memset(w + r * d->n_k + n_vis, 0, (size_t)(d->n_k - n_vis) * sizeof(real));
         }
         // 2. A = dropout(P), in place
-        if (d->dropout > 0) FN(dropout_rows)(P, P, ld, rows, n_vis, b, h, i0, d);
+        if (d->dropout > 0) FN(dropout_rows)(P, P, ld, rows, n_vis, b, h, i0, 0, d);
         // 3. O = A v
         FN(mha_gemm_ws)(0, 0, rows, d->d_v, n_vis, 1, P, ld, v_bh, d->v.row, 0, o_blk,
                         d->out.row, gemm_ws, 1);
@@ -358,37 +339,100 @@ int FN(mha_attention_forward)(real *out, real *weights, const real *q, const rea
     return MHA_OK;
 }
 
-/* Backward: tasks are (b, key/value head), because dK and dV gather from every query row of
- * every query head in the group.
- * dq like q, dk like k, dv like v; d_out like out.   */
-int FN(mha_attention_backward)(real *dq, real *dk, real *dv, const real *d_out, const real *q,
-                               const real *k, const real *v, const mha_attention_desc *d) {
-    if (FN(check_desc)(d)) return MHA_EINVAL;
-    const int64_t B = d->batch, H = d->heads, H_kv = d->kv_heads;
-    if (NONE(B, H, d->n_q, d->d_k) && NONE(B, H_kv, d->n_k, d->d_k) && NONE(B, H_kv, d->n_k, d->d_v))
-        return MHA_OK;
-    const int64_t group = H / H_kv;
-    const int64_t bq = FN(block_rows)(d->n_k), ld = MHA_MAX(d->n_k, 1);
+int FN(mha_attention_forward)(real *out, real *weights, const real *q, const real *k,
+                              const real *v, const mha_attention_desc *d) {
+    return FN(mha_attention_forward_lse)(out, weights, NULL, q, k, v, d);
+}
+
+/* P = exp(S + masks - lse) for a (rows, ncols) block of scores of key tile j0, zero past
+ * each row's keys up to cols; rows with lse = -inf (fully masked) are all zero. Returns
+ * whether the block has such a row. */
+MHA_HOT static int FN(probs_from_lse)(real *P, int64_t ld, int64_t rows, int64_t ncols,
+                                      int64_t cols, const real *lse, int64_t b, int64_t h,
+                                      int64_t i0, int64_t j0, const mha_attention_desc *d) {
+    int any_dead = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        real *p = P + r * ld;
+        int64_t n_row = FN(mask_row)(p, ncols, b, h, i0 + r, j0, d);
+        if (lse[r] == -INFINITY) { any_dead = 1; n_row = 0; }
+        else FN(mha_exp_sum)(p, n_row, lse[r]);
+        memset(p + n_row, 0, (size_t)(cols - n_row) * sizeof(real));
+    }
+    return any_dead;
+}
+
+/* dS = P * (dP - delta) in place of dP, zero in columns [ncols, cols). */
+MHA_HOT static void FN(softmax_grad_tile)(real *D, const real *P, int64_t ld, int64_t rows,
+                                          int64_t ncols, int64_t cols, const real *delta) {
+    for (int64_t r = 0; r < rows; r++) {
+        const real *p = P + r * ld;
+        real *ds = D + r * ld;
+        const real dl = delta[r];
+        for (int64_t j = 0; j < ncols; j++) ds[j] = p[j] * (ds[j] - dl);
+        memset(ds + ncols, 0, (size_t)(cols - ncols) * sizeof(real));
+    }
+}
+
+/* x[j * ldx + c] += t[c * ldt + j] for j < rows, c < cols: a transposed tile added in. */
+static void FN(add_transposed)(real *x, int64_t ldx, const real *t, int64_t ldt, int64_t rows,
+                               int64_t cols) {
+    for (int64_t j = 0; j < rows; j++)
+        for (int64_t c = 0; c < cols; c++) x[j * ldx + c] += t[c * ldt + j];
+}
+
+/* ---- the fused backward ---------------------------------------------------------------------
+ * FlashAttention-2's scheme on a CPU. Tasks are (b, key/value head), because dK and dV gather
+ * from every query row of every head in the group. A task walks the keys in tiles of BK,
+ * packs each tile three ways (K^T and V^T for the products with q and dO, K for dq), and
+ * for every query block of every head in the group rebuilds P = exp(S - lse) from the saved
+ * log-sum-exp, then
+ *   dV_tile^T += dO^T A,   dP = (dO V^T) * Z,   dS = P * (dP - delta),   delta = rowsum(dO * O)
+ *   dq_blk    += scale * dS K,   dK_tile^T += scale * q^T dS
+ * All five products run on (64 x 256) blocks that stay in the core's caches; dK and dV of a
+ * tile are gathered transposed (so that every product reads its left operand along rows of
+ * a small block) and added into dk, dv once per tile. Rows with lse
+ * = -inf (fully masked) have no output: their dq is 0 and their dO reaches nothing.
+ * o: the forward's output, with view o_view; lse: (B, H, n_q) contiguous. */
+static int FN(fused_backward)(real *dq, real *dk, real *dv, const real *d_out, const real *q,
+                              const real *k, const real *v, const real *o, mha_view o_view,
+                              const real *lse, const mha_attention_desc *d) {
+    const int64_t B = d->batch, H = d->heads, H_kv = d->kv_heads, group = H / H_kv;
     const int64_t tasks = B * H_kv;
-    FN(plan) pl;
-    if (FN(make_plan)(&pl, d, tasks, 5.0 * B * H * d->n_q * d->n_k * (double)(d->d_k + d->d_v),
-                      bq, ld, 3, bq * d->d_v))
-        return MHA_ENOMEM;
+    const double flops = 5.0 * B * H * d->n_q * d->n_k * (double)(d->d_k + d->d_v);
+    const int nt = (int)MHA_MIN((int64_t)mha_threads_for(flops), tasks);
+    const size_t blk = (size_t)BQF * BK;
+    const size_t kt = mha_round_up(FN(mha_packed_b_size)(d->d_k, BK), MHA_CACHE_LINE);
+    const size_t vt = mha_round_up(FN(mha_packed_b_size)(d->d_v, BK), MHA_CACHE_LINE);
+    const size_t kn = mha_round_up(FN(mha_packed_b_size)(BK, d->d_k), MHA_CACHE_LINE);
+    const size_t bp = mha_round_up(FN(mha_packed_b_size)(BQF, BK), MHA_CACHE_LINE);
+    const size_t dkt = mha_round_up((size_t)d->d_k * BK, MHA_CACHE_LINE);
+    const size_t dvt = mha_round_up((size_t)d->d_v * BK, MHA_CACHE_LINE);
+    const size_t live = mha_round_up((size_t)BQF * (size_t)d->d_v, MHA_CACHE_LINE);
+    int ok = 1;
+    size_t rows_all = mha_round_up(mha_mul_size((size_t)group, (size_t)d->n_q, &ok), MHA_CACHE_LINE);
+    size_t per_thread = 0;
+    const size_t parts[9] = {kt, vt, kn, 3 * blk, bp, dkt, dvt, live, rows_all};
+    for (int i = 0; i < 9; i++)
+        if (__builtin_add_overflow(per_thread, parts[i], &per_thread)) ok = 0;
+    per_thread = mha_mul_size(per_thread, sizeof(real), &ok);
+    if (!ok || nt < 1 || per_thread > SIZE_MAX / (size_t)nt) return MHA_ENOMEM;
+    char *scratch = mha_alloc(per_thread * (size_t)nt);
+    if (!scratch) return MHA_ENOMEM;
+    const real scale = (real)d->scale;
 
 #ifdef _OPENMP
-#pragma omp parallel for num_threads(pl.threads) schedule(dynamic, pl.chunk) if (pl.threads > 1)
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (nt > 1)
 #endif
     for (int64_t task = 0; task < tasks; task++) {
         int t = 0;
 #ifdef _OPENMP
         t = omp_get_thread_num();
 #endif
-        char *mine = pl.scratch + (size_t)t * pl.per_thread;
-        real *P = (real *)mine;                                /* probabilities  (rows, n_vis) */
-        real *D = P + (size_t)bq * ld;                          /* dA, dP, then dS              */
-        real *A = d->dropout > 0 ? D + (size_t)bq * ld : P;     /* P after dropout              */
-        real *dO_live = P + 3 * (size_t)bq * ld;                /* d_out, fully masked rows 0   */
-        real *gemm_ws = (real *)(mine + pl.gemm_offset);
+        real *KpT = (real *)(scratch + (size_t)t * per_thread);
+        real *VpT = KpT + kt, *KpN = VpT + vt, *P = KpN + kn, *D = P + blk;
+        real *A = d->dropout > 0 ? D + blk : P;
+        real *Bp = P + 3 * blk, *dKt = Bp + bp, *dVt = dKt + dkt, *dO_live = dVt + dvt;
+        real *delta = dO_live + live;
         const int64_t b = task / H_kv, g = task % H_kv;
         const real *k_bg = AT(k, d->k, b, g), *v_bg = AT(v, d->v, b, g);
         real *dk_bg = AT(dk, d->k, b, g), *dv_bg = AT(dv, d->v, b, g);
@@ -396,64 +440,114 @@ int FN(mha_attention_backward)(real *dq, real *dk, real *dv, const real *d_out, 
             memset(dk_bg + j * d->k.row, 0, (size_t)d->d_k * sizeof(real));
             memset(dv_bg + j * d->v.row, 0, (size_t)d->d_v * sizeof(real));
         }
-        for (int64_t h = g * group; h < (g + 1) * group; h++) {
-            const real *q_bh = AT(q, d->q, b, h), *do_bh = AT(d_out, d->out, b, h);
-            real *dq_bh = AT(dq, d->q, b, h);
-            for (int64_t i0 = 0; i0 < d->n_q; i0 += bq) {
-                const int64_t rows = MHA_MIN(bq, d->n_q - i0);
-                const real *q_blk = q_bh + i0 * d->q.row, *do_blk = do_bh + i0 * d->out.row;
-                int64_t do_ld = d->out.row;
-                real *dq_blk = dq_bh + i0 * d->q.row;
-                // forward 1: P = softmax(scale * q k^T + masks), recomputed
-                uint8_t dead[BQ_MAX];
-                int64_t n_vis = FN(block_probs)(P, dead, ld, gemm_ws, q_bh, k_bg, b, h, i0, rows, d);
-                // a fully masked row has no output: its d_out (even NaN) must not reach dk, dv
-                if (memchr(dead, 1, (size_t)rows)) {
-                    for (int64_t r = 0; r < rows; r++) {
-                        if (dead[r]) memset(dO_live + r * d->d_v, 0, (size_t)d->d_v * sizeof(real));
-                        else memcpy(dO_live + r * d->d_v, do_blk + r * d->out.row, (size_t)d->d_v * sizeof(real));
-                    }
-                    do_blk = dO_live;
-                    do_ld = d->d_v;
-                }
-                // forward 2: A = dropout(P)
-                if (d->dropout > 0) FN(dropout_rows)(A, P, ld, rows, n_vis, b, h, i0, d);
-                // forward 3: O = A v  ->  dv += A^T dO,  dA = dO v^T
-                FN(mha_gemm_ws)(1, 0, n_vis, d->d_v, rows, 1, A, ld, do_blk, do_ld, 1,
-                                dv_bg, d->v.row, gemm_ws, 1);
-                FN(mha_gemm_ws)(0, 1, rows, n_vis, d->d_v, 1, do_blk, do_ld, v_bg,
-                                d->v.row, 0, D, ld, gemm_ws, 1);
-                // forward 2: A = P * Z  ->  dP = dA * Z  (Z = A / P, regenerated)
-                if (d->dropout > 0) {
-                    const real keep_scale = (real)(1.0 / (1.0 - d->dropout));
-                    for (int64_t r = 0; r < rows; r++) {
-                        uint64_t state = mha_dropout_row_state(d->seed, (uint64_t)b, (uint64_t)h,
-                                                               (uint64_t)(i0 + r));
-                        for (int64_t j = 0; j < n_vis; j++) {
-                            int keep = mha_uniform_from_state(state, (uint64_t)j) >= d->dropout;
-                            D[r * ld + j] = keep ? D[r * ld + j] * keep_scale : 0;
-                        }
-                    }
-                }
-                // forward 1 (softmax): dS = P * (dP - rowsum(P * dP))
-                for (int64_t r = 0; r < rows; r++) {
-                    const real *p = P + r * ld;
-                    real *ds = D + r * ld;
-                    real dot = 0;
-                    for (int64_t j = 0; j < n_vis; j++) dot += p[j] * ds[j];
-                    for (int64_t j = 0; j < n_vis; j++) ds[j] = p[j] * (ds[j] - dot);
-                }
-                // forward 1 (scores S = scale * q k^T): dq = scale * dS k,  dk += scale * dS^T q
-                FN(mha_gemm_ws)(0, 0, rows, d->d_k, n_vis, (real)d->scale, D, ld, k_bg,
-                                d->k.row, 0, dq_blk, d->q.row, gemm_ws, 1);
-                FN(zero_dead_rows)(dq_blk, d->q.row, d->d_k, dead, rows);
-                FN(mha_gemm_ws)(1, 0, n_vis, d->d_k, rows, (real)d->scale, D, ld, q_blk,
-                                d->q.row, 1, dk_bg, d->k.row, gemm_ws, 1);
+        // delta = rowsum(dO * O); dq = 0
+        for (int64_t hh = 0; hh < group; hh++) {
+            const int64_t h = g * group + hh;
+            for (int64_t i = 0; i < d->n_q; i++) {
+                const real *o_i = AT(o, o_view, b, h) + i * o_view.row;
+                const real *do_i = AT(d_out, d->out, b, h) + i * d->out.row;
+                real s = 0; /* a fully masked row's d_out (even NaN) reaches nothing */
+                if (lse[(b * H + h) * d->n_q + i] != -INFINITY)
+                    for (int64_t c = 0; c < d->d_v; c++) s += o_i[c] * do_i[c];
+                delta[hh * d->n_q + i] = s;
+                memset(AT(dq, d->q, b, h) + i * d->q.row, 0, (size_t)d->d_k * sizeof(real));
             }
         }
+        const int64_t n_seen = d->n_q > 0 ? FN(visible_keys)(d, d->n_q - 1) : 0;
+        for (int64_t j0 = 0; j0 < n_seen; j0 += BK) {
+            const int64_t cols = MHA_MIN(BK, d->n_k - j0);
+            FN(mha_pack_b_full)(KpT, k_bg + j0 * d->k.row, d->k.row, 1, d->d_k, cols);
+            FN(mha_pack_b_full)(VpT, v_bg + j0 * d->v.row, d->v.row, 1, d->d_v, cols);
+            FN(mha_pack_b_full)(KpN, k_bg + j0 * d->k.row, d->k.row, 0, cols, d->d_k);
+            memset(dKt, 0, (size_t)d->d_k * BK * sizeof(real));
+            memset(dVt, 0, (size_t)d->d_v * BK * sizeof(real));
+            for (int64_t hh = 0; hh < group; hh++) {
+                const int64_t h = g * group + hh;
+                const real *q_bh = AT(q, d->q, b, h), *do_bh = AT(d_out, d->out, b, h);
+                const real *lse_bh = lse + (b * H + h) * d->n_q;
+                real *dq_bh = AT(dq, d->q, b, h);
+                for (int64_t i0 = 0; i0 < d->n_q; i0 += BQF) {
+                    const int64_t rows = MHA_MIN(BQF, d->n_q - i0);
+                    const int64_t ncols = MHA_MIN(cols, FN(visible_keys)(d, i0 + rows - 1) - j0);
+                    if (ncols <= 0) continue;
+                    const real *q_blk = q_bh + i0 * d->q.row, *do_blk = do_bh + i0 * d->out.row;
+                    int64_t do_ld = d->out.row;
+                    // P = exp(scale * q k^T + masks - lse), 0 past each row's keys
+                    FN(mha_gemm_packed)(0, rows, ncols, d->d_k, scale, q_blk, d->q.row, KpT, 0, P, BK);
+                    int any_dead = FN(probs_from_lse)(P, BK, rows, ncols, cols, lse_bh + i0, b, h, i0, j0, d);
+                    // a fully masked row has no output: its d_out (even NaN) must not reach dk, dv
+                    if (any_dead) {
+                        for (int64_t r = 0; r < rows; r++) {
+                            if (lse_bh[i0 + r] == -INFINITY) memset(dO_live + r * d->d_v, 0, (size_t)d->d_v * sizeof(real));
+                            else memcpy(dO_live + r * d->d_v, do_blk + r * d->out.row, (size_t)d->d_v * sizeof(real));
+                        }
+                        do_blk = dO_live;
+                        do_ld = d->d_v;
+                    }
+                    // A = dropout(P);  dv^T += dO^T A
+                    if (d->dropout > 0) FN(dropout_rows)(A, P, BK, rows, ncols, b, h, i0, j0, d);
+                    FN(mha_pack_b_full)(Bp, A, BK, 0, rows, ncols);
+                    FN(mha_gemm_packed)(1, d->d_v, ncols, rows, 1, do_blk, do_ld, Bp, 1, dVt, BK);
+                    // dP = (dO v^T) * Z;  dS = P * (dP - delta)
+                    FN(mha_gemm_packed)(0, rows, ncols, d->d_v, 1, do_blk, do_ld, VpT, 0, D, BK);
+                    if (d->dropout > 0) FN(dropout_rows)(D, D, BK, rows, ncols, b, h, i0, j0, d);
+                    FN(softmax_grad_tile)(D, P, BK, rows, ncols, cols, delta + hh * d->n_q + i0);
+                    // dq += scale * dS k;  dk^T += scale * q^T dS
+                    FN(mha_gemm_packed)(0, rows, d->d_k, cols, scale, D, BK, KpN, 1,
+                                        dq_bh + i0 * d->q.row, d->q.row);
+                    FN(mha_pack_b_full)(Bp, D, BK, 0, rows, ncols);
+                    FN(mha_gemm_packed)(1, d->d_k, ncols, rows, scale, q_blk, d->q.row, Bp, 1, dKt, BK);
+                }
+            }
+            FN(add_transposed)(dk_bg + j0 * d->k.row, d->k.row, dKt, BK, cols, d->d_k);
+            FN(add_transposed)(dv_bg + j0 * d->v.row, d->v.row, dVt, BK, cols, d->d_v);
+        }
+        // fully masked rows: dq exactly 0 (0 * k could be NaN)
+        for (int64_t hh = 0; hh < group; hh++) {
+            const int64_t h = g * group + hh;
+            for (int64_t i = 0; i < d->n_q; i++)
+                if (lse[(b * H + h) * d->n_q + i] == -INFINITY)
+                    memset(AT(dq, d->q, b, h) + i * d->q.row, 0, (size_t)d->d_k * sizeof(real));
+        }
     }
-    free(pl.scratch);
+    free(scratch);
     return MHA_OK;
+}
+
+/* Backward from the forward's saved output and log-sum-exp.
+ * dq like q, dk like k, dv like v; d_out and out like out; lse (B, H, n_q) contiguous. */
+int FN(mha_attention_backward_saved)(real *dq, real *dk, real *dv, const real *d_out,
+                                     const real *q, const real *k, const real *v,
+                                     const real *out, const real *lse,
+                                     const mha_attention_desc *d) {
+    if (FN(check_desc)(d)) return MHA_EINVAL;
+    const int64_t B = d->batch, H = d->heads, H_kv = d->kv_heads;
+    if (NONE(B, H, d->n_q, d->d_k) && NONE(B, H_kv, d->n_k, d->d_k) && NONE(B, H_kv, d->n_k, d->d_v))
+        return MHA_OK;
+    return FN(fused_backward)(dq, dk, dv, d_out, q, k, v, out, d->out, lse, d);
+}
+
+/* Stateless backward: runs the fused forward for out and lse (O(n) scratch), then the above. */
+int FN(mha_attention_backward)(real *dq, real *dk, real *dv, const real *d_out, const real *q,
+                               const real *k, const real *v, const mha_attention_desc *d) {
+    if (FN(check_desc)(d)) return MHA_EINVAL;
+    const int64_t B = d->batch, H = d->heads, H_kv = d->kv_heads;
+    if (NONE(B, H, d->n_q, d->d_k) && NONE(B, H_kv, d->n_k, d->d_k) && NONE(B, H_kv, d->n_k, d->d_v))
+        return MHA_OK;
+    int ok = 1;
+    size_t rows = mha_mul_size(mha_mul_size((size_t)B, (size_t)H, &ok), (size_t)d->n_q, &ok);
+    size_t o_elems = mha_mul_size(rows, (size_t)d->d_v, &ok), total;
+    if (__builtin_add_overflow(o_elems, rows, &total)) ok = 0;
+    if (!ok || total > SIZE_MAX / sizeof(real)) return MHA_ENOMEM;
+    real *o = mha_alloc(total * sizeof(real));
+    if (!o) return MHA_ENOMEM;
+    real *lse = o + o_elems;
+    mha_attention_desc fwd = *d;
+    fwd.out = (mha_view){H * d->n_q * d->d_v, d->n_q * d->d_v, d->d_v};
+    int err = FN(mha_attention_forward_lse)(o, NULL, lse, q, k, v, &fwd);
+    if (!err) err = FN(fused_backward)(dq, dk, dv, d_out, q, k, v, o, fwd.out, lse, d);
+    free(o);
+    return err;
 }
 
 #undef AT

@@ -74,14 +74,14 @@ int main(int argc, char **argv) {
     mha_layer_dims m = {.batch = B, .n_q = n, .n_k = n, .n_new = n, .d_model = D, .kdim = D, .vdim = D,
                         .heads = H, .kv_heads = H, .d_head = dh, .kv_batch_stride = n};
     float *out = rand_f32(B * n * D), *qp = rand_f32(B * n * D), *kp = rand_f32(B * n * D);
-    float *vp = rand_f32(B * n * D), *attn = rand_f32(B * n * D);
+    float *vp = rand_f32(B * n * D), *attn = rand_f32(B * n * D), *lse = rand_f32(B * H * n);
     float *dx = rand_f32(B * n * D), *dxk = rand_f32(B * n * D), *dxv = rand_f32(B * n * D);
     float *g[9];
     for (int i = 0; i < 9; i++) g[i] = rand_f32(D * D);
     mha_layer_grads_f32 gr = {g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8]};
     double layer_flops = 8.0 * B * n * D * D + attn_flops;
-    TIME("layer fwd +weights", layer_flops, mha_layer_forward_f32(out, w, qp, kp, vp, attn, x, x, x, &p, &m, &d));
-    TIME("layer fwd", layer_flops, mha_layer_forward_f32(out, NULL, qp, kp, vp, attn, x, x, x, &p, &m, &d));
-    TIME("layer bwd", 2 * layer_flops, mha_layer_backward_f32(dx, dxk, dxv, &gr, y, qp, kp, vp, attn, x, x, x, &p, &m, &d));
+    TIME("layer fwd +weights", layer_flops, mha_layer_forward_f32(out, w, qp, kp, vp, attn, lse, x, x, x, &p, &m, &d));
+    TIME("layer fwd", layer_flops, mha_layer_forward_f32(out, NULL, qp, kp, vp, attn, lse, x, x, x, &p, &m, &d));
+    TIME("layer bwd", 2 * layer_flops, mha_layer_backward_f32(dx, dxk, dxv, &gr, y, qp, kp, vp, attn, lse, x, x, x, &p, &m, &d));
     return 0;
 }

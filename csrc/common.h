@@ -87,9 +87,9 @@ int mha_packed_b_panel_f32(void);
 int mha_packed_b_panel_f64(void);
 void mha_pack_b_full_f32(float *packed, const float *B, int64_t ldb, int trans_b, int64_t K, int64_t N);
 void mha_pack_b_full_f64(double *packed, const double *B, int64_t ldb, int trans_b, int64_t K, int64_t N);
-void mha_gemm_packed_f32(int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+void mha_gemm_packed_f32(int trans_a, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
                          const float *packed, float beta, float *C, int64_t ldc);
-void mha_gemm_packed_f64(int64_t M, int64_t N, int64_t K, double alpha, const double *A, int64_t lda,
+void mha_gemm_packed_f64(int trans_a, int64_t M, int64_t N, int64_t K, double alpha, const double *A, int64_t lda,
                          const double *packed, double beta, double *C, int64_t ldc);
 
 #endif /* MHA_COMMON_H */

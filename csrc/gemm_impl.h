@@ -296,13 +296,15 @@ void FN(mha_pack_b_full)(real *packed, const real *B, int64_t ldb, int trans_b, 
     if (K > 0 && N > 0) FN(pack_b)(packed, B, ldb, trans_b, K, N);
 }
 
-/* C = alpha * A @ Bp + beta * C on the calling thread, A (M x K) read in place with row
- * stride lda, Bp from mha_pack_b_full(K, N). */
-MHA_HOT void FN(mha_gemm_packed)(int64_t M, int64_t N, int64_t K, real alpha, const real *A,
-                                 int64_t lda, const real *packed, real beta, real *C, int64_t ldc) {
+/* C = alpha * op(A) @ Bp + beta * C on the calling thread, op(A) (M x K) read in place (A
+ * has row stride lda), Bp from mha_pack_b_full(K, N). */
+MHA_HOT void FN(mha_gemm_packed)(int trans_a, int64_t M, int64_t N, int64_t K, real alpha,
+                                 const real *A, int64_t lda, const real *packed, real beta,
+                                 real *C, int64_t ldc) {
     if (M <= 0 || N <= 0) return;
     if (K <= 0) { FN(scale_c)(M, N, beta, C, ldc); return; }
-    FN(macro_kernel_direct)(M, N, K, A, lda, 1, packed, C, ldc, alpha, beta);
+    FN(macro_kernel_direct)(M, N, K, A, trans_a ? 1 : lda, trans_a ? lda : 1, packed, C, ldc,
+                            alpha, beta);
 }
 
 int FN(mha_gemm)(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, real alpha,

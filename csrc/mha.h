@@ -69,7 +69,24 @@ int mha_attention_forward_f32(float *out, float *weights, const float *q, const 
 int mha_attention_forward_f64(double *out, double *weights, const double *q, const double *k,
                               const double *v, const mha_attention_desc *desc);
 
-/* Its backward (stateless: recomputes the probabilities).
+/* The same, also writing lse (B, H, n_q) contiguous, or NULL: each row's log-sum-exp of its
+ * masked, scaled scores (-inf for a fully masked row), which the saved backward needs. */
+int mha_attention_forward_lse_f32(float *out, float *weights, float *lse, const float *q,
+                                  const float *k, const float *v, const mha_attention_desc *desc);
+int mha_attention_forward_lse_f64(double *out, double *weights, double *lse, const double *q,
+                                  const double *k, const double *v, const mha_attention_desc *desc);
+/* Its backward from the forward's out (like out) and lse: tiled over keys and queries
+ * (FlashAttention-2's scheme), O(n) scratch.
+ * dq like q, dk like k, dv like v (overwritten); d_out like out. */
+int mha_attention_backward_saved_f32(float *dq, float *dk, float *dv, const float *d_out,
+                                     const float *q, const float *k, const float *v,
+                                     const float *out, const float *lse,
+                                     const mha_attention_desc *desc);
+int mha_attention_backward_saved_f64(double *dq, double *dk, double *dv, const double *d_out,
+                                     const double *q, const double *k, const double *v,
+                                     const double *out, const double *lse,
+                                     const mha_attention_desc *desc);
+/* Its backward, stateless: runs the forward again for out and lse (O(n) scratch).
  * dq like q, dk like k, dv like v (overwritten); d_out like out. */
 int mha_attention_backward_f32(float *dq, float *dk, float *dv, const float *d_out,
                                const float *q, const float *k, const float *v,
@@ -103,21 +120,24 @@ typedef struct {
     /* out (B, n_q, d_model); weights (B, H, n_q, n_k) or NULL;                               \
      * saved for backward: q_proj (B, n_q, H*d_head), k_proj, v_proj (B, kv_batch_stride,     \
      * H_kv*d_head) of which rows [kv_row_offset, +n_new) are written here, attn (B, n_q,      \
-     * H*d_head) the heads' outputs before head_mask; x_q (B, n_q, d_model), x_k (B, n_new,    \
-     * kdim), x_v (B, n_new, vdim). attn_desc gives masks, causal, dropout (sizes and views   \
-     * are filled in here). */                                                                 \
+     * H*d_head) the heads' outputs before head_mask, lse (B, H, n_q) the rows' log-sum-exp  \
+     * (or NULL); x_q (B, n_q, d_model), x_k (B, n_new, kdim), x_v (B, n_new, vdim).          \
+     * attn_desc gives masks, causal, dropout (sizes and views are filled in here). */         \
     int mha_layer_forward_##SFX(T *out, T *weights, T *q_proj, T *k_proj, T *v_proj, T *attn, \
+                                T *lse,                                                        \
                                 const T *x_q, const T *x_k, const T *x_v,                      \
                                 const mha_layer_params_##SFX *params,                          \
                                 const mha_layer_dims *dims,                                    \
                                 const mha_attention_desc *attn_desc);                          \
     /* Gradients of the inputs (dx_q like x_q, dx_k like x_k, dx_v like x_v) and of every      \
      * parameter (grads fields may be NULL when the parameter is absent), from the arrays the  \
-     * forward saved. Requires kv_row_offset == 0 (no cache). When an input is another one   \
+     * forward saved (lse may be NULL: the attention's forward then runs again). Requires     \
+     * kv_row_offset == 0 (no cache). When an input is another one                             \
      * (self-attention), pass the same dx buffer for both: their gradients are summed there. */ \
     int mha_layer_backward_##SFX(T *dx_q, T *dx_k, T *dx_v, const mha_layer_grads_##SFX *grads, \
                                  const T *d_out, const T *q_proj, const T *k_proj,             \
-                                 const T *v_proj, const T *attn, const T *x_q, const T *x_k,   \
+                                 const T *v_proj, const T *attn, const T *lse, const T *x_q,   \
+                                 const T *x_k,                                                 \
                                  const T *x_v, const mha_layer_params_##SFX *params,           \
                                  const mha_layer_dims *dims,                                   \
                                  const mha_attention_desc *attn_desc);

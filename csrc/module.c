@@ -188,24 +188,28 @@ static int attention_args(mha_attention_desc *d, int typenum, PyObject *q_obj, P
     return 0;
 }
 
+/* The data pointer of an optional array. */
+#define DATA_OR_NULL(a) ((a) ? PyArray_DATA(a) : NULL)
+
 /* ---- attention ---------------------------------------------------------------------------- */
 
 static char *attention_kw[] = {"q", "k", "v", "mask", "key_padding_mask", "causal", "scale",
-                               "dropout", "seed", "need_weights", NULL};
+                               "dropout", "seed", "need_weights", "return_lse", NULL};
 
+/* -> (out, weights|None), or (out, weights|None, lse (B, H, n_q)) with return_lse. */
 static PyObject *py_attention_forward(PyObject *self, PyObject *args, PyObject *kwargs) {
     (void)self;
     PyObject *q_obj, *k_obj, *v_obj, *mask_obj = Py_None, *kp_obj = Py_None, *scale_obj = NULL;
-    int causal = 0, need_weights = 1;
+    int causal = 0, need_weights = 1, return_lse = 0;
     double dropout = 0;
     unsigned long long seed = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|OOpOdKp", attention_kw, &q_obj, &k_obj,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|OOpOdKpp", attention_kw, &q_obj, &k_obj,
                                      &v_obj, &mask_obj, &kp_obj, &causal, &scale_obj, &dropout,
-                                     &seed, &need_weights))
+                                     &seed, &need_weights, &return_lse))
         return NULL;
     int typenum = float_type(q_obj, "q");
     if (typenum < 0) return NULL;
-    PyArrayObject *q, *k, *v, *out = NULL, *weights = NULL;
+    PyArrayObject *q, *k, *v, *out = NULL, *weights = NULL, *lse = NULL;
     mha_attention_desc d;
     if (attention_args(&d, typenum, q_obj, k_obj, v_obj, &q, &k, &v)) return NULL;
     double scale = d.scale;
@@ -215,40 +219,48 @@ static PyObject *py_attention_forward(PyObject *self, PyObject *args, PyObject *
     npy_intp w_shape[4] = {d.batch, d.heads, d.n_q, d.n_k};
     if (!(out = new_array(4, out_shape, typenum, 0))) goto fail;
     if (need_weights && !(weights = new_array(4, w_shape, typenum, 0))) goto fail;
+    if (return_lse && !(lse = new_array(3, out_shape, typenum, 0))) goto fail; /* (B, H, n_q) */
     int err;
     Py_BEGIN_ALLOW_THREADS
     if (typenum == NPY_FLOAT32)
-        err = mha_attention_forward_f32(PyArray_DATA(out), weights ? PyArray_DATA(weights) : NULL,
-                                        PyArray_DATA(q), PyArray_DATA(k), PyArray_DATA(v), &d);
+        err = mha_attention_forward_lse_f32(PyArray_DATA(out), DATA_OR_NULL(weights), DATA_OR_NULL(lse),
+                                            PyArray_DATA(q), PyArray_DATA(k), PyArray_DATA(v), &d);
     else
-        err = mha_attention_forward_f64(PyArray_DATA(out), weights ? PyArray_DATA(weights) : NULL,
-                                        PyArray_DATA(q), PyArray_DATA(k), PyArray_DATA(v), &d);
+        err = mha_attention_forward_lse_f64(PyArray_DATA(out), DATA_OR_NULL(weights), DATA_OR_NULL(lse),
+                                            PyArray_DATA(q), PyArray_DATA(k), PyArray_DATA(v), &d);
     Py_END_ALLOW_THREADS
     if (raise_core_error(err)) goto fail;
-    if (!weights) return Py_BuildValue("(NO)", out, Py_None);
-    return Py_BuildValue("(NN)", out, weights);
+    PyObject *w = weights ? (PyObject *)weights : Py_None;
+    if (!weights) Py_INCREF(Py_None);
+    if (lse) return Py_BuildValue("(NNN)", out, w, lse);
+    return Py_BuildValue("(NN)", out, w);
 fail:
     Py_XDECREF(out);
     Py_XDECREF(weights);
+    Py_XDECREF(lse);
     return NULL;
 }
 
 static char *attention_backward_kw[] = {"d_out", "q", "k", "v", "mask", "key_padding_mask",
-                                        "causal", "scale", "dropout", "seed", NULL};
+                                        "causal", "scale", "dropout", "seed", "out", "lse", NULL};
+
+/* out and lse: the forward's output (like d_out) and (B, H, n_q) log-sum-exp, both or neither
+ * (then the forward runs again inside). */
 
 static PyObject *py_attention_backward(PyObject *self, PyObject *args, PyObject *kwargs) {
     (void)self;
     PyObject *do_obj, *q_obj, *k_obj, *v_obj, *mask_obj = Py_None, *kp_obj = Py_None, *scale_obj = NULL;
+    PyObject *o_obj = Py_None, *lse_obj = Py_None;
     int causal = 0;
     double dropout = 0;
     unsigned long long seed = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOO|OOpOdK", attention_backward_kw, &do_obj,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOO|OOpOdKOO", attention_backward_kw, &do_obj,
                                      &q_obj, &k_obj, &v_obj, &mask_obj, &kp_obj, &causal,
-                                     &scale_obj, &dropout, &seed))
+                                     &scale_obj, &dropout, &seed, &o_obj, &lse_obj))
         return NULL;
     int typenum = float_type(q_obj, "q");
     if (typenum < 0) return NULL;
-    PyArrayObject *q, *k, *v, *d_out, *dq = NULL, *dk = NULL, *dv = NULL;
+    PyArrayObject *q, *k, *v, *d_out, *o = NULL, *lse = NULL, *dq = NULL, *dk = NULL, *dv = NULL;
     mha_attention_desc d;
     if (attention_args(&d, typenum, q_obj, k_obj, v_obj, &q, &k, &v)) return NULL;
     double scale = d.scale;
@@ -257,16 +269,33 @@ static PyObject *py_attention_backward(PyObject *self, PyObject *args, PyObject 
     npy_intp out_shape[4] = {d.batch, d.heads, d.n_q, d.d_v};
     if (!(d_out = get_array(do_obj, "d_out", typenum, 4)) || check_shape(d_out, "d_out", 4, out_shape))
         return NULL;
+    if ((o_obj == Py_None) != (lse_obj == Py_None)) {
+        PyErr_SetString(PyExc_ValueError, "give both out and lse from the forward, or neither");
+        return NULL;
+    }
+    if (o_obj != Py_None) {
+        if (!(o = get_array(o_obj, "out", typenum, 4)) || check_shape(o, "out", 4, out_shape) ||
+            !(lse = get_array(lse_obj, "lse", typenum, 3)) || check_shape(lse, "lse", 3, out_shape))
+            return NULL;
+    }
     if (!(dq = new_array(4, PyArray_DIMS(q), typenum, 0)) ||
         !(dk = new_array(4, PyArray_DIMS(k), typenum, 0)) ||
         !(dv = new_array(4, PyArray_DIMS(v), typenum, 0)))
         goto fail;
     int err;
     Py_BEGIN_ALLOW_THREADS
-    if (typenum == NPY_FLOAT32)
+    if (typenum == NPY_FLOAT32 && o)
+        err = mha_attention_backward_saved_f32(PyArray_DATA(dq), PyArray_DATA(dk), PyArray_DATA(dv),
+                                               PyArray_DATA(d_out), PyArray_DATA(q), PyArray_DATA(k),
+                                               PyArray_DATA(v), PyArray_DATA(o), PyArray_DATA(lse), &d);
+    else if (typenum == NPY_FLOAT32)
         err = mha_attention_backward_f32(PyArray_DATA(dq), PyArray_DATA(dk), PyArray_DATA(dv),
                                          PyArray_DATA(d_out), PyArray_DATA(q), PyArray_DATA(k),
                                          PyArray_DATA(v), &d);
+    else if (o)
+        err = mha_attention_backward_saved_f64(PyArray_DATA(dq), PyArray_DATA(dk), PyArray_DATA(dv),
+                                               PyArray_DATA(d_out), PyArray_DATA(q), PyArray_DATA(k),
+                                               PyArray_DATA(v), PyArray_DATA(o), PyArray_DATA(lse), &d);
     else
         err = mha_attention_backward_f64(PyArray_DATA(dq), PyArray_DATA(dk), PyArray_DATA(dv),
                                          PyArray_DATA(d_out), PyArray_DATA(q), PyArray_DATA(k),
@@ -323,7 +352,6 @@ static int layer_params(layer_arrays *la, PyObject *params, int typenum, const m
     return 0;
 }
 
-#define DATA_OR_NULL(a) ((a) ? PyArray_DATA(a) : NULL)
 /* The nine (W_q, W_k, W_v, W_o, b_q, b_k, b_v, b_o, head_mask) pointers of an array list. */
 #define NINE_POINTERS(a)                                                                        \
     {DATA_OR_NULL(a[0]), DATA_OR_NULL(a[1]), DATA_OR_NULL(a[2]), DATA_OR_NULL(a[3]),            \
@@ -334,7 +362,7 @@ static char *layer_forward_kw[] = {"x_q", "x_k", "x_v", "params", "heads", "kv_h
                                    "mask", "key_padding_mask", "causal", "dropout", "seed",
                                    "need_weights", "k_cache", "v_cache", "cache_length", NULL};
 
-/* -> (out, weights|None, q_proj, k_proj, v_proj, attn). With k_cache/v_cache (B, max_len,
+/* -> (out, weights|None, q_proj, k_proj, v_proj, attn, lse). With k_cache/v_cache (B, max_len,
  * H_kv*d_head) the new keys/values are written there at rows [cache_length, +n_new) and
  * k_proj/v_proj are the caches themselves. */
 static PyObject *py_layer_forward(PyObject *self, PyObject *args, PyObject *kwargs) {
@@ -354,6 +382,7 @@ static PyObject *py_layer_forward(PyObject *self, PyObject *args, PyObject *kwar
     if (typenum < 0) return NULL;
     PyArrayObject *xq, *xk, *xv, *kc = NULL, *vc = NULL;
     PyArrayObject *out = NULL, *weights = NULL, *q_proj = NULL, *k_proj = NULL, *v_proj = NULL, *attn = NULL;
+    PyArrayObject *lse = NULL;
     if (!(xq = get_array(xq_obj, "query", typenum, 3)) || !(xk = get_array(xk_obj, "key", typenum, 3)) ||
         !(xv = get_array(xv_obj, "value", typenum, 3)))
         return NULL;
@@ -398,7 +427,8 @@ static PyObject *py_layer_forward(PyObject *self, PyObject *args, PyObject *kwar
 
     npy_intp out_shape[3] = {m.batch, m.n_q, m.d_model}, w_shape[4] = {m.batch, m.heads, m.n_q, m.n_k};
     npy_intp q_shape[3] = {m.batch, m.n_q, E_q}, kv_shape[3] = {m.batch, m.n_new, E_kv};
-    if (!(out = new_array(3, out_shape, typenum, 0)) ||
+    npy_intp lse_shape[3] = {m.batch, m.heads, m.n_q};
+    if (!(out = new_array(3, out_shape, typenum, 0)) || !(lse = new_array(3, lse_shape, typenum, 0)) ||
         (need_weights && !(weights = new_array(4, w_shape, typenum, 0))) ||
         !(q_proj = new_array(3, q_shape, typenum, 0)) || !(attn = new_array(3, q_shape, typenum, 0)))
         goto fail;
@@ -416,12 +446,14 @@ static PyObject *py_layer_forward(PyObject *self, PyObject *args, PyObject *kwar
         mha_layer_params_f32 p = NINE_POINTERS(la.a);
         err = mha_layer_forward_f32(PyArray_DATA(out), DATA_OR_NULL(weights), PyArray_DATA(q_proj),
                                     PyArray_DATA(k_proj), PyArray_DATA(v_proj), PyArray_DATA(attn),
-                                    PyArray_DATA(xq), PyArray_DATA(xk), PyArray_DATA(xv), &p, &m, &d);
+                                    PyArray_DATA(lse), PyArray_DATA(xq), PyArray_DATA(xk), PyArray_DATA(xv),
+                                    &p, &m, &d);
     } else {
         mha_layer_params_f64 p = NINE_POINTERS(la.a);
         err = mha_layer_forward_f64(PyArray_DATA(out), DATA_OR_NULL(weights), PyArray_DATA(q_proj),
                                     PyArray_DATA(k_proj), PyArray_DATA(v_proj), PyArray_DATA(attn),
-                                    PyArray_DATA(xq), PyArray_DATA(xk), PyArray_DATA(xv), &p, &m, &d);
+                                    PyArray_DATA(lse), PyArray_DATA(xq), PyArray_DATA(xk), PyArray_DATA(xv),
+                                    &p, &m, &d);
     }
     Py_END_ALLOW_THREADS
     if (raise_core_error(err)) goto fail;
@@ -429,8 +461,9 @@ static PyObject *py_layer_forward(PyObject *self, PyObject *args, PyObject *kwar
         Py_INCREF(Py_None);
         weights = (PyArrayObject *)Py_None;
     }
-    return Py_BuildValue("(NNNNNN)", out, weights, q_proj, k_proj, v_proj, attn);
+    return Py_BuildValue("(NNNNNNN)", out, weights, q_proj, k_proj, v_proj, attn, lse);
 fail:
+    Py_XDECREF(lse);
     Py_XDECREF(out);
     Py_XDECREF(weights);
     Py_XDECREF(q_proj);
@@ -443,28 +476,28 @@ fail:
 static char *layer_backward_kw[] = {"d_out", "q_proj", "k_proj", "v_proj", "attn", "x_q", "x_k",
                                     "x_v", "params", "heads", "kv_heads", "d_head", "mask",
                                     "key_padding_mask", "causal", "dropout", "seed",
-                                    "key_is_query", "value_is_key", NULL};
+                                    "key_is_query", "value_is_key", "lse", NULL};
 
 /* -> (dx_q, dx_k, dx_v, (dW_q, dW_k, dW_v, dW_o, db_q|None, db_k, db_v, db_o, d_head_mask)).
  * key_is_query: x_k was x_q, so its gradient is added into dx_q and dx_k is None; likewise
- * value_is_key. */
+ * value_is_key. lse: the forward's (B, H, n_q) log-sum-exp, or None to recompute it. */
 static PyObject *py_layer_backward(PyObject *self, PyObject *args, PyObject *kwargs) {
     (void)self;
     PyObject *do_obj, *qp_obj, *kp_obj_, *vp_obj, *attn_obj, *xq_obj, *xk_obj, *xv_obj, *params;
-    PyObject *mask_obj = Py_None, *kpm_obj = Py_None;
+    PyObject *mask_obj = Py_None, *kpm_obj = Py_None, *lse_obj = Py_None;
     Py_ssize_t heads, kv_heads, d_head;
     int causal = 0, key_is_query = 0, value_is_key = 0;
     double dropout = 0;
     unsigned long long seed = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOOnnn|OOpdKpp", layer_backward_kw,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOOnnn|OOpdKppO", layer_backward_kw,
                                      &do_obj, &qp_obj, &kp_obj_, &vp_obj, &attn_obj, &xq_obj,
                                      &xk_obj, &xv_obj, &params, &heads, &kv_heads, &d_head,
                                      &mask_obj, &kpm_obj, &causal, &dropout, &seed,
-                                     &key_is_query, &value_is_key))
+                                     &key_is_query, &value_is_key, &lse_obj))
         return NULL;
     int typenum = float_type(xq_obj, "query");
     if (typenum < 0) return NULL;
-    PyArrayObject *xq, *xk, *xv, *d_out, *qp, *kp, *vp, *attn;
+    PyArrayObject *xq, *xk, *xv, *d_out, *qp, *kp, *vp, *attn, *lse = NULL;
     if (!(xq = get_array(xq_obj, "query", typenum, 3)) || !(xk = get_array(xk_obj, "key", typenum, 3)) ||
         !(xv = get_array(xv_obj, "value", typenum, 3)) || !(d_out = get_array(do_obj, "d_out", typenum, 3)) ||
         !(qp = get_array(qp_obj, "q_proj", typenum, 3)) || !(kp = get_array(kp_obj_, "k_proj", typenum, 3)) ||
@@ -490,6 +523,10 @@ static PyObject *py_layer_backward(PyObject *self, PyObject *args, PyObject *kwa
         check_shape(vp, "v_proj", 3, kv_shape) || check_shape(xk, "key", 3, xk_shape) ||
         check_shape(xv, "value", 3, xv_shape))
         return NULL;
+    if (lse_obj != Py_None) {
+        npy_intp lse_shape[3] = {m.batch, m.heads, m.n_q};
+        if (!(lse = get_array(lse_obj, "lse", typenum, 3)) || check_shape(lse, "lse", 3, lse_shape)) return NULL;
+    }
     layer_arrays la;
     if (layer_params(&la, params, typenum, &m)) return NULL;
     mha_attention_desc d;
@@ -524,14 +561,14 @@ static PyObject *py_layer_backward(PyObject *self, PyObject *args, PyObject *kwa
         mha_layer_grads_f32 gr = NINE_POINTERS(g);
         err = mha_layer_backward_f32(PyArray_DATA(out[0]), PyArray_DATA(dxk_buf), PyArray_DATA(dxv_buf),
                                      &gr, PyArray_DATA(d_out), PyArray_DATA(qp), PyArray_DATA(kp),
-                                     PyArray_DATA(vp), PyArray_DATA(attn), PyArray_DATA(xq),
+                                     PyArray_DATA(vp), PyArray_DATA(attn), DATA_OR_NULL(lse), PyArray_DATA(xq),
                                      PyArray_DATA(xk), PyArray_DATA(xv), &p, &m, &d);
     } else {
         mha_layer_params_f64 p = NINE_POINTERS(la.a);
         mha_layer_grads_f64 gr = NINE_POINTERS(g);
         err = mha_layer_backward_f64(PyArray_DATA(out[0]), PyArray_DATA(dxk_buf), PyArray_DATA(dxv_buf),
                                      &gr, PyArray_DATA(d_out), PyArray_DATA(qp), PyArray_DATA(kp),
-                                     PyArray_DATA(vp), PyArray_DATA(attn), PyArray_DATA(xq),
+                                     PyArray_DATA(vp), PyArray_DATA(attn), DATA_OR_NULL(lse), PyArray_DATA(xq),
                                      PyArray_DATA(xk), PyArray_DATA(xv), &p, &m, &d);
     }
     Py_END_ALLOW_THREADS
@@ -628,9 +665,9 @@ static PyObject *py_build_info(PyObject *self, PyObject *unused) {
 
 static PyMethodDef methods[] = {
     {"attention_forward", (PyCFunction)(void (*)(void))py_attention_forward, METH_VARARGS | METH_KEYWORDS,
-     "attention_forward(q, k, v, mask, key_padding_mask, causal, scale, dropout, seed, need_weights) -> (out, weights)"},
+     "attention_forward(q, k, v, mask, key_padding_mask, causal, scale, dropout, seed, need_weights, return_lse) -> (out, weights[, lse])"},
     {"attention_backward", (PyCFunction)(void (*)(void))py_attention_backward, METH_VARARGS | METH_KEYWORDS,
-     "attention_backward(d_out, q, k, v, mask, key_padding_mask, causal, scale, dropout, seed) -> (dq, dk, dv)"},
+     "attention_backward(d_out, q, k, v, mask, key_padding_mask, causal, scale, dropout, seed, out, lse) -> (dq, dk, dv)"},
     {"layer_forward", (PyCFunction)(void (*)(void))py_layer_forward, METH_VARARGS | METH_KEYWORDS,
      "layer_forward(x_q, x_k, x_v, params, heads, kv_heads, d_head, ...) -> (out, weights, q_proj, k_proj, v_proj, attn)"},
     {"layer_backward", (PyCFunction)(void (*)(void))py_layer_backward, METH_VARARGS | METH_KEYWORDS,

@@ -73,7 +73,7 @@ static int FN(project)(real *y, int64_t y_batch, int64_t ld, const real *x, int6
  * q_proj: (B, n_q, H*d_head)  k_proj, v_proj: (B, kv_batch_stride, H_kv*d_head)
  * attn: (B, n_q, H*d_head)    x_q: (B, n_q, d_model)  x_k: (B, n_new, kdim)  x_v: (B, n_new, vdim) */
 int FN(mha_layer_forward)(real *out, real *weights, real *q_proj, real *k_proj, real *v_proj,
-                          real *attn, const real *x_q, const real *x_k, const real *x_v,
+                          real *attn, real *lse, const real *x_q, const real *x_k, const real *x_v,
                           const PARAMS *p, const mha_layer_dims *m,
                           const mha_attention_desc *opts) {
     const int64_t B = m->batch, E_q = m->heads * m->d_head, E_kv = m->kv_heads * m->d_head;
@@ -91,7 +91,7 @@ int FN(mha_layer_forward)(real *out, real *weights, real *q_proj, real *k_proj, 
         return err;
     // 2. attention of every head, written into attn (B, n_q, H*d_head)
     mha_attention_desc d = FN(layer_attention_desc)(m, opts);
-    if ((err = FN(mha_attention_forward)(attn, weights, q_proj, k_proj, v_proj, &d))) return err;
+    if ((err = FN(mha_attention_forward_lse)(attn, weights, lse, q_proj, k_proj, v_proj, &d))) return err;
     // 3. concat = attn * head_mask; out = concat W_o + b_o
     const int64_t rows = B * m->n_q;
     const real *concat = attn;
@@ -112,7 +112,7 @@ int FN(mha_layer_forward)(real *out, real *weights, real *q_proj, real *k_proj, 
  * dx_q like x_q, dx_k like x_k, dx_v like x_v; d_out (B, n_q, d_model). */
 int FN(mha_layer_backward)(real *dx_q, real *dx_k, real *dx_v, const GRADS *g,
                            const real *d_out, const real *q_proj, const real *k_proj,
-                           const real *v_proj, const real *attn, const real *x_q,
+                           const real *v_proj, const real *attn, const real *lse, const real *x_q,
                            const real *x_k, const real *x_v, const PARAMS *p,
                            const mha_layer_dims *m, const mha_attention_desc *opts) {
     if (m->kv_row_offset != 0 || m->n_new != m->n_k || m->kv_batch_stride != m->n_k)
@@ -161,7 +161,9 @@ int FN(mha_layer_backward)(real *dx_q, real *dx_k, real *dx_v, const GRADS *g,
     if (p->head_mask) FN(apply_head_mask)(dC, dC, p->head_mask, rows_q, H, dh);
     // 2. attention -> dQ, dK, dV
     mha_attention_desc d = FN(layer_attention_desc)(m, opts);
-    if ((err = FN(mha_attention_backward)(dQ, dK, dV, dC, q_proj, k_proj, v_proj, &d))) goto done;
+    err = lse ? FN(mha_attention_backward_saved)(dQ, dK, dV, dC, q_proj, k_proj, v_proj, attn, lse, &d)
+              : FN(mha_attention_backward)(dQ, dK, dV, dC, q_proj, k_proj, v_proj, &d);
+    if (err) goto done;
     // 1. projections X W + b  ->  dW = X^T dY, db = sum_rows dY, dX = dY W^T
     struct { const real *x, *W; const real *dY; real *dX, *dW, *db; int64_t rows, d_in, d_out; } proj[3] = {
         {x_q, p->W_q, dQ, dx_q, g->W_q, g->b_q, rows_q, m->d_model, E_q},

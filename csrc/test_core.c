@@ -223,8 +223,8 @@ static void test_layer(void) {
     mha_attention_desc_init(&opts, B, H, H_kv, n, n, dh, dh);
     opts.causal = 1;
     double *out = malloc(B * n * d_model * 8), *qp = malloc(B * n * E_q * 8), *kp = malloc(B * n * E_kv * 8);
-    double *vp = malloc(B * n * E_kv * 8), *attn = malloc(B * n * E_q * 8);
-    expect(mha_layer_forward_f64(out, NULL, qp, kp, vp, attn, x, x, x, &p, &m, &opts) == MHA_OK, "layer forward status", 0, 0);
+    double *vp = malloc(B * n * E_kv * 8), *attn = malloc(B * n * E_q * 8), *lse = malloc(B * H * n * 8);
+    expect(mha_layer_forward_f64(out, NULL, qp, kp, vp, attn, lse, x, x, x, &p, &m, &opts) == MHA_OK, "layer forward status", 0, 0);
 
     /* by hand: Q = x W_q + b_q as (B, H, n, dh) contiguous, then naive attention */
     double *Q = malloc(B * H * n * dh * 8), *K = malloc(B * H_kv * n * dh * 8), *V = malloc(B * H_kv * n * dh * 8);
@@ -263,8 +263,14 @@ static void test_layer(void) {
     double *gW_o = malloc(E_q * d_model * 8), *gb_q = malloc(E_q * 8), *gb_k = malloc(E_kv * 8), *gb_v = malloc(E_kv * 8);
     double *gb_o = malloc(d_model * 8), ghm[4];
     mha_layer_grads_f64 gr = {gW_q, gW_k, gW_v, gW_o, gb_q, gb_k, gb_v, gb_o, ghm};
-    expect(mha_layer_backward_f64(dx, dx_k, dx_v, &gr, g, qp, kp, vp, attn, x, x, x, &p, &m, &opts) == MHA_OK,
+    expect(mha_layer_backward_f64(dx, dx_k, dx_v, &gr, g, qp, kp, vp, attn, lse, x, x, x, &p, &m, &opts) == MHA_OK,
            "layer backward status", 0, 0);
+    /* without the saved lse the attention's forward runs again: the same gradients */
+    double *dx2 = malloc(B * n * d_model * 8);
+    mha_layer_backward_f64(dx2, dx_k, dx_v, &gr, g, qp, kp, vp, attn, NULL, x, x, x, &p, &m, &opts);
+    expect(max_abs_diff(dx, dx2, B * n * d_model) <= 1e-13, "layer backward: saved lse == recomputed",
+           max_abs_diff(dx, dx2, B * n * d_model), 1e-13);
+    free(dx2);
     double *targets[4] = {head_mask, W_o, W_q, x}, *grads[4] = {ghm, gW_o, gW_q, NULL};
     size_t counts[4] = {4, E_q * d_model, d_model * E_q, B * n * d_model};
     double worst = 0;
@@ -272,10 +278,10 @@ static void test_layer(void) {
         for (size_t i = 0; i < counts[t]; i += 1 + counts[t] / 11) {
             double saved = targets[t][i], lp = 0, lm = 0;
             targets[t][i] = saved + 1e-6;
-            mha_layer_forward_f64(out, NULL, qp, kp, vp, attn, x, x, x, &p, &m, &opts);
+            mha_layer_forward_f64(out, NULL, qp, kp, vp, attn, NULL, x, x, x, &p, &m, &opts);
             for (int64_t s = 0; s < B * n * d_model; s++) lp += out[s] * g[s];
             targets[t][i] = saved - 1e-6;
-            mha_layer_forward_f64(out, NULL, qp, kp, vp, attn, x, x, x, &p, &m, &opts);
+            mha_layer_forward_f64(out, NULL, qp, kp, vp, attn, NULL, x, x, x, &p, &m, &opts);
             for (int64_t s = 0; s < B * n * d_model; s++) lm += out[s] * g[s];
             targets[t][i] = saved;
             double fd = (lp - lm) / 2e-6;
@@ -285,7 +291,7 @@ static void test_layer(void) {
         }
     expect(worst <= 1e-6, "layer backward (head_mask, W_o, W_q, x) vs finite differences", worst, 1e-6);
     free(x), free(W_q), free(W_k), free(W_v), free(W_o), free(b_q), free(b_k), free(b_v), free(b_o);
-    free(out), free(qp), free(kp), free(vp), free(attn), free(Q), free(K), free(V), free(O), free(ref);
+    free(out), free(qp), free(kp), free(vp), free(attn), free(lse), free(Q), free(K), free(V), free(O), free(ref);
     free(g), free(dx), free(dx_k), free(dx_v), free(gW_q), free(gW_k), free(gW_v), free(gW_o);
     free(gb_q), free(gb_k), free(gb_v), free(gb_o);
 }

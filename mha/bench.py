@@ -162,8 +162,15 @@ def _attention_case(case, B, H, n, d, causal, ceiling, torch, repeats, with_nump
     for name, lib in impls.items():
         t = median_time(lambda: lib.attention(q, k, v, causal=causal, need_weights=False), repeats)
         rows.append(_row(label, "forward", name, t, flops, ceiling))
-        t = median_time(lambda: (lib.attention(q, k, v, causal=causal, need_weights=False),
-                                 lib.attention_backward(g, q, k, v, causal=causal)), repeats)
+        if lib is mha:  # as a training step: the forward's out and lse go to the backward
+            def fwd_bwd():
+                out, _, lse = mha.attention(q, k, v, causal=causal, need_weights=False, return_lse=True)
+                mha.attention_backward(g, q, k, v, causal=causal, out=out, lse=lse)
+        else:
+            def fwd_bwd():
+                lib.attention(q, k, v, causal=causal, need_weights=False)
+                lib.attention_backward(g, q, k, v, causal=causal)
+        t = median_time(fwd_bwd, repeats)
         rows.append(_row(label, "forward+backward", name, t, 3.5 * flops, ceiling))
     if torch is not None:
         F = torch.nn.functional

@@ -194,7 +194,8 @@ def _prepare(q, k, v, mask, scale, *also):
     return q, k, v, dtype, (B, H, H_kv, n_q, n_k, d_k, d_v), scores_shape, mask4, as_scale(scale, d_k)
 
 
-def attention(q, k, v, mask=None, *, causal=False, scale=None, dropout=0.0, seed=None, need_weights=True):
+def attention(q, k, v, mask=None, *, causal=False, scale=None, dropout=0.0, seed=None, need_weights=True,
+              return_lse=False):
     """Scaled dot-product attention, softmax(scale * q k^T + mask) v, on the C core.
 
     Parameters
@@ -214,11 +215,16 @@ def attention(q, k, v, mask=None, *, causal=False, scale=None, dropout=0.0, seed
         Dropout seed; drawn at random when None (pass it to `attention_backward` to reproduce).
     need_weights : bool
         When False, `weights` is None and no n_q x n_k buffer is allocated (memory O(n)).
+    return_lse : bool
+        Also return each row's log-sum-exp, so that `attention_backward(..., out=out, lse=lse)`
+        need not run the forward again (as a training step does).
 
     Returns
     -------
     out : (..., n_q, d_v)
     weights : (..., n_q, n_k) softmax probabilities (before dropout), or None
+    lse : (..., n_q), only with return_lse: log(sum_j exp(s_ij)) of the masked, scaled scores
+        (-inf for a fully masked row)
 
     Example
     -------
@@ -234,21 +240,28 @@ def attention(q, k, v, mask=None, *, causal=False, scale=None, dropout=0.0, seed
     if need_weights:
         check_fits("weights", scores_shape, dtype)
     q4, k4, v4 = _to4(contiguous(q, dtype), B, H), _to4(contiguous(k, dtype), B, H_kv), _to4(contiguous(v, dtype), B, H_kv)
-    out, weights = _C.attention_forward(q4, k4, v4, mask4, None, bool(causal), scale, p, seed, bool(need_weights))
-    out = out.reshape(q.shape[:-1] + (d_v,))
-    return out, (weights.reshape(scores_shape) if weights is not None else None)
+    return_lse = as_flag(return_lse, "return_lse")
+    res = _C.attention_forward(q4, k4, v4, mask4, None, bool(causal), scale, p, seed, bool(need_weights),
+                               bool(return_lse))
+    out, weights = res[0].reshape(q.shape[:-1] + (d_v,)), res[1]
+    weights = weights.reshape(scores_shape) if weights is not None else None
+    return (out, weights, res[2].reshape(q.shape[:-1])) if return_lse else (out, weights)
 
 
-def attention_backward(d_out, q, k, v, mask=None, *, causal=False, scale=None, dropout=0.0, seed=None):
+def attention_backward(d_out, q, k, v, mask=None, *, causal=False, scale=None, dropout=0.0, seed=None,
+                       out=None, lse=None):
     """Gradients of `attention` with respect to q, k and v, on the C core.
 
-    Stateless: the probabilities are recomputed from q, k, v. Give the same mask, causal,
-    scale, dropout and seed as the forward (with dropout > 0 the seed is required).
+    Stateless: the probabilities are recomputed from q, k, v, tile by tile. Give the same
+    mask, causal, scale, dropout and seed as the forward (with dropout > 0 the seed is
+    required). Without `out` and `lse` the forward runs again inside (about 2/7 of the work).
 
     Parameters
     ----------
     d_out : array (..., n_q, d_v), the gradient of the loss with respect to `out`
     q, k, v, mask, causal, scale, dropout, seed : as for `attention`
+    out, lse : optional, both or neither: the forward's output and its log-sum-exp
+        (`attention(..., return_lse=True)`) for the same inputs
 
     Returns
     -------
@@ -264,5 +277,16 @@ def attention_backward(d_out, q, k, v, mask=None, *, causal=False, scale=None, d
     p, seed = check_dropout(dropout, seed, backward=True)
     q4, k4, v4 = _to4(contiguous(q, dtype), B, H), _to4(contiguous(k, dtype), B, H_kv), _to4(contiguous(v, dtype), B, H_kv)
     do4 = _to4(contiguous(d_out, dtype), B, H)
-    dq, dk, dv = _C.attention_backward(do4, q4, k4, v4, mask4, None, bool(causal), scale, p, seed)
+    saved = {}
+    if (out is None) != (lse is None):
+        raise ValueError("give both out and lse from attention(..., return_lse=True), or neither")
+    if out is not None:
+        out, lse = as_float_array(out, "out"), as_float_array(lse, "lse")
+        if out.shape != expected:
+            raise ValueError(f"out has shape {out.shape} but the output of attention has shape {expected}")
+        if lse.shape != expected[:-1]:
+            raise ValueError(f"lse has shape {lse.shape} but attention's lse has shape {expected[:-1]}")
+        saved = dict(out=_to4(contiguous(out, dtype), B, H),
+                     lse=contiguous(lse, dtype).reshape(B, H, n_q))
+    dq, dk, dv = _C.attention_backward(do4, q4, k4, v4, mask4, None, bool(causal), scale, p, seed, **saved)
     return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)

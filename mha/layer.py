@@ -105,13 +105,13 @@ class MultiHeadAttention(reference.MultiHeadAttention):
         p = self.dropout if self.training else 0.0
         seed = int(self._rng.integers(0, 2**63)) if p > 0 else 0
 
-        out, weights, q_proj, k_proj, v_proj, attn = _C.layer_forward(
+        out, weights, q_proj, k_proj, v_proj, attn, lse = _C.layer_forward(
             query, key, value, params, H, H_kv, D, mask4, kpm, bool(causal), p, seed,
             bool(need_weights), k_rows, v_rows, length)
         if cache is not None:
             cache.length = n_k
         self._saved = dict(query=query, key=key, value=value, q_proj=q_proj, k_proj=k_proj,
-                           v_proj=v_proj, attn=attn, params=params, mask=mask4, kpm=kpm,
+                           v_proj=v_proj, attn=attn, lse=lse, params=params, mask=mask4, kpm=kpm,
                            causal=bool(causal), dropout=p, seed=seed, unbatched=unbatched,
                            key_given=key_given, value_given=value_given, cached=cache is not None)
 
@@ -148,7 +148,7 @@ class MultiHeadAttention(reference.MultiHeadAttention):
             d_out, s["q_proj"], s["k_proj"], s["v_proj"], s["attn"], s["query"], s["key"],
             s["value"], s["params"], self.n_heads, self.n_kv_heads, self.d_head, s["mask"],
             s["kpm"], s["causal"], s["dropout"], s["seed"],
-            key_is_query=not s["key_given"], value_is_key=not s["value_given"])
+            key_is_query=not s["key_given"], value_is_key=not s["value_given"], lse=s["lse"])
         names = ("W_q", "W_k", "W_v", "W_o", "b_q", "b_k", "b_v", "b_o", "head_mask")
         self.grads = {n: g for n, g in zip(names, grads) if g is not None}
         if s["unbatched"]:
