@@ -1,12 +1,13 @@
 /* attention_impl.h: scaled dot-product attention, forward and backward, for a type `real`.
  * Included by attention.c with real (float|double), SFX (f32|f64) and EXP (expf|exp) defined.
  *
- * Without weights the forward is fused (fused_forward below: key tiles, online softmax, O(n)
- * scratch). With weights, and in the backward, work is split into query blocks of up to BQ rows. A block's scores S (rows, n_k) are
- * computed by one GEMM, turned into probabilities row by row (the whole row is in hand, so
- * the softmax is exact and needs no running rescale), and multiplied into V by a second GEMM.
- * The scratch is O(BQ * n_k) per thread, never n_q x n_k, unless the weights are requested.
- * The backward recomputes P with the same code, so it needs nothing saved by the forward.
+ * Without weights the forward is fused (fused_forward: tiles of BK keys against blocks of BQF
+ * query rows, online softmax, O(n) scratch) and can save each row's log-sum-exp; the backward
+ * (fused_backward, FlashAttention-2's scheme) rebuilds P tile by tile from it, running the
+ * fused forward first when the caller has not kept out and lse.
+ * With weights, the forward works on query blocks of up to BQ_MAX rows: a block's scores
+ * (rows, n_k) come from one GEMM, become probabilities row by row (the whole row is in hand)
+ * and are copied out, then multiplied into V by a second GEMM.
  */
 
 /* Rows of one query block: at most BQ_MAX, fewer when n_k is so long that the block's
@@ -70,9 +71,9 @@ MHA_HOT static void FN(softmax_rows)(real *P, uint8_t *dead, real *lse, int64_t 
         const int64_t n_row = FN(mask_row)(p, n_vis, b, h, i0 + r, 0, d);
         real m = FN(mha_max)(p, n_row); /* NaN propagates */
         dead[r] = m == -INFINITY;
-        if (lse) lse[r] = m;
         if (dead[r]) { /* every key masked: the row is 0 */
             memset(p, 0, (size_t)n_vis * sizeof(real));
+            if (lse) lse[r] = -INFINITY;
             continue;
         }
         real sum = FN(mha_exp_sum)(p, n_row, m);
@@ -112,35 +113,29 @@ static int64_t FN(block_probs)(real *P, uint8_t *dead, real *lse, int64_t ld, re
     return n_vis;
 }
 
+/* Elements of GEMM workspace for one block of the weights path. */
 static size_t FN(attention_gemm_ws)(const mha_attention_desc *d, int64_t bq) {
     size_t s = FN(mha_gemm_workspace)(bq, d->n_k, d->d_k, 1);  /* S = q k^T */
     size_t o = FN(mha_gemm_workspace)(bq, d->d_v, d->n_k, 1);  /* O = P v   */
-    return mha_round_up(MHA_MAX(s, o), MHA_CACHE_LINE);
+    return (MHA_MAX(s, o) + sizeof(real) - 1) / sizeof(real);
 }
 
-/* Threads and per-thread scratch for `tasks` independent tasks doing `flops` in all. Each
- * thread owns n_buffers blocks of (bq, ld), then `extra` elements, then a GEMM workspace
- * starting at byte gemm_offset of its slice. */
-typedef struct {
-    int threads;
-    int64_t chunk;      /* tasks per fetch: several when they are tiny */
-    size_t per_thread;  /* bytes of scratch each thread owns */
-    size_t gemm_offset; /* where its GEMM workspace starts */
-    char *scratch;      /* threads * per_thread bytes, freed by the caller */
-} FN(plan);
-
-static int FN(make_plan)(FN(plan) *pl, const mha_attention_desc *d, int64_t tasks, double flops,
-                         int64_t bq, int64_t ld, int n_buffers, int64_t extra) {
+/* Scratch for nt threads, each owning the n parts (element counts) in order, every part
+ * starting on a cache line: parts[] is rounded up in place, so a thread's part i starts at
+ * element parts[0] + ... + parts[i-1] of its slice. Returns the block (freed by the caller)
+ * and the bytes per thread, or NULL when the sizes overflow or memory runs out. */
+static char *FN(thread_scratch)(size_t *parts, int n, int nt, size_t *per_thread) {
+    const size_t line = MHA_CACHE_LINE / sizeof(real);
+    size_t elems = 0;
     int ok = 1;
-    size_t elems = mha_mul_size(mha_mul_size((size_t)bq, (size_t)ld, &ok), (size_t)n_buffers, &ok);
-    if (__builtin_add_overflow(elems, (size_t)extra, &elems)) ok = 0;
-    pl->gemm_offset = mha_round_up(mha_mul_size(elems, sizeof(real), &ok), MHA_CACHE_LINE);
-    pl->per_thread = pl->gemm_offset + FN(attention_gemm_ws)(d, bq);
-    pl->threads = (int)MHA_MIN((int64_t)mha_threads_for(flops), tasks);
-    pl->chunk = MHA_MAX(1, tasks / (8 * pl->threads));
-    if (!ok || pl->per_thread > SIZE_MAX / (size_t)pl->threads) return MHA_ENOMEM;
-    pl->scratch = mha_alloc(pl->per_thread * (size_t)pl->threads);
-    return pl->scratch ? MHA_OK : MHA_ENOMEM;
+    for (int i = 0; i < n; i++) {
+        if (parts[i] > SIZE_MAX - line) ok = 0;
+        else parts[i] = mha_round_up(parts[i], line);
+        if (__builtin_add_overflow(elems, parts[i], &elems)) ok = 0;
+    }
+    *per_thread = mha_mul_size(elems, sizeof(real), &ok);
+    if (!ok || nt < 1 || *per_thread > SIZE_MAX / (size_t)nt) return NULL;
+    return mha_alloc(*per_thread * (size_t)nt);
 }
 
 /* Sizes that the core can take: non-negative, kv_heads dividing heads. */
@@ -207,17 +202,14 @@ static int FN(fused_forward)(real *out, real *lse, const real *q, const real *k,
     const int64_t chunks = MHA_MAX(1, MHA_MIN(q_blocks, threads > 1 ? want : 1));
     const int64_t tasks = B * H_kv * chunks;
     const int64_t chunk_rows = (q_blocks + chunks - 1) / chunks * BQF;
-    const size_t kp_elems = mha_round_up(FN(mha_packed_b_size)(d->d_k, BK), MHA_CACHE_LINE);
-    const size_t vp_elems = mha_round_up(FN(mha_packed_b_size)(BK, d->d_v), MHA_CACHE_LINE);
-    const size_t s_elems = (size_t)BQF * BK;
-    int ok = 1;
-    size_t row_elems = mha_mul_size((size_t)group, (size_t)chunk_rows, &ok);
-    size_t per_thread = kp_elems + vp_elems + s_elems + BQF;
-    if (__builtin_add_overflow(per_thread, mha_mul_size(row_elems, 2, &ok), &per_thread)) ok = 0;
-    per_thread = mha_round_up(mha_mul_size(per_thread, sizeof(real), &ok), MHA_CACHE_LINE);
     const int nt = (int)MHA_MIN((int64_t)threads, tasks);
-    if (!ok || per_thread > SIZE_MAX / (size_t)nt) return MHA_ENOMEM;
-    char *scratch = mha_alloc(per_thread * (size_t)nt);
+    int ok = 1;
+    const size_t row_elems = mha_mul_size((size_t)group, (size_t)chunk_rows, &ok); /* m, l each */
+    /* packed K^T tile, packed V tile, scores, alpha, m, l */
+    size_t part[6] = {FN(mha_packed_b_size)(d->d_k, BK), FN(mha_packed_b_size)(BK, d->d_v),
+                      (size_t)BQF * BK, BQF, ok ? row_elems : SIZE_MAX, row_elems};
+    size_t per_thread;
+    char *scratch = FN(thread_scratch)(part, 6, nt, &per_thread);
     if (!scratch) return MHA_ENOMEM;
 
 #ifdef _OPENMP
@@ -229,8 +221,8 @@ static int FN(fused_forward)(real *out, real *lse, const real *q, const real *k,
         t = omp_get_thread_num();
 #endif
         real *Kp = (real *)(scratch + (size_t)t * per_thread);
-        real *Vp = Kp + kp_elems, *S = Vp + vp_elems, *alpha = S + s_elems;
-        real *m = alpha + BQF, *l = m + row_elems;
+        real *Vp = Kp + part[0], *S = Vp + part[1], *alpha = S + part[2];
+        real *m = alpha + part[3], *l = m + part[4];
         const int64_t b = task / (H_kv * chunks), g = task / chunks % H_kv, c = task % chunks;
         const int64_t r0 = MHA_MIN(d->n_q, q_blocks * c / chunks * BQF);
         const int64_t r1 = MHA_MIN(d->n_q, q_blocks * (c + 1) / chunks * BQF);
@@ -298,21 +290,26 @@ int FN(mha_attention_forward_lse)(real *out, real *weights, real *lse, const rea
     const int64_t bq = FN(block_rows)(d->n_k), ld = MHA_MAX(d->n_k, 1);
     const int64_t q_blocks = (d->n_q + bq - 1) / bq;
     const int64_t tasks = B * H * q_blocks;
-    FN(plan) pl;
-    if (FN(make_plan)(&pl, d, tasks, 2.0 * B * H * d->n_q * d->n_k * (double)(d->d_k + d->d_v),
-                      bq, ld, 1, 0))
-        return MHA_ENOMEM;
+    const double flops = 2.0 * B * H * d->n_q * d->n_k * (double)(d->d_k + d->d_v);
+    const int nt = (int)MHA_MIN((int64_t)mha_threads_for(flops), tasks);
+    const int64_t chunk = MHA_MAX(1, tasks / (8 * nt)); /* tasks per fetch when they are tiny */
+    (void)chunk;                                        /* serial builds have no schedule */
+    int ok = 1;
+    size_t part[2] = {mha_mul_size((size_t)bq, (size_t)ld, &ok), FN(attention_gemm_ws)(d, bq)};
+    if (!ok) part[0] = SIZE_MAX;
+    size_t per_thread;
+    char *scratch = FN(thread_scratch)(part, 2, nt, &per_thread); /* P, GEMM workspace */
+    if (!scratch) return MHA_ENOMEM;
 
 #ifdef _OPENMP
-#pragma omp parallel for num_threads(pl.threads) schedule(dynamic, pl.chunk) if (pl.threads > 1)
+#pragma omp parallel for num_threads(nt) schedule(dynamic, chunk) if (nt > 1)
 #endif
     for (int64_t task = 0; task < tasks; task++) {
         int t = 0;
 #ifdef _OPENMP
         t = omp_get_thread_num();
 #endif
-        real *P = (real *)(pl.scratch + (size_t)t * pl.per_thread);
-        real *gemm_ws = (real *)((char *)P + pl.gemm_offset);
+        real *P = (real *)(scratch + (size_t)t * per_thread), *gemm_ws = P + part[0];
         const int64_t b = task / (H * q_blocks), h = task / q_blocks % H;
         const int64_t i0 = task % q_blocks * bq, rows = MHA_MIN(bq, d->n_q - i0);
         const real *q_bh = AT(q, d->q, b, h);
@@ -335,7 +332,7 @@ int FN(mha_attention_forward_lse)(real *out, real *weights, real *lse, const rea
                         d->out.row, gemm_ws, 1);
         FN(zero_dead_rows)(o_blk, d->out.row, d->d_v, dead, rows);
     }
-    free(pl.scratch);
+    free(scratch);
     return MHA_OK;
 }
 
@@ -401,22 +398,16 @@ static int FN(fused_backward)(real *dq, real *dk, real *dv, const real *d_out, c
     const double flops = 5.0 * B * H * d->n_q * d->n_k * (double)(d->d_k + d->d_v);
     const int nt = (int)MHA_MIN((int64_t)mha_threads_for(flops), tasks);
     const size_t blk = (size_t)BQF * BK;
-    const size_t kt = mha_round_up(FN(mha_packed_b_size)(d->d_k, BK), MHA_CACHE_LINE);
-    const size_t vt = mha_round_up(FN(mha_packed_b_size)(d->d_v, BK), MHA_CACHE_LINE);
-    const size_t kn = mha_round_up(FN(mha_packed_b_size)(BK, d->d_k), MHA_CACHE_LINE);
-    const size_t bp = mha_round_up(FN(mha_packed_b_size)(BQF, BK), MHA_CACHE_LINE);
-    const size_t dkt = mha_round_up((size_t)d->d_k * BK, MHA_CACHE_LINE);
-    const size_t dvt = mha_round_up((size_t)d->d_v * BK, MHA_CACHE_LINE);
-    const size_t live = mha_round_up((size_t)BQF * (size_t)d->d_v, MHA_CACHE_LINE);
     int ok = 1;
-    size_t rows_all = mha_round_up(mha_mul_size((size_t)group, (size_t)d->n_q, &ok), MHA_CACHE_LINE);
-    size_t per_thread = 0;
-    const size_t parts[9] = {kt, vt, kn, 3 * blk, bp, dkt, dvt, live, rows_all};
-    for (int i = 0; i < 9; i++)
-        if (__builtin_add_overflow(per_thread, parts[i], &per_thread)) ok = 0;
-    per_thread = mha_mul_size(per_thread, sizeof(real), &ok);
-    if (!ok || nt < 1 || per_thread > SIZE_MAX / (size_t)nt) return MHA_ENOMEM;
-    char *scratch = mha_alloc(per_thread * (size_t)nt);
+    const size_t rows_all = mha_mul_size((size_t)group, (size_t)d->n_q, &ok);
+    /* packed K^T, V^T, K tiles; P, dP/dS, A; a packed block of A or dS; dK^T, dV^T of the
+     * tile; d_out with fully masked rows zeroed; delta of the group's rows */
+    size_t part[11] = {FN(mha_packed_b_size)(d->d_k, BK), FN(mha_packed_b_size)(d->d_v, BK),
+                       FN(mha_packed_b_size)(BK, d->d_k), blk, blk, blk,
+                       FN(mha_packed_b_size)(BQF, BK), (size_t)d->d_k * BK, (size_t)d->d_v * BK,
+                       (size_t)BQF * (size_t)d->d_v, ok ? rows_all : SIZE_MAX};
+    size_t per_thread;
+    char *scratch = FN(thread_scratch)(part, 11, nt, &per_thread);
     if (!scratch) return MHA_ENOMEM;
     const real scale = (real)d->scale;
 
@@ -429,10 +420,10 @@ static int FN(fused_backward)(real *dq, real *dk, real *dv, const real *d_out, c
         t = omp_get_thread_num();
 #endif
         real *KpT = (real *)(scratch + (size_t)t * per_thread);
-        real *VpT = KpT + kt, *KpN = VpT + vt, *P = KpN + kn, *D = P + blk;
-        real *A = d->dropout > 0 ? D + blk : P;
-        real *Bp = P + 3 * blk, *dKt = Bp + bp, *dVt = dKt + dkt, *dO_live = dVt + dvt;
-        real *delta = dO_live + live;
+        real *VpT = KpT + part[0], *KpN = VpT + part[1], *P = KpN + part[2], *D = P + part[3];
+        real *A = d->dropout > 0 ? D + part[4] : P, *Bp = D + part[4] + part[5];
+        real *dKt = Bp + part[6], *dVt = dKt + part[7], *dO_live = dVt + part[8];
+        real *delta = dO_live + part[9];
         const int64_t b = task / H_kv, g = task % H_kv;
         const real *k_bg = AT(k, d->k, b, g), *v_bg = AT(v, d->v, b, g);
         real *dk_bg = AT(dk, d->k, b, g), *dv_bg = AT(dv, d->v, b, g);
@@ -514,26 +505,18 @@ static int FN(fused_backward)(real *dq, real *dk, real *dv, const real *d_out, c
     return MHA_OK;
 }
 
-/* Backward from the forward's saved output and log-sum-exp.
+/* Backward from the forward's saved output and log-sum-exp, or (out and lse NULL) from
+ * nothing: then the fused forward runs first into O(n) scratch.
  * dq like q, dk like k, dv like v; d_out and out like out; lse (B, H, n_q) contiguous. */
 int FN(mha_attention_backward_saved)(real *dq, real *dk, real *dv, const real *d_out,
                                      const real *q, const real *k, const real *v,
                                      const real *out, const real *lse,
                                      const mha_attention_desc *d) {
-    if (FN(check_desc)(d)) return MHA_EINVAL;
+    if (FN(check_desc)(d) || (out == NULL) != (lse == NULL)) return MHA_EINVAL;
     const int64_t B = d->batch, H = d->heads, H_kv = d->kv_heads;
     if (NONE(B, H, d->n_q, d->d_k) && NONE(B, H_kv, d->n_k, d->d_k) && NONE(B, H_kv, d->n_k, d->d_v))
         return MHA_OK;
-    return FN(fused_backward)(dq, dk, dv, d_out, q, k, v, out, d->out, lse, d);
-}
-
-/* Stateless backward: runs the fused forward for out and lse (O(n) scratch), then the above. */
-int FN(mha_attention_backward)(real *dq, real *dk, real *dv, const real *d_out, const real *q,
-                               const real *k, const real *v, const mha_attention_desc *d) {
-    if (FN(check_desc)(d)) return MHA_EINVAL;
-    const int64_t B = d->batch, H = d->heads, H_kv = d->kv_heads;
-    if (NONE(B, H, d->n_q, d->d_k) && NONE(B, H_kv, d->n_k, d->d_k) && NONE(B, H_kv, d->n_k, d->d_v))
-        return MHA_OK;
+    if (out) return FN(fused_backward)(dq, dk, dv, d_out, q, k, v, out, d->out, lse, d);
     int ok = 1;
     size_t rows = mha_mul_size(mha_mul_size((size_t)B, (size_t)H, &ok), (size_t)d->n_q, &ok);
     size_t o_elems = mha_mul_size(rows, (size_t)d->d_v, &ok), total;
@@ -541,13 +524,18 @@ int FN(mha_attention_backward)(real *dq, real *dk, real *dv, const real *d_out, 
     if (!ok || total > SIZE_MAX / sizeof(real)) return MHA_ENOMEM;
     real *o = mha_alloc(total * sizeof(real));
     if (!o) return MHA_ENOMEM;
-    real *lse = o + o_elems;
-    mha_attention_desc fwd = *d;
+    real *o_lse = o + o_elems;
+    mha_attention_desc fwd = *d; /* out contiguous: (B, H, n_q, d_v) */
     fwd.out = (mha_view){H * d->n_q * d->d_v, d->n_q * d->d_v, d->d_v};
-    int err = FN(mha_attention_forward_lse)(o, NULL, lse, q, k, v, &fwd);
-    if (!err) err = FN(fused_backward)(dq, dk, dv, d_out, q, k, v, o, fwd.out, lse, d);
+    int err = FN(mha_attention_forward_lse)(o, NULL, o_lse, q, k, v, &fwd);
+    if (!err) err = FN(fused_backward)(dq, dk, dv, d_out, q, k, v, o, fwd.out, o_lse, d);
     free(o);
     return err;
+}
+
+int FN(mha_attention_backward)(real *dq, real *dk, real *dv, const real *d_out, const real *q,
+                               const real *k, const real *v, const mha_attention_desc *d) {
+    return FN(mha_attention_backward_saved)(dq, dk, dv, d_out, q, k, v, NULL, NULL, d);
 }
 
 #undef AT

@@ -76,7 +76,7 @@ int mha_attention_forward_lse_f32(float *out, float *weights, float *lse, const 
 int mha_attention_forward_lse_f64(double *out, double *weights, double *lse, const double *q,
                                   const double *k, const double *v, const mha_attention_desc *desc);
 /* Its backward from the forward's out (like out) and lse: tiled over keys and queries
- * (FlashAttention-2's scheme), O(n) scratch.
+ * (FlashAttention-2's scheme), O(n) scratch. out and lse NULL (both): the forward runs first.
  * dq like q, dk like k, dv like v (overwritten); d_out like out. */
 int mha_attention_backward_saved_f32(float *dq, float *dk, float *dv, const float *d_out,
                                      const float *q, const float *k, const float *v,

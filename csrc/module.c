@@ -284,22 +284,14 @@ static PyObject *py_attention_backward(PyObject *self, PyObject *args, PyObject 
         goto fail;
     int err;
     Py_BEGIN_ALLOW_THREADS
-    if (typenum == NPY_FLOAT32 && o)
+    if (typenum == NPY_FLOAT32)
         err = mha_attention_backward_saved_f32(PyArray_DATA(dq), PyArray_DATA(dk), PyArray_DATA(dv),
                                                PyArray_DATA(d_out), PyArray_DATA(q), PyArray_DATA(k),
-                                               PyArray_DATA(v), PyArray_DATA(o), PyArray_DATA(lse), &d);
-    else if (typenum == NPY_FLOAT32)
-        err = mha_attention_backward_f32(PyArray_DATA(dq), PyArray_DATA(dk), PyArray_DATA(dv),
-                                         PyArray_DATA(d_out), PyArray_DATA(q), PyArray_DATA(k),
-                                         PyArray_DATA(v), &d);
-    else if (o)
+                                               PyArray_DATA(v), DATA_OR_NULL(o), DATA_OR_NULL(lse), &d);
+    else
         err = mha_attention_backward_saved_f64(PyArray_DATA(dq), PyArray_DATA(dk), PyArray_DATA(dv),
                                                PyArray_DATA(d_out), PyArray_DATA(q), PyArray_DATA(k),
-                                               PyArray_DATA(v), PyArray_DATA(o), PyArray_DATA(lse), &d);
-    else
-        err = mha_attention_backward_f64(PyArray_DATA(dq), PyArray_DATA(dk), PyArray_DATA(dv),
-                                         PyArray_DATA(d_out), PyArray_DATA(q), PyArray_DATA(k),
-                                         PyArray_DATA(v), &d);
+                                               PyArray_DATA(v), DATA_OR_NULL(o), DATA_OR_NULL(lse), &d);
     Py_END_ALLOW_THREADS
     if (raise_core_error(err)) goto fail;
     return Py_BuildValue("(NNN)", dq, dk, dv);

@@ -161,9 +161,9 @@ int FN(mha_layer_backward)(real *dx_q, real *dx_k, real *dx_v, const GRADS *g,
     if (p->head_mask) FN(apply_head_mask)(dC, dC, p->head_mask, rows_q, H, dh);
     // 2. attention -> dQ, dK, dV
     mha_attention_desc d = FN(layer_attention_desc)(m, opts);
-    err = lse ? FN(mha_attention_backward_saved)(dQ, dK, dV, dC, q_proj, k_proj, v_proj, attn, lse, &d)
-              : FN(mha_attention_backward)(dQ, dK, dV, dC, q_proj, k_proj, v_proj, &d);
-    if (err) goto done;
+    if ((err = FN(mha_attention_backward_saved)(dQ, dK, dV, dC, q_proj, k_proj, v_proj,
+                                                lse ? attn : NULL, lse, &d)))
+        goto done;
     // 1. projections X W + b  ->  dW = X^T dY, db = sum_rows dY, dX = dY W^T
     struct { const real *x, *W; const real *dY; real *dX, *dW, *db; int64_t rows, d_in, d_out; } proj[3] = {
         {x_q, p->W_q, dQ, dx_q, g->W_q, g->b_q, rows_q, m->d_model, E_q},

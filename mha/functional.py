@@ -254,7 +254,7 @@ def attention_backward(d_out, q, k, v, mask=None, *, causal=False, scale=None, d
 
     Stateless: the probabilities are recomputed from q, k, v, tile by tile. Give the same
     mask, causal, scale, dropout and seed as the forward (with dropout > 0 the seed is
-    required). Without `out` and `lse` the forward runs again inside (about 2/7 of the work).
+    required). Without `out` and `lse` the forward runs again inside (2 of its 7 matrix products).
 
     Parameters
     ----------
