@@ -216,10 +216,7 @@ static int FN(fused_forward)(real *out, real *lse, const real *q, const real *k,
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (nt > 1)
 #endif
     for (int64_t task = 0; task < tasks; task++) {
-        int t = 0;
-#ifdef _OPENMP
-        t = omp_get_thread_num();
-#endif
+        const int t = mha_thread_num();
         real *Kp = (real *)(scratch + (size_t)t * per_thread);
         real *Vp = Kp + part[0], *S = Vp + part[1], *alpha = S + part[2];
         real *m = alpha + part[3], *l = m + part[4];
@@ -305,10 +302,7 @@ int FN(mha_attention_forward_lse)(real *out, real *weights, real *lse, const rea
 #pragma omp parallel for num_threads(nt) schedule(dynamic, chunk) if (nt > 1)
 #endif
     for (int64_t task = 0; task < tasks; task++) {
-        int t = 0;
-#ifdef _OPENMP
-        t = omp_get_thread_num();
-#endif
+        const int t = mha_thread_num();
         real *P = (real *)(scratch + (size_t)t * per_thread), *gemm_ws = P + part[0];
         const int64_t b = task / (H * q_blocks), h = task / q_blocks % H;
         const int64_t i0 = task % q_blocks * bq, rows = MHA_MIN(bq, d->n_q - i0);
@@ -415,10 +409,7 @@ static int FN(fused_backward)(real *dq, real *dk, real *dv, const real *d_out, c
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (nt > 1)
 #endif
     for (int64_t task = 0; task < tasks; task++) {
-        int t = 0;
-#ifdef _OPENMP
-        t = omp_get_thread_num();
-#endif
+        const int t = mha_thread_num();
         real *KpT = (real *)(scratch + (size_t)t * per_thread);
         real *VpT = KpT + part[0], *KpN = VpT + part[1], *P = KpN + part[2], *D = P + part[3];
         real *A = d->dropout > 0 ? D + part[4] : P, *Bp = D + part[4] + part[5];

@@ -50,6 +50,15 @@ static inline size_t mha_mul_size(size_t a, size_t b, int *ok) {
 #define MHA_FLOPS_PER_THREAD 4e6
 int mha_threads_for(double flops);
 
+/* The calling thread's number in the innermost parallel region (0 outside one, or serial). */
+static inline int mha_thread_num(void) {
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
 /* The counter-based RNG of the dropout mask (docs/semantics.md). */
 static inline uint64_t mha_splitmix64(uint64_t x) {
     x += 0x9E3779B97F4A7C15ull;

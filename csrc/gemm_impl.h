@@ -238,10 +238,7 @@ int FN(mha_gemm_ws)(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, r
 #pragma omp parallel num_threads(threads) if (threads > 1)
 #endif
     {
-        int t = 0;
-#ifdef _OPENMP
-        t = omp_get_thread_num();
-#endif
+        const int t = mha_thread_num();
         real *a_pack = workspace + b_elems + (size_t)t * a_elems;
         for (int64_t jc = 0; jc < N; jc += NC) {
             const int64_t nc = MHA_MIN(NC, N - jc), panels = (nc + NR - 1) / NR;
