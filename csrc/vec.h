@@ -2,7 +2,7 @@
  *
  * Written with GCC/Clang vector extensions (32-byte vectors: AVX2 in the x86-64-v3 clone,
  * pairs of SSE registers in the baseline one) with a scalar tail. The float exp is a
- * Cephes-style polynomial (relative error < 2e-7, exactly 0 for -inf, NaN propagated); the double
+ * polynomial in base 2 (absolute error < 2e-7 on a softmax weight, exactly 0 for -inf, NaN propagated); the double
  * path uses libm's exp so float64 results stay within 1e-15 of the NumPy reference.
  * The exp is only for the softmax's non-positive arguments.
  */
@@ -19,47 +19,55 @@ typedef int32_t mha_v8i __attribute__((vector_size(32)));
 #define MHA_V8_LOAD(v, p) memcpy(&(v), (p), sizeof(mha_v8f))
 #define MHA_V8_STORE(p, v) memcpy((p), &(v), sizeof(mha_v8f))
 
-/* exp of 8 floats x <= 0 (softmax arguments s - max): 2^k * P(r), k = round(x / ln 2),
- * r = x - k ln 2 (Cody-Waite split); exactly 0 below -87 (and for -inf), NaN kept. */
+/* exp of 8 floats x <= 0 (softmax arguments s - max) as 2^t, t = x log2(e): 2^k * P(r),
+ * k = round(t), r = t - k in [-1/2, 1/2], P a degree-5 fit of 2^r (relative error 1.6e-7
+ * in float arithmetic; rounding t adds 6e-8 |x|, so a softmax weight e^x is off by at most
+ * 1.9e-7 in absolute terms). The scale 2^k is built from the bits of t + 1.5 * 2^23, whose low
+ * mantissa bits hold k. Exactly 0 for t < -125 (and -inf); NaN propagates. 18 operations. */
 #define MHA_V8_EXP_NONPOS(out, x_in)                                                            \
     do {                                                                                        \
-        mha_v8f x_ = (x_in);                                                                    \
-        mha_v8i keep_ = x_ >= -87.0f;                   /* false below -87, for -inf and NaN */ \
-        mha_v8i nan_ = x_ != x_;                                                                \
-        mha_v8f xc_ = (mha_v8f)((mha_v8i)x_ & keep_);   /* 0 where not kept: finite math */     \
-        mha_v8f kf_ = xc_ * 1.44269504088896341f + 12582912.0f;                                 \
-        kf_ = kf_ - 12582912.0f;                        /* round to nearest */                  \
-        mha_v8f r_ = xc_ - kf_ * 0.693359375f;                                                  \
-        r_ = r_ - kf_ * -2.12194440e-4f;                                                        \
-        mha_v8f p_ = 1.9875691500e-4f * r_ + 1.3981999507e-3f;                                  \
-        p_ = p_ * r_ + 8.3334519073e-3f;                                                        \
-        p_ = p_ * r_ + 4.1665795894e-2f;                                                        \
-        p_ = p_ * r_ + 1.6666665459e-1f;                                                        \
-        p_ = p_ * r_ + 5.0000001201e-1f;                                                        \
-        p_ = p_ * (r_ * r_) + r_ + 1.0f;                                                        \
-        mha_v8i k_ = __builtin_convertvector(kf_, mha_v8i);                                     \
-        mha_v8f y_ = p_ * (mha_v8f)((k_ + 127) << 23);                                          \
-        (out) = (mha_v8f)(((mha_v8i)y_ & keep_) | ((mha_v8i)x_ & nan_));                       \
+        mha_v8f t_ = (x_in) * 1.44269504088896341f;                                             \
+        mha_v8i keep_ = ~(t_ < -125.0f);                /* false below -125 and for -inf */     \
+        t_ = (mha_v8f)((mha_v8i)t_ & keep_);            /* 0 where not kept: finite math */     \
+        mha_v8f kb_ = t_ + 12582912.0f;                 /* 1.5 * 2^23 + round(t) */             \
+        mha_v8f r_ = t_ - (kb_ - 12582912.0f);                                                  \
+        mha_v8f p_ = 1.330221e-3f * r_ + 9.672932e-3f;                                          \
+        p_ = p_ * r_ + 5.550615e-2f;                                                            \
+        p_ = p_ * r_ + 2.4022217e-1f;                                                           \
+        p_ = p_ * r_ + 6.9314706e-1f;                                                           \
+        p_ = p_ * r_ + 1.0f;                                                                    \
+        mha_v8f y_ = p_ * (mha_v8f)(((mha_v8i)kb_ + 127) << 23); /* 2^k: k + 127 in [2, 127] */ \
+        (out) = (mha_v8f)((mha_v8i)y_ & keep_);                                                 \
     } while (0)
 
-/* The maximum of x[0:n], NaN if any element is NaN, -inf if n == 0. */
+/* The maximum of x[0:n], NaN if any element is NaN, -inf if n == 0. Four accumulators, so
+ * the loop is bound by throughput, not by the compare-select latency. */
 static inline __attribute__((always_inline)) float mha_max_f32(const float *x, int64_t n) {
-    mha_v8f vmax = (mha_v8f){0} - INFINITY;
+    mha_v8f vmax[4];
     mha_v8i vnan = {0};
+    for (int a = 0; a < 4; a++) vmax[a] = (mha_v8f){0} - INFINITY;
     int64_t j = 0;
+    for (; j + 32 <= n; j += 32) {
+        for (int a = 0; a < 4; a++) {
+            mha_v8f v;
+            MHA_V8_LOAD(v, x + j + 8 * a);
+            mha_v8i greater = v > vmax[a];
+            vnan |= v != v;
+            vmax[a] = (mha_v8f)(((mha_v8i)v & greater) | ((mha_v8i)vmax[a] & ~greater));
+        }
+    }
     for (; j + 8 <= n; j += 8) {
         mha_v8f v;
         MHA_V8_LOAD(v, x + j);
-        mha_v8i greater = v > vmax;
+        mha_v8i greater = v > vmax[0];
         vnan |= v != v;
-        vmax = (mha_v8f)(((mha_v8i)v & greater) | ((mha_v8i)vmax & ~greater));
+        vmax[0] = (mha_v8f)(((mha_v8i)v & greater) | ((mha_v8i)vmax[0] & ~greater));
     }
     float m = -INFINITY;
     int nan = 0;
-    for (int i = 0; i < 8; i++) {
-        m = vmax[i] > m ? vmax[i] : m;
-        nan |= vnan[i] != 0;
-    }
+    for (int a = 0; a < 4; a++)
+        for (int i = 0; i < 8; i++) m = vmax[a][i] > m ? vmax[a][i] : m;
+    for (int i = 0; i < 8; i++) nan |= vnan[i] != 0;
     for (; j < n; j++) {
         m = x[j] > m ? x[j] : m;
         nan |= x[j] != x[j];
