@@ -3,7 +3,9 @@
 Peers: PyTorch (torch.nn.MultiheadAttention and torch.nn.functional.scaled_dot_product_attention,
 when torch is installed, with the same thread count), the seeds' NumPy implementation
 (`mha.reference`, which runs on NumPy's BLAS), and NumPy's own float32 matmul as the
-machine's practical GEMM ceiling. Every time is the median over repeats after a warm-up.
+machine's practical GEMM ceiling. Every time is the median over repeats after a warm-up, and
+the implementations compared in a row are timed in turns (mha, its peers, mha, ...) so that the
+machine's load drifts over all of them alike and their ratio is not skewed by when each ran.
 
 Cases (float32):
   a  seed 000's shape: batch 16, seq 128, d_model 256, heads 1/4/8/16 (the layer)
@@ -24,7 +26,7 @@ import numpy as np
 
 import mha
 
-__all__ = ["median_time", "matmul_gflops", "run", "main"]
+__all__ = ["median_time", "median_times", "matmul_gflops", "run", "main"]
 
 
 def median_time(fn, repeats=7, warmup=1, min_time=0.0):
@@ -42,12 +44,46 @@ def median_time(fn, repeats=7, warmup=1, min_time=0.0):
     return float(np.median(times))
 
 
+def median_times(fns, repeats=7, pause=0.2):
+    """Median wall times (seconds) of several functions timed in turns.
+
+    fns: dict name -> function of no arguments. Each round runs every function in turn,
+    starting from a different one each round, so that slow and fast spells of a shared machine
+    fall on all of them alike. A turn is: rest `pause` seconds (with several functions), one
+    untimed call, one timed call. The rest lets the previous library's idle threads stop
+    (OpenBLAS's spin for 0.1-0.2 s after a NumPy matmul: an attention call right after one took
+    75-100 ms instead of 49 ms on this benchmark's 2-core machine); the untimed call wakes this
+    library's threads, so every library is timed warm, as in a loop of its own.
+    Returns dict name -> median over `repeats` rounds.
+    """
+    names = list(fns)
+    times = {name: [] for name in names}
+    for r in range(repeats):
+        for i in range(len(names)):
+            name = names[(r + i) % len(names)]
+            if len(names) > 1:
+                time.sleep(pause)
+            fns[name]()
+            t = time.perf_counter()
+            fns[name]()
+            times[name].append(time.perf_counter() - t)
+    return {name: float(np.median(ts)) for name, ts in times.items()}
+
+
 def matmul_gflops(n=1024, repeats=7):
-    """NumPy's float32 matmul rate (GFLOP/s) at n x n x n: the machine's practical ceiling."""
+    """NumPy's float32 matmul rate (GFLOP/s) at n x n x n, the best of `repeats` calls: the
+    machine's practical ceiling (the best rate is the conservative ceiling on a shared machine)."""
     a = np.random.default_rng(0).standard_normal((n, n)).astype(np.float32)
     b = a.T.copy()
-    t = median_time(lambda: a @ b, repeats)
-    return 2 * n**3 / t / 1e9
+    a @ b
+    best = min(_timed(lambda: a @ b) for _ in range(repeats))
+    return 2 * n**3 / best / 1e9
+
+
+def _timed(fn):
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
 
 
 def _torch(threads):
@@ -107,83 +143,83 @@ def _model_cases(threads, ceiling, repeats):
 
 
 def _layer_case(case, B, n, d_model, n_heads, causal, ceiling, torch, repeats, with_numpy=True):
-    rows = []
     rng = np.random.default_rng(0)
     x = rng.standard_normal((B, n, d_model)).astype(np.float32)
     d_out = rng.standard_normal((B, n, d_model)).astype(np.float32)
-    layer = mha.MultiHeadAttention(d_model, n_heads, seed=0)
-    ref = mha.reference.MultiHeadAttention(d_model, n_heads, seed=0)
     flops = layer_flops(B, n, n, d_model, n_heads, d_model // n_heads)
     if causal:
         flops -= attention_flops(B, n_heads, n, n, d_model // n_heads) // 2
     label = f"{case}: B={B} n={n} d={d_model} h={n_heads}" + (" causal" if causal else "")
-    impls = {"mha": layer}
+    layers = {"mha": mha.MultiHeadAttention(d_model, n_heads, seed=0)}
     if with_numpy:
-        impls["numpy"] = ref
-    for name, lay in impls.items():
-        for need in (True, False):
-            t = median_time(lambda: lay(x, causal=causal, need_weights=need), repeats)
-            rows.append(_row(label, "forward" + (" +weights" if need else ""), name, t, flops, ceiling))
+        layers["numpy"] = mha.reference.MultiHeadAttention(d_model, n_heads, seed=0)
+    # each measure: name -> function, timed in turns
+    measures = {"forward +weights": {}, "forward": {}, "forward+backward": {}}
+    for name, lay in layers.items():
+        measures["forward +weights"][name] = lambda lay=lay: lay(x, causal=causal, need_weights=True)
+        measures["forward"][name] = lambda lay=lay: lay(x, causal=causal, need_weights=False)
 
-        def fwd_bwd():
+        def fwd_bwd(lay=lay):
             lay(x, causal=causal, need_weights=False)
             lay.backward(d_out)
-        t = median_time(fwd_bwd, repeats)
-        rows.append(_row(label, "forward+backward", name, t, 3 * flops, ceiling))
+        measures["forward+backward"][name] = fwd_bwd
     if torch is not None:
         mod = torch.nn.MultiheadAttention(d_model, n_heads, batch_first=True)
         xt = torch.from_numpy(x)
         mask = torch.triu(torch.ones(n, n, dtype=torch.bool), 1) if causal else None
-        for need in (True, False):
+
+        def torch_fwd(need):
             with torch.no_grad():
-                t = median_time(lambda: mod(xt, xt, xt, attn_mask=mask, need_weights=need,
-                                            average_attn_weights=False), repeats)
-            rows.append(_row(label, "forward" + (" +weights" if need else ""), "torch", t, flops, ceiling))
+                return mod(xt, xt, xt, attn_mask=mask, need_weights=need, average_attn_weights=False)
+        measures["forward +weights"]["torch"] = lambda: torch_fwd(True)
+        measures["forward"]["torch"] = lambda: torch_fwd(False)
         xg = xt.clone().requires_grad_(True)
         dt = torch.from_numpy(d_out)
 
         def torch_fwd_bwd():
             out, _ = mod(xg, xg, xg, attn_mask=mask, need_weights=False)
             out.backward(dt)
-        t = median_time(torch_fwd_bwd, repeats)
-        rows.append(_row(label, "forward+backward", "torch", t, 3 * flops, ceiling))
+        measures["forward+backward"]["torch"] = torch_fwd_bwd
+    rows = []
+    for what, fns in measures.items():
+        for name, t in median_times(fns, repeats).items():
+            rows.append(_row(label, what, name, t, 3 * flops if what == "forward+backward" else flops, ceiling))
     return rows
 
 
 def _attention_case(case, B, H, n, d, causal, ceiling, torch, repeats, with_numpy=True):
-    rows = []
     rng = np.random.default_rng(0)
     q, k, v, g = (rng.standard_normal((B, H, n, d)).astype(np.float32) for _ in range(4))
     flops = attention_flops(B, H, n, n, d, causal)
     label = f"{case}: attention B={B} H={H} L={n} D={d}" + (" causal" if causal else "")
-    impls = {"mha": mha}
+    fwd = {"mha": lambda: mha.attention(q, k, v, causal=causal, need_weights=False)}
+
+    def mha_fwd_bwd():  # as a training step: the forward's out and lse go to the backward
+        out, _, lse = mha.attention(q, k, v, causal=causal, need_weights=False, return_lse=True)
+        mha.attention_backward(g, q, k, v, causal=causal, out=out, lse=lse)
+    fwd_bwd = {"mha": mha_fwd_bwd}
     if with_numpy:
-        impls["numpy"] = mha.reference
-    for name, lib in impls.items():
-        t = median_time(lambda: lib.attention(q, k, v, causal=causal, need_weights=False), repeats)
-        rows.append(_row(label, "forward", name, t, flops, ceiling))
-        if lib is mha:  # as a training step: the forward's out and lse go to the backward
-            def fwd_bwd():
-                out, _, lse = mha.attention(q, k, v, causal=causal, need_weights=False, return_lse=True)
-                mha.attention_backward(g, q, k, v, causal=causal, out=out, lse=lse)
-        else:
-            def fwd_bwd():
-                lib.attention(q, k, v, causal=causal, need_weights=False)
-                lib.attention_backward(g, q, k, v, causal=causal)
-        t = median_time(fwd_bwd, repeats)
-        rows.append(_row(label, "forward+backward", name, t, 3.5 * flops, ceiling))
+        ref = mha.reference
+        fwd["numpy"] = lambda: ref.attention(q, k, v, causal=causal, need_weights=False)
+
+        def numpy_fwd_bwd():
+            ref.attention(q, k, v, causal=causal, need_weights=False)
+            ref.attention_backward(g, q, k, v, causal=causal)
+        fwd_bwd["numpy"] = numpy_fwd_bwd
     if torch is not None:
         F = torch.nn.functional
         qt, kt, vt, gt = (torch.from_numpy(a) for a in (q, k, v, g))
-        with torch.no_grad():
-            t = median_time(lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal), repeats)
-        rows.append(_row(label, "forward", "torch", t, flops, ceiling))
-        qg, kg, vg = (a.clone().requires_grad_(True) for a in (qt, kt, vt))
 
-        def fwd_bwd():
-            F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal).backward(gt)
-        t = median_time(fwd_bwd, repeats)
-        rows.append(_row(label, "forward+backward", "torch", t, 3.5 * flops, ceiling))
+        def torch_fwd():
+            with torch.no_grad():
+                return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+        fwd["torch"] = torch_fwd
+        qg, kg, vg = (a.clone().requires_grad_(True) for a in (qt, kt, vt))
+        fwd_bwd["torch"] = lambda: F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal).backward(gt)
+    rows = [_row(label, "forward", name, t, flops, ceiling)
+            for name, t in median_times(fwd, repeats).items()]
+    rows += [_row(label, "forward+backward", name, t, 3.5 * flops, ceiling)
+             for name, t in median_times(fwd_bwd, repeats).items()]
     return rows
 
 
@@ -196,13 +232,14 @@ if impl == "torch":
     import torch
     torch.set_num_threads(threads)
     tq, tk, tv = (torch.from_numpy(a) for a in (q, k, v))
-    run = lambda: torch.nn.functional.scaled_dot_product_attention(tq, tk, tv)
-    with torch.no_grad():
-        run()  # warm-up: the allocator's pools count as the library's memory
+    def run():
+        with torch.no_grad():
+            torch.nn.functional.scaled_dot_product_attention(tq, tk, tv)
 else:
     import mha
     mha.set_num_threads(threads)
     run = lambda: mha.attention(q, k, v, need_weights=False)
+run()  # warm-up for both: thread pools and allocator pools count as the library's, not the call's
 def rss(field):
     with open("/proc/self/status") as f:
         for line in f:
@@ -213,27 +250,30 @@ base = rss("VmRSS")
 with open("/proc/self/clear_refs", "w") as f:  # reset the peak (VmHWM) to the current RSS
     f.write("5")
 t = time.perf_counter()
-if impl == "torch":
-    with torch.no_grad():
-        run()
-else:
-    run()
+run()
 t = time.perf_counter() - t
 print(t, rss("VmHWM") - base - out_bytes)
 """
 
 
-def _peak_case(case, n, H, d, threads, ceiling, have_torch):
-    """Time and extra peak RSS (beyond inputs and output) in a fresh process per library."""
-    rows = []
+def _peak_case(case, n, H, d, threads, ceiling, have_torch, rounds=3):
+    """Time and extra peak RSS (beyond inputs and output), each call in a fresh process; the
+    libraries take turns for `rounds` rounds. Time: the median; memory: the largest."""
     flops = attention_flops(1, H, n, n, d)
     label = f"{case}: attention L={n} H={H} D={d}, no weights"
-    for impl in ["mha"] + (["torch"] if have_torch else []):
-        res = subprocess.run([sys.executable, "-c", _PEAK_SCRIPT, impl, str(n), str(H), str(d), str(threads)],
-                             capture_output=True, text=True, check=True)
-        seconds, extra = res.stdout.split()
-        row = _row(label, "forward", impl, float(seconds), flops, ceiling)
-        row["extra_peak_mib"] = max(0, int(extra)) / 2**20
+    impls = ["mha"] + (["torch"] if have_torch else [])
+    seconds, extra = {i: [] for i in impls}, {i: [] for i in impls}
+    for r in range(rounds):
+        for impl in impls[r % len(impls):] + impls[:r % len(impls)]:
+            res = subprocess.run([sys.executable, "-c", _PEAK_SCRIPT, impl, str(n), str(H), str(d), str(threads)],
+                                 capture_output=True, text=True, check=True)
+            t, e = res.stdout.split()
+            seconds[impl].append(float(t))
+            extra[impl].append(max(0, int(e)))
+    rows = []
+    for impl in impls:
+        row = _row(label, "forward", impl, float(np.median(seconds[impl])), flops, ceiling)
+        row["extra_peak_mib"] = max(extra[impl]) / 2**20
         rows.append(row)
     return rows
 
@@ -245,9 +285,6 @@ def run(cases="abcdef", repeats=5, threads=None, progress=True):
     mha.set_num_threads(threads)
     torch = _torch(threads)
     ceiling = matmul_gflops()
-    meta = dict(date=time.strftime("%Y-%m-%d"), cpu=_cpu_model(), threads=threads,
-                numpy=np.__version__, torch=getattr(torch, "__version__", None),
-                build=mha.build_info(), matmul_gflops=ceiling)
     rows = []
     say = (lambda s: print(s, file=sys.stderr, flush=True)) if progress else (lambda s: None)
     if "a" in cases:
@@ -268,6 +305,14 @@ def run(cases="abcdef", repeats=5, threads=None, progress=True):
     if ("e" in cases or "f" in cases) and torch is not None:
         say("cases e, f (MiniLM encoding, training epoch)")
         rows += [r for r in _model_cases(threads, ceiling, repeats) if r["case"][0] in cases]
+    # the ceiling: the better of a measurement before and one after the cases (a busy spell
+    # of the shared machine at the start would otherwise flatter every fraction)
+    ceiling = max(ceiling, matmul_gflops())
+    for r in rows:
+        r["ceiling_frac"] = r["gflops"] / ceiling
+    meta = dict(date=time.strftime("%Y-%m-%d"), cpu=_cpu_model(), threads=threads,
+                numpy=np.__version__, torch=getattr(torch, "__version__", None),
+                build=mha.build_info(), matmul_gflops=ceiling)
     return dict(meta=meta, rows=rows)
 
 
