@@ -4,7 +4,8 @@
 
 One head group of B=1, H=8, d_head=64, float32, need_weights=False (torch:
 scaled_dot_product_attention; NumPy: mha.reference.attention, the seeds' formula). Medians
-over repeats, all measured in this run with the same thread count.
+over repeats, all measured in this run with the same thread count, the libraries taking turns
+(mha.bench.median_times).
 """
 import argparse
 import sys
@@ -12,7 +13,7 @@ import sys
 import numpy as np
 
 import mha
-from mha.bench import _torch, median_time
+from mha.bench import _torch, median_times
 
 
 def measure(lengths, heads=8, d_head=64, numpy_max=4096, repeats=5):
@@ -21,15 +22,22 @@ def measure(lengths, heads=8, d_head=64, numpy_max=4096, repeats=5):
     times = {"mha": [], "torch": [], "numpy": []}
     for n in lengths:
         q, k, v = (rng.standard_normal((1, heads, n, d_head)).astype(np.float32) for _ in range(3))
-        reps = repeats if n <= 2048 else 3
-        times["mha"].append(median_time(lambda: mha.attention(q, k, v, need_weights=False), reps))
+        fns = {"mha": lambda: mha.attention(q, k, v, need_weights=False)}
         if torch is not None:
             tq, tk, tv = (torch.from_numpy(a) for a in (q, k, v))
-            with torch.no_grad():
-                times["torch"].append(median_time(
-                    lambda: torch.nn.functional.scaled_dot_product_attention(tq, tk, tv), reps))
-        times["numpy"].append(median_time(lambda: mha.reference.attention(q, k, v, need_weights=False), reps)
-                              if n <= numpy_max else np.nan)
+
+            def torch_fwd():
+                with torch.no_grad():
+                    torch.nn.functional.scaled_dot_product_attention(tq, tk, tv)
+            fns["torch"] = torch_fwd
+        if n <= numpy_max:
+            fns["numpy"] = lambda: mha.reference.attention(q, k, v, need_weights=False)
+        measured = median_times(fns, repeats if n <= 2048 else 3)
+        for name in times:
+            if name in measured:
+                times[name].append(measured[name])
+            elif name == "numpy":
+                times[name].append(np.nan)
         print(f"n={n}: " + ", ".join(f"{k} {v[-1] * 1e3:.2f} ms" for k, v in times.items() if v),
               file=sys.stderr, flush=True)
     return {k: np.array(v) for k, v in times.items() if v}

@@ -44,29 +44,29 @@ def median_time(fn, repeats=7, warmup=1, min_time=0.0):
     return float(np.median(times))
 
 
-def median_times(fns, repeats=7, pause=0.2):
+def median_times(fns, repeats=7, settle=0.25):
     """Median wall times (seconds) of several functions timed in turns.
 
     fns: dict name -> function of no arguments. Each round runs every function in turn,
     starting from a different one each round, so that slow and fast spells of a shared machine
-    fall on all of them alike. A turn is: rest `pause` seconds (with several functions), one
-    untimed call, one timed call. The rest lets the previous library's idle threads stop
+    fall on all of them alike. A turn runs the function untimed for at least `settle` seconds
+    (at least once), then once timed: the previous library's idle threads have stopped by then
     (OpenBLAS's spin for 0.1-0.2 s after a NumPy matmul: an attention call right after one took
-    75-100 ms instead of 49 ms on this benchmark's 2-core machine); the untimed call wakes this
-    library's threads, so every library is timed warm, as in a loop of its own.
-    Returns dict name -> median over `repeats` rounds.
+    75-100 ms instead of 49 ms on this benchmark's 2-core machine) and this library runs warm,
+    as in a loop of its own. Returns dict name -> median over `repeats` rounds.
     """
     names = list(fns)
     times = {name: [] for name in names}
     for r in range(repeats):
         for i in range(len(names)):
-            name = names[(r + i) % len(names)]
-            if len(names) > 1:
-                time.sleep(pause)
-            fns[name]()
+            fn = fns[names[(r + i) % len(names)]]
+            start = time.perf_counter()
+            fn()
+            while time.perf_counter() - start < settle:
+                fn()
             t = time.perf_counter()
-            fns[name]()
-            times[name].append(time.perf_counter() - t)
+            fn()
+            times[names[(r + i) % len(names)]].append(time.perf_counter() - t)
     return {name: float(np.median(ts)) for name, ts in times.items()}
 
 

@@ -36,23 +36,23 @@ def test_bad_cases_option_exits_with_a_message(capsys):
     assert "--cases" in capsys.readouterr().err
 
 
-def test_median_times_takes_turns_and_times_the_second_call(monkeypatch):
+def test_median_times_takes_turns_settles_and_times_the_last_call(monkeypatch):
     # a fake clock: each call of a function advances it by that function's cost, so the timed
     # durations are exact and the test does not depend on the machine's speed
     clock = [0.0]
     monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
-    monkeypatch.setattr(bench.time, "sleep", lambda s: calls.append(("pause", s)))
     calls = []
-    costs = {"a": [1.0, 5.0, 2.0, 9.0, 3.0, 4.0], "b": [7.0, 1.0, 7.0, 2.0, 7.0, 3.0]}
+    costs = {"a": [1.0, 5.0, 2.0, 9.0, 3.0, 4.0, 6.0], "b": [1.0, 1.0, 7.0, 2.0, 3.0, 2.0, 4.0]}
 
     def fn(name):
         def run():
-            clock[0] += costs[name][sum(c == name for c in calls)]
+            clock[0] += costs[name][calls.count(name)]
             calls.append(name)
         return run
-    medians = bench.median_times({"a": fn("a"), "b": fn("b")}, repeats=3, pause=0.5)
-    # rounds start from a different function: a a b b | b b a a | a a b b, a pause before each turn
-    assert [c for c in calls if c != ("pause", 0.5)] == list("aabbbbaaaabb")
-    assert calls.count(("pause", 0.5)) == 6
-    # timed: the second call of each turn; a: 5, 9, 4 -> 5; b: 1, 2, 3 -> 2
-    assert medians == {"a": 5.0, "b": 2.0}
+    medians = bench.median_times({"a": fn("a"), "b": fn("b")}, repeats=3, settle=1.5)
+    # rounds start from a different function (a b | b a | a b); a turn calls untimed until 1.5 s
+    # have passed (a: 1 + 5 s, b: 1 + 1 s in the first round; one call of >= 2 s after), then
+    # once timed
+    assert "".join(calls) == "aaa" + "bbb" + "bb" + "aa" + "aa" + "bb"
+    # timed: a 2, 3, 6 -> 3; b 7, 3, 4 -> 4
+    assert medians == {"a": 3.0, "b": 4.0}
