@@ -23,7 +23,8 @@ typedef int32_t mha_v8i __attribute__((vector_size(32)));
  * k = round(t), r = t - k in [-1/2, 1/2], P a degree-5 fit of 2^r (relative error 1.6e-7
  * in float arithmetic; rounding t adds 6e-8 |x|, so a softmax weight e^x is off by at most
  * 1.9e-7 in absolute terms). The scale 2^k is built from the bits of t + 1.5 * 2^23, whose low
- * mantissa bits hold k. Exactly 0 for t < -125 (and -inf); NaN propagates. 18 operations. */
+ * mantissa bits hold k. Exactly 0 for t < -125 (and -inf); NaN propagates. In the AVX2 clone
+ * the softmax loop is 23 instructions per 8 scores (31 with the Cody-Waite exp it replaced). */
 #define MHA_V8_EXP_NONPOS(out, x_in)                                                            \
     do {                                                                                        \
         mha_v8f t_ = (x_in) * 1.44269504088896341f;                                             \
@@ -40,28 +41,29 @@ typedef int32_t mha_v8i __attribute__((vector_size(32)));
         (out) = (mha_v8f)((mha_v8i)y_ & keep_);                                                 \
     } while (0)
 
+/* acc = max(acc, v) by lanes (v where greater), NaN lanes of v noted in nan. */
+#define MHA_V8_MAX_STEP(acc, v, nan)                                                            \
+    do {                                                                                        \
+        mha_v8i greater_ = (v) > (acc);                                                         \
+        (nan) |= (v) != (v);                                                                    \
+        (acc) = (mha_v8f)(((mha_v8i)(v) & greater_) | ((mha_v8i)(acc) & ~greater_));            \
+    } while (0)
+
 /* The maximum of x[0:n], NaN if any element is NaN, -inf if n == 0. Four accumulators, so
  * the loop is bound by throughput, not by the compare-select latency. */
 static inline __attribute__((always_inline)) float mha_max_f32(const float *x, int64_t n) {
-    mha_v8f vmax[4];
+    mha_v8f vmax[4], v;
     mha_v8i vnan = {0};
     for (int a = 0; a < 4; a++) vmax[a] = (mha_v8f){0} - INFINITY;
     int64_t j = 0;
-    for (; j + 32 <= n; j += 32) {
+    for (; j + 32 <= n; j += 32)
         for (int a = 0; a < 4; a++) {
-            mha_v8f v;
             MHA_V8_LOAD(v, x + j + 8 * a);
-            mha_v8i greater = v > vmax[a];
-            vnan |= v != v;
-            vmax[a] = (mha_v8f)(((mha_v8i)v & greater) | ((mha_v8i)vmax[a] & ~greater));
+            MHA_V8_MAX_STEP(vmax[a], v, vnan);
         }
-    }
     for (; j + 8 <= n; j += 8) {
-        mha_v8f v;
         MHA_V8_LOAD(v, x + j);
-        mha_v8i greater = v > vmax[0];
-        vnan |= v != v;
-        vmax[0] = (mha_v8f)(((mha_v8i)v & greater) | ((mha_v8i)vmax[0] & ~greater));
+        MHA_V8_MAX_STEP(vmax[0], v, vnan);
     }
     float m = -INFINITY;
     int nan = 0;

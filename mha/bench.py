@@ -3,9 +3,9 @@
 Peers: PyTorch (torch.nn.MultiheadAttention and torch.nn.functional.scaled_dot_product_attention,
 when torch is installed, with the same thread count), the seeds' NumPy implementation
 (`mha.reference`, which runs on NumPy's BLAS), and NumPy's own float32 matmul as the
-machine's practical GEMM ceiling. Every time is the median over repeats after a warm-up, and
-the implementations compared in a row are timed in turns (mha, its peers, mha, ...) so that the
-machine's load drifts over all of them alike and their ratio is not skewed by when each ran.
+machine's practical GEMM ceiling. The implementations compared in a row take turns, each warm
+(`median_times`), so that the machine's load drifts over all of them alike and their ratio is
+not skewed by when each ran; every time is the median over rounds.
 
 Cases (float32):
   a  seed 000's shape: batch 16, seq 128, d_model 256, heads 1/4/8/16 (the layer)
@@ -59,14 +59,12 @@ def median_times(fns, repeats=7, settle=0.25):
     times = {name: [] for name in names}
     for r in range(repeats):
         for i in range(len(names)):
-            fn = fns[names[(r + i) % len(names)]]
+            name = names[(r + i) % len(names)]
             start = time.perf_counter()
-            fn()
+            fns[name]()
             while time.perf_counter() - start < settle:
-                fn()
-            t = time.perf_counter()
-            fn()
-            times[names[(r + i) % len(names)]].append(time.perf_counter() - t)
+                fns[name]()
+            times[name].append(_timed(fns[name]))
     return {name: float(np.median(ts)) for name, ts in times.items()}
 
 

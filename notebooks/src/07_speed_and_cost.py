@@ -19,7 +19,7 @@ from matplotlib.figure import Figure
 import mha
 import mha.viz as viz
 from mha import train
-from mha.bench import median_time
+from mha.bench import median_times
 
 try:
     import torch
@@ -68,7 +68,7 @@ single_proj, multi_proj = 3 * 512 * 512, 8 * 3 * 512 * 64
 single_attn, multi_attn = 2 * n * n * 512, 8 * 2 * n * n * 64
 print(f"projections per token: single head {single_proj:,}, 8 heads {multi_proj:,}")
 print(f"attention for n = {n}: single head {single_attn:,}, 8 heads {multi_attn:,}")
-print(f"forward FLOPs of the whole layer, B=16, n=128, d_model=256: "
+print("forward FLOPs of the whole layer, B=16, n=128, d_model=256: "
       + ", ".join(f"{h} heads {mha.bench.layer_flops(16, 128, 128, 256, h, 256 // h) / 1e9:.2f} G"
                   for h in (1, 4, 8, 16)))
 
@@ -94,13 +94,18 @@ for h in (1, 4, 8, 16):
     label = f"{h} Head" + ("s" if h > 1 else "")
     layer = mha.MultiHeadAttention(d_model, h, seed=0)
     ref = mha.reference.MultiHeadAttention(d_model, h, seed=0)
-    times["mha (C)"][label] = 1e3 * median_time(lambda: layer(x), repeats)
-    times["NumPy reference"][label] = 1e3 * median_time(lambda: ref(x), max(3, repeats // 2))
+    fns = {"mha (C)": lambda: layer(x), "NumPy reference": lambda: ref(x)}
     if torch is not None:
         module = torch.nn.MultiheadAttention(d_model, h, batch_first=True).eval()
-        with torch.no_grad():
-            times["PyTorch"][label] = 1e3 * median_time(
-                lambda: module(xt, xt, xt, need_weights=True, average_attn_weights=False), repeats)
+
+        def torch_forward():
+            with torch.no_grad():
+                module(xt, xt, xt, need_weights=True, average_attn_weights=False)
+        fns["PyTorch"] = torch_forward
+    # the three take turns, each warm (see mha.bench.median_times: OpenBLAS's spinning threads
+    # would otherwise slow whichever library runs right after the NumPy reference)
+    for impl, t in median_times(fns, max(3, repeats // 2), settle=0.1).items():
+        times[impl][label] = 1e3 * t
     print(f"{label:>8}: " + ", ".join(f"{impl} {t[label]:.2f} ms" for impl, t in times.items())
           + f"  ({layer.num_parameters():,} params)")
 
