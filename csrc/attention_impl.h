@@ -108,7 +108,7 @@ static int64_t FN(block_probs)(real *P, uint8_t *dead, real *lse, int64_t ld, re
                                int64_t i0, int64_t rows, const mha_attention_desc *d) {
     int64_t n_vis = FN(visible_keys)(d, i0 + rows - 1);
     FN(mha_gemm_ws)(0, 1, rows, n_vis, d->d_k, (real)d->scale, q_bh + i0 * d->q.row, d->q.row,
-                    k_bh, d->k.row, 0, P, ld, gemm_ws, 1);
+                    k_bh, d->k.row, 0, NULL, P, ld, gemm_ws, 1);
     FN(softmax_rows)(P, dead, lse, ld, rows, n_vis, b, h, i0, d);
     return n_vis;
 }
@@ -322,7 +322,7 @@ int FN(mha_attention_forward_lse)(real *out, real *weights, real *lse, const rea
         // 2. A = dropout(P), in place
         if (d->dropout > 0) FN(dropout_rows)(P, P, ld, rows, n_vis, b, h, i0, 0, d);
         // 3. O = A v
-        FN(mha_gemm_ws)(0, 0, rows, d->d_v, n_vis, 1, P, ld, v_bh, d->v.row, 0, o_blk,
+        FN(mha_gemm_ws)(0, 0, rows, d->d_v, n_vis, 1, P, ld, v_bh, d->v.row, 0, NULL, o_blk,
                         d->out.row, gemm_ws, 1);
         FN(zero_dead_rows)(o_blk, d->out.row, d->d_v, dead, rows);
     }

@@ -79,15 +79,23 @@ static inline double mha_uniform_from_state(uint64_t row_state, uint64_t j) {
     return (double)(mha_splitmix64(row_state ^ j) >> 11) * 0x1.0p-53;
 }
 
-/* Internal GEMM with caller-provided workspace (NULL: allocate), and a thread count. */
+/* Internal GEMM with a bias row added to C (NULL: none), caller-provided workspace (NULL:
+ * allocate), and a thread count. */
 size_t mha_gemm_workspace_f32(int64_t M, int64_t N, int64_t K, int threads);
 size_t mha_gemm_workspace_f64(int64_t M, int64_t N, int64_t K, int threads);
 int mha_gemm_ws_f32(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                     const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
-                    float *C, int64_t ldc, float *workspace, int threads);
+                    const float *bias, float *C, int64_t ldc, float *workspace, int threads);
 int mha_gemm_ws_f64(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, double alpha,
                     const double *A, int64_t lda, const double *B, int64_t ldb, double beta,
-                    double *C, int64_t ldc, double *workspace, int threads);
+                    const double *bias, double *C, int64_t ldc, double *workspace, int threads);
+/* C = op(A) @ op(B) + bias on every row (bias may be NULL), threads as mha_gemm. */
+int mha_gemm_bias_f32(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, const float *A,
+                      int64_t lda, const float *B, int64_t ldb, const float *bias, float *C,
+                      int64_t ldc);
+int mha_gemm_bias_f64(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, const double *A,
+                      int64_t lda, const double *B, int64_t ldb, const double *bias, double *C,
+                      int64_t ldc);
 
 /* Pre-packed right operand for many small products on one thread (gemm_impl.h). */
 size_t mha_packed_b_size_f32(int64_t K, int64_t N);

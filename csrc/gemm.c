@@ -3,6 +3,7 @@
 
 #include "common.h"
 #include "mha.h"
+#include "vec.h"
 
 #define real float
 #define SFX f32

@@ -1,7 +1,7 @@
 /* gemm_impl.h: the one matrix multiply, written once for a type `real`.
  * Included by gemm.c with real (float|double), SFX (f32|f64) defined.
  *
- * C = alpha * op(A) @ op(B) + beta * C, row-major, in the BLIS scheme:
+ * C = alpha * op(A) @ op(B) + beta * C (+ a bias row), row-major, in the BLIS scheme:
  *   for jc (NC columns of C):        pack op(B)[pc:pc+KC, jc:jc+NC] into NR-wide panels
  *     for pc (KC of the shared axis):
  *       for ic (MC rows, in parallel): pack op(A)[ic:ic+MC, pc:pc+KC] into MR-tall panels
@@ -66,13 +66,17 @@ static void FN(pack_a)(real *buf, const real *a, int64_t lda, int trans, int64_t
 }
 
 /* Packs op(B)[0:kc, 0:nc] into NR-column panels: buf[panel][p][c], zero-padded. */
-static void FN(pack_b)(real *buf, const real *b, int64_t ldb, int trans, int64_t kc, int64_t nc) {
+MHA_HOT static void FN(pack_b)(real *buf, const real *b, int64_t ldb, int trans, int64_t kc, int64_t nc) {
     for (int64_t j0 = 0; j0 < nc; j0 += NR) {
         int64_t cols = MHA_MIN(NR, nc - j0);
-        if (trans) {   /* op(B)[p][j] = b[j * ldb + p]: read each row of b once */
-            for (int64_t c = 0; c < cols; c++) {
+        if (trans) {   /* op(B)[p][j] = b[j * ldb + p]: VL x VL blocks transposed in registers */
+            const int64_t c_full = cols / VL * VL, p_full = kc / VL * VL;
+            for (int64_t c = 0; c < c_full; c += VL)
+                for (int64_t p = 0; p < p_full; p += VL)
+                    FN(mha_transpose_vl)(buf + p * NR + c, NR, b + (j0 + c) * ldb + p, ldb);
+            for (int64_t c = 0; c < cols; c++) { /* what the blocks left: a ragged edge */
                 const real *src = b + (j0 + c) * ldb;
-                for (int64_t p = 0; p < kc; p++) buf[p * NR + c] = src[p];
+                for (int64_t p = c < c_full ? p_full : 0; p < kc; p++) buf[p * NR + c] = src[p];
             }
             for (int64_t c = cols; c < NR; c++)
                 for (int64_t p = 0; p < kc; p++) buf[p * NR + c] = 0;
@@ -93,21 +97,27 @@ static void FN(pack_b)(real *buf, const real *b, int64_t ldb, int trans, int64_t
 }
 
 /* The micro-kernel: acc (MR x NR) = A rows (MR x kc) @ b_panel (kc x NR), then
- * c[0:m, 0:n] = alpha * acc + beta * c (c not read when beta == 0).
+ * c[0:m, 0:n] = alpha * acc + beta * c (c not read when beta == 0), plus bias[0:n] on every
+ * row when bias is not NULL (the layer's projections: no second pass over C).
  * Element (r, p) of the A rows is a[r * a_rs + p * a_cs]: (1, MR) for a packed panel, or the
  * strides of op(A) itself when A is read in place; rows past m then repeat row m - 1 (valid
- * memory, results discarded) instead of reading past the matrix. */
+ * memory, results discarded) instead of reading past the matrix.
+ * The loops over rows are unrolled by pragma so that acc lives in registers at any -O level
+ * (at -O2 GCC 12 left them rolled, acc on the stack: half the speed). */
 static inline __attribute__((always_inline)) void
 FN(micro_kernel)(int64_t kc, const real *a, int64_t a_rs, int64_t a_cs, const real *b, real *c,
-                 int64_t ldc, int64_t m, int64_t n, real alpha, real beta) {
+                 int64_t ldc, int64_t m, int64_t n, real alpha, real beta, const real *bias) {
     const real *row[MR];
+    #pragma GCC unroll 6
     for (int r = 0; r < MR; r++) row[r] = a + MHA_MIN(r, m - 1) * a_rs;
     vreal acc[MR][2];
+    #pragma GCC unroll 6
     for (int r = 0; r < MR; r++) acc[r][0] = acc[r][1] = (vreal){0};
     for (int64_t p = 0; p < kc; p++) {
         vreal b0, b1;
         VLOAD(b0, b + p * NR);
         VLOAD(b1, b + p * NR + VL);
+        #pragma GCC unroll 6
         for (int r = 0; r < MR; r++) {
             real a_r = row[r][p * a_cs];
             acc[r][0] += a_r * b0;
@@ -115,9 +125,17 @@ FN(micro_kernel)(int64_t kc, const real *a, int64_t a_rs, int64_t a_cs, const re
         }
     }
     if (m == MR && n == NR) {
+        #pragma GCC unroll 6
         for (int r = 0; r < MR; r++) {
             real *c_r = c + r * ldc;
             vreal c0 = alpha * acc[r][0], c1 = alpha * acc[r][1];
+            if (bias) {
+                vreal b0, b1;
+                VLOAD(b0, bias);
+                VLOAD(b1, bias + VL);
+                c0 += b0;
+                c1 += b1;
+            }
             if (beta != 0) {
                 vreal old0, old1;
                 VLOAD(old0, c_r);
@@ -131,6 +149,7 @@ FN(micro_kernel)(int64_t kc, const real *a, int64_t a_rs, int64_t a_cs, const re
         return;
     }
     real tile[MR][NR];
+    #pragma GCC unroll 6
     for (int r = 0; r < MR; r++) {
         VSTORE(tile[r], acc[r][0]);
         VSTORE(tile[r] + VL, acc[r][1]);
@@ -138,20 +157,21 @@ FN(micro_kernel)(int64_t kc, const real *a, int64_t a_rs, int64_t a_cs, const re
     for (int64_t r = 0; r < m; r++)
         for (int64_t col = 0; col < n; col++) {
             real *cij = c + r * ldc + col;
-            *cij = beta == 0 ? alpha * tile[r][col] : alpha * tile[r][col] + beta * *cij;
+            real x = alpha * tile[r][col] + (bias ? bias[col] : 0);
+            *cij = beta == 0 ? x : x + beta * *cij;
         }
 }
 
 /* One MC x NC block of C from packed panels of A and B. */
 MHA_HOT static void FN(macro_kernel)(int64_t mc, int64_t nc, int64_t kc, const real *a_pack,
                                      const real *b_pack, real *c, int64_t ldc, real alpha,
-                                     real beta) {
+                                     real beta, const real *bias) {
     for (int64_t jr = 0; jr < nc; jr += NR) {
         int64_t n = MHA_MIN(NR, nc - jr);
         for (int64_t ir = 0; ir < mc; ir += MR) {
             int64_t m = MHA_MIN(MR, mc - ir);
             FN(micro_kernel)(kc, a_pack + ir * kc, 1, MR, b_pack + jr * kc, c + ir * ldc + jr,
-                             ldc, m, n, alpha, beta);
+                             ldc, m, n, alpha, beta, bias ? bias + jr : NULL);
         }
     }
 }
@@ -161,13 +181,14 @@ MHA_HOT static void FN(macro_kernel)(int64_t mc, int64_t nc, int64_t kc, const r
  * P v with d_head = 32 .. 64). */
 MHA_HOT static void FN(macro_kernel_direct)(int64_t mc, int64_t nc, int64_t kc, const real *a,
                                             int64_t a_rs, int64_t a_cs, const real *b_pack,
-                                            real *c, int64_t ldc, real alpha, real beta) {
+                                            real *c, int64_t ldc, real alpha, real beta,
+                                            const real *bias) {
     for (int64_t jr = 0; jr < nc; jr += NR) {
         int64_t n = MHA_MIN(NR, nc - jr);
         for (int64_t ir = 0; ir < mc; ir += MR) {
             int64_t m = MHA_MIN(MR, mc - ir);
             FN(micro_kernel)(kc, a + ir * a_rs, a_rs, a_cs, b_pack + jr * kc, c + ir * ldc + jr,
-                             ldc, m, n, alpha, beta);
+                             ldc, m, n, alpha, beta, bias ? bias + jr : NULL);
         }
     }
 }
@@ -198,18 +219,21 @@ MHA_HOT static void FN(gemm_small)(int trans_a, int trans_b, int64_t M, int64_t 
     }
 }
 
-static void FN(scale_c)(int64_t M, int64_t N, real beta, real *C, int64_t ldc) {
+/* C = beta * C + bias on every row (bias may be NULL): a product with nothing to sum. */
+static void FN(scale_c)(int64_t M, int64_t N, real beta, const real *bias, real *C, int64_t ldc) {
     for (int64_t i = 0; i < M; i++)
-        for (int64_t j = 0; j < N; j++) C[i * ldc + j] = beta == 0 ? 0 : beta * C[i * ldc + j];
+        for (int64_t j = 0; j < N; j++)
+            C[i * ldc + j] = (beta == 0 ? 0 : beta * C[i * ldc + j]) + (bias ? bias[j] : 0);
 }
 
 int FN(mha_gemm_ws)(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, real alpha,
-                    const real *A, int64_t lda, const real *B, int64_t ldb, real beta, real *C,
-                    int64_t ldc, real *workspace, int threads) {
+                    const real *A, int64_t lda, const real *B, int64_t ldb, real beta,
+                    const real *bias, real *C, int64_t ldc, real *workspace, int threads) {
     if (M <= 0 || N <= 0) return MHA_OK;
-    if (K <= 0 || alpha == 0) { FN(scale_c)(M, N, beta, C, ldc); return MHA_OK; }
+    if (K <= 0 || alpha == 0) { FN(scale_c)(M, N, beta, bias, C, ldc); return MHA_OK; }
     if ((double)M * (double)N * (double)K <= SMALL_GEMM_MNK) {
         FN(gemm_small)(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        if (bias) FN(scale_c)(M, N, 1, bias, C, ldc);
         return MHA_OK;
     }
     if (threads < 1) threads = 1;
@@ -245,6 +269,7 @@ int FN(mha_gemm_ws)(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, r
             for (int64_t pc = 0; pc < K; pc += KC) {
                 const int64_t kc = MHA_MIN(KC, K - pc);
                 const real beta_block = pc == 0 ? beta : 1;
+                const real *bias_block = pc == 0 && bias ? bias + jc : NULL;
 #ifdef _OPENMP
 #pragma omp for schedule(dynamic, 1)
 #endif
@@ -264,13 +289,15 @@ int FN(mha_gemm_ws)(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, r
                     const real *a = trans_a ? A + pc * lda + ic : A + ic * lda + pc;
                     const int64_t cols = MHA_MIN(nc, p1 * NR) - p0 * NR;
                     real *c = C + ic * ldc + jc + p0 * NR;
+                    const real *bias_c = bias_block ? bias_block + p0 * NR : NULL;
                     if (p1 - p0 <= DIRECT_A_PANELS) {
                         FN(macro_kernel_direct)(mc, cols, kc, a, trans_a ? 1 : lda, trans_a ? lda : 1,
-                                                b_pack + p0 * NR * kc, c, ldc, alpha, beta_block);
+                                                b_pack + p0 * NR * kc, c, ldc, alpha, beta_block,
+                                                bias_c);
                     } else {
                         FN(pack_a)(a_pack, a, lda, trans_a, mc, kc);
                         FN(macro_kernel)(mc, cols, kc, a_pack, b_pack + p0 * NR * kc, c, ldc,
-                                         alpha, beta_block);
+                                         alpha, beta_block, bias_c);
                     }
                 } /* implied barrier: b_pack may be overwritten */
             }
@@ -299,18 +326,27 @@ MHA_HOT void FN(mha_gemm_packed)(int trans_a, int64_t M, int64_t N, int64_t K, r
                                  const real *A, int64_t lda, const real *packed, real beta,
                                  real *C, int64_t ldc) {
     if (M <= 0 || N <= 0) return;
-    if (K <= 0) { FN(scale_c)(M, N, beta, C, ldc); return; }
+    if (K <= 0) { FN(scale_c)(M, N, beta, NULL, C, ldc); return; }
     FN(macro_kernel_direct)(M, N, K, A, trans_a ? 1 : lda, trans_a ? lda : 1, packed, C, ldc,
-                            alpha, beta);
+                            alpha, beta, NULL);
+}
+
+/* C = op(A) @ op(B) + bias on every row (bias may be NULL), threads by the work between two
+ * barriers (one KC slice), not by the whole product. */
+int FN(mha_gemm_bias)(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, const real *A,
+                      int64_t lda, const real *B, int64_t ldb, const real *bias, real *C,
+                      int64_t ldc) {
+    double slice = 2.0 * (double)M * (double)N * (double)MHA_MIN(K, KC);
+    return FN(mha_gemm_ws)(trans_a, trans_b, M, N, K, 1, A, lda, B, ldb, 0, bias, C, ldc, NULL,
+                           mha_threads_for(slice));
 }
 
 int FN(mha_gemm)(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, real alpha,
                  const real *A, int64_t lda, const real *B, int64_t ldb, real beta, real *C,
                  int64_t ldc) {
-    /* threads by the work between two barriers (one KC slice), not by the whole product */
     double slice = 2.0 * (double)M * (double)N * (double)MHA_MIN(K, KC);
-    return FN(mha_gemm_ws)(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, NULL,
-                           mha_threads_for(slice));
+    return FN(mha_gemm_ws)(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, NULL, C, ldc,
+                           NULL, mha_threads_for(slice));
 }
 
 #undef vreal

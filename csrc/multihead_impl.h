@@ -9,13 +9,6 @@
 #define PARAMS FN(mha_layer_params)
 #define GRADS FN(mha_layer_grads)
 
-/* y[r, :] += bias for rows r of a (rows, cols) matrix with row stride ld. */
-static void FN(add_bias)(real *y, int64_t rows, int64_t cols, int64_t ld, const real *bias) {
-    if (!bias) return;
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t c = 0; c < cols; c++) y[r * ld + c] += bias[c];
-}
-
 /* grad_bias[c] = sum over rows of dy[r, c]. */
 static void FN(sum_rows)(real *grad_bias, const real *dy, int64_t rows, int64_t cols) {
     if (!grad_bias) return;
@@ -51,7 +44,8 @@ static mha_attention_desc FN(layer_attention_desc)(const mha_layer_dims *m,
     return d;
 }
 
-/* y (rows of each batch at y + b * y_batch, row stride ld) = x @ W + bias */
+/* y (rows of each batch at y + b * y_batch, row stride ld) = x @ W + bias, the bias added
+ * as the GEMM writes y */
 static int FN(project)(real *y, int64_t y_batch, int64_t ld, const real *x, int64_t x_batch,
                        int64_t batch, int64_t rows, int64_t d_in, const real *W,
                        const real *bias, int64_t d_out) {
@@ -60,10 +54,9 @@ static int FN(project)(real *y, int64_t y_batch, int64_t ld, const real *x, int6
         batch = 1;
     }
     for (int64_t b = 0; b < batch; b++) {
-        int err = FN(mha_gemm)(0, 0, rows, d_out, d_in, 1, x + b * x_batch, d_in, W, d_out, 0,
-                               y + b * y_batch, ld);
+        int err = FN(mha_gemm_bias)(0, 0, rows, d_out, d_in, x + b * x_batch, d_in, W, d_out,
+                                    bias, y + b * y_batch, ld);
         if (err) return err;
-        FN(add_bias)(y + b * y_batch, rows, d_out, ld, bias);
     }
     return MHA_OK;
 }

@@ -131,4 +131,55 @@ static inline __attribute__((always_inline)) void mha_scale_f64(double *x, int64
     for (int64_t j = 0; j < n; j++) x[j] *= a;
 }
 
+/* Transposes of square blocks, for packing a transposed operand (gemm_impl.h's pack_b):
+ * dst[j * ld_dst + i] = src[i * ld_src + j] for an 8 x 8 float or 4 x 4 double block, in
+ * registers: three rounds of two-input shuffles (AVX2 unpack, shuffle and lane permutes). */
+typedef double mha_v4d __attribute__((vector_size(32)));
+typedef int64_t mha_v4l __attribute__((vector_size(32)));
+#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)
+#define MHA_SHUFFLE8(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#define MHA_SHUFFLE4(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#else
+#define MHA_SHUFFLE8(a, b, ...) __builtin_shuffle(a, b, (mha_v8i){__VA_ARGS__})
+#define MHA_SHUFFLE4(a, b, ...) __builtin_shuffle(a, b, (mha_v4l){__VA_ARGS__})
+#endif
+
+static inline __attribute__((always_inline)) void
+mha_transpose_vl_f32(float *dst, int64_t ld_dst, const float *src, int64_t ld_src) {
+    mha_v8f r[8], t[8], u[8];
+    for (int i = 0; i < 8; i++) MHA_V8_LOAD(r[i], src + i * ld_src);
+    for (int i = 0; i < 8; i += 2) { /* t: pairs of rows interleaved within 128-bit lanes */
+        t[i] = MHA_SHUFFLE8(r[i], r[i + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+        t[i + 1] = MHA_SHUFFLE8(r[i], r[i + 1], 2, 10, 3, 11, 6, 14, 7, 15);
+    }
+    for (int i = 0; i < 8; i += 4) { /* u: columns j and j + 4 of four rows */
+        u[i] = MHA_SHUFFLE8(t[i], t[i + 2], 0, 1, 8, 9, 4, 5, 12, 13);
+        u[i + 1] = MHA_SHUFFLE8(t[i], t[i + 2], 2, 3, 10, 11, 6, 7, 14, 15);
+        u[i + 2] = MHA_SHUFFLE8(t[i + 1], t[i + 3], 0, 1, 8, 9, 4, 5, 12, 13);
+        u[i + 3] = MHA_SHUFFLE8(t[i + 1], t[i + 3], 2, 3, 10, 11, 6, 7, 14, 15);
+    }
+    for (int j = 0; j < 4; j++) { /* column j from the low lanes, column j + 4 from the high */
+        mha_v8f lo = MHA_SHUFFLE8(u[j], u[j + 4], 0, 1, 2, 3, 8, 9, 10, 11);
+        mha_v8f hi = MHA_SHUFFLE8(u[j], u[j + 4], 4, 5, 6, 7, 12, 13, 14, 15);
+        MHA_V8_STORE(dst + j * ld_dst, lo);
+        MHA_V8_STORE(dst + (j + 4) * ld_dst, hi);
+    }
+}
+
+static inline __attribute__((always_inline)) void
+mha_transpose_vl_f64(double *dst, int64_t ld_dst, const double *src, int64_t ld_src) {
+    mha_v4d r[4], t[4];
+    for (int i = 0; i < 4; i++) memcpy(&r[i], src + i * ld_src, sizeof(mha_v4d));
+    for (int i = 0; i < 4; i += 2) { /* t: columns j, j + 2 of rows i, i + 1 */
+        t[i] = MHA_SHUFFLE4(r[i], r[i + 1], 0, 4, 2, 6);
+        t[i + 1] = MHA_SHUFFLE4(r[i], r[i + 1], 1, 5, 3, 7);
+    }
+    for (int j = 0; j < 2; j++) {
+        mha_v4d lo = MHA_SHUFFLE4(t[j], t[j + 2], 0, 1, 4, 5);
+        mha_v4d hi = MHA_SHUFFLE4(t[j], t[j + 2], 2, 3, 6, 7);
+        memcpy(dst + j * ld_dst, &lo, sizeof(mha_v4d));
+        memcpy(dst + (j + 2) * ld_dst, &hi, sizeof(mha_v4d));
+    }
+}
+
 #endif /* MHA_VEC_H */
