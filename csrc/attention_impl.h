@@ -189,6 +189,55 @@ MHA_HOT static void FN(online_softmax_tile)(real *S, int64_t ld, int64_t rows, i
     }
 }
 
+/* One task of the fused forward: query rows [r0, r1) of every query head of kv head g in
+ * batch b. Scratch: packed tiles Kp, Vp, scores S (BQF x BK), alpha (BQF), and m, l of the
+ * task's rows (chunk_rows per head of the group). A block's output rows are first written by
+ * its product with key tile 0 (beta = 0: nothing to clear or rescale beforehand). */
+MHA_HOT static void FN(fused_task)(real *out, real *lse, const real *q, const real *k,
+                                   const real *v, const mha_attention_desc *d, int64_t b,
+                                   int64_t g, int64_t r0, int64_t r1, int64_t chunk_rows,
+                                   real *Kp, real *Vp, real *S, real *alpha, real *m, real *l) {
+    const int64_t H = d->heads, group = H / d->kv_heads;
+    const real *k_bg = AT(k, d->k, b, g), *v_bg = AT(v, d->v, b, g);
+    for (int64_t e = 0; e < group * chunk_rows; e++) { m[e] = -INFINITY; l[e] = 0; }
+    const int64_t n_seen = r1 > r0 ? FN(visible_keys)(d, r1 - 1) : 0;
+    for (int64_t j0 = 0; j0 < n_seen; j0 += BK) {
+        const int64_t cols = MHA_MIN(BK, d->n_k - j0);
+        FN(mha_pack_b_full)(Kp, k_bg + j0 * d->k.row, d->k.row, 1, d->d_k, cols);
+        FN(mha_pack_b_full)(Vp, v_bg + j0 * d->v.row, d->v.row, 0, cols, d->d_v);
+        for (int64_t hh = 0; hh < group; hh++) {
+            const int64_t h = g * group + hh;
+            const real *q_bh = AT(q, d->q, b, h);
+            real *o_bh = AT(out, d->out, b, h);
+            for (int64_t i0 = r0; i0 < r1; i0 += BQF) {
+                const int64_t rows = MHA_MIN(BQF, r1 - i0);
+                const int64_t ncols = MHA_MIN(cols, FN(visible_keys)(d, i0 + rows - 1) - j0);
+                if (ncols <= 0) continue; /* then no later tile either: the rows stay dead */
+                real *m_blk = m + hh * chunk_rows + (i0 - r0), *l_blk = l + hh * chunk_rows + (i0 - r0);
+                real *o_blk = o_bh + i0 * d->out.row;
+                FN(mha_gemm_packed)(0, rows, ncols, d->d_k, (real)d->scale, q_bh + i0 * d->q.row,
+                                    d->q.row, Kp, 0, S, BK);
+                FN(online_softmax_tile)(S, BK, rows, ncols, cols, b, h, i0, j0, m_blk, l_blk, alpha, d);
+                if (j0 > 0)
+                    for (int64_t r = 0; r < rows; r++)
+                        if (alpha[r] != 1) FN(mha_scale)(o_blk + r * d->out.row, d->d_v, alpha[r]);
+                FN(mha_gemm_packed)(0, rows, d->d_v, cols, 1, S, BK, Vp, j0 > 0, o_blk, d->out.row);
+            }
+        }
+    }
+    for (int64_t hh = 0; hh < group; hh++) {
+        const int64_t h = g * group + hh;
+        real *o_bh = AT(out, d->out, b, h);
+        for (int64_t i = r0; i < r1; i++) {
+            const real mi = m[hh * chunk_rows + (i - r0)], li = l[hh * chunk_rows + (i - r0)];
+            real *o = o_bh + i * d->out.row;
+            if (mi == -INFINITY) memset(o, 0, (size_t)d->d_v * sizeof(real));
+            else FN(mha_scale)(o, d->d_v, 1 / li);
+            if (lse) lse[(b * H + h) * d->n_q + i] = mi == -INFINITY ? -INFINITY : mi + (real)log((double)li);
+        }
+    }
+}
+
 /* out (by d->out) without weights; lse (B, H, n_q) contiguous or NULL receives m + log(l)
  * (-inf for fully masked rows). */
 static int FN(fused_forward)(real *out, real *lse, const real *q, const real *k, const real *v,
@@ -216,54 +265,13 @@ static int FN(fused_forward)(real *out, real *lse, const real *q, const real *k,
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (nt > 1)
 #endif
     for (int64_t task = 0; task < tasks; task++) {
-        const int t = mha_thread_num();
-        real *Kp = (real *)(scratch + (size_t)t * per_thread);
+        real *Kp = (real *)(scratch + (size_t)mha_thread_num() * per_thread);
         real *Vp = Kp + part[0], *S = Vp + part[1], *alpha = S + part[2];
         real *m = alpha + part[3], *l = m + part[4];
         const int64_t b = task / (H_kv * chunks), g = task / chunks % H_kv, c = task % chunks;
         const int64_t r0 = MHA_MIN(d->n_q, q_blocks * c / chunks * BQF);
         const int64_t r1 = MHA_MIN(d->n_q, q_blocks * (c + 1) / chunks * BQF);
-        const real *k_bg = AT(k, d->k, b, g), *v_bg = AT(v, d->v, b, g);
-        for (int64_t hh = 0; hh < group; hh++) {
-            real *o_bh = AT(out, d->out, b, g * group + hh);
-            for (int64_t i = r0; i < r1; i++) memset(o_bh + i * d->out.row, 0, (size_t)d->d_v * sizeof(real));
-        }
-        for (size_t e = 0; e < row_elems; e++) { m[e] = -INFINITY; l[e] = 0; }
-        const int64_t n_seen = r1 > r0 ? FN(visible_keys)(d, r1 - 1) : 0;
-        for (int64_t j0 = 0; j0 < n_seen; j0 += BK) {
-            const int64_t cols = MHA_MIN(BK, d->n_k - j0);
-            FN(mha_pack_b_full)(Kp, k_bg + j0 * d->k.row, d->k.row, 1, d->d_k, cols);
-            FN(mha_pack_b_full)(Vp, v_bg + j0 * d->v.row, d->v.row, 0, cols, d->d_v);
-            for (int64_t hh = 0; hh < group; hh++) {
-                const int64_t h = g * group + hh;
-                const real *q_bh = AT(q, d->q, b, h);
-                real *o_bh = AT(out, d->out, b, h);
-                for (int64_t i0 = r0; i0 < r1; i0 += BQF) {
-                    const int64_t rows = MHA_MIN(BQF, r1 - i0);
-                    const int64_t ncols = MHA_MIN(cols, FN(visible_keys)(d, i0 + rows - 1) - j0);
-                    if (ncols <= 0) continue;
-                    real *m_blk = m + hh * chunk_rows + (i0 - r0), *l_blk = l + hh * chunk_rows + (i0 - r0);
-                    real *o_blk = o_bh + i0 * d->out.row;
-                    FN(mha_gemm_packed)(0, rows, ncols, d->d_k, (real)d->scale, q_bh + i0 * d->q.row,
-                                        d->q.row, Kp, 0, S, BK);
-                    FN(online_softmax_tile)(S, BK, rows, ncols, cols, b, h, i0, j0, m_blk, l_blk, alpha, d);
-                    for (int64_t r = 0; r < rows; r++)
-                        if (alpha[r] != 1) FN(mha_scale)(o_blk + r * d->out.row, d->d_v, alpha[r]);
-                    FN(mha_gemm_packed)(0, rows, d->d_v, cols, 1, S, BK, Vp, 1, o_blk, d->out.row);
-                }
-            }
-        }
-        for (int64_t hh = 0; hh < group; hh++) {
-            const int64_t h = g * group + hh;
-            real *o_bh = AT(out, d->out, b, h);
-            for (int64_t i = r0; i < r1; i++) {
-                const real mi = m[hh * chunk_rows + (i - r0)], li = l[hh * chunk_rows + (i - r0)];
-                real *o = o_bh + i * d->out.row;
-                if (mi == -INFINITY) memset(o, 0, (size_t)d->d_v * sizeof(real));
-                else FN(mha_scale)(o, d->d_v, 1 / li);
-                if (lse) lse[(b * H + h) * d->n_q + i] = mi == -INFINITY ? -INFINITY : mi + (real)log((double)li);
-            }
-        }
+        FN(fused_task)(out, lse, q, k, v, d, b, g, r0, r1, chunk_rows, Kp, Vp, S, alpha, m, l);
     }
     free(scratch);
     return MHA_OK;
@@ -284,7 +292,7 @@ int FN(mha_attention_forward_lse)(real *out, real *weights, real *lse, const rea
         return MHA_OK;
     if (!weights) return FN(fused_forward)(out, lse, q, k, v, d);
     const int64_t group = d->heads / d->kv_heads;
-    const int64_t bq = FN(block_rows)(d->n_k), ld = MHA_MAX(d->n_k, 1);
+    const int64_t bq = FN(block_rows)(d->n_k), ld = d->n_k; /* weights row stride */
     const int64_t q_blocks = (d->n_q + bq - 1) / bq;
     const int64_t tasks = B * H * q_blocks;
     const double flops = 2.0 * B * H * d->n_q * d->n_k * (double)(d->d_k + d->d_v);
@@ -292,10 +300,12 @@ int FN(mha_attention_forward_lse)(real *out, real *weights, real *lse, const rea
     const int64_t chunk = MHA_MAX(1, tasks / (8 * nt)); /* tasks per fetch when they are tiny */
     (void)chunk;                                        /* serial builds have no schedule */
     int ok = 1;
-    size_t part[2] = {mha_mul_size((size_t)bq, (size_t)ld, &ok), FN(attention_gemm_ws)(d, bq)};
+    /* the probabilities are computed in place in weights; dropout's A goes to scratch */
+    size_t part[2] = {d->dropout > 0 ? mha_mul_size((size_t)bq, (size_t)ld, &ok) : 0,
+                      FN(attention_gemm_ws)(d, bq)};
     if (!ok) part[0] = SIZE_MAX;
     size_t per_thread;
-    char *scratch = FN(thread_scratch)(part, 2, nt, &per_thread); /* P, GEMM workspace */
+    char *scratch = FN(thread_scratch)(part, 2, nt, &per_thread); /* A, GEMM workspace */
     if (!scratch) return MHA_ENOMEM;
 
 #ifdef _OPENMP
@@ -303,7 +313,7 @@ int FN(mha_attention_forward_lse)(real *out, real *weights, real *lse, const rea
 #endif
     for (int64_t task = 0; task < tasks; task++) {
         const int t = mha_thread_num();
-        real *P = (real *)(scratch + (size_t)t * per_thread), *gemm_ws = P + part[0];
+        real *A = (real *)(scratch + (size_t)t * per_thread), *gemm_ws = A + part[0];
         const int64_t b = task / (H * q_blocks), h = task / q_blocks % H;
         const int64_t i0 = task % q_blocks * bq, rows = MHA_MIN(bq, d->n_q - i0);
         const real *q_bh = AT(q, d->q, b, h);
@@ -311,18 +321,17 @@ int FN(mha_attention_forward_lse)(real *out, real *weights, real *lse, const rea
         real *o_blk = AT(out, d->out, b, h) + i0 * d->out.row;
         real *lse_blk = lse ? lse + (b * H + h) * d->n_q + i0 : NULL;
 
-        // 1. P = softmax(scale * q k^T + masks), block (rows, n_vis)
+        // 1. P = softmax(scale * q k^T + masks), block (rows, n_vis), written in weights
         uint8_t dead[BQ_MAX];
+        real *P = weights + ((b * H + h) * d->n_q + i0) * d->n_k;
         int64_t n_vis = FN(block_probs)(P, dead, lse_blk, ld, gemm_ws, q_bh, k_bh, b, h, i0, rows, d);
-        real *w = weights + ((b * H + h) * d->n_q + i0) * d->n_k;
-        for (int64_t r = 0; r < rows; r++) {
-            memcpy(w + r * d->n_k, P + r * ld, (size_t)n_vis * sizeof(real));
-            memset(w + r * d->n_k + n_vis, 0, (size_t)(d->n_k - n_vis) * sizeof(real));
-        }
-        // 2. A = dropout(P), in place
-        if (d->dropout > 0) FN(dropout_rows)(P, P, ld, rows, n_vis, b, h, i0, 0, d);
+        for (int64_t r = 0; r < rows; r++) /* keys past a causal block's last row */
+            memset(P + r * ld + n_vis, 0, (size_t)(d->n_k - n_vis) * sizeof(real));
+        // 2. A = dropout(P), or P itself
+        if (d->dropout > 0) FN(dropout_rows)(A, P, ld, rows, n_vis, b, h, i0, 0, d);
+        else A = P;
         // 3. O = A v
-        FN(mha_gemm_ws)(0, 0, rows, d->d_v, n_vis, 1, P, ld, v_bh, d->v.row, 0, NULL, o_blk,
+        FN(mha_gemm_ws)(0, 0, rows, d->d_v, n_vis, 1, A, ld, v_bh, d->v.row, 0, NULL, o_blk,
                         d->out.row, gemm_ws, 1);
         FN(zero_dead_rows)(o_blk, d->out.row, d->d_v, dead, rows);
     }
