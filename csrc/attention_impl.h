@@ -190,14 +190,17 @@ MHA_HOT static void FN(online_softmax_tile)(real *S, int64_t ld, int64_t rows, i
 }
 
 /* One task of the fused forward: query rows [r0, r1) of every query head of kv head g in
- * batch b. Scratch: packed tiles Kp, Vp, scores S (BQF x BK), alpha (BQF), and m, l of the
- * task's rows (chunk_rows per head of the group). A block's output rows are first written by
- * its product with key tile 0 (beta = 0: nothing to clear or rescale beforehand). */
+ * batch b. ws holds the parts that fused_forward sized (part[], in order): packed tiles Kp,
+ * Vp, scores S (BQF x BK), alpha (BQF), and m, l of the task's rows (chunk_rows per head of
+ * the group). A block's output rows are first written by its product with key tile 0
+ * (beta = 0: nothing to clear or rescale beforehand). */
 MHA_HOT static void FN(fused_task)(real *out, real *lse, const real *q, const real *k,
                                    const real *v, const mha_attention_desc *d, int64_t b,
                                    int64_t g, int64_t r0, int64_t r1, int64_t chunk_rows,
-                                   real *Kp, real *Vp, real *S, real *alpha, real *m, real *l) {
+                                   real *ws, const size_t *part) {
     const int64_t H = d->heads, group = H / d->kv_heads;
+    real *Kp = ws, *Vp = Kp + part[0], *S = Vp + part[1], *alpha = S + part[2];
+    real *m = alpha + part[3], *l = m + part[4];
     const real *k_bg = AT(k, d->k, b, g), *v_bg = AT(v, d->v, b, g);
     for (int64_t e = 0; e < group * chunk_rows; e++) { m[e] = -INFINITY; l[e] = 0; }
     const int64_t n_seen = r1 > r0 ? FN(visible_keys)(d, r1 - 1) : 0;
@@ -265,13 +268,11 @@ static int FN(fused_forward)(real *out, real *lse, const real *q, const real *k,
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (nt > 1)
 #endif
     for (int64_t task = 0; task < tasks; task++) {
-        real *Kp = (real *)(scratch + (size_t)mha_thread_num() * per_thread);
-        real *Vp = Kp + part[0], *S = Vp + part[1], *alpha = S + part[2];
-        real *m = alpha + part[3], *l = m + part[4];
         const int64_t b = task / (H_kv * chunks), g = task / chunks % H_kv, c = task % chunks;
         const int64_t r0 = MHA_MIN(d->n_q, q_blocks * c / chunks * BQF);
         const int64_t r1 = MHA_MIN(d->n_q, q_blocks * (c + 1) / chunks * BQF);
-        FN(fused_task)(out, lse, q, k, v, d, b, g, r0, r1, chunk_rows, Kp, Vp, S, alpha, m, l);
+        FN(fused_task)(out, lse, q, k, v, d, b, g, r0, r1, chunk_rows,
+                       (real *)(scratch + (size_t)mha_thread_num() * per_thread), part);
     }
     free(scratch);
     return MHA_OK;
@@ -374,10 +375,19 @@ MHA_HOT static void FN(softmax_grad_tile)(real *D, const real *P, int64_t ld, in
 }
 
 /* x[j * ldx + c] += t[c * ldt + j] for j < rows, c < cols: a transposed tile added in. */
-static void FN(add_transposed)(real *x, int64_t ldx, const real *t, int64_t ldt, int64_t rows,
-                               int64_t cols) {
-    for (int64_t j = 0; j < rows; j++)
-        for (int64_t c = 0; c < cols; c++) x[j * ldx + c] += t[c * ldt + j];
+MHA_HOT static void FN(add_transposed)(real *x, int64_t ldx, const real *t, int64_t ldt,
+                                      int64_t rows, int64_t cols) {
+    enum { TV = 32 / sizeof(real) }; /* the register transpose's block: 8 float, 4 double */
+    const int64_t j_full = rows / TV * TV, c_full = cols / TV * TV;
+    real blk[TV * TV];
+    for (int64_t j = 0; j < j_full; j += TV)
+        for (int64_t c = 0; c < c_full; c += TV) {
+            FN(mha_transpose_vl)(blk, TV, t + c * ldt + j, ldt); /* blk[jj][cc] = t[c + cc][j + jj] */
+            for (int jj = 0; jj < TV; jj++)
+                for (int cc = 0; cc < TV; cc++) x[(j + jj) * ldx + c + cc] += blk[jj * TV + cc];
+        }
+    for (int64_t j = 0; j < rows; j++) /* the ragged edges */
+        for (int64_t c = j < j_full ? c_full : 0; c < cols; c++) x[j * ldx + c] += t[c * ldt + j];
 }
 
 /* ---- the fused backward ---------------------------------------------------------------------
@@ -393,6 +403,96 @@ static void FN(add_transposed)(real *x, int64_t ldx, const real *t, int64_t ldt,
  * a small block) and added into dk, dv once per tile. Rows with lse
  * = -inf (fully masked) have no output: their dq is 0 and their dO reaches nothing.
  * o: the forward's output, with view o_view; lse: (B, H, n_q) contiguous. */
+/* One task of the fused backward: every query head of kv head g in batch b, against every
+ * key tile. ws holds the parts that fused_backward sized (part[], in order). */
+MHA_HOT static void FN(backward_task)(real *dq, real *dk, real *dv, const real *d_out,
+                                      const real *q, const real *k, const real *v,
+                                      const real *o, mha_view o_view, const real *lse,
+                                      const mha_attention_desc *d, int64_t b, int64_t g,
+                                      real *ws, const size_t *part) {
+    const int64_t H = d->heads, group = H / d->kv_heads;
+    const real scale = (real)d->scale;
+    real *KpT = ws, *VpT = KpT + part[0], *KpN = VpT + part[1], *P = KpN + part[2], *D = P + part[3];
+    real *A = d->dropout > 0 ? D + part[4] : P, *Bp = D + part[4] + part[5];
+    real *dKt = Bp + part[6], *dVt = dKt + part[7], *dO_live = dVt + part[8];
+    real *delta = dO_live + part[9];
+    const real *k_bg = AT(k, d->k, b, g), *v_bg = AT(v, d->v, b, g);
+    real *dk_bg = AT(dk, d->k, b, g), *dv_bg = AT(dv, d->v, b, g);
+    for (int64_t j = 0; j < d->n_k; j++) {
+        memset(dk_bg + j * d->k.row, 0, (size_t)d->d_k * sizeof(real));
+        memset(dv_bg + j * d->v.row, 0, (size_t)d->d_v * sizeof(real));
+    }
+    // delta = rowsum(dO * O); dq = 0
+    for (int64_t hh = 0; hh < group; hh++) {
+        const int64_t h = g * group + hh;
+        for (int64_t i = 0; i < d->n_q; i++) {
+            const real *o_i = AT(o, o_view, b, h) + i * o_view.row;
+            const real *do_i = AT(d_out, d->out, b, h) + i * d->out.row;
+            real s = 0; /* a fully masked row's d_out (even NaN) reaches nothing */
+            if (lse[(b * H + h) * d->n_q + i] != -INFINITY)
+                for (int64_t c = 0; c < d->d_v; c++) s += o_i[c] * do_i[c];
+            delta[hh * d->n_q + i] = s;
+            memset(AT(dq, d->q, b, h) + i * d->q.row, 0, (size_t)d->d_k * sizeof(real));
+        }
+    }
+    const int64_t n_seen = d->n_q > 0 ? FN(visible_keys)(d, d->n_q - 1) : 0;
+    for (int64_t j0 = 0; j0 < n_seen; j0 += BK) {
+        const int64_t cols = MHA_MIN(BK, d->n_k - j0);
+        FN(mha_pack_b_full)(KpT, k_bg + j0 * d->k.row, d->k.row, 1, d->d_k, cols);
+        FN(mha_pack_b_full)(VpT, v_bg + j0 * d->v.row, d->v.row, 1, d->d_v, cols);
+        FN(mha_pack_b_full)(KpN, k_bg + j0 * d->k.row, d->k.row, 0, cols, d->d_k);
+        memset(dKt, 0, (size_t)d->d_k * BK * sizeof(real));
+        memset(dVt, 0, (size_t)d->d_v * BK * sizeof(real));
+        for (int64_t hh = 0; hh < group; hh++) {
+            const int64_t h = g * group + hh;
+            const real *q_bh = AT(q, d->q, b, h), *do_bh = AT(d_out, d->out, b, h);
+            const real *lse_bh = lse + (b * H + h) * d->n_q;
+            real *dq_bh = AT(dq, d->q, b, h);
+            for (int64_t i0 = 0; i0 < d->n_q; i0 += BQF) {
+                const int64_t rows = MHA_MIN(BQF, d->n_q - i0);
+                const int64_t ncols = MHA_MIN(cols, FN(visible_keys)(d, i0 + rows - 1) - j0);
+                if (ncols <= 0) continue;
+                const real *q_blk = q_bh + i0 * d->q.row, *do_blk = do_bh + i0 * d->out.row;
+                int64_t do_ld = d->out.row;
+                // P = exp(scale * q k^T + masks - lse), 0 past each row's keys
+                FN(mha_gemm_packed)(0, rows, ncols, d->d_k, scale, q_blk, d->q.row, KpT, 0, P, BK);
+                int any_dead = FN(probs_from_lse)(P, BK, rows, ncols, cols, lse_bh + i0, b, h, i0, j0, d);
+                // a fully masked row has no output: its d_out (even NaN) must not reach dk, dv
+                if (any_dead) {
+                    for (int64_t r = 0; r < rows; r++) {
+                        if (lse_bh[i0 + r] == -INFINITY) memset(dO_live + r * d->d_v, 0, (size_t)d->d_v * sizeof(real));
+                        else memcpy(dO_live + r * d->d_v, do_blk + r * d->out.row, (size_t)d->d_v * sizeof(real));
+                    }
+                    do_blk = dO_live;
+                    do_ld = d->d_v;
+                }
+                // A = dropout(P);  dv^T += dO^T A
+                if (d->dropout > 0) FN(dropout_rows)(A, P, BK, rows, ncols, b, h, i0, j0, d);
+                FN(mha_pack_b_full)(Bp, A, BK, 0, rows, ncols);
+                FN(mha_gemm_packed)(1, d->d_v, ncols, rows, 1, do_blk, do_ld, Bp, 1, dVt, BK);
+                // dP = (dO v^T) * Z;  dS = P * (dP - delta)
+                FN(mha_gemm_packed)(0, rows, ncols, d->d_v, 1, do_blk, do_ld, VpT, 0, D, BK);
+                if (d->dropout > 0) FN(dropout_rows)(D, D, BK, rows, ncols, b, h, i0, j0, d);
+                FN(softmax_grad_tile)(D, P, BK, rows, ncols, cols, delta + hh * d->n_q + i0);
+                // dq += scale * dS k;  dk^T += scale * q^T dS
+                FN(mha_gemm_packed)(0, rows, d->d_k, cols, scale, D, BK, KpN, 1,
+                                    dq_bh + i0 * d->q.row, d->q.row);
+                FN(mha_pack_b_full)(Bp, D, BK, 0, rows, ncols);
+                FN(mha_gemm_packed)(1, d->d_k, ncols, rows, scale, q_blk, d->q.row, Bp, 1, dKt, BK);
+            }
+        }
+        FN(add_transposed)(dk_bg + j0 * d->k.row, d->k.row, dKt, BK, cols, d->d_k);
+        FN(add_transposed)(dv_bg + j0 * d->v.row, d->v.row, dVt, BK, cols, d->d_v);
+    }
+    // fully masked rows: dq exactly 0 (0 * k could be NaN)
+    for (int64_t hh = 0; hh < group; hh++) {
+        const int64_t h = g * group + hh;
+        for (int64_t i = 0; i < d->n_q; i++)
+            if (lse[(b * H + h) * d->n_q + i] == -INFINITY)
+                memset(AT(dq, d->q, b, h) + i * d->q.row, 0, (size_t)d->d_k * sizeof(real));
+    }
+}
+
 static int FN(fused_backward)(real *dq, real *dk, real *dv, const real *d_out, const real *q,
                               const real *k, const real *v, const real *o, mha_view o_view,
                               const real *lse, const mha_attention_desc *d) {
@@ -412,95 +512,13 @@ static int FN(fused_backward)(real *dq, real *dk, real *dv, const real *d_out, c
     size_t per_thread;
     char *scratch = FN(thread_scratch)(part, 11, nt, &per_thread);
     if (!scratch) return MHA_ENOMEM;
-    const real scale = (real)d->scale;
 
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (nt > 1)
 #endif
-    for (int64_t task = 0; task < tasks; task++) {
-        const int t = mha_thread_num();
-        real *KpT = (real *)(scratch + (size_t)t * per_thread);
-        real *VpT = KpT + part[0], *KpN = VpT + part[1], *P = KpN + part[2], *D = P + part[3];
-        real *A = d->dropout > 0 ? D + part[4] : P, *Bp = D + part[4] + part[5];
-        real *dKt = Bp + part[6], *dVt = dKt + part[7], *dO_live = dVt + part[8];
-        real *delta = dO_live + part[9];
-        const int64_t b = task / H_kv, g = task % H_kv;
-        const real *k_bg = AT(k, d->k, b, g), *v_bg = AT(v, d->v, b, g);
-        real *dk_bg = AT(dk, d->k, b, g), *dv_bg = AT(dv, d->v, b, g);
-        for (int64_t j = 0; j < d->n_k; j++) {
-            memset(dk_bg + j * d->k.row, 0, (size_t)d->d_k * sizeof(real));
-            memset(dv_bg + j * d->v.row, 0, (size_t)d->d_v * sizeof(real));
-        }
-        // delta = rowsum(dO * O); dq = 0
-        for (int64_t hh = 0; hh < group; hh++) {
-            const int64_t h = g * group + hh;
-            for (int64_t i = 0; i < d->n_q; i++) {
-                const real *o_i = AT(o, o_view, b, h) + i * o_view.row;
-                const real *do_i = AT(d_out, d->out, b, h) + i * d->out.row;
-                real s = 0; /* a fully masked row's d_out (even NaN) reaches nothing */
-                if (lse[(b * H + h) * d->n_q + i] != -INFINITY)
-                    for (int64_t c = 0; c < d->d_v; c++) s += o_i[c] * do_i[c];
-                delta[hh * d->n_q + i] = s;
-                memset(AT(dq, d->q, b, h) + i * d->q.row, 0, (size_t)d->d_k * sizeof(real));
-            }
-        }
-        const int64_t n_seen = d->n_q > 0 ? FN(visible_keys)(d, d->n_q - 1) : 0;
-        for (int64_t j0 = 0; j0 < n_seen; j0 += BK) {
-            const int64_t cols = MHA_MIN(BK, d->n_k - j0);
-            FN(mha_pack_b_full)(KpT, k_bg + j0 * d->k.row, d->k.row, 1, d->d_k, cols);
-            FN(mha_pack_b_full)(VpT, v_bg + j0 * d->v.row, d->v.row, 1, d->d_v, cols);
-            FN(mha_pack_b_full)(KpN, k_bg + j0 * d->k.row, d->k.row, 0, cols, d->d_k);
-            memset(dKt, 0, (size_t)d->d_k * BK * sizeof(real));
-            memset(dVt, 0, (size_t)d->d_v * BK * sizeof(real));
-            for (int64_t hh = 0; hh < group; hh++) {
-                const int64_t h = g * group + hh;
-                const real *q_bh = AT(q, d->q, b, h), *do_bh = AT(d_out, d->out, b, h);
-                const real *lse_bh = lse + (b * H + h) * d->n_q;
-                real *dq_bh = AT(dq, d->q, b, h);
-                for (int64_t i0 = 0; i0 < d->n_q; i0 += BQF) {
-                    const int64_t rows = MHA_MIN(BQF, d->n_q - i0);
-                    const int64_t ncols = MHA_MIN(cols, FN(visible_keys)(d, i0 + rows - 1) - j0);
-                    if (ncols <= 0) continue;
-                    const real *q_blk = q_bh + i0 * d->q.row, *do_blk = do_bh + i0 * d->out.row;
-                    int64_t do_ld = d->out.row;
-                    // P = exp(scale * q k^T + masks - lse), 0 past each row's keys
-                    FN(mha_gemm_packed)(0, rows, ncols, d->d_k, scale, q_blk, d->q.row, KpT, 0, P, BK);
-                    int any_dead = FN(probs_from_lse)(P, BK, rows, ncols, cols, lse_bh + i0, b, h, i0, j0, d);
-                    // a fully masked row has no output: its d_out (even NaN) must not reach dk, dv
-                    if (any_dead) {
-                        for (int64_t r = 0; r < rows; r++) {
-                            if (lse_bh[i0 + r] == -INFINITY) memset(dO_live + r * d->d_v, 0, (size_t)d->d_v * sizeof(real));
-                            else memcpy(dO_live + r * d->d_v, do_blk + r * d->out.row, (size_t)d->d_v * sizeof(real));
-                        }
-                        do_blk = dO_live;
-                        do_ld = d->d_v;
-                    }
-                    // A = dropout(P);  dv^T += dO^T A
-                    if (d->dropout > 0) FN(dropout_rows)(A, P, BK, rows, ncols, b, h, i0, j0, d);
-                    FN(mha_pack_b_full)(Bp, A, BK, 0, rows, ncols);
-                    FN(mha_gemm_packed)(1, d->d_v, ncols, rows, 1, do_blk, do_ld, Bp, 1, dVt, BK);
-                    // dP = (dO v^T) * Z;  dS = P * (dP - delta)
-                    FN(mha_gemm_packed)(0, rows, ncols, d->d_v, 1, do_blk, do_ld, VpT, 0, D, BK);
-                    if (d->dropout > 0) FN(dropout_rows)(D, D, BK, rows, ncols, b, h, i0, j0, d);
-                    FN(softmax_grad_tile)(D, P, BK, rows, ncols, cols, delta + hh * d->n_q + i0);
-                    // dq += scale * dS k;  dk^T += scale * q^T dS
-                    FN(mha_gemm_packed)(0, rows, d->d_k, cols, scale, D, BK, KpN, 1,
-                                        dq_bh + i0 * d->q.row, d->q.row);
-                    FN(mha_pack_b_full)(Bp, D, BK, 0, rows, ncols);
-                    FN(mha_gemm_packed)(1, d->d_k, ncols, rows, scale, q_blk, d->q.row, Bp, 1, dKt, BK);
-                }
-            }
-            FN(add_transposed)(dk_bg + j0 * d->k.row, d->k.row, dKt, BK, cols, d->d_k);
-            FN(add_transposed)(dv_bg + j0 * d->v.row, d->v.row, dVt, BK, cols, d->d_v);
-        }
-        // fully masked rows: dq exactly 0 (0 * k could be NaN)
-        for (int64_t hh = 0; hh < group; hh++) {
-            const int64_t h = g * group + hh;
-            for (int64_t i = 0; i < d->n_q; i++)
-                if (lse[(b * H + h) * d->n_q + i] == -INFINITY)
-                    memset(AT(dq, d->q, b, h) + i * d->q.row, 0, (size_t)d->d_k * sizeof(real));
-        }
-    }
+    for (int64_t task = 0; task < tasks; task++)
+        FN(backward_task)(dq, dk, dv, d_out, q, k, v, o, o_view, lse, d, task / H_kv, task % H_kv,
+                          (real *)(scratch + (size_t)mha_thread_num() * per_thread), part);
     free(scratch);
     return MHA_OK;
 }
