@@ -249,9 +249,16 @@ static int FN(fused_forward)(real *out, real *lse, const real *q, const real *k,
     const int64_t q_blocks = (d->n_q + BQF - 1) / BQF;
     const double flops = 2.0 * B * H * d->n_q * d->n_k * (double)(d->d_k + d->d_v);
     const int threads = mha_threads_for(flops);
-    /* chunks of query blocks per (b, kv head): enough tasks to balance the threads */
-    const int64_t want = (4 * (int64_t)threads + B * H_kv - 1) / (B * H_kv);
-    const int64_t chunks = MHA_MAX(1, MHA_MIN(q_blocks, threads > 1 ? want : 1));
+    /* chunks of query blocks per (b, kv head): at least 8 tasks per thread where the rows
+     * allow, and a task count the threads divide (25 heads on 2 threads left one thread a
+     * whole task behind). A chunk repacks the key tiles, a cost of d per query row and key
+     * against the 2 (d_k + d_v) FLOPs per row and key of its products. */
+    int64_t chunks = 1;
+    if (threads > 1 && B * H_kv > 0) {
+        chunks = (8 * (int64_t)threads + B * H_kv - 1) / (B * H_kv);
+        while (chunks < q_blocks && B * H_kv * chunks % threads != 0) chunks++;
+        chunks = MHA_MAX(1, MHA_MIN(q_blocks, chunks));
+    }
     const int64_t tasks = B * H_kv * chunks;
     const int64_t chunk_rows = (q_blocks + chunks - 1) / chunks * BQF;
     const int nt = (int)MHA_MIN((int64_t)threads, tasks);
