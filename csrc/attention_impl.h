@@ -158,7 +158,7 @@ static int FN(check_desc)(const mha_attention_desc *d) {
  * tiles in the same order whatever the chunking, so results do not depend on the threads.
  * Scratch per thread: two packed tiles, one block of scores, and m, l of the chunk's rows. */
 #define BK 256
-#define BQF 64
+#define BQF 72 /* query rows per block: 12 micro-tiles of 6 rows (64 ran 11, the last 4/6 full) */
 
 /* The online-softmax step for a block of scores S (rows, cols) of key tile j0: masks, then
  * per row m_new = max(m, max S), alpha = exp(m - m_new), S = exp(S - m_new) (0 where masked,
