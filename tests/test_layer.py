@@ -231,6 +231,24 @@ def test_backward_matches_reference(rng, c, dtype):
                      scale=grad_scale(name, ref.grads))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d_model", [600, 2112], ids=["K-slices", "N-blocks"])
+def test_wide_layer_matches_reference(rng, d_model, dtype):
+    """Widths where the projections' GEMM splits its shared axis (600 > 256: the bias is added
+    in the first slice only) or its columns (2112 > 2048), with the bias in the GEMM's epilogue."""
+    layer, ref = twins(rng, dtype, d_model=d_model, n_heads=4)
+    x = rng.standard_normal((2, 5, d_model)).astype(dtype)
+    out, _ = layer(x, need_weights=False)
+    ref_out, _ = ref(x.astype(np.float64), need_weights=False)
+    assert_close(out, ref_out, TOL[dtype], "out")
+    d_out = rng.standard_normal(out.shape).astype(dtype)
+    (dx, _, _), (ref_dx, _, _) = layer.backward(d_out), ref.backward(d_out.astype(np.float64))
+    assert_close(dx, ref_dx, TOL[dtype], "d_query")
+    for name in ("b_q", "b_o", "W_o"):
+        assert_close(layer.grads[name], ref.grads[name], TOL[dtype], f"grads[{name!r}]",
+                     scale=grad_scale(name, ref.grads))
+
+
 # --- the independent oracle ------------------------------------------------------------------
 
 @pytest.mark.parametrize("impl", [mha, mha.reference], ids=["mha", "reference"])
