@@ -405,13 +405,13 @@ MHA_HOT static void FN(add_transposed)(real *x, int64_t ldx, const real *t, int6
  * log-sum-exp, then
  *   dV_tile^T += dO^T A,   dP = (dO V^T) * Z,   dS = P * (dP - delta),   delta = rowsum(dO * O)
  *   dq_blk    += scale * dS K,   dK_tile^T += scale * q^T dS
- * All five products run on (64 x 256) blocks that stay in the core's caches; dK and dV of a
+ * All five products run on (BQF x BK) blocks that stay in the core's caches; dK and dV of a
  * tile are gathered transposed (so that every product reads its left operand along rows of
- * a small block) and added into dk, dv once per tile. Rows with lse
- * = -inf (fully masked) have no output: their dq is 0 and their dO reaches nothing.
+ * a small block) and added into dk, dv once per tile. Rows with lse = -inf (fully masked)
+ * have no output: their dq is 0 and their dO reaches nothing.
+ * backward_task is one task: every query head of kv head g in batch b, against every key
+ * tile; ws holds the parts that fused_backward sized (part[], in order).
  * o: the forward's output, with view o_view; lse: (B, H, n_q) contiguous. */
-/* One task of the fused backward: every query head of kv head g in batch b, against every
- * key tile. ws holds the parts that fused_backward sized (part[], in order). */
 MHA_HOT static void FN(backward_task)(real *dq, real *dk, real *dv, const real *d_out,
                                       const real *q, const real *k, const real *v,
                                       const real *o, mha_view o_view, const real *lse,

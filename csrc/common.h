@@ -100,8 +100,6 @@ int mha_gemm_bias_f64(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
 /* Pre-packed right operand for many small products on one thread (gemm_impl.h). */
 size_t mha_packed_b_size_f32(int64_t K, int64_t N);
 size_t mha_packed_b_size_f64(int64_t K, int64_t N);
-int mha_packed_b_panel_f32(void);
-int mha_packed_b_panel_f64(void);
 void mha_pack_b_full_f32(float *packed, const float *B, int64_t ldb, int trans_b, int64_t K, int64_t N);
 void mha_pack_b_full_f64(double *packed, const double *B, int64_t ldb, int trans_b, int64_t K, int64_t N);
 void mha_gemm_packed_f32(int trans_a, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,

@@ -15,7 +15,7 @@
 #define KC 256                                 /* shared-axis block (packed panels in L1/L2) */
 #define MC_MAX 144                             /* rows of A per block (multiple of MR)    */
 #define NC 2048                                /* columns of B per block                  */
-#define DIRECT_A_PANELS 8                      /* read A in place when B has <= 4 panels  */
+#define DIRECT_A_PANELS 8                      /* read A in place when B has <= 8 panels  */
 
 typedef real FN(vec) __attribute__((vector_size(VEC_BYTES)));
 #define vreal FN(vec)
@@ -313,9 +313,6 @@ size_t FN(mha_packed_b_size)(int64_t K, int64_t N) {
     return (size_t)MHA_MAX(K, 0) * mha_round_up((size_t)MHA_MAX(N, 0), NR);
 }
 
-/* Columns per packed panel; a tile of B starting at a multiple of this is packed[j0 * K:]. */
-int FN(mha_packed_b_panel)(void) { return NR; }
-
 void FN(mha_pack_b_full)(real *packed, const real *B, int64_t ldb, int trans_b, int64_t K, int64_t N) {
     if (K > 0 && N > 0) FN(pack_b)(packed, B, ldb, trans_b, K, N);
 }
@@ -331,22 +328,27 @@ MHA_HOT void FN(mha_gemm_packed)(int trans_a, int64_t M, int64_t N, int64_t K, r
                             alpha, beta, NULL);
 }
 
-/* C = op(A) @ op(B) + bias on every row (bias may be NULL), threads by the work between two
- * barriers (one KC slice), not by the whole product. */
+/* mha_gemm_ws with its own workspace and threads chosen by the work between two barriers
+ * (one KC slice), not by the whole product. */
+static int FN(gemm_auto)(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, real alpha,
+                         const real *A, int64_t lda, const real *B, int64_t ldb, real beta,
+                         const real *bias, real *C, int64_t ldc) {
+    double slice = 2.0 * (double)M * (double)N * (double)MHA_MIN(K, KC);
+    return FN(mha_gemm_ws)(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, bias, C, ldc,
+                           NULL, mha_threads_for(slice));
+}
+
+/* C = op(A) @ op(B) + bias on every row (bias may be NULL). */
 int FN(mha_gemm_bias)(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, const real *A,
                       int64_t lda, const real *B, int64_t ldb, const real *bias, real *C,
                       int64_t ldc) {
-    double slice = 2.0 * (double)M * (double)N * (double)MHA_MIN(K, KC);
-    return FN(mha_gemm_ws)(trans_a, trans_b, M, N, K, 1, A, lda, B, ldb, 0, bias, C, ldc, NULL,
-                           mha_threads_for(slice));
+    return FN(gemm_auto)(trans_a, trans_b, M, N, K, 1, A, lda, B, ldb, 0, bias, C, ldc);
 }
 
 int FN(mha_gemm)(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, real alpha,
                  const real *A, int64_t lda, const real *B, int64_t ldb, real beta, real *C,
                  int64_t ldc) {
-    double slice = 2.0 * (double)M * (double)N * (double)MHA_MIN(K, KC);
-    return FN(mha_gemm_ws)(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, NULL, C, ldc,
-                           NULL, mha_threads_for(slice));
+    return FN(gemm_auto)(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, NULL, C, ldc);
 }
 
 #undef vreal

@@ -1,9 +1,11 @@
-/* vec.h: the vector helpers of the softmax (max, exp-and-sum, scale), for float and double.
+/* vec.h: the vector helpers of the softmax (max, exp-and-sum, scale) and of transposed
+ * packing (square-block transposes), for float and double.
  *
  * Written with GCC/Clang vector extensions (32-byte vectors: AVX2 in the x86-64-v3 clone,
  * pairs of SSE registers in the baseline one) with a scalar tail. The float exp is a
- * polynomial in base 2 (absolute error < 2e-7 on a softmax weight, exactly 0 for -inf, NaN propagated); the double
- * path uses libm's exp so float64 results stay within 1e-15 of the NumPy reference.
+ * polynomial in base 2 (absolute error < 2e-7 on a softmax weight, exactly 0 for -inf, NaN
+ * propagated); the double path uses libm's exp so float64 results stay within 1e-15 of the
+ * NumPy reference.
  * The exp is only for the softmax's non-positive arguments.
  */
 #ifndef MHA_VEC_H
@@ -131,7 +133,8 @@ static inline __attribute__((always_inline)) void mha_scale_f64(double *x, int64
     for (int64_t j = 0; j < n; j++) x[j] *= a;
 }
 
-/* Transposes of square blocks, for packing a transposed operand (gemm_impl.h's pack_b):
+/* Transposes of square blocks, for packing a transposed operand (gemm_impl.h's pack_b) and
+ * adding transposed tiles back (attention_impl.h's add_transposed):
  * dst[j * ld_dst + i] = src[i * ld_src + j] for an 8 x 8 float or 4 x 4 double block, in
  * registers: three rounds of two-input shuffles (AVX2 unpack, shuffle and lane permutes). */
 typedef double mha_v4d __attribute__((vector_size(32)));
