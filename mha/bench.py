@@ -5,7 +5,7 @@ when torch is installed, with the same thread count), the seeds' NumPy implement
 (`mha.reference`, which runs on NumPy's BLAS), and NumPy's own float32 matmul as the
 machine's practical GEMM ceiling. The implementations compared in a row take turns, each warm
 (`median_times`), so that the machine's load drifts over all of them alike and their ratio is
-not skewed by when each ran; every time is the median over rounds.
+not skewed by when each ran; every time is the median of the calls timed over all rounds.
 
 Cases (float32):
   a  seed 000's shape: batch 16, seq 128, d_model 256, heads 1/4/8/16 (the layer)
@@ -44,16 +44,18 @@ def median_time(fn, repeats=7, warmup=1, min_time=0.0):
     return float(np.median(times))
 
 
-def median_times(fns, repeats=7, settle=0.25):
+def median_times(fns, repeats=7, settle=0.25, measure=0.1):
     """Median wall times (seconds) of several functions timed in turns.
 
     fns: dict name -> function of no arguments. Each round runs every function in turn,
     starting from a different one each round, so that slow and fast spells of a shared machine
     fall on all of them alike. A turn runs the function untimed for at least `settle` seconds
-    (at least once), then once timed: the previous library's idle threads have stopped by then
-    (OpenBLAS's spin for 0.1-0.2 s after a NumPy matmul: an attention call right after one took
-    75-100 ms instead of 49 ms on this benchmark's 2-core machine) and this library runs warm,
-    as in a loop of its own. Returns dict name -> median over `repeats` rounds.
+    (at least once): the previous library's idle threads have stopped by then (OpenBLAS's spin
+    for 0.1-0.2 s after a NumPy matmul: an attention call right after one took 75-100 ms
+    instead of 49 ms on this benchmark's 2-core machine) and this library runs warm, as in a
+    loop of its own. Then it times calls one by one until `measure` seconds have passed (at
+    least one call), so that a 10 ms function gives ten samples a turn, not one.
+    Returns dict name -> median of all the timed calls of that function over `repeats` rounds.
     """
     names = list(fns)
     times = {name: [] for name in names}
@@ -64,7 +66,10 @@ def median_times(fns, repeats=7, settle=0.25):
             fns[name]()
             while time.perf_counter() - start < settle:
                 fns[name]()
+            start = time.perf_counter()
             times[name].append(_timed(fns[name]))
+            while time.perf_counter() - start < measure:
+                times[name].append(_timed(fns[name]))
     return {name: float(np.median(ts)) for name, ts in times.items()}
 
 

@@ -49,10 +49,30 @@ def test_median_times_takes_turns_settles_and_times_the_last_call(monkeypatch):
             clock[0] += costs[name][calls.count(name)]
             calls.append(name)
         return run
-    medians = bench.median_times({"a": fn("a"), "b": fn("b")}, repeats=3, settle=1.5)
+    medians = bench.median_times({"a": fn("a"), "b": fn("b")}, repeats=3, settle=1.5, measure=0.0)
     # rounds start from a different function (a b | b a | a b); a turn calls untimed until 1.5 s
     # have passed (a: 1 + 5 s, b: 1 + 1 s in the first round; one call of >= 2 s after), then
     # once timed
     assert "".join(calls) == "aaa" + "bbb" + "bb" + "aa" + "aa" + "bb"
     # timed: a 2, 3, 6 -> 3; b 7, 3, 4 -> 4
     assert medians == {"a": 3.0, "b": 4.0}
+
+
+def test_median_times_pools_the_calls_of_each_measuring_window(monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
+    calls = []
+    costs = {"a": [3.0, 1.0, 2.0, 4.0, 9.0, 3.0, 1.0, 5.0],
+             "b": [3.0, 10.0, 3.0, 1.0, 1.0, 2.0, 6.0]}
+
+    def fn(name):
+        def run():
+            clock[0] += costs[name][calls.count(name)]
+            calls.append(name)
+        return run
+    medians = bench.median_times({"a": fn("a"), "b": fn("b")}, repeats=2, settle=2.5, measure=3.5)
+    # round 1 (a b): a settles on its 3 s call, then times 1, 2 (3 s < 3.5), 4; b settles on
+    # 3, times 10. Round 2 (b a): b settles on 3, times 1, 1, 2 (4 s); a settles on 9, times 3, 1
+    # (4 s). Pooled medians: a of 1 2 4 3 1 -> 2; b of 10 1 1 2 -> 1.5
+    assert "".join(calls) == "aaaa" + "bb" + "bbbb" + "aaa"
+    assert medians == {"a": 2.0, "b": 1.5}
