@@ -69,7 +69,7 @@ MHA_HOT static void FN(softmax_rows)(real *P, uint8_t *dead, real *lse, int64_t 
     for (int64_t r = 0; r < rows; r++) {
         real *p = P + r * ld;
         const int64_t n_row = FN(mask_row)(p, n_vis, b, h, i0 + r, 0, d);
-        real m = FN(mha_max)(p, n_row); /* NaN propagates */
+        real m = FN(mha_max)(p, n_row); /* NaN reaches the row through the sum */
         dead[r] = m == -INFINITY;
         if (dead[r]) { /* every key masked: the row is 0 */
             memset(p, 0, (size_t)n_vis * sizeof(real));

@@ -43,56 +43,63 @@ typedef int32_t mha_v8i __attribute__((vector_size(32)));
         (out) = (mha_v8f)((mha_v8i)y_ & keep_);                                                 \
     } while (0)
 
-/* acc = max(acc, v) by lanes (v where greater), NaN lanes of v noted in nan. */
-#define MHA_V8_MAX_STEP(acc, v, nan)                                                            \
-    do {                                                                                        \
-        mha_v8i greater_ = (v) > (acc);                                                         \
-        (nan) |= (v) != (v);                                                                    \
-        (acc) = (mha_v8f)(((mha_v8i)(v) & greater_) | ((mha_v8i)(acc) & ~greater_));            \
-    } while (0)
+/* Lanes of v where v > acc, else of acc (x86's max instruction: a NaN in v gives acc). */
+#define MHA_V8_MAX(v, acc)                                                                      \
+    ((mha_v8f)(((mha_v8i)(v) & ((v) > (acc))) | ((mha_v8i)(acc) & ~((v) > (acc)))))
 
-/* The maximum of x[0:n], NaN if any element is NaN, -inf if n == 0. Four accumulators, so
- * the loop is bound by throughput, not by the compare-select latency. */
+/* The largest number in x[0:n] (-inf if n == 0). NaN elements are skipped by the vector
+ * loop (one max instruction per 8 scores, where tracking them cost five more); the softmax
+ * still propagates them, since exp(NaN - max) makes its row sum NaN. Only a row whose other
+ * elements are all -inf would lose them (it would look fully masked): for a result of -inf
+ * the row is scanned for NaN, and NaN is returned if it holds one. */
 static inline __attribute__((always_inline)) float mha_max_f32(const float *x, int64_t n) {
     mha_v8f vmax[4], v;
-    mha_v8i vnan = {0};
     for (int a = 0; a < 4; a++) vmax[a] = (mha_v8f){0} - INFINITY;
     int64_t j = 0;
     for (; j + 32 <= n; j += 32)
         for (int a = 0; a < 4; a++) {
             MHA_V8_LOAD(v, x + j + 8 * a);
-            MHA_V8_MAX_STEP(vmax[a], v, vnan);
+            vmax[a] = MHA_V8_MAX(v, vmax[a]);
         }
     for (; j + 8 <= n; j += 8) {
         MHA_V8_LOAD(v, x + j);
-        MHA_V8_MAX_STEP(vmax[0], v, vnan);
+        vmax[0] = MHA_V8_MAX(v, vmax[0]);
     }
+    for (int a = 1; a < 4; a++) vmax[0] = MHA_V8_MAX(vmax[a], vmax[0]);
     float m = -INFINITY;
-    int nan = 0;
-    for (int a = 0; a < 4; a++)
-        for (int i = 0; i < 8; i++) m = vmax[a][i] > m ? vmax[a][i] : m;
-    for (int i = 0; i < 8; i++) nan |= vnan[i] != 0;
-    for (; j < n; j++) {
-        m = x[j] > m ? x[j] : m;
-        nan |= x[j] != x[j];
-    }
-    return nan ? NAN : m;
+    for (int i = 0; i < 8; i++) m = vmax[0][i] > m ? vmax[0][i] : m;
+    for (; j < n; j++) m = x[j] > m ? x[j] : m;
+    if (m == -INFINITY)
+        for (j = 0; j < n; j++)
+            if (x[j] != x[j]) return NAN;
+    return m;
 }
 
 static inline __attribute__((always_inline)) double mha_max_f64(const double *x, int64_t n) {
     double m = -INFINITY;
-    int nan = 0;
-    for (int64_t j = 0; j < n; j++) {
-        m = x[j] > m ? x[j] : m;
-        nan |= x[j] != x[j];
-    }
-    return nan ? NAN : m;
+    for (int64_t j = 0; j < n; j++) m = x[j] > m ? x[j] : m;
+    if (m == -INFINITY)
+        for (int64_t j = 0; j < n; j++)
+            if (x[j] != x[j]) return NAN;
+    return m;
 }
 
 /* x[j] = exp(x[j] - shift) for j < n, where shift >= every x[j] (or NaN); returns the sum. */
 static inline __attribute__((always_inline)) float mha_exp_sum_f32(float *x, int64_t n, float shift) {
-    mha_v8f acc = {0};
+    mha_v8f acc = {0}, acc1 = {0};
     int64_t j = 0;
+    for (; j + 16 <= n; j += 16) { /* two vectors a step: half the loop overhead */
+        mha_v8f v, e, v1, e1;
+        MHA_V8_LOAD(v, x + j);
+        MHA_V8_LOAD(v1, x + j + 8);
+        MHA_V8_EXP_NONPOS(e, v - shift);
+        MHA_V8_EXP_NONPOS(e1, v1 - shift);
+        MHA_V8_STORE(x + j, e);
+        MHA_V8_STORE(x + j + 8, e1);
+        acc += e;
+        acc1 += e1;
+    }
+    acc += acc1;
     for (; j + 8 <= n; j += 8) {
         mha_v8f v, e;
         MHA_V8_LOAD(v, x + j);

@@ -650,3 +650,25 @@ def test_backward_saved_state_errors():
         mha.attention_backward(out, q, k, v, out=out[:, :, :3], lse=lse)
     with pytest.raises(TypeError, match="lse"):
         mha.attention_backward(out, q, k, v, out=out, lse="x")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("need_weights", [True, False])
+@pytest.mark.parametrize("n_k, at", [(70, 45), (300, 290)])   # vector loop and tail; second key tile
+def test_one_nan_score_reaches_its_row_only(rng, dtype, need_weights, n_k, at):
+    # the softmax's row max skips NaN (the NaN reaches the row through exp and the row sum);
+    # a row whose other scores are all masked must still come out NaN, not as a dead row of 0
+    q = rng.standard_normal((4, 8)).astype(dtype)
+    k, v = (rng.standard_normal((n_k, 8)).astype(dtype) for _ in range(2))
+    mask = np.zeros((4, n_k), dtype)
+    mask[1, at] = np.nan                       # one NaN score among finite ones
+    mask[2, :] = -np.inf
+    mask[2, at] = np.nan                       # NaN, everything else masked
+    mask[3, :] = -np.inf                       # fully masked: a dead row, exactly 0
+    out, w = mha.attention(q, k, v, mask=mask, need_weights=need_weights)
+    clean, _ = mha.attention(q[:1], k, v)
+    assert np.isnan(out[1]).all() and np.isnan(out[2]).all()
+    assert (out[3] == 0).all()
+    assert_close(out[0], clean[0], 1e-12 if dtype == np.float64 else 1e-6, "row without NaN")
+    if need_weights:
+        assert np.isnan(w[1]).all() and np.isnan(w[2]).all() and (w[3] == 0).all()
