@@ -48,7 +48,7 @@ typedef int32_t mha_v8i __attribute__((vector_size(32)));
     ((mha_v8f)(((mha_v8i)(v) & ((v) > (acc))) | ((mha_v8i)(acc) & ~((v) > (acc)))))
 
 /* The largest number in x[0:n] (-inf if n == 0). NaN elements are skipped by the vector
- * loop (one max instruction per 8 scores, where tracking them cost five more); the softmax
+ * loop (a compare and a blend per 8 scores, where tracking them took four more); the softmax
  * still propagates them, since exp(NaN - max) makes its row sum NaN. Only a row whose other
  * elements are all -inf would lose them (it would look fully masked): for a result of -inf
  * the row is scanned for NaN, and NaN is returned if it holds one. */
