@@ -42,12 +42,18 @@ static int64_t FN(gemm_kc)(int64_t K) {
     return K <= KC_ONE_SLICE ? K : KC;
 }
 
-size_t FN(mha_gemm_workspace)(int64_t M, int64_t N, int64_t K, int threads) {
+/* Elements of the workspace's parts: packed B (one KC x NC block), then packed A (one
+ * mc x KC block) per thread, each starting on a cache line. */
+static void FN(gemm_parts)(int64_t N, int64_t K, int64_t mc, size_t *b_elems, size_t *a_elems) {
     size_t kc = (size_t)MHA_MAX(1, FN(gemm_kc)(K));
     size_t nc = mha_round_up((size_t)MHA_MAX(1, MHA_MIN(N, NC)), NR);
-    size_t mc = (size_t)FN(gemm_mc)(M, threads);
-    size_t b_elems = mha_round_up(kc * nc, MHA_CACHE_LINE);
-    size_t a_elems = mha_round_up(kc * mc, MHA_CACHE_LINE);
+    *b_elems = mha_round_up(kc * nc, MHA_CACHE_LINE);
+    *a_elems = mha_round_up(kc * (size_t)mc, MHA_CACHE_LINE);
+}
+
+size_t FN(mha_gemm_workspace)(int64_t M, int64_t N, int64_t K, int threads) {
+    size_t b_elems, a_elems;
+    FN(gemm_parts)(N, K, FN(gemm_mc)(M, threads), &b_elems, &a_elems);
     return (b_elems + (size_t)threads * a_elems) * sizeof(real);
 }
 
@@ -260,10 +266,8 @@ int FN(mha_gemm_ws)(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, r
         workspace = owned;
     }
     const int64_t kc_block = FN(gemm_kc)(K);
-    const size_t kc_max = (size_t)kc_block;
-    const size_t b_elems = mha_round_up(kc_max * mha_round_up((size_t)MHA_MIN(N, NC), NR),
-                                        MHA_CACHE_LINE);
-    const size_t a_elems = mha_round_up(kc_max * (size_t)mc_block, MHA_CACHE_LINE);
+    size_t b_elems, a_elems;
+    FN(gemm_parts)(N, K, mc_block, &b_elems, &a_elems);
     real *b_pack = workspace;
 
     /* One parallel region for the whole product: the threads pack B's panels together, wait,

@@ -36,20 +36,26 @@ def test_bad_cases_option_exits_with_a_message(capsys):
     assert "--cases" in capsys.readouterr().err
 
 
-def test_median_times_takes_turns_settles_and_times_the_last_call(monkeypatch):
-    # a fake clock: each call of a function advances it by that function's cost, so the timed
-    # durations are exact and the test does not depend on the machine's speed
+def fake_functions(monkeypatch, costs):
+    """A fake clock for bench.time.perf_counter and a function per name of `costs`: its k-th
+    call advances the clock by costs[name][k], so the timed durations are exact and the tests do
+    not depend on the machine's speed. Returns (functions by name, the names in call order)."""
     clock = [0.0]
     monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
     calls = []
-    costs = {"a": [1.0, 5.0, 2.0, 9.0, 3.0, 4.0, 6.0], "b": [1.0, 1.0, 7.0, 2.0, 3.0, 2.0, 4.0]}
 
     def fn(name):
         def run():
             clock[0] += costs[name][calls.count(name)]
             calls.append(name)
         return run
-    medians = bench.median_times({"a": fn("a"), "b": fn("b")}, repeats=3, settle=1.5, measure=0.0)
+    return {name: fn(name) for name in costs}, calls
+
+
+def test_median_times_takes_turns_settles_and_times_the_last_call(monkeypatch):
+    fns, calls = fake_functions(monkeypatch, {"a": [1.0, 5.0, 2.0, 9.0, 3.0, 4.0, 6.0],
+                                              "b": [1.0, 1.0, 7.0, 2.0, 3.0, 2.0, 4.0]})
+    medians = bench.median_times(fns, repeats=3, settle=1.5, measure=0.0)
     # rounds start from a different function (a b | b a | a b); a turn calls untimed until 1.5 s
     # have passed (a: 1 + 5 s, b: 1 + 1 s in the first round; one call of >= 2 s after), then
     # once timed
@@ -59,18 +65,9 @@ def test_median_times_takes_turns_settles_and_times_the_last_call(monkeypatch):
 
 
 def test_median_times_pools_the_calls_of_each_measuring_window(monkeypatch):
-    clock = [0.0]
-    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
-    calls = []
-    costs = {"a": [3.0, 1.0, 2.0, 4.0, 9.0, 3.0, 1.0, 5.0],
-             "b": [3.0, 10.0, 3.0, 1.0, 1.0, 2.0, 6.0]}
-
-    def fn(name):
-        def run():
-            clock[0] += costs[name][calls.count(name)]
-            calls.append(name)
-        return run
-    medians = bench.median_times({"a": fn("a"), "b": fn("b")}, repeats=2, settle=2.5, measure=3.5)
+    fns, calls = fake_functions(monkeypatch, {"a": [3.0, 1.0, 2.0, 4.0, 9.0, 3.0, 1.0, 5.0],
+                                              "b": [3.0, 10.0, 3.0, 1.0, 1.0, 2.0, 6.0]})
+    medians = bench.median_times(fns, repeats=2, settle=2.5, measure=3.5)
     # round 1 (a b): a settles on its 3 s call, then times 1, 2 (3 s < 3.5), 4; b settles on
     # 3, times 10. Round 2 (b a): b settles on 3, times 1, 1, 2 (4 s); a settles on 9, times 3, 1
     # (4 s). Pooled medians: a of 1 2 4 3 1 -> 2; b of 10 1 1 2 -> 1.5

@@ -378,13 +378,13 @@ def test_layer_matches_reference(p):
     # leaves b_o and head_mask the only nonzero gradients, and 64 rows of d_out summed to 0.0085
     # carried 2e-6 of float32 rounding (a hypothesis case). Each is judged against the same sum
     # over the magnitudes of its terms, the scale its rounding error is proportional to.
-    d_out64 = np.abs(d_out.astype(np.float64)).reshape(-1, layer.d_model)   # (B*n_q, d_model)
-    C = np.abs(twin._saved["C"]).reshape(d_out64.shape[0], -1)              # (B*n_q, H*D)
+    d_rows = d_out.astype(np.float64).reshape(-1, layer.d_model)            # (B*n_q, d_model)
+    abs_C = np.abs(twin._saved["C"]).reshape(d_rows.shape[0], -1)           # (B*n_q, H*D)
     O = twin._saved["O"]                                                    # (B, H, n_q, D)
-    dconcat = d_out.astype(np.float64).reshape(-1, n_q, layer.d_model) @ twin.params["W_o"].T
-    terms = np.abs(dconcat.reshape(O.shape[0], n_q, H, -1).transpose(0, 2, 1, 3) * O)
-    sum_scale = {"b_o": d_out64.sum(axis=0).max(initial=0.0),
-                 "W_o": (C.T @ d_out64).max(initial=0.0),
+    dconcat = (d_rows @ twin.params["W_o"].T).reshape(O.shape[0], n_q, H, -1)
+    terms = np.abs(dconcat.transpose(0, 2, 1, 3) * O)
+    sum_scale = {"b_o": np.abs(d_rows).sum(axis=0).max(initial=0.0),
+                 "W_o": (abs_C.T @ np.abs(d_rows)).max(initial=0.0),
                  "head_mask": terms.sum(axis=(0, 2, 3)).max(initial=0.0)}
     for name in layer.grads:
         scale = common or (np.abs(twin.grads["W_k"]).max() if name == "b_k" else None)  # b_k's is 0 exactly
