@@ -97,6 +97,17 @@ int mha_gemm_bias_f64(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
                       int64_t lda, const double *B, int64_t ldb, const double *bias, double *C,
                       int64_t ldc);
 
+/* Products that share their left operand: C = op(A) @ B + bias (bias may be NULL) for each
+ * of up to 3 outputs, B (K x N) row-major with row stride ldb, A packed once per block of rows
+ * (gemm_impl.h; the layer's Q, K and V projections of one input). Each output is bitwise what
+ * mha_gemm_bias gives it alone. */
+typedef struct { const float *B; int64_t ldb; const float *bias; float *C; int64_t ldc, N; } mha_gemm_out_f32;
+typedef struct { const double *B; int64_t ldb; const double *bias; double *C; int64_t ldc, N; } mha_gemm_out_f64;
+int mha_gemm_shared_a_f32(int64_t M, int64_t K, const float *A, int64_t lda,
+                          const mha_gemm_out_f32 *outs, int n_out);
+int mha_gemm_shared_a_f64(int64_t M, int64_t K, const double *A, int64_t lda,
+                          const mha_gemm_out_f64 *outs, int n_out);
+
 /* Pre-packed right operand for many small products on one thread (gemm_impl.h). */
 size_t mha_packed_b_size_f32(int64_t K, int64_t N);
 size_t mha_packed_b_size_f64(int64_t K, int64_t N);

@@ -241,33 +241,64 @@ static void FN(scale_c)(int64_t M, int64_t N, real beta, const real *bias, real 
             C[i * ldc + j] = (beta == 0 ? 0 : beta * C[i * ldc + j]) + (bias ? bias[j] : 0);
 }
 
-int FN(mha_gemm_ws)(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, real alpha,
-                    const real *A, int64_t lda, const real *B, int64_t ldb, real beta,
-                    const real *bias, real *C, int64_t ldc, real *workspace, int threads) {
-    if (M <= 0 || N <= 0) return MHA_OK;
-    if (K <= 0 || alpha == 0) { FN(scale_c)(M, N, beta, bias, C, ldc); return MHA_OK; }
-    if ((double)M * (double)N * (double)K <= SMALL_GEMM_MNK) {
-        FN(gemm_small)(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-        if (bias) FN(scale_c)(M, N, 1, bias, C, ldc);
+/* Panels of NR columns: the outputs' columns side by side, each output padded to whole panels.
+ * first[o] is output o's first panel, first[n_out] the total. */
+#define GEMM_MAX_OUTS 3
+static int64_t FN(gemm_panels)(const FN(mha_gemm_out) *outs, int n_out, int64_t first[GEMM_MAX_OUTS + 1]) {
+    first[0] = 0;
+    for (int o = 0; o < n_out; o++) first[o + 1] = first[o] + (MHA_MAX(outs[o].N, 0) + NR - 1) / NR;
+    return first[n_out];
+}
+
+/* The products of several outputs with one A (at most GEMM_MAX_OUTS), in one parallel region:
+ * each block of A is packed once and multiplied into every output's B (the layer's Q, K and V
+ * projections of one input). Panel by panel the arithmetic is that of one product, so each
+ * output is bitwise what its own mha_gemm_ws call gives. */
+static int FN(gemm_shared_a)(int trans_a, int trans_b, int64_t M, int64_t K, real alpha,
+                             const real *A, int64_t lda, real beta, const FN(mha_gemm_out) *outs,
+                             int n_out, real *workspace, int threads) {
+    int64_t first[GEMM_MAX_OUTS + 1];
+    const int64_t P = FN(gemm_panels)(outs, n_out, first);
+    if (M <= 0 || P == 0) return MHA_OK;
+    if (K <= 0 || alpha == 0) {
+        for (int o = 0; o < n_out; o++)
+            FN(scale_c)(M, outs[o].N, beta, outs[o].bias, outs[o].C, outs[o].ldc);
+        return MHA_OK;
+    }
+    int small = 0; /* an output too small to repay packing takes its own path */
+    for (int o = 0; o < n_out; o++)
+        small |= outs[o].N > 0 && (double)M * (double)outs[o].N * (double)K <= SMALL_GEMM_MNK;
+    if (small) {
+        for (int o = 0; o < n_out; o++) {
+            const FN(mha_gemm_out) *u = &outs[o];
+            if ((double)M * (double)u->N * (double)K > SMALL_GEMM_MNK) {
+                int err = FN(gemm_shared_a)(trans_a, trans_b, M, K, alpha, A, lda, beta, u, 1,
+                                            workspace, threads);
+                if (err) return err;
+                continue;
+            }
+            FN(gemm_small)(trans_a, trans_b, M, u->N, K, alpha, A, lda, u->B, u->ldb, beta, u->C, u->ldc);
+            if (u->bias) FN(scale_c)(M, u->N, 1, u->bias, u->C, u->ldc);
+        }
         return MHA_OK;
     }
     if (threads < 1) threads = 1;
     const int64_t mc_block = FN(gemm_mc)(M, threads);
     const int64_t m_blocks = (M + mc_block - 1) / mc_block;
-    /* Tasks are (row block, column chunk): with fewer row blocks than threads (short, wide
-     * products such as the weight gradients), the columns are split too. */
+    /* Tasks are (row block, panel chunk): with fewer row blocks than threads (short, wide
+     * products such as the weight gradients), the panels are split too. */
     const int64_t n_chunks = m_blocks >= threads ? 1 : (threads + m_blocks - 1) / m_blocks;
     const int64_t tasks = m_blocks * n_chunks;
     if (threads > tasks) threads = (int)tasks;
     real *owned = NULL;
     if (!workspace) {
-        owned = mha_alloc(FN(mha_gemm_workspace)(M, N, K, threads));
+        owned = mha_alloc(FN(mha_gemm_workspace)(M, P * NR, K, threads));
         if (!owned) return MHA_ENOMEM;
         workspace = owned;
     }
-    const int64_t kc_block = FN(gemm_kc)(K);
+    const int64_t kc_block = FN(gemm_kc)(K), nc_panels = NC / NR;
     size_t b_elems, a_elems;
-    FN(gemm_parts)(N, K, mc_block, &b_elems, &a_elems);
+    FN(gemm_parts)(P * NR, K, mc_block, &b_elems, &a_elems);
     real *b_pack = workspace;
 
     /* One parallel region for the whole product: the threads pack B's panels together, wait,
@@ -278,19 +309,21 @@ int FN(mha_gemm_ws)(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, r
     {
         const int t = mha_thread_num();
         real *a_pack = workspace + b_elems + (size_t)t * a_elems;
-        for (int64_t jc = 0; jc < N; jc += NC) {
-            const int64_t nc = MHA_MIN(NC, N - jc), panels = (nc + NR - 1) / NR;
+        for (int64_t q0 = 0; q0 < P; q0 += nc_panels) { /* panels [q0, q0 + panels) */
+            const int64_t panels = MHA_MIN(nc_panels, P - q0);
             for (int64_t pc = 0; pc < K; pc += kc_block) {
                 const int64_t kc = MHA_MIN(kc_block, K - pc);
                 const real beta_block = pc == 0 ? beta : 1;
-                const real *bias_block = pc == 0 && bias ? bias + jc : NULL;
 #ifdef _OPENMP
 #pragma omp for schedule(dynamic, 1)
 #endif
                 for (int64_t panel = 0; panel < panels; panel++) {
-                    const int64_t j0 = panel * NR;
-                    const real *b = trans_b ? B + (jc + j0) * ldb + pc : B + pc * ldb + jc + j0;
-                    FN(pack_b)(b_pack + j0 * kc, b, ldb, trans_b, kc, MHA_MIN(NR, nc - j0));
+                    int o = 0;
+                    while (q0 + panel >= first[o + 1]) o++;
+                    const FN(mha_gemm_out) *u = &outs[o];
+                    const int64_t j0 = (q0 + panel - first[o]) * NR;
+                    const real *b = trans_b ? u->B + j0 * u->ldb + pc : u->B + pc * u->ldb + j0;
+                    FN(pack_b)(b_pack + panel * NR * kc, b, u->ldb, trans_b, kc, MHA_MIN(NR, u->N - j0));
                 } /* implied barrier: B is packed */
 #ifdef _OPENMP
 #pragma omp for schedule(dynamic, 1)
@@ -298,20 +331,26 @@ int FN(mha_gemm_ws)(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, r
                 for (int64_t task = 0; task < tasks; task++) {
                     const int64_t blk = task / n_chunks, chunk = task % n_chunks;
                     const int64_t ic = blk * mc_block, mc = MHA_MIN(mc_block, M - ic);
-                    const int64_t p0 = panels * chunk / n_chunks, p1 = panels * (chunk + 1) / n_chunks;
+                    const int64_t p0 = q0 + panels * chunk / n_chunks;
+                    const int64_t p1 = q0 + panels * (chunk + 1) / n_chunks;
                     if (p0 == p1) continue;
                     const real *a = trans_a ? A + pc * lda + ic : A + ic * lda + pc;
-                    const int64_t cols = MHA_MIN(nc, p1 * NR) - p0 * NR;
-                    real *c = C + ic * ldc + jc + p0 * NR;
-                    const real *bias_c = bias_block ? bias_block + p0 * NR : NULL;
-                    if (p1 - p0 <= DIRECT_A_PANELS) {
-                        FN(macro_kernel_direct)(mc, cols, kc, a, trans_a ? 1 : lda, trans_a ? lda : 1,
-                                                b_pack + p0 * NR * kc, c, ldc, alpha, beta_block,
-                                                bias_c);
-                    } else {
-                        FN(pack_a)(a_pack, a, lda, trans_a, mc, kc);
-                        FN(macro_kernel)(mc, cols, kc, a_pack, b_pack + p0 * NR * kc, c, ldc,
-                                         alpha, beta_block, bias_c);
+                    const int direct = p1 - p0 <= DIRECT_A_PANELS;
+                    if (!direct) FN(pack_a)(a_pack, a, lda, trans_a, mc, kc);
+                    for (int o = 0; o < n_out; o++) { /* the outputs' panels in [p0, p1) */
+                        const int64_t s0 = MHA_MAX(p0, first[o]), s1 = MHA_MIN(p1, first[o + 1]);
+                        if (s0 >= s1) continue;
+                        const FN(mha_gemm_out) *u = &outs[o];
+                        const int64_t j0 = (s0 - first[o]) * NR;
+                        const int64_t cols = MHA_MIN(u->N, (s1 - first[o]) * NR) - j0;
+                        real *c = u->C + ic * u->ldc + j0;
+                        const real *bias_c = pc == 0 && u->bias ? u->bias + j0 : NULL;
+                        const real *bp = b_pack + (s0 - q0) * NR * kc;
+                        if (direct)
+                            FN(macro_kernel_direct)(mc, cols, kc, a, trans_a ? 1 : lda, trans_a ? lda : 1,
+                                                    bp, c, u->ldc, alpha, beta_block, bias_c);
+                        else
+                            FN(macro_kernel)(mc, cols, kc, a_pack, bp, c, u->ldc, alpha, beta_block, bias_c);
                     }
                 } /* implied barrier: b_pack may be overwritten */
             }
@@ -319,6 +358,22 @@ int FN(mha_gemm_ws)(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, r
     }
     free(owned);
     return MHA_OK;
+}
+
+int FN(mha_gemm_ws)(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, real alpha,
+                    const real *A, int64_t lda, const real *B, int64_t ldb, real beta,
+                    const real *bias, real *C, int64_t ldc, real *workspace, int threads) {
+    const FN(mha_gemm_out) out = {B, ldb, bias, C, ldc, N};
+    return FN(gemm_shared_a)(trans_a, trans_b, M, K, alpha, A, lda, beta, &out, 1, workspace, threads);
+}
+
+int FN(mha_gemm_shared_a)(int64_t M, int64_t K, const real *A, int64_t lda,
+                          const FN(mha_gemm_out) *outs, int n_out) {
+    if (n_out < 1 || n_out > GEMM_MAX_OUTS) return MHA_EINVAL;
+    int64_t first[GEMM_MAX_OUTS + 1];
+    const int64_t P = FN(gemm_panels)(outs, n_out, first);
+    const double slice = 2.0 * (double)M * (double)(P * NR) * (double)FN(gemm_kc)(K);
+    return FN(gemm_shared_a)(0, 0, M, K, 1, A, lda, 0, outs, n_out, NULL, mha_threads_for(slice));
 }
 
 /* Pre-packed B, for attention's tiles: op(B) (K x N) packed once into NR-column panels with
@@ -378,3 +433,4 @@ int FN(mha_gemm)(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, real
 #undef NC
 #undef DIRECT_A_PANELS
 #undef SMALL_GEMM_MNK
+#undef GEMM_MAX_OUTS

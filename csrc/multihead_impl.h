@@ -72,16 +72,26 @@ int FN(mha_layer_forward)(real *out, real *weights, real *q_proj, real *k_proj, 
     const int64_t B = m->batch, E_q = m->heads * m->d_head, E_kv = m->kv_heads * m->d_head;
     const int64_t kv_batch = m->kv_batch_stride * E_kv, kv_first = m->kv_row_offset * E_kv;
     int err;
-    // 1. projections: Q = x_q W_q + b_q; new rows of K and V
-    if ((err = FN(project)(q_proj, m->n_q * E_q, E_q, x_q, m->n_q * m->d_model, B, m->n_q,
-                           m->d_model, p->W_q, p->b_q, E_q)))
-        return err;
-    if ((err = FN(project)(k_proj + kv_first, kv_batch, E_kv, x_k, m->n_new * m->kdim, B,
-                           m->n_new, m->kdim, p->W_k, p->b_k, E_kv)))
-        return err;
-    if ((err = FN(project)(v_proj + kv_first, kv_batch, E_kv, x_v, m->n_new * m->vdim, B,
-                           m->n_new, m->vdim, p->W_v, p->b_v, E_kv)))
-        return err;
+    // 1. projections: Q = x_q W_q + b_q; new rows of K and V. Self-attention without a cache
+    //    (one input, K and V rows contiguous over the batch) runs them as one product whose
+    //    blocks of x are packed once for the three.
+    if (x_k == x_q && x_v == x_q && m->kdim == m->d_model && m->vdim == m->d_model &&
+        m->n_new == m->n_q && m->kv_batch_stride == m->n_new && kv_first == 0) {
+        const FN(mha_gemm_out) qkv[3] = {{p->W_q, E_q, p->b_q, q_proj, E_q, E_q},
+                                         {p->W_k, E_kv, p->b_k, k_proj, E_kv, E_kv},
+                                         {p->W_v, E_kv, p->b_v, v_proj, E_kv, E_kv}};
+        if ((err = FN(mha_gemm_shared_a)(B * m->n_q, m->d_model, x_q, m->d_model, qkv, 3))) return err;
+    } else {
+        if ((err = FN(project)(q_proj, m->n_q * E_q, E_q, x_q, m->n_q * m->d_model, B, m->n_q,
+                               m->d_model, p->W_q, p->b_q, E_q)))
+            return err;
+        if ((err = FN(project)(k_proj + kv_first, kv_batch, E_kv, x_k, m->n_new * m->kdim, B,
+                               m->n_new, m->kdim, p->W_k, p->b_k, E_kv)))
+            return err;
+        if ((err = FN(project)(v_proj + kv_first, kv_batch, E_kv, x_v, m->n_new * m->vdim, B,
+                               m->n_new, m->vdim, p->W_v, p->b_v, E_kv)))
+            return err;
+    }
     // 2. attention of every head, written into attn (B, n_q, H*d_head)
     mha_attention_desc d = FN(layer_attention_desc)(m, opts);
     if ((err = FN(mha_attention_forward_lse)(attn, weights, lse, q_proj, k_proj, v_proj, &d))) return err;

@@ -1,15 +1,17 @@
 /* test_core.c: the C core on its own, no Python. `make -C csrc test` (and `make asan`).
  *
  * Each fast kernel is held to a naive twin written here in the plainest loops: the GEMM in all
- * four transpose combinations, attention forward with every mask kind, causal, GQA and
- * dropout, its backward against central finite differences (float64), the layer against
- * projections + attention composed by hand, and fully masked rows giving 0.
+ * four transpose combinations (and products sharing A, bitwise against single products),
+ * attention forward with every mask kind, causal, GQA and dropout, its backward against
+ * central finite differences (float64), the layer against projections + attention composed by
+ * hand, and fully masked rows giving 0.
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common.h"
 #include "mha.h"
 
 static int failures = 0, checks = 0;
@@ -80,6 +82,47 @@ static void test_gemm(void) {
                 expect(err32 <= 1e-5 * K, what, err32, 1e-5 * K);
                 free(A), free(B), free(C), free(R), free(Af), free(Bf), free(Cf);
             }
+}
+
+/* Products sharing their left operand (the layer's fused Q, K, V projections): each output
+ * bitwise equal to its own mha_gemm_bias call, its row padding (ldc > N) untouched. Shapes
+ * cover whole and ragged panels, A packed and read in place, a shared axis in three slices,
+ * one row block whose panels two threads split inside an output, an empty output, and
+ * outputs small enough for the unpacked path. */
+static void test_gemm_shared_a(void) {
+    const int64_t shapes[][5] = {/* M, K, N0, N1, N2 */
+                                 {300, 40, 256, 64, 64}, {130, 513, 21, 0, 48}, {6, 300, 24, 70, 50},
+                                 {2000, 64, 16, 16, 40}, {12, 8, 5, 300, 16}, {7, 3, 2, 2, 2}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int64_t M = shapes[s][0], K = shapes[s][1], pad = 3;
+        float *A = malloc(M * K * sizeof *A);
+        for (int64_t i = 0; i < M * K; i++) A[i] = (float)randn();
+        mha_gemm_out_f32 outs[3];
+        float *want[3], *biases[3];
+        for (int o = 0; o < 3; o++) {
+            const int64_t N = shapes[s][2 + o], ldc = N + pad;
+            float *B = malloc((K * N + 1) * sizeof *B), *bias = biases[o] = malloc((N + 1) * sizeof *bias);
+            float *C = malloc((M * ldc + 1) * sizeof *C);
+            want[o] = malloc((M * ldc + 1) * sizeof *C);
+            for (int64_t i = 0; i < K * N; i++) B[i] = (float)randn();
+            for (int64_t i = 0; i < N; i++) bias[i] = (float)randn();
+            for (int64_t i = 0; i < M * ldc; i++) C[i] = want[o][i] = (float)randn(); /* the padding */
+            outs[o] = (mha_gemm_out_f32){B, N, o == 1 ? NULL : bias, C, ldc, N};
+            mha_gemm_bias_f32(0, 0, M, N, K, A, K, B, N, o == 1 ? NULL : bias, want[o], ldc);
+        }
+        int err = mha_gemm_shared_a_f32(M, K, A, K, outs, 3);
+        for (int o = 0; o < 3; o++) {
+            char what[96];
+            const size_t n = (size_t)(M * outs[o].ldc);
+            size_t differ = 0; /* elements not bitwise equal */
+            for (size_t i = 0; i < n; i++) differ += memcmp(outs[o].C + i, want[o] + i, sizeof(float)) != 0;
+            snprintf(what, sizeof what, "gemm shared A %lldx%lld, output %d of width %lld (core error %d; elements differing)",
+                     (long long)M, (long long)K, o, (long long)outs[o].N, err);
+            expect(!err && differ == 0, what, (double)differ, 0);
+            free((void *)outs[o].B), free(biases[o]), free(outs[o].C), free(want[o]);
+        }
+        free(A);
+    }
 }
 
 /* ---- attention: the naive twin --------------------------------------------------------------- */
@@ -350,6 +393,7 @@ static void test_dropout_rng(void) {
 int main(void) {
     printf("%s, %d threads\n", mha_build_info(), mha_get_num_threads());
     test_gemm();
+    test_gemm_shared_a();
     const attention_case cases[] = {
         {1, 1, 1, 5, 7, 4, 3, 0, 0, 0},   {2, 4, 2, 9, 9, 5, 6, 1, 0, 0},
         {2, 2, 1, 6, 3, 8, 8, 1, 1, 0},   {1, 3, 3, 70, 33, 17, 9, 0, 1, 0},
