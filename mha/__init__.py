@@ -14,8 +14,8 @@ import os as _os
 # OpenMP threads that finish their share spin briefly, then sleep (GOMP_SPINCOUNT=3000: an idle
 # thread then spends 0.1 ms of CPU per parallel region on the benchmark's 2-core machine,
 # against 35 us when it sleeps at once). That bridges the short gaps between the parallel
-# regions and barriers of one call (a layer forward has five regions and about a dozen
-# barriers; waking a sleeping thread cost ~90 us a region there), and it is short enough not
+# regions and barriers of one call (a layer forward has three regions, most with barriers
+# inside; waking a sleeping thread cost ~90 us a region there), and it is short enough not
 # to starve NumPy's own BLAS threads between calls, which libgomp's default spin (300,000) did
 # (MiniLM encoding 2-3x slower). Set before the extension loads the OpenMP runtime; a value the
 # user set (OMP_WAIT_POLICY or GOMP_SPINCOUNT) wins.
