@@ -265,21 +265,22 @@ static int FN(gemm_shared_a)(int trans_a, int trans_b, int64_t M, int64_t K, rea
             FN(scale_c)(M, outs[o].N, beta, outs[o].bias, outs[o].C, outs[o].ldc);
         return MHA_OK;
     }
-    int small = 0; /* an output too small to repay packing takes its own path */
+    /* products too small to repay packing: plain loops, one output at a time */
+    int small = 0;
     for (int o = 0; o < n_out; o++)
         small |= outs[o].N > 0 && (double)M * (double)outs[o].N * (double)K <= SMALL_GEMM_MNK;
-    if (small) {
+    if (small && n_out > 1) {
         for (int o = 0; o < n_out; o++) {
-            const FN(mha_gemm_out) *u = &outs[o];
-            if ((double)M * (double)u->N * (double)K > SMALL_GEMM_MNK) {
-                int err = FN(gemm_shared_a)(trans_a, trans_b, M, K, alpha, A, lda, beta, u, 1,
-                                            workspace, threads);
-                if (err) return err;
-                continue;
-            }
-            FN(gemm_small)(trans_a, trans_b, M, u->N, K, alpha, A, lda, u->B, u->ldb, beta, u->C, u->ldc);
-            if (u->bias) FN(scale_c)(M, u->N, 1, u->bias, u->C, u->ldc);
+            int err = FN(gemm_shared_a)(trans_a, trans_b, M, K, alpha, A, lda, beta, &outs[o], 1,
+                                        workspace, threads);
+            if (err) return err;
         }
+        return MHA_OK;
+    }
+    if (small) {
+        FN(gemm_small)(trans_a, trans_b, M, outs->N, K, alpha, A, lda, outs->B, outs->ldb, beta,
+                       outs->C, outs->ldc);
+        if (outs->bias) FN(scale_c)(M, outs->N, 1, outs->bias, outs->C, outs->ldc);
         return MHA_OK;
     }
     if (threads < 1) threads = 1;
@@ -367,15 +368,6 @@ int FN(mha_gemm_ws)(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, r
     return FN(gemm_shared_a)(trans_a, trans_b, M, K, alpha, A, lda, beta, &out, 1, workspace, threads);
 }
 
-int FN(mha_gemm_shared_a)(int64_t M, int64_t K, const real *A, int64_t lda,
-                          const FN(mha_gemm_out) *outs, int n_out) {
-    if (n_out < 1 || n_out > GEMM_MAX_OUTS) return MHA_EINVAL;
-    int64_t first[GEMM_MAX_OUTS + 1];
-    const int64_t P = FN(gemm_panels)(outs, n_out, first);
-    const double slice = 2.0 * (double)M * (double)(P * NR) * (double)FN(gemm_kc)(K);
-    return FN(gemm_shared_a)(0, 0, M, K, 1, A, lda, 0, outs, n_out, NULL, mha_threads_for(slice));
-}
-
 /* Pre-packed B, for attention's tiles: op(B) (K x N) packed once into NR-column panels with
  * the whole K axis per panel, then used by many products whose A is read in place. */
 size_t FN(mha_packed_b_size)(int64_t K, int64_t N) {
@@ -397,27 +389,37 @@ MHA_HOT void FN(mha_gemm_packed)(int trans_a, int64_t M, int64_t N, int64_t K, r
                             alpha, beta, NULL);
 }
 
-/* mha_gemm_ws with its own workspace and threads chosen by the work between two barriers
- * (one slice of the shared axis), not by the whole product. */
-static int FN(gemm_auto)(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, real alpha,
-                         const real *A, int64_t lda, const real *B, int64_t ldb, real beta,
-                         const real *bias, real *C, int64_t ldc) {
-    double slice = 2.0 * (double)M * (double)N * (double)FN(gemm_kc)(K);
-    return FN(mha_gemm_ws)(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, bias, C, ldc,
-                           NULL, mha_threads_for(slice));
+/* gemm_shared_a with its own workspace and threads chosen by the work between two barriers
+ * (one slice of the shared axis, every output), not by the whole product. */
+static int FN(gemm_auto)(int trans_a, int trans_b, int64_t M, int64_t K, real alpha,
+                         const real *A, int64_t lda, real beta, const FN(mha_gemm_out) *outs,
+                         int n_out) {
+    double cols = 0;
+    for (int o = 0; o < n_out; o++) cols += (double)MHA_MAX(outs[o].N, 0);
+    const double slice = 2.0 * (double)M * cols * (double)FN(gemm_kc)(K);
+    return FN(gemm_shared_a)(trans_a, trans_b, M, K, alpha, A, lda, beta, outs, n_out, NULL,
+                             mha_threads_for(slice));
 }
 
 /* C = op(A) @ op(B) + bias on every row (bias may be NULL). */
 int FN(mha_gemm_bias)(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, const real *A,
                       int64_t lda, const real *B, int64_t ldb, const real *bias, real *C,
                       int64_t ldc) {
-    return FN(gemm_auto)(trans_a, trans_b, M, N, K, 1, A, lda, B, ldb, 0, bias, C, ldc);
+    const FN(mha_gemm_out) out = {B, ldb, bias, C, ldc, N};
+    return FN(gemm_auto)(trans_a, trans_b, M, K, 1, A, lda, 0, &out, 1);
 }
 
 int FN(mha_gemm)(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, real alpha,
                  const real *A, int64_t lda, const real *B, int64_t ldb, real beta, real *C,
                  int64_t ldc) {
-    return FN(gemm_auto)(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, NULL, C, ldc);
+    const FN(mha_gemm_out) out = {B, ldb, NULL, C, ldc, N};
+    return FN(gemm_auto)(trans_a, trans_b, M, K, alpha, A, lda, beta, &out, 1);
+}
+
+int FN(mha_gemm_shared_a)(int64_t M, int64_t K, const real *A, int64_t lda,
+                          const FN(mha_gemm_out) *outs, int n_out) {
+    if (n_out < 1 || n_out > GEMM_MAX_OUTS) return MHA_EINVAL;
+    return FN(gemm_auto)(0, 0, M, K, 1, A, lda, 0, outs, n_out);
 }
 
 #undef vreal
