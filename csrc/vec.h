@@ -24,23 +24,25 @@ typedef int32_t mha_v8i __attribute__((vector_size(32)));
 /* exp of 8 floats x <= 0 (softmax arguments s - max) as 2^t, t = x log2(e): 2^k * P(r),
  * k = round(t), r = t - k in [-1/2, 1/2], P a degree-5 fit of 2^r (relative error 1.6e-7
  * in float arithmetic; rounding t adds 6e-8 |x|, so a softmax weight e^x is off by at most
- * 1.9e-7 in absolute terms). The scale 2^k is built from the bits of t + 1.5 * 2^23, whose low
- * mantissa bits hold k. Exactly 0 for t < -125 (and -inf); NaN propagates. In the AVX2 clone
- * the softmax loop is 23 instructions per 8 scores (31 with the Cody-Waite exp it replaced). */
+ * 1.9e-7 in absolute terms). t is first raised to -127 where below (-inf too; a NaN stays: the
+ * compare is false for it). The scale 2^k is the bits of t + 1.5 * 2^23 + 127 shifted left by
+ * 23: the low mantissa bits of that sum hold k + 127, in [0, 127], and the rest shifts out; for
+ * k = -127 they are 0, so e^x is exactly 0 for t < -126.5 (x < -87.68). Between that and
+ * t = -125 the result is a subnormal float. In the AVX2 clone the softmax loop is 20
+ * instructions per 8 scores (23 with a mask for t < -125, 31 with the Cody-Waite exp before). */
 #define MHA_V8_EXP_NONPOS(out, x_in)                                                            \
     do {                                                                                        \
         mha_v8f t_ = (x_in) * 1.44269504088896341f;                                             \
-        mha_v8i keep_ = ~(t_ < -125.0f);                /* false below -125 and for -inf */     \
-        t_ = (mha_v8f)((mha_v8i)t_ & keep_);            /* 0 where not kept: finite math */     \
-        mha_v8f kb_ = t_ + 12582912.0f;                 /* 1.5 * 2^23 + round(t) */             \
-        mha_v8f r_ = t_ - (kb_ - 12582912.0f);                                                  \
+        mha_v8i low_ = t_ < -127.0f;                                                            \
+        t_ = (mha_v8f)(((mha_v8i)t_ & ~low_) | ((mha_v8i)((mha_v8f){0} - 127.0f) & low_));     \
+        mha_v8f kb_ = t_ + 12583039.0f;                 /* 1.5 * 2^23 + 127 + round(t) */       \
+        mha_v8f r_ = t_ - (kb_ - 12583039.0f);                                                  \
         mha_v8f p_ = 1.330221e-3f * r_ + 9.672932e-3f;                                          \
         p_ = p_ * r_ + 5.550615e-2f;                                                            \
         p_ = p_ * r_ + 2.4022217e-1f;                                                           \
         p_ = p_ * r_ + 6.9314706e-1f;                                                           \
         p_ = p_ * r_ + 1.0f;                                                                    \
-        mha_v8f y_ = p_ * (mha_v8f)(((mha_v8i)kb_ + 127) << 23); /* 2^k: k + 127 in [2, 127] */ \
-        (out) = (mha_v8f)((mha_v8i)y_ & keep_);                                                 \
+        (out) = p_ * (mha_v8f)((mha_v8i)kb_ << 23);     /* 2^k */                               \
     } while (0)
 
 /* Lanes of v where v > acc, else of acc (x86's max instruction: a NaN in v gives acc). */
