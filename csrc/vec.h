@@ -17,6 +17,7 @@
 
 typedef float mha_v8f __attribute__((vector_size(32)));
 typedef int32_t mha_v8i __attribute__((vector_size(32)));
+typedef uint32_t mha_v8u __attribute__((vector_size(32))); /* shifts whose bits leave the top */
 
 #define MHA_V8_LOAD(v, p) memcpy(&(v), (p), sizeof(mha_v8f))
 #define MHA_V8_STORE(p, v) memcpy((p), &(v), sizeof(mha_v8f))
@@ -42,7 +43,7 @@ typedef int32_t mha_v8i __attribute__((vector_size(32)));
         p_ = p_ * r_ + 2.4022217e-1f;                                                           \
         p_ = p_ * r_ + 6.9314706e-1f;                                                           \
         p_ = p_ * r_ + 1.0f;                                                                    \
-        (out) = p_ * (mha_v8f)((mha_v8i)kb_ << 23);     /* 2^k */                               \
+        (out) = p_ * (mha_v8f)((mha_v8u)kb_ << 23);     /* 2^k */                               \
     } while (0)
 
 /* Lanes of v where v > acc, else of acc (x86's max instruction: a NaN in v gives acc). */
