@@ -343,7 +343,7 @@ static void test_layer(void) {
  * so the scores are the keys x_j = -100 j / (N - 1) (the row max is x_0 = 0). Each weight
  * e^x_j / sum is held to the float64 value with relative error 5e-7 + 7e-8 |x_j| (the exp's
  * 1.6e-7 and rounding t = x log2 e, plus the sum and the division) where it is a normal float;
- * below -87.7 it is 0 (a subnormal float between -87.68 and -86.6). Both paths: the weights
+ * below -87.7 it is 0 (a subnormal float between -87.68 and -87.34). Both paths: the weights
  * path gives the whole row at once; the fused path (no weights) gives weight j as the output
  * when v is the indicator of key j. */
 static void test_exp_f32(void) {

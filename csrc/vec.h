@@ -25,17 +25,18 @@ typedef uint32_t mha_v8u __attribute__((vector_size(32))); /* shifts whose bits 
 /* exp of 8 floats x <= 0 (softmax arguments s - max) as 2^t, t = x log2(e): 2^k * P(r),
  * k = round(t), r = t - k in [-1/2, 1/2], P a degree-5 fit of 2^r (relative error 1.6e-7
  * in float arithmetic; rounding t adds 6e-8 |x|, so a softmax weight e^x is off by at most
- * 1.9e-7 in absolute terms). t is first raised to -127 where below (-inf too; a NaN stays: the
- * compare is false for it). The scale 2^k is the bits of t + 1.5 * 2^23 + 127 shifted left by
- * 23: the low mantissa bits of that sum hold k + 127, in [0, 127], and the rest shifts out; for
- * k = -127 they are 0, so e^x is exactly 0 for t < -126.5 (x < -87.68). Between that and
- * t = -125 the result is a subnormal float. In the AVX2 clone the softmax loop is 20
- * instructions per 8 scores (23 with a mask for t < -125, 31 with the Cody-Waite exp before). */
+ * 1.9e-7 in absolute terms). t is first raised to -127 where below (-inf too; a NaN stays:
+ * MHA_V8_MAX keeps its second operand when the compare is false). The scale 2^k is the bits of
+ * t + 1.5 * 2^23 + 127 shifted left by 23: the low mantissa bits of that sum hold k + 127, in
+ * [0, 127], and the rest shifts out; for k = -127 they are 0, so e^x is exactly 0 for
+ * t < -126.5 (x < -87.68), a subnormal float for t in (-126.5, -126) (x up to -87.34), normal
+ * above (a mask made everything below t = -125 exactly 0 before). In the AVX2 clone the
+ * softmax loop is 20 instructions per 8 scores (23 with that mask, 31 with the Cody-Waite exp
+ * before). */
 #define MHA_V8_EXP_NONPOS(out, x_in)                                                            \
     do {                                                                                        \
         mha_v8f t_ = (x_in) * 1.44269504088896341f;                                             \
-        mha_v8i low_ = t_ < -127.0f;                                                            \
-        t_ = (mha_v8f)(((mha_v8i)t_ & ~low_) | ((mha_v8i)((mha_v8f){0} - 127.0f) & low_));     \
+        t_ = MHA_V8_MAX((mha_v8f){0} - 127.0f, t_);     /* at least -127; a NaN t stays */      \
         mha_v8f kb_ = t_ + 12583039.0f;                 /* 1.5 * 2^23 + 127 + round(t) */       \
         mha_v8f r_ = t_ - (kb_ - 12583039.0f);                                                  \
         mha_v8f p_ = 1.330221e-3f * r_ + 9.672932e-3f;                                          \
