@@ -22,7 +22,14 @@ import os as _os
 if "OMP_WAIT_POLICY" not in _os.environ and "GOMP_SPINCOUNT" not in _os.environ:
     _os.environ["GOMP_SPINCOUNT"] = "3000"
 
-from . import _C, reference  # noqa: E402
+try:
+    from . import _C  # noqa: E402
+except ImportError as _error:
+    from ._missing import explain as _explain
+
+    raise ImportError(_explain(__file__, _error)) from _error
+
+from . import reference  # noqa: E402
 from .functional import attention, attention_backward  # noqa: E402
 from .layer import KVCache, MultiHeadAttention  # noqa: E402
 
