@@ -27,7 +27,7 @@ try:
 except ImportError as _error:
     from ._missing import explain as _explain
 
-    raise ImportError(_explain(__file__, _error)) from _error
+    raise ImportError(_explain(__file__, _error)) from None
 
 from . import reference  # noqa: E402
 from .functional import attention, attention_backward  # noqa: E402
