@@ -1,9 +1,20 @@
 """Build of mha's C extension `mha._C` (the metadata lives in pyproject.toml).
 
-OpenMP is used where the compiler has it (probed by compiling a tiny program); otherwise the
-core builds serial. The core is plain C11, compiled with -O3 -Wall -Wextra.
+The core is C11 (csrc/common.h says which compiler extensions it uses and where). Its kernels
+are compiled once per instruction set (csrc/dispatch.h), each kernel unit with the flags of its
+instruction set, and the extension picks one at run time: every x86-64 machine gets the AVX2
+kernels when its CPU has them, whatever the compiler. A unit whose flags the compiler refuses
+(another architecture) is built empty and the baseline kernels serve alone.
+
+OpenMP is used where the compiler has it (probed by compiling and linking a tiny program): GCC
+and clang with -fopenmp; on macOS, Apple's clang with Homebrew's libomp (`brew install libomp`;
+MHA_LIBOMP_PREFIX=/path/to/libomp names another installation); MSVC with /openmp. Otherwise the
+core builds serial and says so. Environment: MHA_NO_OPENMP=1 builds serial; MHA_PORTABLE=1
+builds the kernels in plain C11 without GNU vector extensions (what MSVC gets).
 """
 import os
+import shutil
+import subprocess
 import sys
 import tempfile
 
@@ -11,52 +22,123 @@ import numpy
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-CORE = ["csrc/gemm.c", "csrc/attention.c", "csrc/multihead.c", "csrc/threads.c"]
+CORE = ["csrc/module.c", "csrc/core.c", "csrc/dispatch.c", "csrc/kernels_baseline.c"]
+HEADERS = ["csrc/mha.h", "csrc/common.h", "csrc/dispatch.h", "csrc/kernels.h", "csrc/vec.h",
+           "csrc/gemm_impl.h", "csrc/attention_impl.h", "csrc/multihead_impl.h"]
+# Kernel units compiled with their own flags, per compiler type ("unix": GCC and clang).
+KERNEL_UNITS = {
+    "csrc/kernels_avx2.c": {"unix": ["-mavx2", "-mfma"], "msvc": ["/arch:AVX2"]},
+}
+# Compiles only where the flags target the unit's instruction set (x86 with AVX2).
+UNIT_PROBE = "#ifndef __AVX2__\n#error no AVX2\n#endif\nint main(void) { return 0; }\n"
+OPENMP_PROBE = "#include <omp.h>\nint main(void) { return omp_get_max_threads() > 0 ? 0 : 1; }\n"
 
 
-def compiler_accepts(compiler, flags, source="int main(void) { return 0; }\n"):
+def say(message):
+    print(f"mha: {message}", file=sys.stderr)
+
+
+def compiler_accepts(compiler, compile_flags, link_flags=(), source="int main(void) { return 0; }\n"):
     """True when `compiler` compiles and links a tiny C program with these flags."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "probe.c")
         with open(path, "w") as f:
             f.write(source)
         try:
-            objects = compiler.compile([path], output_dir=tmp, extra_postargs=flags)
-            compiler.link_executable(objects, "probe", output_dir=tmp, extra_postargs=flags)
+            objects = compiler.compile([path], output_dir=tmp, extra_postargs=list(compile_flags))
+            compiler.link_executable(objects, "probe", output_dir=tmp, extra_postargs=list(link_flags))
         except Exception:
             return False
     return True
 
 
+def libomp_prefixes():
+    """Where an LLVM libomp may be installed for a clang without its own OpenMP (macOS)."""
+    prefixes = []
+    if os.environ.get("MHA_LIBOMP_PREFIX"):
+        prefixes.append(os.environ["MHA_LIBOMP_PREFIX"])
+    if sys.platform == "darwin":
+        if shutil.which("brew"):
+            try:
+                brew = subprocess.run(["brew", "--prefix", "libomp"], capture_output=True, text=True, timeout=30)
+                if brew.returncode == 0 and brew.stdout.strip():
+                    prefixes.append(brew.stdout.strip())
+            except (OSError, subprocess.SubprocessError):
+                pass
+        prefixes += ["/opt/homebrew/opt/libomp", "/usr/local/opt/libomp"]
+    return [p for i, p in enumerate(prefixes) if os.path.isdir(p) and p not in prefixes[:i]]
+
+
+def openmp_flags(compiler, unix):
+    """(compile flags, link flags, description) of the first OpenMP that links, or None."""
+    if not unix:
+        candidates = [(["/openmp"], [], "/openmp")]
+    else:
+        candidates = [(["-fopenmp"], ["-fopenmp"], "-fopenmp")]
+        for prefix in libomp_prefixes():
+            lib = os.path.join(prefix, "lib")
+            candidates.append((["-Xpreprocessor", "-fopenmp", "-I" + os.path.join(prefix, "include")],
+                               ["-L" + lib, "-lomp", "-Wl,-rpath," + lib], f"libomp in {prefix}"))
+    for cflags, lflags, what in candidates:
+        if compiler_accepts(compiler, cflags, lflags, OPENMP_PROBE):
+            return cflags, lflags, what
+    return None
+
+
 class BuildExt(build_ext):
     def build_extensions(self):
         unix = self.compiler.compiler_type == "unix"
-        flags = ["-std=c11", "-O3", "-Wall", "-Wextra", "-ffp-contract=fast"] if unix else ["/O2"]
+        kind = "unix" if unix else "msvc"
+        if unix:
+            flags = ["-std=c11", "-O3", "-Wall", "-Wextra", "-ffp-contract=fast"]
+        else:  # MSVC: C11 where it knows /std:c11 (VS 2019 16.8 and later)
+            flags = ["/O2"] + (["/std:c11"] if compiler_accepts(self.compiler, ["/std:c11"]) else [])
         link = []
-        openmp = "#include <omp.h>\nint main(void) { return omp_get_max_threads() > 0 ? 0 : 1; }\n"
-        if os.environ.get("MHA_NO_OPENMP"):
-            print("mha: OpenMP disabled by MHA_NO_OPENMP; building the serial core")
-        elif unix and compiler_accepts(self.compiler, ["-fopenmp"], openmp):
-            flags.append("-fopenmp")
-            link.append("-fopenmp")
-        elif not unix and compiler_accepts(self.compiler, ["/openmp"], openmp):
-            flags.append("/openmp")
+        if os.environ.get("MHA_PORTABLE"):
+            flags.append("-DMHA_PORTABLE" if unix else "/DMHA_PORTABLE")
+            say("MHA_PORTABLE: the kernels in plain C11, without vector extensions")
+        omp = None if os.environ.get("MHA_NO_OPENMP") else openmp_flags(self.compiler, unix)
+        if omp:
+            flags += omp[0]
+            link += omp[1]
+            say(f"OpenMP: {omp[2]}")
+        elif os.environ.get("MHA_NO_OPENMP"):
+            say("OpenMP disabled by MHA_NO_OPENMP; building the serial core")
         else:
-            print("mha: the compiler has no OpenMP; building the serial core", file=sys.stderr)
+            hint = " (on macOS: brew install libomp, then install mha again)" if sys.platform == "darwin" else ""
+            say(f"the compiler has no OpenMP{hint}; building the serial core")
+        # each kernel unit with its instruction set's flags, where the compiler targets it
+        self.unit_flags = {}
+        for unit, isa_flags in KERNEL_UNITS.items():
+            extra = isa_flags[kind]
+            if not compiler_accepts(self.compiler, flags + extra, link, UNIT_PROBE):
+                say(f"{unit}: the compiler does not target it here ({' '.join(extra)}); baseline kernels only")
+                extra = []
+            elif not unix and compiler_accepts(self.compiler, flags + extra + ["/fp:contract"], link):
+                extra = extra + ["/fp:contract"]  # fused multiply-adds (VS 2022 and later)
+            self.unit_flags[unit] = extra
         for ext in self.extensions:
             ext.extra_compile_args = flags + ext.extra_compile_args
             ext.extra_link_args = link + ext.extra_link_args
         super().build_extensions()
+
+    def build_extension(self, ext):
+        objects = []
+        for unit, extra in self.unit_flags.items():
+            objects += self.compiler.compile([unit], output_dir=self.build_temp, macros=ext.define_macros,
+                                             include_dirs=ext.include_dirs, depends=ext.depends,
+                                             extra_postargs=ext.extra_compile_args + extra)
+        ext.extra_objects = objects + [o for o in ext.extra_objects if o not in objects]
+        super().build_extension(ext)
 
 
 setup(
     ext_modules=[
         Extension(
             "mha._C",
-            sources=["csrc/module.c"] + CORE,
+            sources=CORE,
             include_dirs=["csrc", numpy.get_include()],
-            depends=["csrc/mha.h", "csrc/common.h", "csrc/vec.h", "csrc/gemm_impl.h", "csrc/attention_impl.h",
-                     "csrc/multihead_impl.h"],
+            depends=HEADERS + list(KERNEL_UNITS),
         )
     ],
     cmdclass={"build_ext": BuildExt},

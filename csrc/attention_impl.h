@@ -1,5 +1,6 @@
 /* attention_impl.h: scaled dot-product attention, forward and backward, for a type `real`.
- * Included by attention.c with real (float|double), SFX (f32|f64) and EXP (expf|exp) defined.
+ * Included by kernels.h with real (float|double), SFX (f32|f64) and EXP (expf|exp) defined,
+ * once per kernel unit.
  *
  * Without weights the forward is fused (fused_forward: tiles of BK keys against blocks of BQF
  * query rows, online softmax, O(n) scratch) and can save each row's log-sum-exp; the backward
@@ -63,21 +64,21 @@ static inline int64_t FN(mask_row)(real *p, int64_t ncols, int64_t b, int64_t h,
  * [i0, i0 + rows) of head (b, h). On entry P holds scale * q k^T; masks are applied here.
  * A row with no finite score becomes all zeros and is flagged in dead[r]. lse[r] (if not
  * NULL) gets the row's log-sum-exp, -inf for a dead row. */
-MHA_HOT static void FN(softmax_rows)(real *P, uint8_t *dead, real *lse, int64_t ld, int64_t rows,
-                                     int64_t n_vis, int64_t b, int64_t h, int64_t i0,
-                                     const mha_attention_desc *d) {
+static void FN(softmax_rows)(real *P, uint8_t *dead, real *lse, int64_t ld, int64_t rows,
+                             int64_t n_vis, int64_t b, int64_t h, int64_t i0,
+                             const mha_attention_desc *d) {
     for (int64_t r = 0; r < rows; r++) {
         real *p = P + r * ld;
         const int64_t n_row = FN(mask_row)(p, n_vis, b, h, i0 + r, 0, d);
-        real m = FN(mha_max)(p, n_row); /* NaN reaches the row through the sum */
+        real m = VN(mha_max)(p, n_row); /* NaN reaches the row through the sum */
         dead[r] = m == -INFINITY;
         if (dead[r]) { /* every key masked: the row is 0 */
             memset(p, 0, (size_t)n_vis * sizeof(real));
             if (lse) lse[r] = -INFINITY;
             continue;
         }
-        real sum = FN(mha_exp_sum)(p, n_row, m);
-        FN(mha_scale)(p, n_row, 1 / sum);
+        real sum = VN(mha_exp_sum)(p, n_row, m);
+        VN(mha_scale)(p, n_row, 1 / sum);
         memset(p + n_row, 0, (size_t)(n_vis - n_row) * sizeof(real));
         if (lse) lse[r] = m + (real)log((double)sum);
     }
@@ -131,7 +132,7 @@ static char *FN(thread_scratch)(size_t *parts, int n, int nt, size_t *per_thread
     for (int i = 0; i < n; i++) {
         if (parts[i] > SIZE_MAX - line) ok = 0;
         else parts[i] = mha_round_up(parts[i], line);
-        if (__builtin_add_overflow(elems, parts[i], &elems)) ok = 0;
+        elems = mha_add_size(elems, parts[i], &ok);
     }
     *per_thread = mha_mul_size(elems, sizeof(real), &ok);
     if (!ok || nt < 1 || *per_thread > SIZE_MAX / (size_t)nt) return NULL;
@@ -158,21 +159,21 @@ static int FN(check_desc)(const mha_attention_desc *d) {
  * tiles in the same order whatever the chunking, so results do not depend on the threads.
  * Scratch per thread: two packed tiles, one block of scores, and m, l of the chunk's rows. */
 #define BK 256
-#define BQF 72 /* query rows per block: 12 micro-tiles of 6 rows (64 ran 11, the last 4/6 full) */
+#define BQF 72 /* query rows per block: 12 whole micro-tiles of the GEMM's 6 rows */
 
 /* The online-softmax step for a block of scores S (rows, cols) of key tile j0: masks, then
  * per row m_new = max(m, max S), alpha = exp(m - m_new), S = exp(S - m_new) (0 where masked,
  * and for columns [ncols, cols) that no row of the block may see), l = alpha * l + sum S.
  * Dropout scales the kept entries of S after the sum (l is the undropped normaliser). */
-MHA_HOT static void FN(online_softmax_tile)(real *S, int64_t ld, int64_t rows, int64_t ncols,
-                                            int64_t cols, int64_t b, int64_t h, int64_t i0,
-                                            int64_t j0, real *m, real *l, real *alpha,
-                                            const mha_attention_desc *d) {
+static void FN(online_softmax_tile)(real *S, int64_t ld, int64_t rows, int64_t ncols,
+                                    int64_t cols, int64_t b, int64_t h, int64_t i0,
+                                    int64_t j0, real *m, real *l, real *alpha,
+                                    const mha_attention_desc *d) {
     for (int64_t r = 0; r < rows; r++) {
         const int64_t i = i0 + r;
         real *p = S + r * ld;
         const int64_t n_row = FN(mask_row)(p, ncols, b, h, i, j0, d);
-        real t_max = FN(mha_max)(p, n_row);
+        real t_max = VN(mha_max)(p, n_row);
         real m_new = t_max > m[r] ? t_max : m[r];
         if (t_max != t_max) m_new = t_max;
         if (m_new == -INFINITY) { /* nothing seen yet */
@@ -181,7 +182,7 @@ MHA_HOT static void FN(online_softmax_tile)(real *S, int64_t ld, int64_t rows, i
             continue;
         }
         alpha[r] = m_new == m[r] ? 1 : EXP(m[r] - m_new);
-        real sum = FN(mha_exp_sum)(p, n_row, m_new);
+        real sum = VN(mha_exp_sum)(p, n_row, m_new);
         memset(p + n_row, 0, (size_t)(cols - n_row) * sizeof(real));
         l[r] = l[r] * alpha[r] + sum;
         m[r] = m_new;
@@ -194,10 +195,10 @@ MHA_HOT static void FN(online_softmax_tile)(real *S, int64_t ld, int64_t rows, i
  * Vp, scores S (BQF x BK), alpha (BQF), and m, l of the task's rows (chunk_rows per head of
  * the group). A block's output rows are first written by its product with key tile 0
  * (beta = 0: nothing to clear or rescale beforehand). */
-MHA_HOT static void FN(fused_task)(real *out, real *lse, const real *q, const real *k,
-                                   const real *v, const mha_attention_desc *d, int64_t b,
-                                   int64_t g, int64_t r0, int64_t r1, int64_t chunk_rows,
-                                   real *ws, const size_t *part) {
+static void FN(fused_task)(real *out, real *lse, const real *q, const real *k,
+                           const real *v, const mha_attention_desc *d, int64_t b,
+                           int64_t g, int64_t r0, int64_t r1, int64_t chunk_rows,
+                           real *ws, const size_t *part) {
     const int64_t H = d->heads, group = H / d->kv_heads;
     real *Kp = ws, *Vp = Kp + part[0], *S = Vp + part[1], *alpha = S + part[2];
     real *m = alpha + part[3], *l = m + part[4];
@@ -223,7 +224,7 @@ MHA_HOT static void FN(fused_task)(real *out, real *lse, const real *q, const re
                 FN(online_softmax_tile)(S, BK, rows, ncols, cols, b, h, i0, j0, m_blk, l_blk, alpha, d);
                 if (j0 > 0)
                     for (int64_t r = 0; r < rows; r++)
-                        if (alpha[r] != 1) FN(mha_scale)(o_blk + r * d->out.row, d->d_v, alpha[r]);
+                        if (alpha[r] != 1) VN(mha_scale)(o_blk + r * d->out.row, d->d_v, alpha[r]);
                 FN(mha_gemm_packed)(0, rows, d->d_v, cols, 1, S, BK, Vp, j0 > 0, o_blk, d->out.row);
             }
         }
@@ -235,7 +236,7 @@ MHA_HOT static void FN(fused_task)(real *out, real *lse, const real *q, const re
             const real mi = m[hh * chunk_rows + (i - r0)], li = l[hh * chunk_rows + (i - r0)];
             real *o = o_bh + i * d->out.row;
             if (mi == -INFINITY) memset(o, 0, (size_t)d->d_v * sizeof(real));
-            else FN(mha_scale)(o, d->d_v, 1 / li);
+            else VN(mha_scale)(o, d->d_v, 1 / li);
             if (lse) lse[(b * H + h) * d->n_q + i] = mi == -INFINITY ? -INFINITY : mi + (real)log((double)li);
         }
     }
@@ -281,7 +282,7 @@ static int FN(fused_forward)(real *out, real *lse, const real *q, const real *k,
         FN(fused_task)(out, lse, q, k, v, d, b, g, r0, r1, chunk_rows,
                        (real *)(scratch + (size_t)mha_thread_num() * per_thread), part);
     }
-    free(scratch);
+    mha_free(scratch);
     return MHA_OK;
 }
 
@@ -290,8 +291,9 @@ static int FN(fused_forward)(real *out, real *lse, const real *q, const real *k,
  * lse: (B, H, n_q) contiguous or NULL: each row's log-sum-exp of its masked, scaled scores
  * (what the backward needs to rebuild P; -inf for a fully masked row)
  * q: (B, H, n_q, d_k)   k: (B, H_kv, n_k, d_k)   v: (B, H_kv, n_k, d_v)   */
-int FN(mha_attention_forward_lse)(real *out, real *weights, real *lse, const real *q,
-                                  const real *k, const real *v, const mha_attention_desc *d) {
+static int FN(mha_attention_forward_lse)(real *out, real *weights, real *lse, const real *q,
+                                         const real *k, const real *v,
+                                         const mha_attention_desc *d) {
     if (FN(check_desc)(d)) return MHA_EINVAL;
     const int64_t B = d->batch, H = d->heads;
     /* nothing to write (this also bounds the task count below by an array's size) */
@@ -343,35 +345,30 @@ int FN(mha_attention_forward_lse)(real *out, real *weights, real *lse, const rea
                         d->out.row, gemm_ws, 1);
         FN(zero_dead_rows)(o_blk, d->out.row, d->d_v, dead, rows);
     }
-    free(scratch);
+    mha_free(scratch);
     return MHA_OK;
-}
-
-int FN(mha_attention_forward)(real *out, real *weights, const real *q, const real *k,
-                              const real *v, const mha_attention_desc *d) {
-    return FN(mha_attention_forward_lse)(out, weights, NULL, q, k, v, d);
 }
 
 /* P = exp(S + masks - lse) for a (rows, ncols) block of scores of key tile j0, zero past
  * each row's keys up to cols; rows with lse = -inf (fully masked) are all zero. Returns
  * whether the block has such a row. */
-MHA_HOT static int FN(probs_from_lse)(real *P, int64_t ld, int64_t rows, int64_t ncols,
-                                      int64_t cols, const real *lse, int64_t b, int64_t h,
-                                      int64_t i0, int64_t j0, const mha_attention_desc *d) {
+static int FN(probs_from_lse)(real *P, int64_t ld, int64_t rows, int64_t ncols,
+                              int64_t cols, const real *lse, int64_t b, int64_t h,
+                              int64_t i0, int64_t j0, const mha_attention_desc *d) {
     int any_dead = 0;
     for (int64_t r = 0; r < rows; r++) {
         real *p = P + r * ld;
         int64_t n_row = FN(mask_row)(p, ncols, b, h, i0 + r, j0, d);
         if (lse[r] == -INFINITY) { any_dead = 1; n_row = 0; }
-        else FN(mha_exp_sum)(p, n_row, lse[r]);
+        else VN(mha_exp_sum)(p, n_row, lse[r]);
         memset(p + n_row, 0, (size_t)(cols - n_row) * sizeof(real));
     }
     return any_dead;
 }
 
 /* dS = P * (dP - delta) in place of dP, zero in columns [ncols, cols). */
-MHA_HOT static void FN(softmax_grad_tile)(real *D, const real *P, int64_t ld, int64_t rows,
-                                          int64_t ncols, int64_t cols, const real *delta) {
+static void FN(softmax_grad_tile)(real *D, const real *P, int64_t ld, int64_t rows,
+                                  int64_t ncols, int64_t cols, const real *delta) {
     for (int64_t r = 0; r < rows; r++) {
         const real *p = P + r * ld;
         real *ds = D + r * ld;
@@ -382,14 +379,14 @@ MHA_HOT static void FN(softmax_grad_tile)(real *D, const real *P, int64_t ld, in
 }
 
 /* x[j * ldx + c] += t[c * ldt + j] for j < rows, c < cols: a transposed tile added in. */
-MHA_HOT static void FN(add_transposed)(real *x, int64_t ldx, const real *t, int64_t ldt,
-                                      int64_t rows, int64_t cols) {
-    enum { TV = 32 / sizeof(real) }; /* the register transpose's block: 8 float, 4 double */
+static void FN(add_transposed)(real *x, int64_t ldx, const real *t, int64_t ldt,
+                               int64_t rows, int64_t cols) {
+    enum { TV = MHA_VEC_BYTES / sizeof(real) }; /* the register transpose's block (vec.h) */
     const int64_t j_full = rows / TV * TV, c_full = cols / TV * TV;
     real blk[TV * TV];
     for (int64_t j = 0; j < j_full; j += TV)
         for (int64_t c = 0; c < c_full; c += TV) {
-            FN(mha_transpose_vl)(blk, TV, t + c * ldt + j, ldt); /* blk[jj][cc] = t[c + cc][j + jj] */
+            VN(mha_transpose_vl)(blk, TV, t + c * ldt + j, ldt); /* blk[jj][cc] = t[c + cc][j + jj] */
             for (int jj = 0; jj < TV; jj++)
                 for (int cc = 0; cc < TV; cc++) x[(j + jj) * ldx + c + cc] += blk[jj * TV + cc];
         }
@@ -412,11 +409,11 @@ MHA_HOT static void FN(add_transposed)(real *x, int64_t ldx, const real *t, int6
  * backward_task is one task: every query head of kv head g in batch b, against every key
  * tile; ws holds the parts that fused_backward sized (part[], in order).
  * o: the forward's output, with view o_view; lse: (B, H, n_q) contiguous. */
-MHA_HOT static void FN(backward_task)(real *dq, real *dk, real *dv, const real *d_out,
-                                      const real *q, const real *k, const real *v,
-                                      const real *o, mha_view o_view, const real *lse,
-                                      const mha_attention_desc *d, int64_t b, int64_t g,
-                                      real *ws, const size_t *part) {
+static void FN(backward_task)(real *dq, real *dk, real *dv, const real *d_out,
+                              const real *q, const real *k, const real *v,
+                              const real *o, mha_view o_view, const real *lse,
+                              const mha_attention_desc *d, int64_t b, int64_t g,
+                              real *ws, const size_t *part) {
     const int64_t H = d->heads, group = H / d->kv_heads;
     const real scale = (real)d->scale;
     real *KpT = ws, *VpT = KpT + part[0], *KpN = VpT + part[1], *P = KpN + part[2], *D = P + part[3];
@@ -526,17 +523,17 @@ static int FN(fused_backward)(real *dq, real *dk, real *dv, const real *d_out, c
     for (int64_t task = 0; task < tasks; task++)
         FN(backward_task)(dq, dk, dv, d_out, q, k, v, o, o_view, lse, d, task / H_kv, task % H_kv,
                           (real *)(scratch + (size_t)mha_thread_num() * per_thread), part);
-    free(scratch);
+    mha_free(scratch);
     return MHA_OK;
 }
 
 /* Backward from the forward's saved output and log-sum-exp, or (out and lse NULL) from
  * nothing: then the fused forward runs first into O(n) scratch.
  * dq like q, dk like k, dv like v; d_out and out like out; lse (B, H, n_q) contiguous. */
-int FN(mha_attention_backward_saved)(real *dq, real *dk, real *dv, const real *d_out,
-                                     const real *q, const real *k, const real *v,
-                                     const real *out, const real *lse,
-                                     const mha_attention_desc *d) {
+static int FN(mha_attention_backward_saved)(real *dq, real *dk, real *dv, const real *d_out,
+                                            const real *q, const real *k, const real *v,
+                                            const real *out, const real *lse,
+                                            const mha_attention_desc *d) {
     if (FN(check_desc)(d) || (out == NULL) != (lse == NULL)) return MHA_EINVAL;
     const int64_t B = d->batch, H = d->heads, H_kv = d->kv_heads;
     if (NONE(B, H, d->n_q, d->d_k) && NONE(B, H_kv, d->n_k, d->d_k) && NONE(B, H_kv, d->n_k, d->d_v))
@@ -544,8 +541,8 @@ int FN(mha_attention_backward_saved)(real *dq, real *dk, real *dv, const real *d
     if (out) return FN(fused_backward)(dq, dk, dv, d_out, q, k, v, out, d->out, lse, d);
     int ok = 1;
     size_t rows = mha_mul_size(mha_mul_size((size_t)B, (size_t)H, &ok), (size_t)d->n_q, &ok);
-    size_t o_elems = mha_mul_size(rows, (size_t)d->d_v, &ok), total;
-    if (__builtin_add_overflow(o_elems, rows, &total)) ok = 0;
+    size_t o_elems = mha_mul_size(rows, (size_t)d->d_v, &ok);
+    size_t total = mha_add_size(o_elems, rows, &ok);
     if (!ok || total > SIZE_MAX / sizeof(real)) return MHA_ENOMEM;
     real *o = mha_alloc(total * sizeof(real));
     if (!o) return MHA_ENOMEM;
@@ -554,13 +551,8 @@ int FN(mha_attention_backward_saved)(real *dq, real *dk, real *dv, const real *d
     fwd.out = (mha_view){H * d->n_q * d->d_v, d->n_q * d->d_v, d->d_v};
     int err = FN(mha_attention_forward_lse)(o, NULL, o_lse, q, k, v, &fwd);
     if (!err) err = FN(fused_backward)(dq, dk, dv, d_out, q, k, v, o, fwd.out, o_lse, d);
-    free(o);
+    mha_free(o);
     return err;
-}
-
-int FN(mha_attention_backward)(real *dq, real *dk, real *dv, const real *d_out, const real *q,
-                               const real *k, const real *v, const mha_attention_desc *d) {
-    return FN(mha_attention_backward_saved)(dq, dk, dv, d_out, q, k, v, NULL, NULL, d);
 }
 
 #undef AT

@@ -1,52 +1,67 @@
-/* bench_core.c: time the core's pieces without Python: `make -C csrc bench`.
+/* bench_core.c: time the core's pieces without Python: `make -C csrc bench THREADS=2`, or
+ * `bench_core THREADS [NAME [REPEATS]]` to time only the pieces whose name contains NAME (or,
+ * written "=NAME", equals it).
  *
  * Seed 000's layer shape (B=16, n=128, d_model=256, 8 heads, float32): the projection GEMM,
  * the attention forward with and without weights, its backward, the layer forward and
- * backward. Prints the median of the thread CPU time (one thread; steady under machine load)
- * and the wall time (all threads), with GFLOP/s.
+ * backward. Each piece runs once untimed, then REPEATS times (default 15); printed: the
+ * process CPU time (all threads) and the wall time, each as median [min, max], and GFLOP/s
+ * from the median CPU time. MHA_SIMD picks the SIMD path (mha.h).
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "mha.h"
 
-static double clock_s(clockid_t id) {
+static double wall_s(void) {
     struct timespec t;
-    clock_gettime(id, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
+    timespec_get(&t, TIME_UTC);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
+
+static double cpu_s(void) { return (double)clock() / CLOCKS_PER_SEC; }
 
 static int cmp(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
 }
 
-#define REPEATS 15
+static const char *only = ""; /* time the pieces whose name contains this */
+static int repeats = 15;
+
+#define MAX_REPEATS 1000
 #define TIME(name, flops, stmt)                                                               \
     do {                                                                                      \
-        double cpu[REPEATS], wall[REPEATS];                                                   \
+        if (only[0] == '=' ? strcmp(name, only + 1) != 0 : !strstr(name, only)) break;        \
+        static double cpu[MAX_REPEATS], wall[MAX_REPEATS];                                    \
         stmt;                                                                                 \
-        for (int r_ = 0; r_ < REPEATS; r_++) {                                                \
-            double c0 = clock_s(CLOCK_PROCESS_CPUTIME_ID), w0 = clock_s(CLOCK_MONOTONIC);     \
+        for (int r_ = 0; r_ < repeats; r_++) {                                                \
+            double c0 = cpu_s(), w0 = wall_s();                                               \
             stmt;                                                                             \
-            cpu[r_] = clock_s(CLOCK_PROCESS_CPUTIME_ID) - c0;                                 \
-            wall[r_] = clock_s(CLOCK_MONOTONIC) - w0;                                         \
+            cpu[r_] = cpu_s() - c0;                                                           \
+            wall[r_] = wall_s() - w0;                                                         \
         }                                                                                     \
-        qsort(cpu, REPEATS, sizeof(double), cmp);                                             \
-        qsort(wall, REPEATS, sizeof(double), cmp);                                            \
-        printf("%-34s cpu %8.3f ms  wall %8.3f ms  %6.1f GFLOP/s (cpu)\n", name,              \
-               cpu[REPEATS / 2] * 1e3, wall[REPEATS / 2] * 1e3, (flops) / cpu[REPEATS / 2] * 1e-9); \
+        qsort(cpu, (size_t)repeats, sizeof(double), cmp);                                     \
+        qsort(wall, (size_t)repeats, sizeof(double), cmp);                                    \
+        printf("%-28s cpu %8.3f [%8.3f, %8.3f] ms  wall %8.3f [%8.3f, %8.3f] ms  %6.1f GFLOP/s\n", \
+               name, cpu[repeats / 2] * 1e3, cpu[0] * 1e3, cpu[repeats - 1] * 1e3,            \
+               wall[repeats / 2] * 1e3, wall[0] * 1e3, wall[repeats - 1] * 1e3,               \
+               (flops) / cpu[repeats / 2] * 1e-9);                                            \
     } while (0)
 
 static float *rand_f32(size_t n) {
     float *a = malloc(n * sizeof *a);
-    for (size_t i = 0; i < n; i++) a[i] = (float)rand() / RAND_MAX - 0.5f;
+    for (size_t i = 0; i < n; i++) a[i] = (float)((double)rand() / RAND_MAX - 0.5);
     return a;
 }
 
 int main(int argc, char **argv) {
     int threads = argc > 1 ? atoi(argv[1]) : 1;
+    if (argc > 2) only = argv[2];
+    if (argc > 3) repeats = atoi(argv[3]);
+    if (repeats < 1 || repeats > MAX_REPEATS) repeats = 15;
     mha_set_num_threads(threads);
     printf("%s; %d thread(s)\n", mha_build_info(), mha_get_num_threads());
     const int64_t B = 16, n = 128, D = 256, H = 8, dh = D / H;

@@ -1,5 +1,5 @@
 /* gemm_impl.h: the one matrix multiply, written once for a type `real`.
- * Included by gemm.c with real (float|double), SFX (f32|f64) defined.
+ * Included by kernels.h with real (float|double), SFX (f32|f64) defined, once per kernel unit.
  *
  * C = alpha * op(A) @ op(B) + beta * C (+ a bias row), row-major, in the BLIS scheme:
  *   for jc (NC columns of C):        pack op(B)[pc:pc+KC, jc:jc+NC] into NR-wide panels
@@ -7,23 +7,25 @@
  *       for ic (MC rows, in parallel): pack op(A)[ic:ic+MC, pc:pc+KC] into MR-tall panels
  *         for jr, ir: an MR x NR micro-tile of C held in vector registers.
  * Packing absorbs the transposes, so one micro-kernel serves NN, NT, TN and TT.
+ * Each element of C sums its products over the shared axis in order, one slice after
+ * another, whatever the block sizes and the thread count: results are bitwise independent of
+ * the threads, and differ between units only by their rounding of a * b + c (one rounding
+ * with fused multiply-adds, two without).
  */
-#define VEC_BYTES 32
-#define VL ((int)(VEC_BYTES / sizeof(real)))   /* elements per vector: 8 float, 4 double */
+#define VEC_BYTES MHA_VEC_BYTES                /* 32 (AVX, NEON) or 16 (SSE2): vec.h      */
+#define VL ((int)(VEC_BYTES / sizeof(real)))   /* elements per vector                     */
 #define MR 6                                   /* micro-tile rows                         */
 #define NR (2 * VL)                            /* micro-tile columns: two vectors         */
-#define KC 256                                 /* shared-axis block (packed panels in L1/L2) */
+#define KC 256                                 /* shared-axis block (see gemm_kc)          */
 #define KC_ONE_SLICE 512                       /* ... or the whole axis, up to this length  */
 #define MC_MAX 144                             /* rows of A per block (multiple of MR)    */
 #define NC 2048                                /* columns of B per block                  */
 #define DIRECT_A_PANELS 8                      /* read A in place when B has <= 8 panels  */
 
+#if MHA_GNU_C
 typedef real FN(vec) __attribute__((vector_size(VEC_BYTES)));
 #define vreal FN(vec)
-
-/* Unaligned vector load/store (macros: passing AVX vectors to functions would change the ABI). */
-#define VLOAD(v, p) memcpy(&(v), (p), sizeof(vreal))
-#define VSTORE(p, v) memcpy((p), &(v), sizeof(vreal))
+#endif
 
 /* Rows of A per block: at most MC_MAX, with the number of blocks a multiple of the thread
  * count where M allows, so that every thread gets the same work. */
@@ -34,10 +36,12 @@ static int64_t FN(gemm_mc)(int64_t M, int threads) {
     return MHA_MAX(MR, MHA_MIN((mc + MR - 1) / MR * MR, MC_MAX));
 }
 
-/* Length of the shared-axis slices: the whole axis up to KC_ONE_SLICE, so that C is written
- * once (one thread, 4096 x 512 x 512, the best of 8 calls over 4 alternating runs, two such
- * series: 90.8 and 89.1 GFLOP/s in one slice of 512 against 75.3 and 80.2 in two of 256),
- * else KC. */
+/* Length of the shared-axis slices. KC = 256: an MR x KC panel of A and a KC x NR panel of B
+ * (6 + 16 KiB of float with 32-byte vectors) stay in a 32 KiB L1 data cache while the
+ * micro-kernel streams them. Up to KC_ONE_SLICE the whole axis is one slice all the same:
+ * each tile of C is then written once instead of read and written again per slice, which was
+ * worth more than the panels' L1 fit on the AMD EPYC this was tuned on (the figures are in
+ * the commit that chose it); longer axes are cut in slices of KC. */
 static int64_t FN(gemm_kc)(int64_t K) {
     return K <= KC_ONE_SLICE ? K : KC;
 }
@@ -51,7 +55,7 @@ static void FN(gemm_parts)(int64_t N, int64_t K, int64_t mc, size_t *b_elems, si
     *a_elems = mha_round_up(kc * (size_t)mc, MHA_CACHE_LINE);
 }
 
-size_t FN(mha_gemm_workspace)(int64_t M, int64_t N, int64_t K, int threads) {
+static size_t FN(mha_gemm_workspace)(int64_t M, int64_t N, int64_t K, int threads) {
     size_t b_elems, a_elems;
     FN(gemm_parts)(N, K, FN(gemm_mc)(M, threads), &b_elems, &a_elems);
     return (b_elems + (size_t)threads * a_elems) * sizeof(real);
@@ -81,14 +85,14 @@ static void FN(pack_a)(real *buf, const real *a, int64_t lda, int trans, int64_t
 }
 
 /* Packs op(B)[0:kc, 0:nc] into NR-column panels: buf[panel][p][c], zero-padded. */
-MHA_HOT static void FN(pack_b)(real *buf, const real *b, int64_t ldb, int trans, int64_t kc, int64_t nc) {
+static void FN(pack_b)(real *buf, const real *b, int64_t ldb, int trans, int64_t kc, int64_t nc) {
     for (int64_t j0 = 0; j0 < nc; j0 += NR) {
         int64_t cols = MHA_MIN(NR, nc - j0);
         if (trans) {   /* op(B)[p][j] = b[j * ldb + p]: VL x VL blocks transposed in registers */
             const int64_t c_full = cols / VL * VL, p_full = kc / VL * VL;
             for (int64_t c = 0; c < c_full; c += VL)
                 for (int64_t p = 0; p < p_full; p += VL)
-                    FN(mha_transpose_vl)(buf + p * NR + c, NR, b + (j0 + c) * ldb + p, ldb);
+                    VN(mha_transpose_vl)(buf + p * NR + c, NR, b + (j0 + c) * ldb + p, ldb);
             for (int64_t c = 0; c < cols; c++) { /* what the blocks left: a ragged edge */
                 const real *src = b + (j0 + c) * ldb;
                 for (int64_t p = c < c_full ? p_full : 0; p < kc; p++) buf[p * NR + c] = src[p];
@@ -118,21 +122,23 @@ MHA_HOT static void FN(pack_b)(real *buf, const real *b, int64_t ldb, int trans,
  * strides of op(A) itself when A is read in place; rows past m then repeat row m - 1 (valid
  * memory, results discarded) instead of reading past the matrix.
  * The loops over rows are unrolled by pragma so that acc lives in registers at any -O level
- * (at -O2 GCC 12 left them rolled, acc on the stack: half the speed). */
-static inline __attribute__((always_inline)) void
-FN(micro_kernel)(int64_t kc, const real *a, int64_t a_rs, int64_t a_cs, const real *b, real *c,
-                 int64_t ldc, int64_t m, int64_t n, real alpha, real beta, const real *bias) {
+ * (rolled, GCC 12 at -O2 kept acc on the stack). Portable C accumulates in an array and
+ * leaves the registers to the compiler. */
+MHA_INLINE void FN(micro_kernel)(int64_t kc, const real *a, int64_t a_rs, int64_t a_cs,
+                                 const real *b, real *c, int64_t ldc, int64_t m, int64_t n,
+                                 real alpha, real beta, const real *bias) {
     const real *row[MR];
-    #pragma GCC unroll 6
+    MHA_UNROLL(6)
     for (int r = 0; r < MR; r++) row[r] = a + MHA_MIN(r, m - 1) * a_rs;
+#if MHA_GNU_C
     vreal acc[MR][2];
-    #pragma GCC unroll 6
+    MHA_UNROLL(6)
     for (int r = 0; r < MR; r++) acc[r][0] = acc[r][1] = (vreal){0};
     for (int64_t p = 0; p < kc; p++) {
         vreal b0, b1;
-        VLOAD(b0, b + p * NR);
-        VLOAD(b1, b + p * NR + VL);
-        #pragma GCC unroll 6
+        MHA_VLOAD(b0, b + p * NR);
+        MHA_VLOAD(b1, b + p * NR + VL);
+        MHA_UNROLL(6)
         for (int r = 0; r < MR; r++) {
             real a_r = row[r][p * a_cs];
             acc[r][0] += a_r * b0;
@@ -140,35 +146,45 @@ FN(micro_kernel)(int64_t kc, const real *a, int64_t a_rs, int64_t a_cs, const re
         }
     }
     if (m == MR && n == NR) {
-        #pragma GCC unroll 6
+        MHA_UNROLL(6)
         for (int r = 0; r < MR; r++) {
             real *c_r = c + r * ldc;
             vreal c0 = alpha * acc[r][0], c1 = alpha * acc[r][1];
             if (bias) {
                 vreal b0, b1;
-                VLOAD(b0, bias);
-                VLOAD(b1, bias + VL);
+                MHA_VLOAD(b0, bias);
+                MHA_VLOAD(b1, bias + VL);
                 c0 += b0;
                 c1 += b1;
             }
             if (beta != 0) {
                 vreal old0, old1;
-                VLOAD(old0, c_r);
-                VLOAD(old1, c_r + VL);
+                MHA_VLOAD(old0, c_r);
+                MHA_VLOAD(old1, c_r + VL);
                 c0 += beta * old0;
                 c1 += beta * old1;
             }
-            VSTORE(c_r, c0);
-            VSTORE(c_r + VL, c1);
+            MHA_VSTORE(c_r, c0);
+            MHA_VSTORE(c_r + VL, c1);
         }
         return;
     }
     real tile[MR][NR];
-    #pragma GCC unroll 6
+    MHA_UNROLL(6)
     for (int r = 0; r < MR; r++) {
-        VSTORE(tile[r], acc[r][0]);
-        VSTORE(tile[r] + VL, acc[r][1]);
+        MHA_VSTORE(tile[r], acc[r][0]);
+        MHA_VSTORE(tile[r] + VL, acc[r][1]);
     }
+#else
+    real tile[MR][NR] = {{0}};
+    for (int64_t p = 0; p < kc; p++) {
+        const real *b_p = b + p * NR;
+        for (int r = 0; r < MR; r++) {
+            const real a_r = row[r][p * a_cs];
+            for (int col = 0; col < NR; col++) tile[r][col] += a_r * b_p[col];
+        }
+    }
+#endif
     for (int64_t r = 0; r < m; r++)
         for (int64_t col = 0; col < n; col++) {
             real *cij = c + r * ldc + col;
@@ -178,9 +194,9 @@ FN(micro_kernel)(int64_t kc, const real *a, int64_t a_rs, int64_t a_cs, const re
 }
 
 /* One MC x NC block of C from packed panels of A and B. */
-MHA_HOT static void FN(macro_kernel)(int64_t mc, int64_t nc, int64_t kc, const real *a_pack,
-                                     const real *b_pack, real *c, int64_t ldc, real alpha,
-                                     real beta, const real *bias) {
+static void FN(macro_kernel)(int64_t mc, int64_t nc, int64_t kc, const real *a_pack,
+                             const real *b_pack, real *c, int64_t ldc, real alpha,
+                             real beta, const real *bias) {
     for (int64_t jr = 0; jr < nc; jr += NR) {
         int64_t n = MHA_MIN(NR, nc - jr);
         for (int64_t ir = 0; ir < mc; ir += MR) {
@@ -194,10 +210,10 @@ MHA_HOT static void FN(macro_kernel)(int64_t mc, int64_t nc, int64_t kc, const r
 /* The same with A read in place: op(A)[i][p] = a[i * a_rs + p * a_cs]. Used when B has so
  * few panels that packing A would cost about as much as the products it feeds (attention's
  * P v with d_head = 32 .. 64). */
-MHA_HOT static void FN(macro_kernel_direct)(int64_t mc, int64_t nc, int64_t kc, const real *a,
-                                            int64_t a_rs, int64_t a_cs, const real *b_pack,
-                                            real *c, int64_t ldc, real alpha, real beta,
-                                            const real *bias) {
+static void FN(macro_kernel_direct)(int64_t mc, int64_t nc, int64_t kc, const real *a,
+                                    int64_t a_rs, int64_t a_cs, const real *b_pack,
+                                    real *c, int64_t ldc, real alpha, real beta,
+                                    const real *bias) {
     for (int64_t jr = 0; jr < nc; jr += NR) {
         int64_t n = MHA_MIN(NR, nc - jr);
         for (int64_t ir = 0; ir < mc; ir += MR) {
@@ -211,7 +227,7 @@ MHA_HOT static void FN(macro_kernel_direct)(int64_t mc, int64_t nc, int64_t kc, 
 /* Products too small to repay packing (tiny heads: n = 12, d_head = 8): plain loops, with
  * the inner loop along contiguous memory (rows of B, or a dot product when B is transposed). */
 #define SMALL_GEMM_MNK 16384
-MHA_HOT static void FN(gemm_small)(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, real alpha,
+static void FN(gemm_small)(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, real alpha,
                            const real *A, int64_t lda, const real *B, int64_t ldb, real beta,
                            real *C, int64_t ldc) {
     for (int64_t i = 0; i < M; i++) {
@@ -244,7 +260,7 @@ static void FN(scale_c)(int64_t M, int64_t N, real beta, const real *bias, real 
 /* Panels of NR columns: the outputs' columns side by side, each output padded to whole panels.
  * first[o] is output o's first panel, first[n_out] the total. */
 #define GEMM_MAX_OUTS 3
-static int64_t FN(gemm_panels)(const FN(mha_gemm_out) *outs, int n_out, int64_t first[GEMM_MAX_OUTS + 1]) {
+static int64_t FN(gemm_panels)(const TY(mha_gemm_out) *outs, int n_out, int64_t first[GEMM_MAX_OUTS + 1]) {
     first[0] = 0;
     for (int o = 0; o < n_out; o++) first[o + 1] = first[o] + (MHA_MAX(outs[o].N, 0) + NR - 1) / NR;
     return first[n_out];
@@ -255,9 +271,9 @@ static int64_t FN(gemm_panels)(const FN(mha_gemm_out) *outs, int n_out, int64_t 
  * projections of one input). Panel by panel the arithmetic is that of one product, so each
  * output is bitwise what its own mha_gemm_ws call gives. */
 static int FN(gemm_shared_a)(int trans_a, int trans_b, int64_t M, int64_t K, real alpha,
-                             const real *A, int64_t lda, real beta, const FN(mha_gemm_out) *outs,
+                             const real *A, int64_t lda, real beta, const TY(mha_gemm_out) *outs,
                              int n_out, real *workspace, int threads) {
-    int64_t first[GEMM_MAX_OUTS + 1];
+    int64_t first[GEMM_MAX_OUTS + 1] = {0}; /* = {0}: GCC -O3 serial sees a false "maybe uninitialized" */
     const int64_t P = FN(gemm_panels)(outs, n_out, first);
     if (M <= 0 || P == 0) return MHA_OK;
     if (K <= 0 || alpha == 0) {
@@ -321,7 +337,7 @@ static int FN(gemm_shared_a)(int trans_a, int trans_b, int64_t M, int64_t K, rea
                 for (int64_t panel = 0; panel < panels; panel++) {
                     int o = 0;
                     while (q0 + panel >= first[o + 1]) o++;
-                    const FN(mha_gemm_out) *u = &outs[o];
+                    const TY(mha_gemm_out) *u = &outs[o];
                     const int64_t j0 = (q0 + panel - first[o]) * NR;
                     const real *b = trans_b ? u->B + j0 * u->ldb + pc : u->B + pc * u->ldb + j0;
                     FN(pack_b)(b_pack + panel * NR * kc, b, u->ldb, trans_b, kc, MHA_MIN(NR, u->N - j0));
@@ -341,7 +357,7 @@ static int FN(gemm_shared_a)(int trans_a, int trans_b, int64_t M, int64_t K, rea
                     for (int o = 0; o < n_out; o++) { /* the outputs' panels in [p0, p1) */
                         const int64_t s0 = MHA_MAX(p0, first[o]), s1 = MHA_MIN(p1, first[o + 1]);
                         if (s0 >= s1) continue;
-                        const FN(mha_gemm_out) *u = &outs[o];
+                        const TY(mha_gemm_out) *u = &outs[o];
                         const int64_t j0 = (s0 - first[o]) * NR;
                         const int64_t cols = MHA_MIN(u->N, (s1 - first[o]) * NR) - j0;
                         real *c = u->C + ic * u->ldc + j0;
@@ -357,32 +373,32 @@ static int FN(gemm_shared_a)(int trans_a, int trans_b, int64_t M, int64_t K, rea
             }
         }
     }
-    free(owned);
+    mha_free(owned);
     return MHA_OK;
 }
 
-int FN(mha_gemm_ws)(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, real alpha,
-                    const real *A, int64_t lda, const real *B, int64_t ldb, real beta,
-                    const real *bias, real *C, int64_t ldc, real *workspace, int threads) {
-    const FN(mha_gemm_out) out = {B, ldb, bias, C, ldc, N};
+static int FN(mha_gemm_ws)(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, real alpha,
+                           const real *A, int64_t lda, const real *B, int64_t ldb, real beta,
+                           const real *bias, real *C, int64_t ldc, real *workspace, int threads) {
+    const TY(mha_gemm_out) out = {B, ldb, bias, C, ldc, N};
     return FN(gemm_shared_a)(trans_a, trans_b, M, K, alpha, A, lda, beta, &out, 1, workspace, threads);
 }
 
 /* Pre-packed B, for attention's tiles: op(B) (K x N) packed once into NR-column panels with
  * the whole K axis per panel, then used by many products whose A is read in place. */
-size_t FN(mha_packed_b_size)(int64_t K, int64_t N) {
+static size_t FN(mha_packed_b_size)(int64_t K, int64_t N) {
     return (size_t)MHA_MAX(K, 0) * mha_round_up((size_t)MHA_MAX(N, 0), NR);
 }
 
-void FN(mha_pack_b_full)(real *packed, const real *B, int64_t ldb, int trans_b, int64_t K, int64_t N) {
+static void FN(mha_pack_b_full)(real *packed, const real *B, int64_t ldb, int trans_b, int64_t K, int64_t N) {
     if (K > 0 && N > 0) FN(pack_b)(packed, B, ldb, trans_b, K, N);
 }
 
 /* C = alpha * op(A) @ Bp + beta * C on the calling thread, op(A) (M x K) read in place (A
  * has row stride lda), Bp from mha_pack_b_full(K, N). */
-MHA_HOT void FN(mha_gemm_packed)(int trans_a, int64_t M, int64_t N, int64_t K, real alpha,
-                                 const real *A, int64_t lda, const real *packed, real beta,
-                                 real *C, int64_t ldc) {
+static void FN(mha_gemm_packed)(int trans_a, int64_t M, int64_t N, int64_t K, real alpha,
+                                const real *A, int64_t lda, const real *packed, real beta,
+                                real *C, int64_t ldc) {
     if (M <= 0 || N <= 0) return;
     if (K <= 0) { FN(scale_c)(M, N, beta, NULL, C, ldc); return; }
     FN(macro_kernel_direct)(M, N, K, A, trans_a ? 1 : lda, trans_a ? lda : 1, packed, C, ldc,
@@ -392,7 +408,7 @@ MHA_HOT void FN(mha_gemm_packed)(int trans_a, int64_t M, int64_t N, int64_t K, r
 /* gemm_shared_a with its own workspace and threads chosen by the work between two barriers
  * (one slice of the shared axis, every output), not by the whole product. */
 static int FN(gemm_auto)(int trans_a, int trans_b, int64_t M, int64_t K, real alpha,
-                         const real *A, int64_t lda, real beta, const FN(mha_gemm_out) *outs,
+                         const real *A, int64_t lda, real beta, const TY(mha_gemm_out) *outs,
                          int n_out) {
     double cols = 0;
     for (int o = 0; o < n_out; o++) cols += (double)MHA_MAX(outs[o].N, 0);
@@ -402,29 +418,29 @@ static int FN(gemm_auto)(int trans_a, int trans_b, int64_t M, int64_t K, real al
 }
 
 /* C = op(A) @ op(B) + bias on every row (bias may be NULL). */
-int FN(mha_gemm_bias)(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, const real *A,
-                      int64_t lda, const real *B, int64_t ldb, const real *bias, real *C,
-                      int64_t ldc) {
-    const FN(mha_gemm_out) out = {B, ldb, bias, C, ldc, N};
+static int FN(mha_gemm_bias)(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, const real *A,
+                             int64_t lda, const real *B, int64_t ldb, const real *bias, real *C,
+                             int64_t ldc) {
+    const TY(mha_gemm_out) out = {B, ldb, bias, C, ldc, N};
     return FN(gemm_auto)(trans_a, trans_b, M, K, 1, A, lda, 0, &out, 1);
 }
 
-int FN(mha_gemm)(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, real alpha,
-                 const real *A, int64_t lda, const real *B, int64_t ldb, real beta, real *C,
-                 int64_t ldc) {
-    const FN(mha_gemm_out) out = {B, ldb, NULL, C, ldc, N};
+static int FN(mha_gemm)(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, real alpha,
+                        const real *A, int64_t lda, const real *B, int64_t ldb, real beta, real *C,
+                        int64_t ldc) {
+    const TY(mha_gemm_out) out = {B, ldb, NULL, C, ldc, N};
     return FN(gemm_auto)(trans_a, trans_b, M, K, alpha, A, lda, beta, &out, 1);
 }
 
-int FN(mha_gemm_shared_a)(int64_t M, int64_t K, const real *A, int64_t lda,
-                          const FN(mha_gemm_out) *outs, int n_out) {
+static int FN(mha_gemm_shared_a)(int64_t M, int64_t K, const real *A, int64_t lda,
+                                 const TY(mha_gemm_out) *outs, int n_out) {
     if (n_out < 1 || n_out > GEMM_MAX_OUTS) return MHA_EINVAL;
     return FN(gemm_auto)(0, 0, M, K, 1, A, lda, 0, outs, n_out);
 }
 
+#if MHA_GNU_C
 #undef vreal
-#undef VLOAD
-#undef VSTORE
+#endif
 #undef VEC_BYTES
 #undef VL
 #undef MR

@@ -1,4 +1,4 @@
-/* mha.h: the public C API of mha's core (plain C11, no Python).
+/* mha.h: the public C API of mha's core (C11, no Python; see common.h for the compilers).
  *
  * Multi-head attention, forward and backward, for float (suffix _f32) and double (_f64).
  * Conventions, shared with the Python package (see docs/semantics.md):
@@ -165,7 +165,22 @@ double mha_dropout_uniform(uint64_t seed, uint64_t b, uint64_t h, uint64_t i, ui
 /* Threads (OpenMP when compiled with it; otherwise always 1). */
 void mha_set_num_threads(int n);
 int mha_get_num_threads(void);
-/* A static string: compiler, SIMD level, OpenMP. */
+
+/* ---- SIMD dispatch (dispatch.c) ------------------------------------------------------- */
+
+/* The kernels are compiled once per instruction set ("paths": "avx2" for AVX2+FMA on x86,
+ * "baseline" for the target's baseline: SSE2 on x86-64, NEON on aarch64). The first call of
+ * any function of the core chooses one for the process: the best this CPU runs, unless the
+ * environment variable MHA_SIMD names another (auto, avx2 or baseline, any case). A value
+ * that names no path, or one this build or CPU lacks, is ignored with a warning on stderr.
+ * Results differ between paths by rounding only (docs/semantics.md, "SIMD paths"). */
+/* The path in use: "avx2" or "baseline" (a static string). */
+const char *mha_simd_path(void);
+/* The paths this build runs on this CPU, best first, separated by spaces: "avx2 baseline". */
+const char *mha_simd_paths(void);
+/* A static string of "key=value" fields separated by "; ": compiler, simd (the path in use),
+ * simd_isa (what its unit was compiled for), simd_paths, simd_choice (how the path was
+ * chosen), kernels (vector extensions or portable C), threads (OpenMP or serial). */
 const char *mha_build_info(void);
 
 #ifdef __cplusplus

@@ -1,13 +1,14 @@
 /* multihead_impl.h: the multi-head attention layer, forward and backward, for a type `real`.
- * Included by multihead.c with real (float|double) and SFX (f32|f64) defined.
+ * Included by kernels.h with real (float|double) and SFX (f32|f64) defined, once per kernel
+ * unit.
  *
  * Heads are never split or merged by copying: a projection (B, n, H * d_head) is read as
  * (B, H, n, d_head) through strides (mha_view), so head h of row i starts at
  * row i * H * d_head + h * d_head.
  */
 
-#define PARAMS FN(mha_layer_params)
-#define GRADS FN(mha_layer_grads)
+#define PARAMS TY(mha_layer_params)
+#define GRADS TY(mha_layer_grads)
 
 /* grad_bias[c] = sum over rows of dy[r, c]. */
 static void FN(sum_rows)(real *grad_bias, const real *dy, int64_t rows, int64_t cols) {
@@ -65,10 +66,10 @@ static int FN(project)(real *y, int64_t y_batch, int64_t ld, const real *x, int6
  * out: (B, n_q, d_model)  weights: (B, H, n_q, n_k) or NULL
  * q_proj: (B, n_q, H*d_head)  k_proj, v_proj: (B, kv_batch_stride, H_kv*d_head)
  * attn: (B, n_q, H*d_head)    x_q: (B, n_q, d_model)  x_k: (B, n_new, kdim)  x_v: (B, n_new, vdim) */
-int FN(mha_layer_forward)(real *out, real *weights, real *q_proj, real *k_proj, real *v_proj,
-                          real *attn, real *lse, const real *x_q, const real *x_k, const real *x_v,
-                          const PARAMS *p, const mha_layer_dims *m,
-                          const mha_attention_desc *opts) {
+static int FN(mha_layer_forward)(real *out, real *weights, real *q_proj, real *k_proj,
+                                 real *v_proj, real *attn, real *lse, const real *x_q,
+                                 const real *x_k, const real *x_v, const PARAMS *p,
+                                 const mha_layer_dims *m, const mha_attention_desc *opts) {
     const int64_t B = m->batch, E_q = m->heads * m->d_head, E_kv = m->kv_heads * m->d_head;
     const int64_t kv_batch = m->kv_batch_stride * E_kv, kv_first = m->kv_row_offset * E_kv;
     int err;
@@ -77,7 +78,7 @@ int FN(mha_layer_forward)(real *out, real *weights, real *q_proj, real *k_proj, 
     //    blocks of x are packed once for the three.
     if (x_k == x_q && x_v == x_q && m->kdim == m->d_model && m->vdim == m->d_model &&
         m->n_new == m->n_q && m->kv_batch_stride == m->n_new && kv_first == 0) {
-        const FN(mha_gemm_out) qkv[3] = {{p->W_q, E_q, p->b_q, q_proj, E_q, E_q},
+        const TY(mha_gemm_out) qkv[3] = {{p->W_q, E_q, p->b_q, q_proj, E_q, E_q},
                                          {p->W_k, E_kv, p->b_k, k_proj, E_kv, E_kv},
                                          {p->W_v, E_kv, p->b_v, v_proj, E_kv, E_kv}};
         if ((err = FN(mha_gemm_shared_a)(B * m->n_q, m->d_model, x_q, m->d_model, qkv, 3))) return err;
@@ -107,17 +108,18 @@ int FN(mha_layer_forward)(real *out, real *weights, real *q_proj, real *k_proj, 
         concat = masked;
     }
     err = FN(project)(out, 0, m->d_model, concat, 0, 1, rows, E_q, p->W_o, p->b_o, m->d_model);
-    free(masked);
+    mha_free(masked);
     return err;
 }
 
 /* Backward: mirrors the forward's passes in reverse.
  * dx_q like x_q, dx_k like x_k, dx_v like x_v; d_out (B, n_q, d_model). */
-int FN(mha_layer_backward)(real *dx_q, real *dx_k, real *dx_v, const GRADS *g,
-                           const real *d_out, const real *q_proj, const real *k_proj,
-                           const real *v_proj, const real *attn, const real *lse, const real *x_q,
-                           const real *x_k, const real *x_v, const PARAMS *p,
-                           const mha_layer_dims *m, const mha_attention_desc *opts) {
+static int FN(mha_layer_backward)(real *dx_q, real *dx_k, real *dx_v, const GRADS *g,
+                                  const real *d_out, const real *q_proj, const real *k_proj,
+                                  const real *v_proj, const real *attn, const real *lse,
+                                  const real *x_q, const real *x_k, const real *x_v,
+                                  const PARAMS *p, const mha_layer_dims *m,
+                                  const mha_attention_desc *opts) {
     if (m->kv_row_offset != 0 || m->n_new != m->n_k || m->kv_batch_stride != m->n_k)
         return MHA_EINVAL;
     const int64_t B = m->batch, H = m->heads, dh = m->d_head;
@@ -130,7 +132,7 @@ int FN(mha_layer_backward)(real *dx_q, real *dx_k, real *dx_v, const GRADS *g,
     size_t total = 0; /* dC, masked concat, dQ, dK, dV */
     const size_t parts[5] = {n_q_elems, n_masked, n_q_elems, n_k_elems, n_k_elems};
     for (int i = 0; i < 5; i++)
-        if (__builtin_add_overflow(total, parts[i], &total)) ok = 0;
+        total = mha_add_size(total, parts[i], &ok);
     if (!ok || total > SIZE_MAX / sizeof(real)) return MHA_ENOMEM;
     real *scratch = mha_alloc(total * sizeof(real));
     if (!scratch) return MHA_ENOMEM;
@@ -189,7 +191,7 @@ int FN(mha_layer_backward)(real *dx_q, real *dx_k, real *dx_v, const GRADS *g,
             goto done;
     }
 done:
-    free(scratch);
+    mha_free(scratch);
     return err;
 }
 

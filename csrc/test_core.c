@@ -1,4 +1,5 @@
-/* test_core.c: the C core on its own, no Python. `make -C csrc test` (and `make asan`).
+/* test_core.c: the C core on its own, no Python. `make -C csrc test` (and asan, valgrind,
+ * portable): once per SIMD path.
  *
  * Each fast kernel is held to a naive twin written here in the plainest loops: the GEMM in all
  * four transpose combinations (and products sharing A, bitwise against single products),
@@ -15,6 +16,10 @@
 #include "mha.h"
 
 static int failures = 0, checks = 0;
+/* Elements per array checked against finite differences: about 23 (the whole run), or 4
+ * with --quick (for emulators: every kernel still runs on every case, and every forward
+ * result is still held to its twin). */
+static size_t fd_samples = 23;
 
 static void expect(int ok, const char *what, double err, double tol) {
     checks++;
@@ -226,7 +231,7 @@ static void test_attention_case(attention_case c) {
     const double eps = 1e-6;
     double worst = 0;
     for (int a = 0; a < 3; a++)
-        for (size_t i = 0; i < sizes[a]; i += 1 + sizes[a] / 23) {
+        for (size_t i = 0; i < sizes[a]; i += 1 + sizes[a] / fd_samples) {
             double saved = arrays[a][i], lp = 0, lm = 0;
             arrays[a][i] = saved + eps;
             naive_attention(out2, NULL, q, k, v, mask, &d);
@@ -318,7 +323,7 @@ static void test_layer(void) {
     size_t counts[4] = {4, E_q * d_model, d_model * E_q, B * n * d_model};
     double worst = 0;
     for (int t = 0; t < 4; t++)
-        for (size_t i = 0; i < counts[t]; i += 1 + counts[t] / 11) {
+        for (size_t i = 0; i < counts[t]; i += 1 + counts[t] / (fd_samples / 2)) {
             double saved = targets[t][i], lp = 0, lm = 0;
             targets[t][i] = saved + 1e-6;
             mha_layer_forward_f64(out, NULL, qp, kp, vp, attn, NULL, x, x, x, &p, &m, &opts);
@@ -391,8 +396,78 @@ static void test_dropout_rng(void) {
     expect(fabs(mean - 0.5) < 0.01, "dropout uniform mean", fabs(mean - 0.5), 0.01);
 }
 
-int main(void) {
+/* NaN in the scores reaches every row that sees it, through both softmax paths, in the vector
+ * body, the tail and the second key tile (keys 150 and 297 of 300 are NaN): a row seeing a NaN
+ * gives NaN, also when every other key it sees is masked (its max is then -inf, yet the row is
+ * not fully masked); a row seeing neither is exact, a fully masked row is 0. */
+static void test_nan_scores(void) {
+    enum { NQ = 5, NK = 300, D = 4 };
+    const int64_t nan_keys[2] = {150, 297};
+    double *q = random_array(NQ * D), *k = random_array(NK * D), *v = random_array(NK * D);
+    for (int t = 0; t < 2; t++) k[nan_keys[t] * D + 1] = NAN;
+    uint8_t *mask = malloc(NQ * NK);
+    for (int64_t j = 0; j < NK; j++) {
+        mask[0 * NK + j] = 1;                 /* sees both NaN keys among finite ones  */
+        mask[1 * NK + j] = j == 150;          /* sees one NaN key, all else masked      */
+        mask[2 * NK + j] = j <= 100;          /* sees no NaN                            */
+        mask[3 * NK + j] = 0;                 /* fully masked                           */
+        mask[4 * NK + j] = j == 297 || j < 3; /* a NaN in the second tile's tail        */
+    }
+    mha_attention_desc d;
+    mha_attention_desc_init(&d, 1, 1, 1, NQ, NK, D, D);
+    d.mask_kind = MHA_MASK_BOOL;
+    d.mask = mask;
+    d.mask_strides[2] = NK;
+    d.mask_strides[3] = 1;
+    double *ref = malloc(NQ * D * sizeof *ref), *out = malloc(NQ * D * sizeof *out), *w = malloc(NQ * NK * sizeof *w);
+    float *qf = malloc(NQ * D * 4), *kf = malloc(NK * D * 4), *vf = malloc(NK * D * 4), *of = malloc(NQ * D * 4), *wf = malloc(NQ * NK * 4);
+    for (int i = 0; i < NQ * D; i++) qf[i] = (float)q[i];
+    for (int i = 0; i < NK * D; i++) kf[i] = (float)k[i], vf[i] = (float)v[i];
+    naive_attention(ref, NULL, q, k, v, mask, &d); /* right for rows 2 and 3 only */
+    for (int f32 = 0; f32 < 2; f32++)
+        for (int weights = 0; weights < 2; weights++) {
+            int status = f32 ? mha_attention_forward_f32(of, weights ? wf : NULL, qf, kf, vf, &d)
+                             : mha_attention_forward_f64(out, weights ? w : NULL, q, k, v, &d);
+            if (f32)
+                for (int i = 0; i < NQ * D; i++) out[i] = of[i];
+            int nan_rows = 1;
+            double zero = 0;
+            for (int c = 0; c < D; c++) {
+                nan_rows &= isnan(out[0 * D + c]) && isnan(out[1 * D + c]) && isnan(out[4 * D + c]);
+                zero = fmax(zero, fabs(out[3 * D + c]));
+            }
+            double err = 0;
+            for (int c = 0; c < D; c++) err = fmax(err, fabs(out[2 * D + c] - ref[2 * D + c]));
+            char what[120];
+            const char *kind = f32 ? "float32" : "float64", *path = weights ? "weights" : "fused";
+            snprintf(what, sizeof what, "NaN scores (%s, %s path): status", kind, path);
+            expect(status == MHA_OK, what, status, 0);
+            snprintf(what, sizeof what, "NaN scores (%s, %s path): rows seeing NaN are NaN", kind, path);
+            expect(nan_rows, what, 1, 0);
+            snprintf(what, sizeof what, "NaN scores (%s, %s path): fully masked row is 0", kind, path);
+            expect(zero == 0, what, zero, 0);
+            snprintf(what, sizeof what, "NaN scores (%s, %s path): row without NaN", kind, path);
+            expect(err <= (f32 ? 1e-5 : 1e-12), what, err, f32 ? 1e-5 : 1e-12);
+        }
+    free(q), free(k), free(v), free(mask), free(ref), free(out), free(w);
+    free(qf), free(kf), free(vf), free(of), free(wf);
+}
+
+/* `test_core --paths` prints the SIMD paths this build runs here (the Makefile runs the tests
+ * once per path, with MHA_SIMD set); a run with MHA_SIMD set fails unless that path is used.
+ * `test_core --quick` samples fewer finite differences (fd_samples). */
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "--paths") == 0) {
+        puts(mha_simd_paths());
+        return 0;
+    }
+    if (argc > 1 && strcmp(argv[1], "--quick") == 0) fd_samples = 4;
     printf("%s, %d threads\n", mha_build_info(), mha_get_num_threads());
+    const char *want = getenv("MHA_SIMD");
+    if (want && *want && strcmp(want, "auto") != 0 && strcmp(want, mha_simd_path()) != 0) {
+        printf("FAIL MHA_SIMD=%s, but the kernels run the %s path\n", want, mha_simd_path());
+        return 1;
+    }
     test_gemm();
     test_gemm_shared_a();
     const attention_case cases[] = {
@@ -400,7 +475,7 @@ int main(void) {
         {2, 2, 1, 6, 3, 8, 8, 1, 1, 0},   {1, 3, 3, 70, 33, 17, 9, 0, 1, 0},
         {2, 2, 2, 8, 11, 4, 4, 0, 0, 0.3}, {1, 2, 1, 5, 5, 3, 2, 1, 1, 0.5},
         {1, 1, 1, 3, 0, 4, 4, 0, 0, 0},
-        /* several key tiles (256) and query blocks (64): online softmax across tiles */
+        /* several key tiles (256) and query blocks (72): online softmax across tiles */
         {1, 2, 1, 150, 600, 24, 20, 1, 1, 0}, {2, 2, 2, 130, 300, 16, 16, 1, 0, 0.2},
         {1, 1, 1, 300, 270, 8, 8, 1, 1, 0},
     };
@@ -408,6 +483,7 @@ int main(void) {
     test_layer();
     test_dropout_rng();
     test_exp_f32();
+    test_nan_scores();
     printf("%d passed, %d failed\n", checks - failures, failures);
     return failures != 0;
 }

@@ -74,8 +74,38 @@ def get_num_threads():
 
 
 def build_info():
-    """How the C core was built: {"compiler": ..., "simd": ..., "threads": ..., "openmp": bool}."""
+    """How the C core was built, and which of its SIMD paths runs.
+
+    The kernels are compiled once per instruction set and the core picks one at its first
+    call: the best this CPU runs, unless the environment variable ``MHA_SIMD`` (``auto``,
+    ``avx2`` or ``baseline``), set before that call, names another. A value naming no path, or
+    a path this build or CPU lacks, is ignored with a warning on stderr, and ``simd_choice``
+    says so. Results differ between paths by rounding only (docs/semantics.md, "SIMD paths").
+
+    Returns
+    -------
+    dict
+        ``compiler`` (str): the compiler that built the core, e.g. ``"gcc 12.2.0"``.
+        ``simd`` (str): the path in use, ``"avx2"`` (AVX2+FMA) or ``"baseline"`` (SSE2 on
+        x86-64, NEON on aarch64).
+        ``simd_isa`` (str): what that path's kernels were compiled for, e.g.
+        ``"AVX2+FMA (32-byte vectors)"``.
+        ``simd_paths`` (tuple of str): the paths this build runs on this CPU, best first.
+        ``simd_choice`` (str): how the path was chosen (``"auto ..."`` or ``"MHA_SIMD=..."``).
+        ``kernels`` (str): ``"vector extensions"`` (GCC, clang) or ``"portable C"``.
+        ``threads`` (str) and ``openmp`` (bool): OpenMP, or the serial core.
+        ``num_threads`` (int): the threads the kernels use.
+        ``omp_wait_policy``, ``gomp_spincount`` (str): the OpenMP waiting settings in force.
+
+    Examples
+    --------
+    >>> import mha
+    >>> info = mha.build_info()
+    >>> info["simd"] in info["simd_paths"]
+    True
+    """
     info = dict(part.split("=", 1) for part in _C.build_info().split("; "))
+    info["simd_paths"] = tuple(info.get("simd_paths", "").split())
     info["openmp"] = info["threads"].startswith("OpenMP")
     info["num_threads"] = get_num_threads()
     info["omp_wait_policy"] = _os.environ.get("OMP_WAIT_POLICY", "default")

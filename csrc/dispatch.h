@@ -1,0 +1,77 @@
+/* dispatch.h: the kernels, compiled once per instruction set, and the table that picks one
+ * set at run time (internal; the public API is mha.h).
+ *
+ * A kernel unit is one translation unit holding the whole numerical core (kernels.h: the GEMM,
+ * attention and the layer, float and double), built with the flags of one instruction set:
+ *   kernels_baseline.c  the target's baseline (SSE2 on x86-64, NEON on aarch64), always built
+ *   kernels_avx2.c      AVX2+FMA (-mavx2 -mfma; MSVC /arch:AVX2), x86 only
+ * Each unit exports one table (mha_kernels) of the entry points below; dispatch.c probes the
+ * CPU once, honours MHA_SIMD, and every public function calls through the chosen table. Only
+ * the entry points are called through it: inside a unit every call is direct, and every loop
+ * is compiled for the unit's instruction set.
+ *
+ * Adding a kernel: write it in a *_impl.h (type-generic, static functions named FN(...)),
+ * include that file in kernels.h, declare its entry point in mha.h (public) or common.h
+ * (internal), and add one line X(name, (parameters), (arguments)) below; the table field,
+ * each unit's entry and the dispatching function are generated from that line. Entry points
+ * return an int status (MHA_OK or an error code).
+ * Adding an instruction set: a kernels_<isa>.c like kernels_avx2.c, its compile flags in
+ * setup.py and csrc/Makefile, and a line in dispatch.c's list of paths with its CPU probe. */
+#ifndef MHA_DISPATCH_H
+#define MHA_DISPATCH_H
+
+#include "common.h"
+#include "mha.h"
+
+/* The entry points, written once for T = float, SFX = f32 and T = double, SFX = f64. */
+#define MHA_DISPATCHED(X, T, SFX)                                                              \
+    X(mha_gemm_##SFX,                                                                          \
+      (int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T *A,         \
+       int64_t lda, const T *B, int64_t ldb, T beta, T *C, int64_t ldc),                       \
+      (trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))                        \
+    X(mha_gemm_bias_##SFX,                                                                     \
+      (int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, const T *A, int64_t lda,     \
+       const T *B, int64_t ldb, const T *bias, T *C, int64_t ldc),                             \
+      (trans_a, trans_b, M, N, K, A, lda, B, ldb, bias, C, ldc))                               \
+    X(mha_gemm_shared_a_##SFX,                                                                 \
+      (int64_t M, int64_t K, const T *A, int64_t lda, const mha_gemm_out_##SFX *outs,          \
+       int n_out),                                                                             \
+      (M, K, A, lda, outs, n_out))                                                             \
+    X(mha_attention_forward_lse_##SFX,                                                         \
+      (T *out, T *weights, T *lse, const T *q, const T *k, const T *v,                         \
+       const mha_attention_desc *desc),                                                        \
+      (out, weights, lse, q, k, v, desc))                                                      \
+    X(mha_attention_backward_saved_##SFX,                                                      \
+      (T *dq, T *dk, T *dv, const T *d_out, const T *q, const T *k, const T *v, const T *out,  \
+       const T *lse, const mha_attention_desc *desc),                                          \
+      (dq, dk, dv, d_out, q, k, v, out, lse, desc))                                            \
+    X(mha_layer_forward_##SFX,                                                                 \
+      (T *out, T *weights, T *q_proj, T *k_proj, T *v_proj, T *attn, T *lse, const T *x_q,     \
+       const T *x_k, const T *x_v, const mha_layer_params_##SFX *params,                      \
+       const mha_layer_dims *dims, const mha_attention_desc *attn_desc),                       \
+      (out, weights, q_proj, k_proj, v_proj, attn, lse, x_q, x_k, x_v, params, dims,           \
+       attn_desc))                                                                             \
+    X(mha_layer_backward_##SFX,                                                                \
+      (T *dx_q, T *dx_k, T *dx_v, const mha_layer_grads_##SFX *grads, const T *d_out,          \
+       const T *q_proj, const T *k_proj, const T *v_proj, const T *attn, const T *lse,         \
+       const T *x_q, const T *x_k, const T *x_v, const mha_layer_params_##SFX *params,         \
+       const mha_layer_dims *dims, const mha_attention_desc *attn_desc),                       \
+      (dx_q, dx_k, dx_v, grads, d_out, q_proj, k_proj, v_proj, attn, lse, x_q, x_k, x_v,       \
+       params, dims, attn_desc))
+
+/* One unit's table: what it was compiled for, then one pointer per entry point. */
+typedef struct mha_kernels {
+    const char *isa;  /* the instructions it was compiled for: "AVX2+FMA", "SSE2", "NEON", ... */
+    const char *code; /* "vector extensions" (GNU C) or "portable C" (MHA_GNU_C == 0) */
+#define MHA_KERNEL_FIELD(name, params, args) int(*name) params;
+    MHA_DISPATCHED(MHA_KERNEL_FIELD, float, f32)
+    MHA_DISPATCHED(MHA_KERNEL_FIELD, double, f64)
+#undef MHA_KERNEL_FIELD
+} mha_kernels;
+
+/* The units' tables: NULL for a unit built without its instruction set (kernels_avx2.c on
+ * aarch64, or without its flags). */
+extern const mha_kernels *const mha_unit_baseline;
+extern const mha_kernels *const mha_unit_avx2;
+
+#endif /* MHA_DISPATCH_H */
