@@ -73,12 +73,13 @@ def openmp_flags(compiler, unix):
     """(compile flags, link flags, description) of the first OpenMP that links, or None."""
     if not unix:
         candidates = [(["/openmp"], [], "/openmp")]
-    else:
+    else:  # the compiler's own -fopenmp, then a separate libomp (first if MHA_LIBOMP_PREFIX names one)
         candidates = [(["-fopenmp"], ["-fopenmp"], "-fopenmp")]
         for prefix in libomp_prefixes():
             lib = os.path.join(prefix, "lib")
-            candidates.append((["-Xpreprocessor", "-fopenmp", "-I" + os.path.join(prefix, "include")],
-                               ["-L" + lib, "-lomp", "-Wl,-rpath," + lib], f"libomp in {prefix}"))
+            candidate = (["-Xpreprocessor", "-fopenmp", "-I" + os.path.join(prefix, "include")],
+                         ["-L" + lib, "-lomp", "-Wl,-rpath," + lib], f"libomp in {prefix}")
+            candidates.insert(len(candidates) if prefix != os.environ.get("MHA_LIBOMP_PREFIX") else 0, candidate)
     for cflags, lflags, what in candidates:
         if compiler_accepts(compiler, cflags, lflags, OPENMP_PROBE):
             return cflags, lflags, what

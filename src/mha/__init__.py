@@ -104,7 +104,7 @@ def build_info():
     >>> info["simd"] in info["simd_paths"]
     True
     """
-    info = dict(part.split("=", 1) for part in _C.build_info().split("; "))
+    info = dict(map(str.strip, part.split("=", 1)) for part in _C.build_info().split("; "))
     info["simd_paths"] = tuple(info.get("simd_paths", "").split())
     info["openmp"] = info["threads"].startswith("OpenMP")
     info["num_threads"] = get_num_threads()
