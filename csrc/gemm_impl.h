@@ -12,10 +12,11 @@
  * the threads, and differ between units only by their rounding of a * b + c (one rounding
  * with fused multiply-adds, two without).
  */
-#define VEC_BYTES MHA_VEC_BYTES                /* 32 (AVX, NEON) or 16 (SSE2): vec.h      */
+#define VEC_BYTES MHA_VEC_BYTES                /* 32 (AVX) or 16 (SSE2, NEON): vec.h      */
 #define VL ((int)(VEC_BYTES / sizeof(real)))   /* elements per vector                     */
 #define MR 6                                   /* micro-tile rows                         */
-#define NR (2 * VL)                            /* micro-tile columns: two vectors         */
+#define NV (MHA_VEC_REGS / 8)                  /* micro-tile columns in vectors (below)   */
+#define NR (NV * VL)                           /* micro-tile columns                      */
 #define KC 256                                 /* shared-axis block (see gemm_kc)          */
 #define KC_ONE_SLICE 512                       /* ... or the whole axis, up to this length  */
 #define MC_MAX 144                             /* rows of A per block (multiple of MR)    */
@@ -121,9 +122,11 @@ static void FN(pack_b)(real *buf, const real *b, int64_t ldb, int trans, int64_t
  * Element (r, p) of the A rows is a[r * a_rs + p * a_cs]: (1, MR) for a packed panel, or the
  * strides of op(A) itself when A is read in place; rows past m then repeat row m - 1 (valid
  * memory, results discarded) instead of reading past the matrix.
- * The loops over rows are unrolled by pragma so that acc lives in registers at any -O level
- * (rolled, GCC 12 at -O2 kept acc on the stack). Portable C accumulates in an array and
- * leaves the registers to the compiler. */
+ * NR = NV vectors: the MR x NV accumulators, NV vectors of B and a broadcast element of A
+ * fill the register file (16 registers: NV = 2, 12 + 2 + 1; 32 registers: NV = 4, 24 + 4 + 1).
+ * The loops are unrolled by pragma so that acc lives in registers at any -O level (rolled,
+ * GCC 12 at -O2 kept acc on the stack). Portable C accumulates in an array and leaves the
+ * registers to the compiler. */
 MHA_INLINE void FN(micro_kernel)(int64_t kc, const real *a, int64_t a_rs, int64_t a_cs,
                                  const real *b, real *c, int64_t ldc, int64_t m, int64_t n,
                                  real alpha, real beta, const real *bias) {
@@ -131,50 +134,46 @@ MHA_INLINE void FN(micro_kernel)(int64_t kc, const real *a, int64_t a_rs, int64_
     MHA_UNROLL(6)
     for (int r = 0; r < MR; r++) row[r] = a + MHA_MIN(r, m - 1) * a_rs;
 #if MHA_GNU_C
-    vreal acc[MR][2];
+    vreal acc[MR][NV];
     MHA_UNROLL(6)
-    for (int r = 0; r < MR; r++) acc[r][0] = acc[r][1] = (vreal){0};
+    for (int r = 0; r < MR; r++)
+        MHA_UNROLL(4)
+        for (int v = 0; v < NV; v++) acc[r][v] = (vreal){0};
     for (int64_t p = 0; p < kc; p++) {
-        vreal b0, b1;
-        MHA_VLOAD(b0, b + p * NR);
-        MHA_VLOAD(b1, b + p * NR + VL);
+        vreal bv[NV];
+        MHA_UNROLL(4)
+        for (int v = 0; v < NV; v++) MHA_VLOAD(bv[v], b + p * NR + v * VL);
         MHA_UNROLL(6)
         for (int r = 0; r < MR; r++) {
             real a_r = row[r][p * a_cs];
-            acc[r][0] += a_r * b0;
-            acc[r][1] += a_r * b1;
+            MHA_UNROLL(4)
+            for (int v = 0; v < NV; v++) acc[r][v] += a_r * bv[v];
         }
     }
     if (m == MR && n == NR) {
         MHA_UNROLL(6)
-        for (int r = 0; r < MR; r++) {
-            real *c_r = c + r * ldc;
-            vreal c0 = alpha * acc[r][0], c1 = alpha * acc[r][1];
-            if (bias) {
-                vreal b0, b1;
-                MHA_VLOAD(b0, bias);
-                MHA_VLOAD(b1, bias + VL);
-                c0 += b0;
-                c1 += b1;
+        for (int r = 0; r < MR; r++)
+            MHA_UNROLL(4)
+            for (int v = 0; v < NV; v++) {
+                real *c_rv = c + r * ldc + v * VL;
+                vreal x = alpha * acc[r][v], y;
+                if (bias) {
+                    MHA_VLOAD(y, bias + v * VL);
+                    x += y;
+                }
+                if (beta != 0) {
+                    MHA_VLOAD(y, c_rv);
+                    x += beta * y;
+                }
+                MHA_VSTORE(c_rv, x);
             }
-            if (beta != 0) {
-                vreal old0, old1;
-                MHA_VLOAD(old0, c_r);
-                MHA_VLOAD(old1, c_r + VL);
-                c0 += beta * old0;
-                c1 += beta * old1;
-            }
-            MHA_VSTORE(c_r, c0);
-            MHA_VSTORE(c_r + VL, c1);
-        }
         return;
     }
     real tile[MR][NR];
     MHA_UNROLL(6)
-    for (int r = 0; r < MR; r++) {
-        MHA_VSTORE(tile[r], acc[r][0]);
-        MHA_VSTORE(tile[r] + VL, acc[r][1]);
-    }
+    for (int r = 0; r < MR; r++)
+        MHA_UNROLL(4)
+        for (int v = 0; v < NV; v++) MHA_VSTORE(tile[r] + v * VL, acc[r][v]);
 #else
     real tile[MR][NR] = {{0}};
     for (int64_t p = 0; p < kc; p++) {
@@ -445,6 +444,7 @@ static int FN(mha_gemm_shared_a)(int64_t M, int64_t K, const real *A, int64_t ld
 #undef VL
 #undef MR
 #undef NR
+#undef NV
 #undef KC
 #undef KC_ONE_SLICE
 #undef MC_MAX

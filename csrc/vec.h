@@ -1,10 +1,11 @@
 /* vec.h: the vector helpers of the kernels: the softmax's max, exp-and-sum and scale, and the
  * square-block transposes of transposed packing, for float and double.
  *
- * Each kernel unit (dispatch.h) is compiled for one instruction set, and its vectors are
- * MHA_VEC_BYTES wide: 32 where the register file holds the GEMM's 6 x 16 float micro-tile with
- * room to spare (AVX: 16 ymm registers; aarch64: 32 NEON registers, two per vector), else 16
- * (SSE2: 16 xmm registers, which would hold only 16 of that tile's 24 halves).
+ * Each kernel unit (dispatch.h) is compiled for one instruction set, and its vectors are that
+ * set's registers: MHA_VEC_BYTES = 32 with AVX, else 16 (SSE2, NEON). Wider vectors would be
+ * split by the compiler into register pairs, which GCC keeps in memory instead (a GEMM at a
+ * fifteenth of the speed, x86 SSE2 and aarch64 alike). MHA_VEC_REGS is the number of vector
+ * registers: 32 on aarch64, 16 on x86-64; the GEMM's micro-tile is sized to fill them.
  * In GNU C the helpers are written with vector types, the float ones with a scalar or padded
  * tail; in portable C (MHA_GNU_C == 0) they are plain loops with the same contracts. */
 #ifndef MHA_VEC_H
@@ -16,10 +17,15 @@
 
 #include "common.h"
 
-#if defined(__AVX__) || defined(__aarch64__) || defined(_M_ARM64)
+#if defined(__AVX__)
 #define MHA_VEC_BYTES 32
 #else
 #define MHA_VEC_BYTES 16
+#endif
+#if defined(__aarch64__) || defined(_M_ARM64)
+#define MHA_VEC_REGS 32
+#else
+#define MHA_VEC_REGS 16
 #endif
 #define MHA_VL_F32 (MHA_VEC_BYTES / 4) /* lanes of a float vector  */
 #define MHA_VL_F64 (MHA_VEC_BYTES / 8) /* lanes of a double vector */
