@@ -121,7 +121,16 @@ class BuildExt(build_ext):
         for ext in self.extensions:
             ext.extra_compile_args = flags + ext.extra_compile_args
             ext.extra_link_args = link + ext.extra_link_args
+        # setuptools skips an extension newer than its sources: not when the compiler or the
+        # flags changed since the build in build_temp (CC=clang pip install . after a GCC build)
+        stamp = os.path.join(self.build_temp, "mha-build.txt")
+        signature = repr((getattr(self.compiler, "compiler_so", kind), flags, link, self.unit_flags))
+        if not os.path.exists(stamp) or open(stamp).read() != signature:
+            self.force = True
         super().build_extensions()
+        os.makedirs(self.build_temp, exist_ok=True)
+        with open(stamp, "w") as f:
+            f.write(signature)
 
     def build_extension(self, ext):
         objects = []
