@@ -17,9 +17,7 @@ import numpy as np
 import pytest
 
 import mha
-from conftest import assert_close, requires_c
-
-pytestmark = requires_c
+from conftest import assert_close
 
 PATH_TOL = {np.float32: 1e-5, np.float64: 1e-12}
 
