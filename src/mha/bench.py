@@ -108,31 +108,36 @@ def _row(case, what, impl, seconds, flops, ceiling):
     return row
 
 
-def _model_cases(threads, ceiling, repeats):
-    """Cases e (MiniLM encoding 128 tokens, against transformers on torch) and f (one epoch of
-    seed 000's training task, against the seed's torch model); a case whose packages are
-    missing is skipped with a line on stderr."""
-    rows = []
+def _encode_case(threads, ceiling, repeats):
+    """Case e: MiniLM encoding 128 tokens, against transformers on torch; skipped with a line on
+    stderr when a package is missing."""
     try:
         from .models import benchmark_encode
         r = benchmark_encode(n_tokens=128, repeats=max(repeats, 10), threads=threads)
-        if "torch_eager_ms" in r:
-            label = "e: MiniLM encode, 128 tokens (best of runs)"
-            rows += [_row(label, "forward +weights", "mha", r["mha_ms"] / 1e3, None, ceiling),
-                     _row(label, "forward +weights", "torch", r["torch_eager_ms"] / 1e3, None, ceiling),
-                     _row(label, "forward (torch: SDPA)", "mha", r["mha_no_weights_ms"] / 1e3, None, ceiling),
-                     _row(label, "forward (torch: SDPA)", "torch", r["torch_sdpa_ms"] / 1e3, None, ceiling)]
     except (ImportError, OSError) as e:  # no torch/transformers, or the MiniLM package
         print(f"case e skipped: {e}", file=sys.stderr)
+        return []
+    if "torch_eager_ms" not in r:
+        return []
+    label = "e: MiniLM encode, 128 tokens (best of runs)"
+    return [_row(label, "forward +weights", "mha", r["mha_ms"] / 1e3, None, ceiling),
+            _row(label, "forward +weights", "torch", r["torch_eager_ms"] / 1e3, None, ceiling),
+            _row(label, "forward (torch: SDPA)", "mha", r["mha_no_weights_ms"] / 1e3, None, ceiling),
+            _row(label, "forward (torch: SDPA)", "torch", r["torch_sdpa_ms"] / 1e3, None, ceiling)]
+
+
+def _epoch_case(threads, ceiling, repeats):
+    """Case f: one epoch of seed 000's training task, against the seed's torch model; skipped
+    with a line on stderr without torch."""
     try:
         from .train import benchmark_epoch
         r = benchmark_epoch(4, threads=threads, repeats=max(repeats, 10))
-        label = "f: seed 000 training epoch, 4 heads, 500 x 12 tokens"
-        rows += [_row(label, "forward+backward+Adam", "mha", r["mha_seconds"], None, ceiling),
-                 _row(label, "forward+backward+Adam", "torch", r["torch_seconds"], None, ceiling)]
     except ImportError as e:
         print(f"case f skipped: {e}", file=sys.stderr)
-    return rows
+        return []
+    label = "f: seed 000 training epoch, 4 heads, 500 x 12 tokens"
+    return [_row(label, "forward+backward+Adam", "mha", r["mha_seconds"], None, ceiling),
+            _row(label, "forward+backward+Adam", "torch", r["torch_seconds"], None, ceiling)]
 
 
 def _layer_case(case, B, n, d_model, n_heads, causal, ceiling, torch, repeats, with_numpy=True):
@@ -314,9 +319,12 @@ def run(cases="abcdef", repeats=5, threads=None, progress=True):
     if "d" in cases:
         say("case d (fresh processes)")
         rows += _peak_case("d", 16384, 8, 64, threads, ceiling, torch is not None)
-    if ("e" in cases or "f" in cases) and torch is not None:
-        say("cases e, f (MiniLM encoding, training epoch)")
-        rows += [r for r in _model_cases(threads, ceiling, repeats) if r["case"][0] in cases]
+    if "e" in cases and torch is not None:
+        say("case e (MiniLM encoding)")
+        rows += _encode_case(threads, ceiling, repeats)
+    if "f" in cases and torch is not None:
+        say("case f (training epoch)")
+        rows += _epoch_case(threads, ceiling, repeats)
     # the ceiling: the better of a measurement before and one after the cases (a busy spell
     # of the shared machine at the start would otherwise flatter every fraction)
     ceiling = max(ceiling, matmul_gflops())
