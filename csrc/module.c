@@ -351,6 +351,31 @@ static int check_heads(Py_ssize_t heads, Py_ssize_t kv_heads, Py_ssize_t d_head)
     return 0;
 }
 
+/* query (B, n_q, d_model), key (B, n_new, kdim), value (B, n_new, vdim), C-contiguous of the
+ * call's dtype, and the head sizes: checks them and fills dims for a call without a cache
+ * (n_k = kv_batch_stride = n_new). */
+static int layer_inputs(mha_layer_dims *m, int typenum, PyObject *xq_obj, PyObject *xk_obj, PyObject *xv_obj,
+                        Py_ssize_t heads, Py_ssize_t kv_heads, Py_ssize_t d_head, PyArrayObject **xq,
+                        PyArrayObject **xk, PyArrayObject **xv) {
+    if (!(*xq = get_array(xq_obj, "query", typenum, 3)) || !(*xk = get_array(xk_obj, "key", typenum, 3)) ||
+        !(*xv = get_array(xv_obj, "value", typenum, 3)) || check_heads(heads, kv_heads, d_head))
+        return -1;
+    memset(m, 0, sizeof *m);
+    m->batch = PyArray_DIM(*xq, 0);
+    m->n_q = PyArray_DIM(*xq, 1);
+    m->n_k = m->n_new = m->kv_batch_stride = PyArray_DIM(*xk, 1);
+    m->d_model = PyArray_DIM(*xq, 2);
+    m->kdim = PyArray_DIM(*xk, 2);
+    m->vdim = PyArray_DIM(*xv, 2);
+    m->heads = heads;
+    m->kv_heads = kv_heads;
+    m->d_head = d_head;
+    return check_dim(*xk, "key", 0, m->batch, "batch") || check_dim(*xv, "value", 0, m->batch, "batch") ||
+                   check_dim(*xv, "value", 1, m->n_new, "n_k")
+               ? -1
+               : 0;
+}
+
 /* The layer's parameters (or their gradients) as arrays, field for field mha.h's
  * mha_layer_params; NULL for an absent bias or head mask. */
 typedef struct {
@@ -488,23 +513,8 @@ static PyObject *py_layer_forward(PyObject *self, PyObject *args, PyObject *kwar
     PyArrayObject *xq, *xk, *xv, *kc = NULL, *vc = NULL;
     PyArrayObject *out = NULL, *weights = NULL, *q_proj = NULL, *k_proj = NULL, *v_proj = NULL, *attn = NULL;
     PyArrayObject *lse = NULL;
-    if (!(xq = get_array(xq_obj, "query", typenum, 3)) || !(xk = get_array(xk_obj, "key", typenum, 3)) ||
-        !(xv = get_array(xv_obj, "value", typenum, 3)))
-        return NULL;
-    if (check_heads(heads, kv_heads, d_head)) return NULL;
-    mha_layer_dims m = {0};
-    m.batch = PyArray_DIM(xq, 0);
-    m.n_q = PyArray_DIM(xq, 1);
-    m.n_new = PyArray_DIM(xk, 1);
-    m.d_model = PyArray_DIM(xq, 2);
-    m.kdim = PyArray_DIM(xk, 2);
-    m.vdim = PyArray_DIM(xv, 2);
-    m.heads = heads;
-    m.kv_heads = kv_heads;
-    m.d_head = d_head;
-    if (check_dim(xk, "key", 0, m.batch, "batch") || check_dim(xv, "value", 0, m.batch, "batch") ||
-        check_dim(xv, "value", 1, m.n_new, "n_k"))
-        return NULL;
+    mha_layer_dims m;
+    if (layer_inputs(&m, typenum, xq_obj, xk_obj, xv_obj, heads, kv_heads, d_head, &xq, &xk, &xv)) return NULL;
     const npy_intp E_q = heads * d_head, E_kv = kv_heads * d_head;
     if (kc_obj != Py_None) {
         if (!(kc = get_output_array(kc_obj, "k_cache", typenum, 3)) ||
@@ -520,10 +530,8 @@ static PyObject *py_layer_forward(PyObject *self, PyObject *args, PyObject *kwar
         }
         m.kv_row_offset = cache_length;
         m.kv_batch_stride = max_len;
-    } else {
-        m.kv_batch_stride = m.n_new;
+        m.n_k = m.kv_row_offset + m.n_new;
     }
-    m.n_k = m.kv_row_offset + m.n_new;
     layer_arrays la;
     if (layer_params(&la, params, typenum, &m)) return NULL;
     mha_attention_desc d;
@@ -611,26 +619,12 @@ static PyObject *py_layer_backward(PyObject *self, PyObject *args, PyObject *kwa
         return NULL;
     }
     PyArrayObject *xq, *xk, *xv, *d_out, *qp, *kp, *vp, *attn, *lse;
-    if (!(xq = get_array(xq_obj, "query", typenum, 3)) || !(xk = get_array(xk_obj, "key", typenum, 3)) ||
-        !(xv = get_array(xv_obj, "value", typenum, 3)) || !(d_out = get_array(do_obj, "d_out", typenum, 3)))
-        return NULL;
-    if (check_heads(heads, kv_heads, d_head)) return NULL;
-    mha_layer_dims m = {0};
-    m.batch = PyArray_DIM(xq, 0);
-    m.n_q = PyArray_DIM(xq, 1);
-    m.n_k = m.n_new = m.kv_batch_stride = PyArray_DIM(xk, 1);
-    m.d_model = PyArray_DIM(xq, 2);
-    m.kdim = PyArray_DIM(xk, 2);
-    m.vdim = PyArray_DIM(xv, 2);
-    m.heads = heads;
-    m.kv_heads = kv_heads;
-    m.d_head = d_head;
+    mha_layer_dims m;
+    if (layer_inputs(&m, typenum, xq_obj, xk_obj, xv_obj, heads, kv_heads, d_head, &xq, &xk, &xv)) return NULL;
     const npy_intp E_q = heads * d_head, E_kv = kv_heads * d_head;
     npy_intp out_shape[3] = {m.batch, m.n_q, m.d_model}, q_shape[3] = {m.batch, m.n_q, E_q};
-    npy_intp kv_shape[3] = {m.batch, m.n_k, E_kv}, xk_shape[3] = {m.batch, m.n_k, m.kdim};
-    npy_intp xv_shape[3] = {m.batch, m.n_k, m.vdim}, lse_shape[3] = {m.batch, m.heads, m.n_q};
-    if (check_shape(d_out, "d_out", 3, out_shape) || check_shape(xk, "key", 3, xk_shape) ||
-        check_shape(xv, "value", 3, xv_shape))
+    npy_intp kv_shape[3] = {m.batch, m.n_k, E_kv}, lse_shape[3] = {m.batch, m.heads, m.n_q};
+    if (!(d_out = get_array(do_obj, "d_out", typenum, 3)) || check_shape(d_out, "d_out", 3, out_shape))
         return NULL;
     if (!(qp = get_saved(saved_obj, "q_proj", 1, typenum, 3, q_shape)) ||
         !(kp = get_saved(saved_obj, "k_proj", 1, typenum, 3, kv_shape)) ||
