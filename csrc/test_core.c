@@ -259,7 +259,8 @@ static void test_layer(void) {
     double *W_v = random_array(d_model * E_kv), *W_o = random_array(E_q * d_model);
     double *b_q = random_array(E_q), *b_k = random_array(E_kv), *b_v = random_array(E_kv), *b_o = random_array(d_model);
     double head_mask[4] = {1, 0.5, 0, 2};
-    mha_layer_params_f64 p = {W_q, W_k, W_v, W_o, b_q, b_k, b_v, b_o, head_mask};
+    mha_layer_params_f64 p = {.W_q = W_q, .W_k = W_k, .W_v = W_v, .W_o = W_o, .b_q = b_q, .b_k = b_k,
+                              .b_v = b_v, .b_o = b_o, .head_mask = head_mask};
     mha_layer_dims m = {.batch = B, .n_q = n, .n_k = n, .n_new = n, .d_model = d_model, .kdim = d_model,
                         .vdim = d_model, .heads = H, .kv_heads = H_kv, .d_head = dh, .kv_batch_stride = n};
     mha_attention_desc opts;
@@ -267,7 +268,10 @@ static void test_layer(void) {
     opts.causal = 1;
     double *out = malloc(B * n * d_model * 8), *qp = malloc(B * n * E_q * 8), *kp = malloc(B * n * E_kv * 8);
     double *vp = malloc(B * n * E_kv * 8), *attn = malloc(B * n * E_q * 8), *lse = malloc(B * H * n * 8);
-    expect(mha_layer_forward_f64(out, NULL, qp, kp, vp, attn, lse, x, x, x, &p, &m, &opts) == MHA_OK, "layer forward status", 0, 0);
+    mha_layer_saved_f64 saved = {.q_proj = qp, .k_proj = kp, .v_proj = vp, .attn = attn, .lse = lse};
+    mha_layer_saved_f64 no_lse = saved;
+    no_lse.lse = NULL;
+    expect(mha_layer_forward_f64(out, NULL, &saved, x, x, x, &p, &m, &opts) == MHA_OK, "layer forward status", 0, 0);
 
     /* by hand: Q = x W_q + b_q as (B, H, n, dh) contiguous, then naive attention */
     double *Q = malloc(B * H * n * dh * 8), *K = malloc(B * H_kv * n * dh * 8), *V = malloc(B * H_kv * n * dh * 8);
@@ -305,12 +309,13 @@ static void test_layer(void) {
     double *gW_q = malloc(d_model * E_q * 8), *gW_k = malloc(d_model * E_kv * 8), *gW_v = malloc(d_model * E_kv * 8);
     double *gW_o = malloc(E_q * d_model * 8), *gb_q = malloc(E_q * 8), *gb_k = malloc(E_kv * 8), *gb_v = malloc(E_kv * 8);
     double *gb_o = malloc(d_model * 8), ghm[4];
-    mha_layer_grads_f64 gr = {gW_q, gW_k, gW_v, gW_o, gb_q, gb_k, gb_v, gb_o, ghm};
-    expect(mha_layer_backward_f64(dx, dx_k, dx_v, &gr, g, qp, kp, vp, attn, lse, x, x, x, &p, &m, &opts) == MHA_OK,
+    mha_layer_grads_f64 gr = {.W_q = gW_q, .W_k = gW_k, .W_v = gW_v, .W_o = gW_o, .b_q = gb_q, .b_k = gb_k,
+                              .b_v = gb_v, .b_o = gb_o, .head_mask = ghm};
+    expect(mha_layer_backward_f64(dx, dx_k, dx_v, &gr, g, &saved, x, x, x, &p, &m, &opts) == MHA_OK,
            "layer backward status", 0, 0);
     /* without the saved lse the attention's forward runs again: the same gradients */
     double *dx2 = malloc(B * n * d_model * 8);
-    mha_layer_backward_f64(dx2, dx_k, dx_v, &gr, g, qp, kp, vp, attn, NULL, x, x, x, &p, &m, &opts);
+    mha_layer_backward_f64(dx2, dx_k, dx_v, &gr, g, &no_lse, x, x, x, &p, &m, &opts);
     expect(max_abs_diff(dx, dx2, B * n * d_model) <= 1e-13, "layer backward: saved lse == recomputed",
            max_abs_diff(dx, dx2, B * n * d_model), 1e-13);
     free(dx2);
@@ -321,10 +326,10 @@ static void test_layer(void) {
         for (size_t i = 0; i < counts[t]; i += 1 + counts[t] / 11) {
             double saved = targets[t][i], lp = 0, lm = 0;
             targets[t][i] = saved + 1e-6;
-            mha_layer_forward_f64(out, NULL, qp, kp, vp, attn, NULL, x, x, x, &p, &m, &opts);
+            mha_layer_forward_f64(out, NULL, &no_lse, x, x, x, &p, &m, &opts);
             for (int64_t s = 0; s < B * n * d_model; s++) lp += out[s] * g[s];
             targets[t][i] = saved - 1e-6;
-            mha_layer_forward_f64(out, NULL, qp, kp, vp, attn, NULL, x, x, x, &p, &m, &opts);
+            mha_layer_forward_f64(out, NULL, &no_lse, x, x, x, &p, &m, &opts);
             for (int64_t s = 0; s < B * n * d_model; s++) lm += out[s] * g[s];
             targets[t][i] = saved;
             double fd = (lp - lm) / 2e-6;

@@ -5,7 +5,7 @@ import pytest
 
 import mha
 import mha.reference
-from conftest import DTYPES, TOL, assert_close, naive_attention, numeric_grad, requires_c
+from conftest import DTYPES, TOL, assert_close, naive_attention, numeric_grad
 
 PARAM_ORDER = ("W_q", "W_k", "W_v", "W_o")
 
@@ -536,7 +536,6 @@ def test_grouped_heads_equal_repeated_heads(rng):
         assert_close(grouped.grads[name], summed, 1e-12, f"grads[{name!r}]")
 
 
-@requires_c
 def test_layer_thread_count_does_not_change_results(rng):
     """Training with dropout: fresh layers with one seed draw the same dropout seed, and the
     counter-based mask must not depend on the thread count."""
