@@ -624,6 +624,34 @@ static PyObject *py_matmul(PyObject *self, PyObject *args, PyObject *kwargs) {
     return (PyObject *)c;
 }
 
+/* attention_flow(weights) -> (n, n): weights (L, n, n) float64, C-contiguous, finite, >= 0
+ * (mha.analysis.attention_flow fuses the heads, adds the residual and checks the values). */
+static PyObject *py_attention_flow(PyObject *self, PyObject *arg) {
+    (void)self;
+    PyArrayObject *w = get_array(arg, "weights", NPY_FLOAT64, 3);
+    if (!w) return NULL;
+    npy_intp L = PyArray_DIM(w, 0), n = PyArray_DIM(w, 1);
+    if (L < 1 || n < 1 || PyArray_DIM(w, 2) != n) {
+        PyErr_Format(PyExc_ValueError, "weights has shape (%zd, %zd, %zd) but (layers >= 1, n >= 1, n) was expected",
+                     (Py_ssize_t)L, (Py_ssize_t)n, (Py_ssize_t)PyArray_DIM(w, 2));
+        return NULL;
+    }
+    npy_intp shape[2] = {n, n};
+    PyArrayObject *out = (PyArrayObject *)PyArray_SimpleNew(2, shape, NPY_FLOAT64);
+    if (!out) return NULL;
+    int err;
+    Py_BEGIN_ALLOW_THREADS
+    err = mha_attention_flow_f64(PyArray_DATA(out), PyArray_DATA(w), L, n);
+    Py_END_ALLOW_THREADS
+    if (err == MHA_EINVAL) PyErr_SetString(PyExc_ValueError, "weights must be finite and >= 0");
+    else if (err) PyErr_NoMemory();
+    if (err) {
+        Py_DECREF(out);
+        return NULL;
+    }
+    return (PyObject *)out;
+}
+
 static PyObject *py_dropout_uniform(PyObject *self, PyObject *args) {
     (void)self;
     unsigned long long seed, b, h, i, j;
@@ -666,6 +694,7 @@ static PyMethodDef methods[] = {
      "layer_backward(d_out, q_proj, k_proj, v_proj, attn, x_q, x_k, x_v, params, heads, kv_heads, d_head, ...)"},
     {"matmul", (PyCFunction)(void (*)(void))py_matmul, METH_VARARGS | METH_KEYWORDS,
      "matmul(a, b, trans_a=False, trans_b=False): the core's GEMM on 2-D C-contiguous arrays"},
+    {"attention_flow", py_attention_flow, METH_O, "attention_flow(weights (L, n, n) float64) -> (n, n) maximum flows"},
     {"dropout_uniform", py_dropout_uniform, METH_VARARGS, "dropout_uniform(seed, b, h, i, j) -> float in [0, 1)"},
     {"set_num_threads", py_set_num_threads, METH_O, "set_num_threads(n)"},
     {"get_num_threads", py_get_num_threads, METH_NOARGS, "get_num_threads() -> int"},
