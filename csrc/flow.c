@@ -235,8 +235,12 @@ static void flow_state_init(flow_state *st, int64_t *p, int64_t L, int64_t n) {
     st->bfs = p;
 }
 
-int mha_attention_flow_f64(double *out, const double *weights, int64_t layers, int64_t n) {
-    if (layers < 1 || n < 1) return MHA_EINVAL;
+int mha_attention_flow_f64(double *out, const double *weights, int64_t layers, int64_t n,
+                           const int64_t *sources, int64_t n_sources) {
+    if (layers < 1 || n < 1 || n_sources < 0) return MHA_EINVAL;
+    if (!sources) n_sources = n;
+    for (int64_t i = 0; sources && i < n_sources; i++)
+        if (sources[i] < 0 || sources[i] >= n) return MHA_EINVAL;
     const int64_t L = layers, nn = n * n;
     /* R: the largest total capacity out of one node (every flow value is at most R) */
     double R = 0;
@@ -251,19 +255,20 @@ int mha_attention_flow_f64(double *out, const double *weights, int64_t layers, i
         R = MHA_MAX(R, sum);
     }
     if (L == 1 || R == 0) { /* one layer: the edge itself; no capacity: no flow */
-        for (int64_t i = 0; i < nn; i++) out[i] = L == 1 ? weights[i] : 0.0;
+        for (int64_t i = 0; i < n_sources; i++)
+            for (int64_t j = 0; j < n; j++) out[i * n + j] = L == 1 ? weights[(sources ? sources[i] : i) * n + j] : 0.0;
         return MHA_OK;
     }
     const double unit = 0x1p61 / R;
     int ok = 1;
     size_t caps = mha_mul_size(mha_mul_size((size_t)L, (size_t)nn, &ok), sizeof(int64_t), &ok);
     size_t state = flow_state_bytes(L, n, &ok);
-    int threads = (int)MHA_MIN((int64_t)mha_threads_for((double)L * (double)nn * (double)nn), n);
+    int threads = (int)MHA_MIN((int64_t)mha_threads_for((double)L * (double)nn * (double)n * (double)n_sources), MHA_MAX(n_sources, 1));
     size_t total = mha_mul_size(state, (size_t)threads, &ok);
     int64_t *rows = NULL, *C = NULL;
     unsigned char *mem = NULL;
     if (ok) {
-        rows = mha_alloc((size_t)(nn + n) * sizeof *rows);
+        rows = mha_alloc((size_t)(n_sources * n + n) * sizeof *rows);
         C = mha_alloc(caps);
         mem = mha_alloc(total);
     }
@@ -271,7 +276,7 @@ int mha_attention_flow_f64(double *out, const double *weights, int64_t layers, i
         free(rows), free(C), free(mem);
         return MHA_ENOMEM;
     }
-    int64_t *into = rows + nn; /* (n,) capacity into each sink */
+    int64_t *into = rows + n_sources * n; /* (n,) capacity into each sink */
     for (int64_t i = 0; i < L * nn; i++) C[i] = (int64_t)llround(weights[i] * unit);
     for (int64_t t = 0; t < n; t++) into[t] = 0;
     for (int64_t a = 0; a < n; a++)
@@ -280,12 +285,12 @@ int mha_attention_flow_f64(double *out, const double *weights, int64_t layers, i
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
 #endif
-    for (int64_t s = 0; s < n; s++) {
+    for (int64_t i = 0; i < n_sources; i++) {
         flow_state st;
         flow_state_init(&st, (int64_t *)(mem + (size_t)mha_thread_num() * state), L, n);
-        flows_from(rows + s * n, &st, &g, s, into);
+        flows_from(rows + i * n, &st, &g, sources ? sources[i] : i, into);
     }
-    for (int64_t i = 0; i < nn; i++) out[i] = (double)rows[i] / unit;
+    for (int64_t i = 0; i < n_sources * n; i++) out[i] = (double)rows[i] / unit;
     free(rows), free(C), free(mem);
     return MHA_OK;
 }

@@ -432,7 +432,7 @@ static void test_attention_flow(void) {
                 w[r * n + b] = cases[c][2] ? (randn() > 0 ? x : 0) : 0.5 * x + (b == r % n ? 0.5 : 0);
             }
         }
-        int err = mha_attention_flow_f64(out, w, L, n);
+        int err = mha_attention_flow_f64(out, w, L, n, NULL, 0);
         double worst = err ? INFINITY : 0;
         for (int i = 0; i < n && !err; i++)
             for (int j = 0; j < n; j++) {
@@ -446,12 +446,24 @@ static void test_attention_flow(void) {
         char what[64];
         snprintf(what, sizeof what, "attention flow L=%d n=%d", L, n);
         expect(worst <= 1e-12, what, worst, 1e-12);
+        /* a subset of sources, in any order: the same rows */
+        int64_t sources[2] = {n - 1, 0};
+        double *some = malloc(2 * (size_t)n * sizeof *some);
+        err = mha_attention_flow_f64(some, w, L, n, sources, 2);
+        double diff = err ? INFINITY : 0;
+        for (int j = 0; j < n && !err; j++)
+            diff = fmax(diff, fmax(fabs(some[j] - out[(n - 1) * n + j]), fabs(some[n + j] - out[j])));
+        expect(diff == 0, "attention flow from chosen sources", diff, 0);
+        free(some);
         free(w), free(out), free(cap);
     }
     double bad[4] = {0.5, -0.1, 0.3, 0.2}, out[4];
-    expect(mha_attention_flow_f64(out, bad, 1, 2) == MHA_EINVAL, "attention flow rejects a negative weight", 1, 0);
+    expect(mha_attention_flow_f64(out, bad, 1, 2, NULL, 0) == MHA_EINVAL, "attention flow rejects a negative weight", 1, 0);
     bad[1] = NAN;
-    expect(mha_attention_flow_f64(out, bad, 1, 2) == MHA_EINVAL, "attention flow rejects NaN", 1, 0);
+    expect(mha_attention_flow_f64(out, bad, 1, 2, NULL, 0) == MHA_EINVAL, "attention flow rejects NaN", 1, 0);
+    bad[1] = 0.1;
+    int64_t outside = 2;
+    expect(mha_attention_flow_f64(out, bad, 1, 2, &outside, 1) == MHA_EINVAL, "attention flow rejects a source out of range", 1, 0);
 }
 
 int main(void) {
