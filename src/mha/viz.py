@@ -29,12 +29,13 @@ from typing import Mapping
 import numpy as np
 
 from . import analysis
-from .headview import HeadView, head_view
+from .headview import HeadView, ModelView, NeuronView, head_view, model_view, neuron_view
 
 __all__ = [
     "heatmap", "head_grid", "similarity_matrices", "mask_heatmap", "concat_projection",
     "training_curves", "accuracy_bars", "training_summary", "speed_bars", "pruning_plot",
-    "attention_gif", "AnimatedGIF", "head_view", "HeadView",
+    "attention_gif", "AnimatedGIF", "head_view", "HeadView", "model_view", "ModelView",
+    "neuron_view", "NeuronView", "head_map",
 ]
 
 # seed 000's bar colours, then matplotlib's tab10
