@@ -516,3 +516,35 @@ def test_head_map_puts_identical_heads_together(rng):
     assert points.shape == (2, 4, 2) and d.shape == (8, 8)
     assert np.allclose(points[0, 0], points[1, 1]) and np.allclose(points[0, 2], points[1, 3])
     assert d[0, 1] > 0.1 and d[0, 5] == pytest.approx(0, abs=1e-7)
+
+
+# --- figures -------------------------------------------------------------------------------------
+
+def test_head_map_figure_and_errors(rng):
+    from mha import viz
+    w = random_attention(rng, 2, 3, 5, 5)
+    fig = viz.head_map(w)
+    assert len(fig.axes) == 2                                       # the map and its colour bar
+    points, _ = analysis.head_map(w)
+    fig = viz.head_map(points=points, color=np.arange(6.0).reshape(2, 3), color_label="x", labels=False)
+    assert fig.axes[1].get_ylabel() == "x"
+    with pytest.raises(ValueError, match="color"):
+        viz.head_map(points=points, color=np.ones(6))
+    with pytest.raises(ValueError, match="attentions or points"):
+        viz.head_map()
+
+
+@needs_minilm
+def test_tour_figures_on_minilm(minilm, tmp_path):
+    from mha import viz
+    texts = ["The cat sat on the mat.", "She said that he was right."]
+    shares = viz.special_token_shares(minilm, texts)
+    assert shares["weight"].shape == (6,) and 0 < shares["overall"]["norm"] < shares["overall"]["weight"]
+    for make in (lambda: viz.beyond_attention_figure(minilm, texts[0]),
+                 lambda: viz.kobayashi_figure(minilm, shares=shares),
+                 lambda: viz.clark_metrics_figure(minilm, texts),
+                 lambda: viz.head_map_figure(minilm, texts)):
+        fig = make()
+        path = tmp_path / "figure.png"
+        fig.savefig(path, dpi=40)
+        assert path.stat().st_size > 5000

@@ -222,14 +222,19 @@ def dominant_pattern(weights, rtol=0.02):
     return str(names) if names.ndim == 0 else names
 
 
-def attention_mass(weights, keys, *, queries=None):
+def attention_mass(weights, keys, *, queries=None, normalize=False):
     """Share of attention that lands on chosen keys (e.g. [CLS]/[SEP], or "doctor").
 
     weights: (..., n_q, n_k). keys: an int, a sequence of ints, or a bool array (n_k,).
     queries: optional rows to average over (same forms as keys); default all non-masked rows.
+    normalize: divide each row by its sum first, for values whose rows do not sum to 1 (the
+    value norms of :func:`value_norms`: the share of the norm that lands on the keys).
     Returns (...): mean over the query rows of the summed weight on those keys.
     """
     weights = _as_weights(weights)
+    if normalize:
+        total = weights.sum(axis=-1, keepdims=True)
+        weights = np.divide(weights, total, out=np.zeros_like(weights), where=total > 0)
     n_q, n_k = weights.shape[-2:]
     key_sel = _selection(keys, n_k, "keys")
     mass = weights[..., key_sel].sum(axis=-1)                    # (..., n_q)
