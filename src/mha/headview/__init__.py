@@ -26,6 +26,7 @@ import base64
 import html
 import json
 import os
+import re
 import zlib
 from importlib import resources
 
@@ -94,10 +95,27 @@ def _json(payload):
             .replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026"))
 
 
-def _page(template, payload, title):
-    return (_resource(template).replace("__MHA_TITLE__", html.escape(title), 1)
-            .replace("__MHA_COMMON__", _resource("common.js"), 1)
-            .replace("__MHA_DATA__", _json(payload), 1))
+_PLACEHOLDER = re.compile(r"__MHA_([A-Z]+)__")
+
+
+def _page(view, payload, title):
+    """page.html with view's controls and script, the shared code and the data filled in (one
+    pass, so nothing inserted, a token or a title, is read as a placeholder)."""
+    parts = {"TITLE": html.escape(title), "KIND": f"{view} view",
+             "CONTROLS": _resource(f"{view}_controls.html"), "COMMON": _resource("common.js"),
+             "SCRIPT": _resource(f"{view}.js"), "DATA": _json(payload)}
+    return _PLACEHOLDER.sub(lambda m: parts[m.group(1)], _resource("page.html"))
+
+
+def _view_inputs(attention, tokens, key_tokens):
+    """(attention (L, H, n_q, n_k), tokens, key_tokens or None), checked."""
+    att = _as_layers(attention)
+    n_q, n_k = att.shape[2:]
+    tokens = _labels(tokens, n_q, "tokens")
+    if key_tokens is None and n_q != n_k:
+        raise ValueError(f"attention has shape {att.shape}: {n_q} queries and {n_k} keys need "
+                         "key_tokens (cross-attention)")
+    return att, tokens, None if key_tokens is None else _labels(key_tokens, n_k, "key_tokens")
 
 
 def _labels(tokens, n, name):
@@ -133,7 +151,7 @@ class HTMLView:
                 f'title="mha {self.kind}"></iframe>')
 
     def _shape(self):
-        return ""
+        return f"{self.n_layers} layers x {self.n_heads} heads x {self.n_tokens} tokens"
 
     def __repr__(self):
         return f"<{type(self).__name__}: {self._shape()}, {len(self.html) / 1e6:.2f} MB page>"
@@ -143,16 +161,10 @@ class HeadView(HTMLView):
     """A rendered head view (see :func:`head_view`)."""
     kind = "head view"
 
-    def _shape(self):
-        return f"{self.n_layers} layers x {self.n_heads} heads x {self.n_tokens} tokens"
-
 
 class ModelView(HTMLView):
     """A rendered model view (see :func:`model_view`)."""
     kind = "model view"
-
-    def _shape(self):
-        return f"{self.n_layers} layers x {self.n_heads} heads x {self.n_tokens} tokens"
 
 
 class NeuronView(HTMLView):
@@ -190,6 +202,17 @@ def _pictures(att, rollout, norms):
         label = "Value norms" + (" (sum of heads)" if v.shape[1] == 1 and H > 1 else "")
         out.append(("norms", label, False, v))
     return out
+
+
+def _picture_view(cls, page, height, sources, shape, path):
+    """A head or model view object (saved to path when given)."""
+    L, H, n_q, n_k = shape
+    view = cls(page, height=height, n_layers=L, n_heads=H, n_tokens=n_q, n_keys=n_k,
+               sources=[s["name"] for s in sources],
+               payload_bytes=sum(len(s.get("thumbs", "")) + sum(map(len, s["layers"])) for s in sources))
+    if path is not None:
+        view.save(path)
+    return view
 
 
 def _sources(pictures, compression):
@@ -253,15 +276,8 @@ def head_view(attention, tokens, key_tokens=None, *, sentence_b_start=None, roll
     >>> view.n_layers, view.n_heads, view.n_tokens
     (2, 3, 4)
     """
-    att = _as_layers(attention)
+    att, tokens, key_tokens = _view_inputs(attention, tokens, key_tokens)
     L, H, n_q, n_k = att.shape
-    tokens = _labels(tokens, n_q, "tokens")
-    if key_tokens is None:
-        if n_q != n_k:
-            raise ValueError(f"attention has shape {att.shape}: {n_q} queries and {n_k} keys "
-                             "need key_tokens (cross-attention)")
-    else:
-        key_tokens = _labels(key_tokens, n_k, "key_tokens")
     if sentence_b_start is not None:
         sentence_b_start = int(sentence_b_start)
         if key_tokens is not None or not 0 < sentence_b_start < n_q:
@@ -281,16 +297,11 @@ def head_view(attention, tokens, key_tokens=None, *, sentence_b_start=None, roll
         "heads": heads, "threshold": float(threshold), "title": title or "",
         "encoding": "uint8 round(255 v / scale[layer]), zlib, base64", "sources": sources,
     }
-    page = _page("template.html", payload, title or "mha head view")
+    page = _page("head", payload, title or "mha head view")
     n = max(n_q, n_k)
     row_h = 14 if n > 150 else (16 if n > 60 else 20)
-    view = HeadView(page, height=int(min(110 + 52 + n * row_h + 20, 760)),
-                    payload_bytes=sum(len(s) for src in sources for s in src["layers"]),
-                    n_layers=L, n_heads=H, n_tokens=n_q, n_keys=n_k,
-                    sources=[s["name"] for s in sources])
-    if path is not None:
-        view.save(path)
-    return view
+    return _picture_view(HeadView, page, int(min(110 + 52 + n * row_h + 20, 760)), sources,
+                         att.shape, path)
 
 
 def _thumbnails(values, size):
@@ -346,13 +357,8 @@ def model_view(attention, tokens, key_tokens=None, *, rollout=None, norms=None, 
     >>> model_view(w, ["a", "b", "c", "d"]).n_heads
     3
     """
-    att = _as_layers(attention)
+    att, tokens, key_tokens = _view_inputs(attention, tokens, key_tokens)
     L, H, n_q, n_k = att.shape
-    tokens = _labels(tokens, n_q, "tokens")
-    if key_tokens is None and n_q != n_k:
-        raise ValueError(f"attention has shape {att.shape}: {n_q} queries and {n_k} keys need "
-                         "key_tokens (cross-attention)")
-    key_tokens = None if key_tokens is None else _labels(key_tokens, n_k, "key_tokens")
     pictures = _pictures(att, rollout, norms)
     sources = _sources(pictures, compression)
     for src, (_, _, _, values) in zip(sources, pictures):
@@ -364,14 +370,8 @@ def model_view(attention, tokens, key_tokens=None, *, rollout=None, norms=None, 
     payload = {"kind": "model", "n_layers": L, "n_heads": H, "n_q": n_q, "n_k": n_k,
                "tokens": tokens, "key_tokens": key_tokens, "title": title or "",
                "sources": sources}
-    page = _page("model.html", payload, title or "mha model view")
-    view = ModelView(page, height=int(min(140 + L * 84, 900)),
-                     payload_bytes=sum(len(s["thumbs"]) + sum(map(len, s["layers"])) for s in sources),
-                     n_layers=L, n_heads=H, n_tokens=n_q, n_keys=n_k,
-                     sources=[s["name"] for s in sources])
-    if path is not None:
-        view.save(path)
-    return view
+    page = _page("model", payload, title or "mha model view")
+    return _picture_view(ModelView, page, int(min(140 + L * 84, 900)), sources, att.shape, path)
 
 
 def _float_layers(arrays, compression):
@@ -449,7 +449,7 @@ def neuron_view(model, text, *, layer=0, head=0, pair=None, layers=None, truncat
         "k": _float_layers([k[l] for l in layers], compression),
         "encoding": "float32 little-endian, zlib, base64; q (heads, n, d_head), k (kv_heads, n, d_head)",
     }
-    page = _page("neuron.html", payload, title or "mha neuron view")
+    page = _page("neuron", payload, title or "mha neuron view")
     view = NeuronView(page, height=int(min(150 + n * 18, 800)),
                       payload_bytes=sum(map(len, payload["q"])) + sum(map(len, payload["k"])),
                       n_layers=L, n_heads=H, n_kv_heads=H_kv, n_tokens=n, d_head=d_head,

@@ -278,6 +278,49 @@ var MHA = (function () {
     return svg.toString();
   }
 
+  // a view's drawing: render() now (d.now) or at the next frame (d.later, one pending at most);
+  // d.count and d.ms (the last one's time, by performance.now) for tests
+  function drawing(render) {
+    var pending = false, d = { count: 0, ms: 0 };
+    d.now = function () { var t0 = performance.now(); render(); d.count++; d.ms = performance.now() - t0; };
+    d.later = function () {
+      if (pending) return;
+      pending = true;
+      requestAnimationFrame(function () { pending = false; d.now(); });
+    };
+    return d;
+  }
+
+  // the Save PNG and Save SVG buttons of a view; returns svg(): the picture as SVG text
+  function exportButtons(vp, paint, measureCtx, fileName) {
+    function svg() { return vp.svg(paint, measureCtx); }
+    document.getElementById("mha-png").addEventListener("click", function () { vp.exportPNG(paint, fileName("png")); });
+    document.getElementById("mha-svg").addEventListener("click", function () {
+      download(new Blob([svg()], { type: "image/svg+xml" }), fileName("svg"));
+    });
+    return svg;
+  }
+
+  // a fresh picture: white, its heading in bold at the top (part of exported images too)
+  function heading(c, width, height, text) {
+    c.fillStyle = "#fff";
+    c.fillRect(0, 0, width, height);
+    c.fillStyle = "#222";
+    c.textBaseline = "middle";
+    c.textAlign = "left";
+    c.font = "bold 13px " + FONT;
+    c.fillText(fit(c, text, width - 20), 10, 14);
+  }
+
+  // the "Show" menu of the pictures a view holds (hidden when there is one); onChange(index)
+  function sourceMenu(sources, onChange) {
+    var menu = document.getElementById("mha-source");
+    sources.forEach(function (s, i) { menu.add(new Option(s.label, i)); });
+    if (sources.length < 2) return;
+    document.getElementById("mha-source-label").hidden = false;
+    menu.addEventListener("change", function () { onChange(+menu.value); });
+  }
+
   function fit(ctx, text, width) {  // text cut with an ellipsis to fit width
     if (ctx.measureText(text).width <= width) return text;
     var lo = 0, hi = text.length;
@@ -366,6 +409,7 @@ var MHA = (function () {
 
   return { base64ToBytes: base64ToBytes, inflate: inflate, headColors: headColors, blues: blues,
            diverging: diverging, FONT: FONT, SvgContext: SvgContext, canvasContext: canvasContext,
-           download: download, svgString: svgString, Viewport: Viewport,
+           download: download, svgString: svgString, Viewport: Viewport, drawing: drawing,
+           exportButtons: exportButtons, heading: heading, sourceMenu: sourceMenu,
            fit: fit, layerStore: layerStore, floatsFromBase64: floatsFromBase64 };
 })();

@@ -1,39 +1,3 @@
-<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>__MHA_TITLE__</title>
-<!-- mha model view: one self-contained file (data and script inline, no network). -->
-<style>
-  [hidden] { display: none !important; }
-  html, body { margin: 0; padding: 0; background: #fff; color: #222;
-               font: 13px system-ui, -apple-system, "Segoe UI", Roboto, "DejaVu Sans", sans-serif; }
-  #mha-root { padding: 8px 10px; }
-  #mha-bar { display: flex; flex-wrap: wrap; align-items: center; gap: 6px 14px; margin-bottom: 6px; }
-  #mha-bar label { display: inline-flex; align-items: center; gap: 5px; }
-  #mha-bar select, #mha-bar button { font: inherit; padding: 2px 6px; }
-  #mha-status { min-height: 18px; color: #444; margin: 2px 0 4px; white-space: nowrap;
-                overflow: hidden; text-overflow: ellipsis; }
-  #mha-canvas { display: block; touch-action: none; }
-  #mha-error { color: #b00; white-space: pre-wrap; }
-</style>
-</head>
-<body>
-<div id="mha-root">
-  <div id="mha-bar">
-    <label id="mha-source-label" hidden>Show <select id="mha-source"></select></label>
-    <button id="mha-back" type="button" hidden>&larr; All heads</button>
-    <button id="mha-png" type="button">Save PNG</button>
-    <button id="mha-svg" type="button">Save SVG</button>
-  </div>
-  <div id="mha-status">Click a head to open it; arrow keys step through heads and layers, Esc comes back.</div>
-  <div id="mha-error"></div>
-  <canvas id="mha-canvas"></canvas>
-</div>
-<script>__MHA_COMMON__</script>
-<script id="mha-data" type="application/json">__MHA_DATA__</script>
-<script>
 (function () {
   "use strict";
   // data.sources[s]: {name, label, kind, n_heads, scale: [L], layers: [b64 (heads, n_q, n_k) bytes],
@@ -110,15 +74,9 @@
 
   function paint(c) {                 // the whole picture (a band argument is not needed)
     var s = src(), H = s.n_heads, g = geo;
-    c.fillStyle = "#fff";
-    c.fillRect(0, 0, g.width, g.height);
-    c.fillStyle = "#222";
-    c.textBaseline = "middle";
-    c.textAlign = "left";
-    c.font = "bold 13px " + MHA.FONT;
     var title = (data.title ? data.title + " \u2014 " : "") + (sources.length > 1 ? s.label + ", " : "");
     if (g.mode === "grid") {
-      c.fillText(MHA.fit(c, title + L + " layers \u00d7 " + H + " heads", g.width - 20), 10, 14);
+      MHA.heading(c, g.width, g.height, title + L + " layers \u00d7 " + H + " heads");
       c.font = "11px " + MHA.FONT;
       c.fillStyle = "#666";
       c.textAlign = "center";
@@ -146,7 +104,7 @@
     } else {
       var o = state.open, A = stores[state.source](o.layer), base2 = o.head * NQ * NK, top = 1;
       for (var e = base2; e < base2 + NQ * NK; e++) if (A[e] > top) top = A[e];   // colours up to the head's largest value
-      c.fillText(MHA.fit(c, title + "layer " + o.layer + (H > 1 ? ", head " + o.head : ""), g.width - 20), 10, 14);
+      MHA.heading(c, g.width, g.height, title + "layer " + o.layer + (H > 1 ? ", head " + o.head : ""));
       c.putCells(g.left, g.top, g.c, g.c, NQ, NK, function (i, j) { return A[base2 + i * NK + j] / top; }, MHA.blues,
                  "o" + state.source + "|" + o.layer + "|" + o.head);
       c.strokeStyle = "#ccc";
@@ -184,20 +142,9 @@
 
   function fmt(v) { return src().kind === "norm" ? v.toPrecision(3) : v.toFixed(2); }
 
-  var drawCount = 0, lastDrawMs = 0;
-  function draw() {
-    var t0 = performance.now();
-    vp.begin(ctx);
-    paint(ctx);
-    drawCount++;
-    lastDrawMs = performance.now() - t0;
-  }
-  var pending = false;
-  function requestDraw() {
-    if (pending) return;
-    pending = true;
-    requestAnimationFrame(function () { pending = false; draw(); });
-  }
+  var drawer = MHA.drawing(function () { vp.begin(ctx); paint(ctx); });
+  function draw() { drawer.now(); }
+  function requestDraw() { drawer.later(); }
 
   function hit(ev) {
     var pt = vp.pointer(ev), x = pt.x, y = pt.y, g = geo;
@@ -253,32 +200,23 @@
     ev.preventDefault();
   });
 
-  var sourceSel = document.getElementById("mha-source");
-  sources.forEach(function (s, i) { sourceSel.add(new Option(s.label, i)); });
-  if (sources.length > 1) {
-    document.getElementById("mha-source-label").hidden = false;
-    sourceSel.addEventListener("change", function () {
-      state.source = +sourceSel.value;
-      if (state.open) state.open.head = Math.min(state.open.head, src().n_heads - 1);
-      layout(); status(); draw();
-    });
-  }
+  MHA.sourceMenu(sources, function (i) {
+    state.source = i;
+    if (state.open) state.open.head = Math.min(state.open.head, src().n_heads - 1);
+    layout(); status(); draw();
+  });
 
   function fileName(ext) {
     return "model_view_" + src().name + (state.open ? "_layer" + state.open.layer + "_head" + state.open.head : "") + "." + ext;
   }
-  function svg() { return vp.svg(paint, ctx); }
-  document.getElementById("mha-png").addEventListener("click", function () { vp.exportPNG(paint, fileName("png")); });
-  document.getElementById("mha-svg").addEventListener("click", function () {
-    MHA.download(new Blob([svg()], { type: "image/svg+xml" }), fileName("svg"));
-  });
+  var svg = MHA.exportButtons(vp, paint, ctx, fileName);
 
   layout();
   draw();
   document.body.setAttribute("data-ready", "1");
   window.mhaModelView = {
     state: state,
-    stats: function () { return { drawCount: drawCount, lastDrawMs: lastDrawMs, width: geo.width, height: geo.height, mode: geo.mode }; },
+    stats: function () { return { drawCount: drawer.count, lastDrawMs: drawer.ms, width: geo.width, height: geo.height, mode: geo.mode }; },
     open: open,
     svg: svg,
     thumbPoint: function (l, h) { return vp.pagePoint(thumbX(h) + geo.tw / 2, thumbY(l) + geo.th / 2); },
@@ -286,6 +224,3 @@
     thumbSum: function () { var T = thumbData(state.source), t = 0; for (var i = 0; i < T.length; i++) t += T[i]; return t; }
   };
 })();
-</script>
-</body>
-</html>

@@ -1,39 +1,3 @@
-<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>__MHA_TITLE__</title>
-<!-- mha neuron view: one self-contained file (data and script inline, no network). -->
-<style>
-  [hidden] { display: none !important; }
-  html, body { margin: 0; padding: 0; background: #fff; color: #222;
-               font: 13px system-ui, -apple-system, "Segoe UI", Roboto, "DejaVu Sans", sans-serif; }
-  #mha-root { padding: 8px 10px; }
-  #mha-bar { display: flex; flex-wrap: wrap; align-items: center; gap: 6px 14px; margin-bottom: 6px; }
-  #mha-bar label { display: inline-flex; align-items: center; gap: 5px; }
-  #mha-bar select, #mha-bar button { font: inherit; padding: 2px 6px; }
-  #mha-status { min-height: 18px; color: #444; margin: 2px 0 4px; white-space: nowrap;
-                overflow: hidden; text-overflow: ellipsis; }
-  #mha-canvas { display: block; touch-action: none; }
-  #mha-error { color: #b00; white-space: pre-wrap; }
-</style>
-</head>
-<body>
-<div id="mha-root">
-  <div id="mha-bar">
-    <label>Layer <select id="mha-layer"></select></label>
-    <label>Head <select id="mha-head"></select></label>
-    <button id="mha-png" type="button">Save PNG</button>
-    <button id="mha-svg" type="button">Save SVG</button>
-  </div>
-  <div id="mha-status">Hover a query token on the left (click to pin it) to see how its attention is computed.</div>
-  <div id="mha-error"></div>
-  <canvas id="mha-canvas"></canvas>
-</div>
-<script>__MHA_COMMON__</script>
-<script id="mha-data" type="application/json">__MHA_DATA__</script>
-<script>
 (function () {
   "use strict";
   // data.q[i], data.k[i]: layer data.layers[i]'s q (heads, n, d_head) and k (kv_heads, n, d_head),
@@ -89,14 +53,8 @@
   function paint(c, band) {          // the band {y0, y1} of the picture
     var g = geo, r = compute(), cw = g.cw, rh = g.rowH;
     var first = Math.max(0, Math.floor((band.y0 - g.top) / rh)), last = Math.min(N, Math.ceil((band.y1 - g.top) / rh));
-    c.fillStyle = "#fff";
-    c.fillRect(0, 0, g.width, g.height);
-    c.fillStyle = "#222";
-    c.textBaseline = "middle";
-    c.textAlign = "left";
-    c.font = "bold 13px " + MHA.FONT;
-    c.fillText(MHA.fit(c, (data.title ? data.title + " \u2014 " : "") + data.name + ", layer " + r.layer + ", head " + state.head +
-               (HKV < H ? " (key head " + Math.floor(state.head / (H / HKV)) + ")" : ""), g.width - 20), 10, 12);
+    MHA.heading(c, g.width, g.height, (data.title ? data.title + " \u2014 " : "") + data.name + ", layer " + r.layer +
+                ", head " + state.head + (HKV < H ? " (key head " + Math.floor(state.head / (H / HKV)) + ")" : ""));
     c.font = "11px " + MHA.FONT;
     c.fillStyle = "#666";
     c.textAlign = "left";
@@ -139,22 +97,14 @@
     return r;
   }
 
-  var drawCount = 0, lastDrawMs = 0, last = null;
-  function draw() {
-    var t0 = performance.now();
+  var last = null, drawer = MHA.drawing(function () {
     last = paint(ctx, vp.begin(ctx));
-    drawCount++;
-    lastDrawMs = performance.now() - t0;
     var order = Array.from(last.p.keys()).sort(function (a, b) { return last.p[b] - last.p[a]; }).slice(0, 4);
     statusEl.textContent = (state.hover === null ? "\ud83d\udccc " : "") + "\u201c" + tokens[last.i] + "\u201d (#" + last.i + ") attends to: " +
       order.map(function (j) { return tokens[j] + " " + last.p[j].toFixed(2); }).join(" \u00b7 ");
-  }
-  var pending = false;
-  function requestDraw() {
-    if (pending) return;
-    pending = true;
-    requestAnimationFrame(function () { pending = false; draw(); });
-  }
+  });
+  function draw() { drawer.now(); }
+  function requestDraw() { drawer.later(); }
 
   function hit(ev) {
     var pt = vp.pointer(ev), x = pt.x, y = pt.y;
@@ -180,24 +130,17 @@
   layerSel.addEventListener("change", function () { state.slot = +layerSel.value; requestDraw(); });
   headSel.addEventListener("change", function () { state.head = +headSel.value; requestDraw(); });
 
-  function svg() { return vp.svg(paint, ctx); }
+  var svg = MHA.exportButtons(vp, paint, ctx, fileName);
   function fileName(ext) { return "neuron_view_layer" + data.layers[state.slot] + "_head" + state.head + "." + ext; }
-  document.getElementById("mha-png").addEventListener("click", function () { vp.exportPNG(paint, fileName("png")); });
-  document.getElementById("mha-svg").addEventListener("click", function () {
-    MHA.download(new Blob([svg()], { type: "image/svg+xml" }), fileName("svg"));
-  });
 
   layout();
   draw();
   document.body.setAttribute("data-ready", "1");
   window.mhaNeuronView = {
     state: state,
-    stats: function () { return { drawCount: drawCount, lastDrawMs: lastDrawMs, width: geo.width, height: geo.height }; },
+    stats: function () { return { drawCount: drawer.count, lastDrawMs: drawer.ms, width: geo.width, height: geo.height }; },
     result: function () { return { i: last.i, layer: last.layer, p: Array.from(last.p), score: Array.from(last.score), q: Array.from(last.q) }; },
     svg: svg,
     tokenPoint: function (j) { return vp.pagePoint(geo.x0 + geo.colW / 2, rowY(j)); }
   };
 })();
-</script>
-</body>
-</html>

@@ -1,60 +1,3 @@
-<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>__MHA_TITLE__</title>
-<!-- mha head view: one self-contained file (data and script inline, no network). -->
-<style>
-  [hidden] { display: none !important; }
-  html, body { margin: 0; padding: 0; background: #fff; color: #222;
-               font: 13px system-ui, -apple-system, "Segoe UI", Roboto, "DejaVu Sans", sans-serif; }
-  #mha-root { padding: 8px 10px; }
-  #mha-bar { display: flex; flex-wrap: wrap; align-items: center; gap: 6px 14px; margin-bottom: 6px; }
-  #mha-bar label { display: inline-flex; align-items: center; gap: 5px; }
-  #mha-bar select, #mha-bar button { font: inherit; padding: 2px 6px; }
-  #mha-heads { display: flex; flex-wrap: wrap; gap: 3px; margin: 4px 0 6px; align-items: center; }
-  .mha-head { min-width: 22px; height: 20px; border-radius: 3px; border: 2px solid transparent;
-              color: #fff; font-size: 11px; font-weight: 600; cursor: pointer; padding: 0 3px;
-              user-select: none; }
-  .mha-head.off { background: #e4e4e4 !important; color: #888; }
-  .mha-head:focus-visible { outline: 2px solid #000; }
-  #mha-status { min-height: 18px; color: #444; margin: 2px 0 4px; white-space: nowrap;
-                overflow: hidden; text-overflow: ellipsis; }
-  #mha-hint { color: #888; font-size: 11px; }
-  #mha-canvas { display: block; cursor: default; touch-action: none; }
-  #mha-error { color: #b00; white-space: pre-wrap; }
-</style>
-</head>
-<body>
-<div id="mha-root">
-  <div id="mha-bar">
-    <label id="mha-source-label" hidden title="What the lines show">Show <select id="mha-source"></select></label>
-    <label>Layer <select id="mha-layer"></select></label>
-    <label title="Each selected head in its colour, or one picture: their mean or max">Heads
-      <select id="mha-fuse"><option value="each">each</option><option value="mean">mean</option><option value="max">max</option></select></label>
-    <label id="mha-filter-label" hidden>Attention <select id="mha-filter">
-      <option value="all">All</option>
-      <option value="aa">Sentence A &rarr; Sentence A</option>
-      <option value="ab">Sentence A &rarr; Sentence B</option>
-      <option value="ba">Sentence B &rarr; Sentence A</option>
-      <option value="bb">Sentence B &rarr; Sentence B</option>
-    </select></label>
-    <label title="Lines lighter than this are hidden until you hover a token">Min weight
-      <input id="mha-threshold" type="range" min="0" max="0.5" step="0.01"><span id="mha-threshold-value"></span></label>
-    <button id="mha-all" type="button">All heads</button>
-    <button id="mha-none" type="button">No heads</button>
-    <button id="mha-png" type="button">Save PNG</button>
-    <button id="mha-svg" type="button">Save SVG</button>
-  </div>
-  <div id="mha-heads"></div>
-  <div id="mha-status"><span id="mha-hint">Hover a token to see its attention; click it to pin, shift-click more queries to see the sum of their attention (Esc clears). Click a head to toggle it, double-click to show it alone.</span></div>
-  <div id="mha-error"></div>
-  <canvas id="mha-canvas"></canvas>
-</div>
-<script>__MHA_COMMON__</script>
-<script id="mha-data" type="application/json">__MHA_DATA__</script>
-<script>
 (function () {
   "use strict";
 
@@ -266,18 +209,10 @@
   function paint(c, band) {
     var g = geo, f = focus(), pics = pictures(), sel = selectedHeads(), s = src();
     var first = Math.max(0, Math.floor((band.y0 - g.top) / g.rowH)), last = Math.ceil((band.y1 - g.top) / g.rowH);
-    c.fillStyle = "#fff";
-    c.fillRect(0, 0, g.width, g.height);
-    // header (part of the picture, so that an exported image says what it shows)
-    c.fillStyle = "#222";
-    c.font = "bold 13px " + MHA.FONT;
-    c.textBaseline = "middle";
-    c.textAlign = "left";
     var what = (state.layerMode === "one" ? "Layer " + state.layer : state.layerMode + " of layers") + ", " +
       (s.n_heads === 1 ? "" : (state.headMode !== "each" && sel.length > 1 ? state.headMode + " of " : "") + "heads " +
        (sel.length === s.n_heads ? "all " + s.n_heads : (sel.length ? sel.join(" ") : "none")));
-    var heading = (data.title ? data.title + " \u2014 " : "") + (sources.length > 1 ? s.label + ": " : "") + what;
-    c.fillText(MHA.fit(c, heading, g.width - 20), 10, 14);
+    MHA.heading(c, g.width, g.height, (data.title ? data.title + " \u2014 " : "") + (sources.length > 1 ? s.label + ": " : "") + what);
     c.font = "11px " + MHA.FONT;
     c.fillStyle = "#666";
     c.textAlign = "right";
@@ -341,14 +276,9 @@
     return f && fv;
   }
 
-  var drawCount = 0, lastDrawMs = 0, lastFocus = null;
-  function draw() {
-    var t0 = performance.now();
-    lastFocus = paint(ctx, vp.begin(ctx));
-    drawCount++;
-    lastDrawMs = performance.now() - t0;
-    updateStatus();
-  }
+  var lastFocus = null, drawer = MHA.drawing(function () { lastFocus = paint(ctx, vp.begin(ctx)); updateStatus(); });
+  function draw() { drawer.now(); }
+  function requestDraw() { drawer.later(); }
 
   function fmt(v) { return src().kind === "norm" ? v.toPrecision(3) : v.toFixed(2); }
 
@@ -374,12 +304,6 @@
       (fv.length > 1 ? "  [mean of " + fv.length + " heads]" : fv.length ? (fv[0].pic.head >= 0 ? "  [head " + fv[0].pic.head + "]" : "  [" + state.headMode + " of heads]") : "  [no head selected]");
   }
 
-  var pending = false;
-  function requestDraw() {
-    if (pending) return;
-    pending = true;
-    requestAnimationFrame(function () { pending = false; draw(); });
-  }
 
   // ---- interaction -------------------------------------------------------------------------
   function hit(ev) {
@@ -467,15 +391,7 @@
   document.getElementById("mha-all").addEventListener("click", function () { state.selected.fill(true); syncHeads(); });
   document.getElementById("mha-none").addEventListener("click", function () { state.selected.fill(false); syncHeads(); });
 
-  var sourceSel = document.getElementById("mha-source");
-  sources.forEach(function (s, i) { sourceSel.add(new Option(s.label, i)); });
-  if (sources.length > 1) {
-    document.getElementById("mha-source-label").hidden = false;
-    sourceSel.addEventListener("change", function () {
-      state.source = +sourceSel.value;
-      buildHeads(null);
-    });
-  }
+  MHA.sourceMenu(sources, function (i) { state.source = i; buildHeads(null); });
 
   var filterSel = document.getElementById("mha-filter");
   if (data.sentence_b_start !== null) {
@@ -498,11 +414,7 @@
   function fileName(ext) {
     return "head_view_" + src().name + "_" + (state.layerMode === "one" ? "layer" + state.layer : state.layerMode + "_of_layers") + "." + ext;
   }
-  document.getElementById("mha-png").addEventListener("click", function () { vp.exportPNG(paint, fileName("png")); });
-  function svg() { return vp.svg(paint, ctx); }
-  document.getElementById("mha-svg").addEventListener("click", function () {
-    MHA.download(new Blob([svg()], { type: "image/svg+xml" }), fileName("svg"));
-  });
+  var svg = MHA.exportButtons(vp, paint, ctx, fileName);
 
   // ---- start -------------------------------------------------------------------------------
   layout();
@@ -518,7 +430,7 @@
   // for tests and the curious: read-only peeks at the view
   window.mhaHeadView = {
     state: state,
-    stats: function () { return { drawCount: drawCount, lastDrawMs: lastDrawMs, width: geo.width, height: geo.height, timings: timings }; },
+    stats: function () { return { drawCount: drawer.count, lastDrawMs: drawer.ms, width: geo.width, height: geo.height, timings: timings }; },
     layerSum: function (l, s) { var A = stores[s || 0](l), t = 0; for (var i = 0; i < A.length; i++) t += A[i]; return t; },
     tokenPoint: function (side, k) {     // page coordinates of a token's row
       return vp.pagePoint(side === "L" ? (geo.x0 + geo.x1) / 2 : (geo.x2 + geo.x3) / 2, rowY(k));
@@ -530,6 +442,3 @@
     inflate: function (b64, n) { var o = MHA.inflate(MHA.base64ToBytes(b64), n), s = 0; for (var i = 0; i < o.length; i++) s += o[i]; return s; }
   };
 })();
-</script>
-</body>
-</html>
