@@ -46,6 +46,7 @@ typedef struct {            /* one thread's state for one source                
     int64_t *current;       /* (inner,) the next arc to look at: down arcs 0..n-1, up n..2n-1   */
     int64_t *bfs;           /* (inner,) breadth-first order                                     */
     int64_t sink_level;     /* the level of t                                                   */
+    int layered;            /* the level graph is the layered graph itself: no arc goes up      */
 } flow_state;
 
 /* ---- scans of a node's arcs, 4 at a time -------------------------------------------------- */
@@ -148,7 +149,7 @@ static int64_t augment(flow_state *st, const flow_graph *g, int64_t u, int64_t t
         }
         st->current[u] = n;
     }
-    if (m + 1 <= L - 1) {
+    if (m + 1 <= L - 1 && !st->layered) {
         const int64_t *lev = st->level + m * n;
         int64_t *flow = st->FT + (m - 1) * nn + a * n, *res = st->R + (m - 1) * nn;
         for (int64_t c = next_arc(flow, lev, next, MHA_MAX(st->current[u] - n, 0), n); c < n;
@@ -200,6 +201,7 @@ static void flows_from(int64_t *row, flow_state *st, const flow_graph *g, int64_
         int64_t value = 0;
         for (int64_t u = 0; u < inner; u++) st->level[u] = L - 1 - u / n; /* the layered graph */
         st->sink_level = L;
+        st->layered = 1;
         do {
             memset(st->current, 0, (size_t)inner * sizeof *st->current);
             for (int64_t b = 0; b < n && value < bound; b++) {
@@ -208,6 +210,7 @@ static void flows_from(int64_t *row, flow_state *st, const flow_graph *g, int64_
                 int64_t x = augment(st, g, u, t, MHA_MIN(res, bound - value));
                 st->source[b] += x, value += x;
             }
+            st->layered = 0;
         } while (value < bound && levels(st, g, s, t));
         row[t] = value;
         clear_flows(st, g);
