@@ -18,6 +18,12 @@ Pattern scores follow seed 000's ``analyze_attention_pattern``; confidence is Vo
 (2019); Jensen-Shannon head distance is Clark et al. (2019); gradient head importance is
 Michel et al. (2019).
 
+Beyond raw weights: :func:`attention_rollout` and :func:`attention_flow` (Abnar & Zuidema
+2020) follow the attention through all layers; :func:`value_norms` measures what each key adds
+to a query's output (Kobayashi et al. 2020); :func:`head_statistic_sums` and
+:func:`clark_metrics` give Clark et al.'s (2019) per-head statistics (corpus-ready sums and
+counts), :func:`head_map` their map of all heads.
+
 Head importance and pruning are model-agnostic: they take ``evaluate(head_mask) -> float``,
 a function you write that runs your model with the given head multipliers (1 keep, 0 prune)
 and returns a metric such as accuracy. For models built from ``mha.MultiHeadAttention``
