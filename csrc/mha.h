@@ -178,6 +178,14 @@ int mha_gemm_f64(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, doub
  * dropped iff the value is < p. */
 double mha_dropout_uniform(uint64_t seed, uint64_t b, uint64_t h, uint64_t i, uint64_t j);
 
+/* Attention flow (Abnar & Zuidema 2020): out (n_sources, n), out[i][j] = the maximum flow from
+ * node (layers, sources[i]) to node (0, j) of the layered graph whose edge (l + 1, a) -> (l, b)
+ * has capacity weights[l][a][b]; weights (layers, n, n) row-major, finite and >= 0 (else
+ * MHA_EINVAL); sources NULL: all n positions in order (n_sources is then ignored). Exact for the
+ * capacities rounded to multiples of R * 2^-61, R the largest row sum (flow.c). */
+int mha_attention_flow_f64(double *out, const double *weights, int64_t layers, int64_t n,
+                           const int64_t *sources, int64_t n_sources);
+
 /* Threads (OpenMP when compiled with it; otherwise always 1). */
 void mha_set_num_threads(int n);
 int mha_get_num_threads(void);

@@ -724,6 +724,53 @@ static PyObject *py_matmul(PyObject *self, PyObject *args, PyObject *kwargs) {
     return (PyObject *)c;
 }
 
+/* attention_flow(weights, sources=None) -> (n_sources, n): weights (L, n, n) float64,
+ * C-contiguous, finite, >= 0; sources int64 (n_sources,) or None for all positions
+ * (mha.analysis.attention_flow fuses the heads, adds the residual and checks the values). */
+static char *attention_flow_kw[] = {"weights", "sources", NULL};
+
+static PyObject *py_attention_flow(PyObject *self, PyObject *args, PyObject *kwargs) {
+    (void)self;
+    PyObject *w_obj, *s_obj = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O", attention_flow_kw, &w_obj, &s_obj)) return NULL;
+    PyArrayObject *w = get_array(w_obj, "weights", NPY_FLOAT64, 3), *src = NULL;
+    if (!w) return NULL;
+    npy_intp L = PyArray_DIM(w, 0), n = PyArray_DIM(w, 1), n_src = n;
+    if (L < 1 || n < 1 || PyArray_DIM(w, 2) != n) {
+        PyErr_Format(PyExc_ValueError, "weights has shape (%zd, %zd, %zd) but (layers >= 1, n >= 1, n) was expected",
+                     (Py_ssize_t)L, (Py_ssize_t)n, (Py_ssize_t)PyArray_DIM(w, 2));
+        return NULL;
+    }
+    if (s_obj != Py_None) {
+        if (!PyArray_Check(s_obj) || PyArray_TYPE((PyArrayObject *)s_obj) != NPY_INT64) {
+            PyErr_SetString(PyExc_TypeError, "sources must be an int64 numpy array or None");
+            return NULL;
+        }
+        if (!(src = get_array(s_obj, "sources", NPY_INT64, 1))) return NULL;
+        n_src = PyArray_DIM(src, 0);
+        const int64_t *s = PyArray_DATA(src);
+        for (npy_intp i = 0; i < n_src; i++)
+            if (s[i] < 0 || s[i] >= n) {
+                PyErr_Format(PyExc_ValueError, "sources[%zd] = %lld is outside [0, %zd)", (Py_ssize_t)i, (long long)s[i], (Py_ssize_t)n);
+                return NULL;
+            }
+    }
+    npy_intp shape[2] = {n_src, n};
+    PyArrayObject *out = (PyArrayObject *)PyArray_SimpleNew(2, shape, NPY_FLOAT64);
+    if (!out) return NULL;
+    int err;
+    Py_BEGIN_ALLOW_THREADS
+    err = mha_attention_flow_f64(PyArray_DATA(out), PyArray_DATA(w), L, n, src ? PyArray_DATA(src) : NULL, n_src);
+    Py_END_ALLOW_THREADS
+    if (err == MHA_EINVAL) PyErr_SetString(PyExc_ValueError, "weights must be finite and >= 0");
+    else if (err) PyErr_NoMemory();
+    if (err) {
+        Py_DECREF(out);
+        return NULL;
+    }
+    return (PyObject *)out;
+}
+
 static PyObject *py_dropout_uniform(PyObject *self, PyObject *args) {
     (void)self;
     unsigned long long seed, b, h, i, j;
@@ -770,6 +817,8 @@ static PyMethodDef methods[] = {
      "d_value, grads}; saved: {q_proj, k_proj, v_proj, attn[, lse]} from layer_forward"},
     {"matmul", (PyCFunction)(void (*)(void))py_matmul, METH_VARARGS | METH_KEYWORDS,
      "matmul(a, b, trans_a=False, trans_b=False): the core's GEMM on 2-D C-contiguous arrays"},
+    {"attention_flow", (PyCFunction)(void (*)(void))py_attention_flow, METH_VARARGS | METH_KEYWORDS,
+     "attention_flow(weights (L, n, n) float64, sources=None) -> (n_sources, n) maximum flows"},
     {"dropout_uniform", py_dropout_uniform, METH_VARARGS, "dropout_uniform(seed, b, h, i, j) -> float in [0, 1)"},
     {"set_num_threads", py_set_num_threads, METH_O, "set_num_threads(n)"},
     {"get_num_threads", py_get_num_threads, METH_NOARGS, "get_num_threads() -> int"},

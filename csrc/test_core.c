@@ -396,6 +396,81 @@ static void test_dropout_rng(void) {
     expect(fabs(mean - 0.5) < 0.01, "dropout uniform mean", fabs(mean - 0.5), 0.01);
 }
 
+/* ---- attention flow --------------------------------------------------------------------- */
+
+/* Edmonds-Karp on a dense capacity matrix (V x V, modified): the plainest maximum flow. */
+static double naive_max_flow(double *cap, int V, int s, int t) {
+    double total = 0;
+    int *parent = malloc(V * sizeof *parent), *queue = malloc(V * sizeof *queue);
+    for (;;) {
+        for (int v = 0; v < V; v++) parent[v] = -1;
+        parent[s] = s;
+        int head = 0, tail = 0;
+        queue[tail++] = s;
+        while (head < tail && parent[t] < 0) {
+            int u = queue[head++];
+            for (int v = 0; v < V; v++)
+                if (parent[v] < 0 && cap[u * V + v] > 1e-15) parent[v] = u, queue[tail++] = v;
+        }
+        if (parent[t] < 0) break;
+        double push = INFINITY;
+        for (int v = t; v != s; v = parent[v]) push = fmin(push, cap[parent[v] * V + v]);
+        for (int v = t; v != s; v = parent[v]) cap[parent[v] * V + v] -= push, cap[v * V + parent[v]] += push;
+        total += push;
+    }
+    free(parent), free(queue);
+    return total;
+}
+
+static void test_attention_flow(void) {
+    /* layers, tokens, kind: 0 softmax rows with the residual, 1 sparse rows (not normalised) */
+    const int cases[][3] = {{1, 4, 0}, {2, 5, 0}, {3, 6, 0}, {4, 7, 1}, {5, 4, 0}, {3, 9, 1}, {2, 1, 0}, {6, 8, 0}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int L = cases[c][0], n = cases[c][1], V = (L + 1) * n;
+        double *w = malloc((size_t)L * n * n * sizeof *w), *out = malloc((size_t)n * n * sizeof *out);
+        double *cap = malloc((size_t)V * V * sizeof *cap);
+        for (int r = 0; r < L * n; r++) {
+            double sum = 0;
+            for (int b = 0; b < n; b++) sum += w[r * n + b] = exp(2 * randn());
+            for (int b = 0; b < n; b++) {
+                double x = w[r * n + b] / sum;
+                w[r * n + b] = cases[c][2] ? (randn() > 0 ? x : 0) : 0.5 * x + (b == r % n ? 0.5 : 0);
+            }
+        }
+        int err = mha_attention_flow_f64(out, w, L, n, NULL, 0);
+        double worst = err ? INFINITY : 0;
+        for (int i = 0; i < n && !err; i++)
+            for (int j = 0; j < n; j++) {
+                /* node (l, a) is l * n + a; edge (l + 1, a) -> (l, b) */
+                memset(cap, 0, (size_t)V * V * sizeof *cap);
+                for (int l = 0; l < L; l++)
+                    for (int a = 0; a < n; a++)
+                        for (int b = 0; b < n; b++) cap[((l + 1) * n + a) * V + l * n + b] = w[(l * n + a) * n + b];
+                worst = fmax(worst, fabs(out[i * n + j] - naive_max_flow(cap, V, L * n + i, j)));
+            }
+        char what[64];
+        snprintf(what, sizeof what, "attention flow L=%d n=%d", L, n);
+        expect(worst <= 1e-12, what, worst, 1e-12);
+        /* a subset of sources, in any order: the same rows */
+        int64_t sources[2] = {n - 1, 0};
+        double *some = malloc(2 * (size_t)n * sizeof *some);
+        err = mha_attention_flow_f64(some, w, L, n, sources, 2);
+        double diff = err ? INFINITY : 0;
+        for (int j = 0; j < n && !err; j++)
+            diff = fmax(diff, fmax(fabs(some[j] - out[(n - 1) * n + j]), fabs(some[n + j] - out[j])));
+        expect(diff == 0, "attention flow from chosen sources", diff, 0);
+        free(some);
+        free(w), free(out), free(cap);
+    }
+    double bad[4] = {0.5, -0.1, 0.3, 0.2}, out[4];
+    expect(mha_attention_flow_f64(out, bad, 1, 2, NULL, 0) == MHA_EINVAL, "attention flow rejects a negative weight", 1, 0);
+    bad[1] = NAN;
+    expect(mha_attention_flow_f64(out, bad, 1, 2, NULL, 0) == MHA_EINVAL, "attention flow rejects NaN", 1, 0);
+    bad[1] = 0.1;
+    int64_t outside = 2;
+    expect(mha_attention_flow_f64(out, bad, 1, 2, &outside, 1) == MHA_EINVAL, "attention flow rejects a source out of range", 1, 0);
+}
+
 int main(void) {
     printf("%s, %d threads\n", mha_build_info(), mha_get_num_threads());
     test_gemm();
@@ -413,6 +488,7 @@ int main(void) {
     test_layer();
     test_dropout_rng();
     test_exp_f32();
+    test_attention_flow();
     printf("%d passed, %d failed\n", checks - failures, failures);
     return failures != 0;
 }

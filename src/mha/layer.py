@@ -123,3 +123,52 @@ class MultiHeadAttention(LayerBase):
             dropout=s["dropout"], seed=s["seed"], key_is_query=not s["key_given"],
             value_is_key=not s["value_given"])
         return result["d_query"], result["d_key"], result["d_value"], result["grads"]
+
+    def attention_norms(self, query, key=None, value=None, *, mask=None, key_padding_mask=None,
+                        causal=False, summed=False):
+        """Norm-based attention (Kobayashi et al. 2020) of this layer: ||alpha_ij f_h(x_j)||.
+
+        f_h(x_j) = (value_j W_v + b_v)_h (head_mask[h] W_o[rows of head h]), the vector key j
+        adds to query i's output through head h, scaled by its weight alpha_ij; the output
+        bias is left out. Runs the layer's forward (in eval mode, keeping what backward needs
+        from the last call) for the weights, then :func:`mha.analysis.value_norms`.
+
+        Parameters
+        ----------
+        query, key, value, mask, key_padding_mask, causal
+            As for calling the layer (no KV cache).
+        summed : bool
+            The norm of the sum over heads instead of each head's.
+
+        Returns
+        -------
+        norms : ndarray, (B, n_heads, n_q, n_k), or (B, n_q, n_k) with ``summed``
+            The B axis is dropped for unbatched input; in the layer's dtype.
+
+        Examples
+        --------
+        >>> layer = MultiHeadAttention(8, 2, seed=0)
+        >>> x = np.ones((3, 8), np.float32)
+        >>> layer.attention_norms(x).shape, layer.attention_norms(x, summed=True).shape
+        ((2, 3, 3), (3, 3))
+        """
+        from .analysis import value_norms
+
+        training, saved = self.training, self._saved
+        self.training = False
+        try:
+            _, weights = self(query, key, value, mask=mask, key_padding_mask=key_padding_mask,
+                              causal=causal, need_weights=True)
+        finally:
+            self.training, self._saved = training, saved
+        _, _, value, unbatched = checks.layer_inputs(
+            query, key, value, d_model=self.d_model, kdim=self.kdim, vdim=self.vdim, dtype=self.dtype)
+        B, n_k, _ = value.shape
+        P, H_kv, D = self.params, self.n_kv_heads, self.d_head
+        v = _C.matmul(value.reshape(B * n_k, self.vdim), checks.contiguous(P["W_v"], self.dtype))
+        if "b_v" in P:
+            v += P["b_v"]
+        v = v.reshape(B, n_k, H_kv, D).transpose(0, 2, 1, 3)            # (B, H_kv, n_k, D)
+        W_o = P["W_o"] * np.repeat(np.asarray(self.head_mask, self.dtype), D)[:, None]
+        norms = value_norms(weights[None] if unbatched else weights, v, W_o, summed=summed)
+        return norms[0] if unbatched else norms

@@ -209,6 +209,55 @@ class TransformerModel:
             return enc.word_attentions()
         return enc.tokens, enc.attentions
 
+    def qkv(self, text, pair=None, *, truncation=False):
+        """(tokens, q, k, v): what each layer's attention kernel received, for one text.
+
+        q: (n_layers, n_heads, n, d_head); k, v: (n_layers, n_kv_heads, n, d_head), in the
+        model's dtype, the projections split into heads (biases added, before the
+        1/sqrt(d_head) scale; n_kv_heads = n_heads here). ``softmax(q k^T * scale + mask)``
+        with ``scale = model.attention_scale(layer)`` gives ``model.attentions(text)``.
+        """
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str (one text), not {type(text).__name__}")
+        captured = []
+        self._capture = captured
+        try:
+            enc = self.encode(text, pair, need_weights=False, truncation=truncation)
+        finally:
+            self._capture = None
+        q, k, v = (np.stack([c[i] for c in captured]) for i in range(3))
+        return enc.tokens, q, k, v
+
+    def output_projection(self, layer):
+        """(W_o, b_o) of a layer's attention: W_o (n_heads * d_head, d_model) stored (in, out),
+        so that ``heads @ W_o + b_o`` is the output projection; b_o (d_model,) or None."""
+        if not 0 <= int(layer) < self.n_layers:
+            raise IndexError(f"layer={layer}: expected 0 <= layer < {self.n_layers}")
+        p = self.layers[int(layer)]
+        return p["W_o"], p.get("b_o")
+
+    def attention_scale(self, layer):
+        """The factor on q k^T in a layer's attention (1/sqrt(d_head) unless the family says
+        otherwise, e.g. GPT-2's scale_attn_by_inverse_layer_idx)."""
+        return 1.0 / np.sqrt(self.d_head)
+
+    def attention_norms(self, text, pair=None, *, summed=False, truncation=False):
+        """(tokens, norms): Kobayashi et al. (2020)'s norm-based attention of every layer.
+
+        norms[l, h, i, j] = ||alpha_ij f_h(x_j)||, the length of what key j adds to query i's
+        output through head h (value vector times the head's rows of W_o, output bias left
+        out), (n_layers, n_heads, n, n); with ``summed=True`` the length of the sum over the
+        heads, (n_layers, n, n). The sibling of :meth:`attentions`; see
+        :func:`mha.analysis.value_norms` for the formulas.
+        """
+        from ..analysis import value_norms
+
+        tokens, _, _, v = self.qkv(text, pair, truncation=truncation)
+        _, weights = self.attentions(text, pair, truncation=truncation)
+        norms = np.stack([value_norms(weights[l], v[l], self.output_projection(l)[0],
+                                      summed=summed) for l in range(self.n_layers)])
+        return tokens, norms
+
     def hidden_states(self, text, pair=None, *, truncation=False):
         """(tokens, hidden states (n_layers + 1, n, d_model))."""
         enc = self.encode(text, pair, need_weights=False, truncation=truncation)
@@ -263,6 +312,8 @@ class TransformerModel:
         q = qkv[:, :, 0].transpose(0, 2, 1, 3)
         k = qkv[:, :, 1].transpose(0, 2, 1, 3)
         v = qkv[:, :, 2].transpose(0, 2, 1, 3)
+        if getattr(self, "_capture", None) is not None:              # model.qkv(text)
+            self._capture.append(tuple(np.ascontiguousarray(a[0]) for a in (q, k, v)))
         out, weights = mha.attention(q, k, v, attn_mask, causal=causal, scale=scale,
                                      need_weights=need_weights)
         if head_scale is not None:

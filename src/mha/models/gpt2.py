@@ -51,6 +51,9 @@ class GPT2Model(TransformerModel):
             params.update({f"layers.{i}.{k}": v for k, v in layer.items()})
         return params
 
+    def attention_scale(self, layer):
+        return self._scale(int(layer))
+
     def _scale(self, i):
         s = 1.0 / np.sqrt(self.config.d_head) if self.config.scale_attn_weights else 1.0
         if self.config.scale_attn_by_inverse_layer_idx:
