@@ -352,3 +352,99 @@ def test_bad_folders_say_which_file_and_tensor(tiny, tmp_path):
     assert out.tokens is None and len(out.input_ids) == 5
     with pytest.raises(ValueError, match="no tokenizer"):
         model.generate("text")
+
+
+# --- the pieces -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("scaling", [None, {"rope_type": "linear", "factor": 4.0},
+                                     {"rope_type": "llama3", "factor": 8.0,
+                                      "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                      "original_max_position_embeddings": 8192}],
+                         ids=["default", "linear", "llama3"])
+def test_rope_frequencies_match_transformers(scaling):
+    """mha's float64 frequencies against transformers' float32 ones (Llama 3.1's numbers)."""
+    from mha.models import ops
+    params = dict(scaling or {"rope_type": "default"}, rope_theta=500000.0)
+    config = transformers.LlamaConfig(hidden_size=4096, num_attention_heads=32,
+                                      max_position_embeddings=131072, rope_parameters=params)
+    rotary = transformers.models.llama.modeling_llama.LlamaRotaryEmbedding(config)
+    ours = ops.rope_frequencies(128, 500000.0, scaling)
+    expected = rotary.inv_freq.double().numpy()
+    assert ours.dtype == np.float64 and ours.shape == (64,)
+    np.testing.assert_allclose(ours, expected, rtol=1e-6)       # transformers': float32
+    if scaling is not None:
+        assert not np.allclose(ours, ops.rope_frequencies(128, 500000.0), rtol=1e-3)
+
+
+def test_rope_rotates_half_split_pairs():
+    from mha.models import ops
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 3, 5, 8))
+    f = ops.rope_frequencies(8, 10000.0)
+    cos, sin = ops.rope_table(0, 5, f, np.float64)
+    out = ops.rope(x[:, :, :, :], cos, sin)
+    # position p, pair i: (x_i, x_{i+4}) rotated by p * f_i; norms kept
+    p, i = 3, 1
+    c, s = np.cos(p * f[i]), np.sin(p * f[i])
+    a, b = x[..., p, i], x[..., p, i + 4]
+    np.testing.assert_allclose(out[..., p, i], a * c - b * s, rtol=1e-13)
+    np.testing.assert_allclose(out[..., p, i + 4], b * c + a * s, rtol=1e-13)
+    np.testing.assert_allclose(np.linalg.norm(out, axis=-1), np.linalg.norm(x, axis=-1))
+    np.testing.assert_array_equal(out[..., 0, :], x[..., 0, :])     # position 0: no turn
+    view = x.transpose(0, 2, 1, 3).copy().transpose(0, 2, 1, 3)     # strided input
+    np.testing.assert_array_equal(ops.rope(view, cos, sin), out)
+
+
+def test_safetensors_reader_against_the_library(tmp_path):
+    from safetensors.numpy import save_file
+    from safetensors.torch import save_file as save_torch
+    rng = np.random.default_rng(0)
+    arrays = {"f64": rng.standard_normal((3, 4)), "f32": rng.standard_normal(5).astype(np.float32),
+              "f16": rng.standard_normal((2, 2)).astype(np.float16),
+              "i64": np.arange(6).reshape(2, 3), "empty": np.zeros((0, 3), np.float32)}
+    save_file(arrays, tmp_path / "a.safetensors")
+    checkpoint = mha.models.hub.Checkpoint([tmp_path / "a.safetensors"])
+    assert sorted(checkpoint) == sorted(arrays)
+    for name, a in arrays.items():
+        assert checkpoint[name].dtype == a.dtype and np.array_equal(checkpoint[name], a)
+        assert checkpoint.file_of(name) == tmp_path / "a.safetensors"
+    bf16 = torch.tensor([1.0, -2.5, 3.140625, float("inf"), float("nan"), 1e-40],
+                        dtype=torch.bfloat16)
+    save_torch({"b": bf16}, str(tmp_path / "b.safetensors"))
+    read = mha.models.hub.Checkpoint([tmp_path / "b.safetensors"])["b"]
+    assert read.dtype == np.float32
+    np.testing.assert_array_equal(read, bf16.float().numpy())
+    with open(tmp_path / "c.safetensors", "wb") as f:
+        f.write(b"\x00" * 4)
+    with pytest.raises(mha.models.CheckpointError, match="c.safetensors is not a safetensors"):
+        mha.models.hub.Checkpoint([tmp_path / "c.safetensors"])
+
+
+def test_generation_in_float64_and_probes_on_llama(tiny):
+    from mha.models import probes
+    folder, _ = tiny("llama")
+    m32, m64 = mha.models.load(folder), mha.models.load(folder, dtype=np.float64)
+    a, b = m32.generate("The cat", max_new_tokens=5), m64.generate("The cat", max_new_tokens=5)
+    assert b.attentions.dtype == np.float64 and a.input_ids.tolist() == b.input_ids.tolist()
+    assert np.abs(a.attentions - b.attentions).max() < 1e-4
+    result = probes.head_patterns(m32)
+    assert result["scores"]["previous_token"].shape == (2, 4)
+    coref = probes.coreference_probe(m32)
+    assert coref["weights"].shape == (2, 4)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 4, 37])
+def test_products_on_both_paths(rows):
+    """ops.linear / unembed: einsum up to SMALL_ROWS rows, mha's GEMM beyond; same values."""
+    from mha.models import ops
+    rng = np.random.default_rng(rows)
+    x, W, b = rng.standard_normal((rows, 48)), rng.standard_normal((48, 80)), rng.standard_normal(80)
+    table = rng.standard_normal((120, 48))
+    np.testing.assert_allclose(ops.linear(x, W, b), x @ W + b, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(ops.unembed(x, table), x @ table.T, rtol=1e-12, atol=1e-12)
+    x32, W32 = x.astype(np.float32), W.astype(np.float32)
+    y = ops.linear(x32, W32)
+    assert y.dtype == np.float32 and y.flags.c_contiguous
+    np.testing.assert_allclose(y, x @ W, rtol=1e-4, atol=1e-4)
+    view = np.ascontiguousarray(np.concatenate([x32, x32], axis=1))[:, :48]   # strided rows
+    np.testing.assert_array_equal(ops.linear(view, W32), y)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import ops
 from .base import Encoding
 
 
@@ -100,10 +101,11 @@ class CausalLM:
         times the LM head's weight (tied to the token embeddings when config.json says so)."""
         enc = (self.encode(text_or_ids, need_weights=False) if isinstance(text_or_ids, str)
                else self(np.asarray(text_or_ids), need_weights=False))
-        return enc.last_hidden_state @ self._vocab_matrix().T
+        return ops.unembed(enc.last_hidden_state, self._vocab_matrix())
 
     def generate(self, text, max_new_tokens=20, *, greedy=True, temperature=1.0, top_k=None,
-                 seed=None, stop_at_eos=True, need_weights=True, progress=None):
+                 seed=None, stop_at_eos=True, need_weights=True, progress=None,
+                 callback=None):
         """Continue a text token by token on a KV cache; keep every attention map.
 
         The prompt runs once (prefill), then each new token is one step that attends over the
@@ -128,6 +130,9 @@ class CausalLM:
             Keep the attentions (L, H, n, n); False saves their memory and time.
         progress : bool, optional
             A progress bar over the new tokens (default: when there are more than 50).
+        callback : callable, optional
+            Called with each new token id (an int) as soon as it is chosen, before the model
+            runs it: to print a stream, or to time the steps.
 
         Returns
         -------
@@ -192,12 +197,14 @@ class CausalLM:
         last = feed(ids)
         show = max_new_tokens > 50 if progress is None else progress
         for _ in tqdm(range(max_new_tokens), desc="generate", disable=not show):
-            logits = vocab @ last
+            logits = ops.unembed(last[None], vocab)[0]
             if greedy:
                 next_id = int(np.argmax(logits))
             else:
                 next_id = _sample(logits, temperature, top_k, rng)
             tokens.append(next_id)
+            if callback is not None:
+                callback(next_id)
             last = feed([next_id])
             if next_id in eos:
                 break

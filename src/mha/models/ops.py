@@ -22,6 +22,8 @@ import math
 import numpy as np
 from numpy.polynomial import chebyshev as _cheb
 
+from mha import _C
+
 # --- erf -------------------------------------------------------------------------------------
 
 # float32: erf(x) ~= x P(x^2) / Q(x^2) on [-4, 4] (erf(+-4) == +-1 in float32).
@@ -208,12 +210,37 @@ def activation(name):
 
 # --- dense layers and LayerNorm ---------------------------------------------------------------
 
+# Products of at most this many rows (a decode step) run on NumPy's einsum loop instead: one
+# thread, no BLAS, each weight read once. mha's GEMM packs the weight for every call, which at
+# one row made it 2.5-3x slower (576 x 3072: 0.74 against 0.24 ms; the 49152 x 576 LM head: 38
+# against 12 ms); at 4 rows the GEMM was ahead (0.62 against 0.76 ms).
+SMALL_ROWS = 3
+
+
 def linear(x, weight, bias=None):
-    """``x @ weight + bias`` with weight stored (in, out). x: (rows, in) -> (rows, out)."""
-    y = x @ weight
+    """``x @ weight + bias`` with weight stored (in, out). x: (rows, in) -> (rows, out), new.
+
+    The product runs on mha's own GEMM (the C core's blocked SIMD product, on mha's OpenMP
+    threads), not on NumPy's BLAS: the model then never wakes BLAS threads, whose spinning
+    after each product fought with mha's attention threads (on 2 loaded cores a MiniLM
+    forward took 5-12x longer with NumPy's matmul than with this GEMM). At most SMALL_ROWS
+    rows: a matrix-vector product on NumPy's einsum loop.
+    """
+    if len(x) <= SMALL_ROWS:
+        y = np.einsum("ri,io->ro", x, weight)
+    else:
+        y = _C.matmul(np.ascontiguousarray(x), weight)
     if bias is not None:
         y += bias
     return y
+
+
+def unembed(x, table):
+    """The LM head: ``x @ table^T`` for a (vocab, d) table (the token embeddings when they are
+    tied) -> (rows, vocab) logits; the table is read as it is, never transposed or copied."""
+    if len(x) <= SMALL_ROWS:
+        return np.einsum("ri,vi->rv", x, table)
+    return _C.matmul(np.ascontiguousarray(x), table, trans_b=True)
 
 
 def layer_norm_(x, gain, bias, eps):
@@ -250,15 +277,12 @@ def rms_norm(x, gain, eps):
 def swiglu(gate_up, act):
     """The gated MLP's middle: ``act(gate) * up`` for ``gate_up = [gate | up]``.
 
-    gate_up: (rows, 2 f), the output of one product with the fused [W_gate | W_up]; it is
-    overwritten. Returns (rows, f), a view of its first half (rows 2 f apart in memory, which
-    NumPy's matmul reads without copying). act: an in-place activation (silu for the LLaMA
-    family: SwiGLU, Shazeer 2020).
+    gate_up: (rows, 2 f), the output of one product with the fused [W_gate | W_up]; its gate
+    half is overwritten. Returns (rows, f), new and C-contiguous. act: an in-place activation
+    (silu for the LLaMA family: SwiGLU, Shazeer 2020).
     """
     f = gate_up.shape[1] // 2
-    gate = act(gate_up[:, :f])
-    gate *= gate_up[:, f:]
-    return gate
+    return np.multiply(act(gate_up[:, :f]), gate_up[:, f:])
 
 
 # --- embeddings, heads, rotary positions ------------------------------------------------------
