@@ -315,8 +315,8 @@ KERNEL = "attention kernel (C)"
 CATEGORIES = {
     "attention": "attention wrapper (checks, copies of q/k/v views)",
     "c_array": "attention wrapper (checks, copies of q/k/v views)",
-    "linear": "products (mha GEMM) + bias",
-    "unembed": "LM head (mha GEMM)",
+    "linear": "products + bias (mha GEMM; einsum at <= 3 rows)",
+    "unembed": "LM head (mha GEMM; einsum at <= 3 rows)",
     "layer_norm_": "norms", "layer_norm": "norms", "rms_norm": "norms",
     "gelu_": "activations", "_gelu_erf32_chunk": "activations", "gelu_tanh_": "activations",
     "silu_": "activations", "swiglu": "activations",
@@ -325,6 +325,9 @@ CATEGORIES = {
     "merge_heads": "head merge (copy)", "split_heads": "head split (views)",
     "append": "KV cache append",
     "generate": "generate's loop (argmax, bookkeeping)",
+    "feed": "generate's loop (argmax, bookkeeping)",
+    "_forward": "block glue (residual adds, hidden-state copies, Python)",
+    "_attention": "block glue (residual adds, hidden-state copies, Python)",
 }
 
 
@@ -371,7 +374,7 @@ def profile(args, tokens, cases):
 
 def by_category(stats):
     """Seconds per operation: each function's own time, charged to its category, or (for
-    NumPy, C and helper functions) split over its callers by their share of its calls."""
+    NumPy, C and helper functions) split over its callers by the time it took under each."""
     def category(func, depth=0):
         path, _, name = func
         if "mha._C.attention_forward" in name:
@@ -379,13 +382,13 @@ def by_category(stats):
         if name in CATEGORIES and "mha" in path:
             return {CATEGORIES[name]: 1.0}
         callers = stats[func][4] if func in stats else {}
-        total = sum(c[2] for c in callers.values())
+        total = sum(c[3] for c in callers.values())      # c: (calls, calls, own, cumulative)
         if depth > 12 or not callers or total <= 0:
             return {"Python and NumPy overhead (the rest)": 1.0}
         shares = {}
         for caller, c in callers.items():
             for cat, w in category(caller, depth + 1).items():
-                shares[cat] = shares.get(cat, 0.0) + w * c[2] / total
+                shares[cat] = shares.get(cat, 0.0) + w * c[3] / total
         return shares
 
     totals = {}

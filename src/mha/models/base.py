@@ -177,21 +177,9 @@ class TransformerModel:
         False / 0 = padding (padding keys get no attention). token_type_ids: BERT segment ids.
         """
         ids = np.asarray(input_ids)
-        if ids.dtype.kind not in "iu":
-            raise TypeError(f"input_ids must be integers, got dtype {ids.dtype}")
         single = ids.ndim == 1
-        ids = np.atleast_2d(ids).astype(np.int64, copy=False)
-        if ids.ndim != 2:
-            raise ValueError(f"input_ids must have shape (n,) or (B, n), got {ids.shape}")
+        ids = self._check_ids(np.atleast_2d(ids))
         B, n = ids.shape
-        if n == 0:
-            raise ValueError("input_ids is empty")
-        if n > self.config.max_positions:
-            raise ValueError(f"input_ids has {n} tokens but the model has "
-                             f"{self.config.max_positions} positions")
-        if ids.min() < 0 or ids.max() >= self.config.vocab_size:
-            raise ValueError(f"input_ids must lie in [0, {self.config.vocab_size}), got "
-                             f"[{ids.min()}, {ids.max()}]")
         if attention_mask is None:
             mask = np.ones((B, n), dtype=bool)
         else:
@@ -313,6 +301,25 @@ class TransformerModel:
         window = self._band(layer, n, n)
         return allowed if window is None else allowed & window
 
+    def _check_ids(self, ids, new_tokens=0):
+        """ids as int64 (B, n) after checking their dtype, shape and range, and that n tokens
+        (plus ``new_tokens`` to generate) fit the model's positions."""
+        if ids.dtype.kind not in "iu":
+            raise TypeError(f"input_ids must be integers, got dtype {ids.dtype}")
+        if ids.ndim != 2:
+            raise ValueError(f"input_ids must have shape (n,) or (B, n), got {ids.shape}")
+        n = ids.shape[1]
+        if n == 0:
+            raise ValueError("input_ids is empty")
+        if n + new_tokens > self.config.max_positions:
+            extra = f" + max_new_tokens={new_tokens}" if new_tokens else ""
+            raise ValueError(f"input_ids has {n} tokens{extra} but the model has "
+                             f"{self.config.max_positions} positions")
+        if ids.min() < 0 or ids.max() >= self.config.vocab_size:
+            raise ValueError(f"input_ids must lie in [0, {self.config.vocab_size}), got "
+                             f"[{ids.min()}, {ids.max()}]")
+        return ids.astype(np.int64, copy=False)
+
     def _layer_index(self, layer):
         if not isinstance(layer, (int, np.integer)) or not -self.n_layers <= layer < self.n_layers:
             raise IndexError(f"layer must be an int in [0, {self.n_layers}), got {layer!r}")
@@ -340,6 +347,26 @@ class TransformerModel:
             return None
         i = np.arange(n_k - n_q, n_k)[:, None]
         return np.arange(n_k)[None, :] > i - window
+
+    def _self_attention(self, layer, h, p, B, n, pad_mask, need_weights, head_mask, capture,
+                        rope=None, cache=None):
+        """The attention of one block: h (B*n, d_model), the block's input (normalized in a
+        pre-norm model) -> (the attention's output projected, (B*n, d_model); weights).
+
+        p: the layer's weights (W_qkv, b_qkv, W_o, b_o; the biases optional). rope: (cos, sin)
+        of the tokens' positions, applied to q and k (LLaMA family); cache: a KVCache the new
+        keys and values are appended to, attended with all earlier ones (causal models).
+        """
+        H, H_kv = self.n_heads, self.n_kv_heads
+        qkv = ops.linear(h, p["W_qkv"], p.get("b_qkv"))         # (B*n, (H + 2 H_kv) d_head)
+        q, k, v = ops.split_heads(qkv, B, n, (H, H_kv, H_kv), self.d_head)
+        if rope is not None:
+            q, k = ops.rope(q, *rope), ops.rope(k, *rope)
+        if cache is not None:
+            k, v = cache.append(layer, k, v)
+        heads, weights = self._attention(layer, q, k, v, pad_mask, need_weights, head_mask,
+                                         capture)
+        return ops.linear(heads, p["W_o"], p.get("b_o")), weights
 
     def _attention(self, layer, q, k, v, pad_mask, need_weights, head_mask, capture):
         """One layer's multi-head attention on the C kernels -> (heads (B*n_q, H*d_head),

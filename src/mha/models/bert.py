@@ -109,13 +109,10 @@ class BertModel(TransformerModel):
         pad_mask = None if mask.all() else mask[:, None, None, :]
 
         for i, p in enumerate(self.layers):
-            qkv = ops.linear(x, p["W_qkv"], p["b_qkv"])                # (B*n, 3d)
-            q, k, v = ops.split_heads(qkv, B, n, (H, H, H), cfg.d_head)
-            heads, weights = self._attention(i, q, k, v, pad_mask, need_weights, head_mask,
-                                             capture)
+            a, weights = self._self_attention(i, x, p, B, n, pad_mask, need_weights, head_mask,
+                                              capture)
             if need_weights:
                 attn[:, i] = weights
-            a = ops.linear(heads, p["W_o"], p["b_o"])
             a += x
             x = ops.layer_norm_(a, p["ln_1_weight"], p["ln_1_bias"], eps)
             h = ops.linear(x, p["W_1"], p["b_1"])

@@ -161,19 +161,12 @@ class CausalLM:
             if ids.dtype.kind not in "iu" or ids.ndim != 1:
                 raise TypeError(f"text must be a str or a 1-D array of token ids, got "
                                 f"{type(text).__name__} {getattr(ids, 'shape', '')}")
-            ids = ids.astype(np.int64)
         if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
         if not greedy and not temperature > 0:
             raise ValueError(f"temperature must be > 0, got {temperature!r}")
+        ids = self._check_ids(ids[None], int(max_new_tokens))[0]
         n_prompt, total = len(ids), len(ids) + int(max_new_tokens)
-        if n_prompt == 0:
-            raise ValueError("the prompt is empty")
-        if total > self.config.max_positions:
-            raise ValueError(f"{n_prompt} prompt tokens + max_new_tokens={max_new_tokens} > the "
-                             f"model's {self.config.max_positions} positions")
-        if ids.min() < 0 or ids.max() >= self.config.vocab_size:
-            raise ValueError(f"token ids must lie in [0, {self.config.vocab_size})")
 
         L, H, d = self.n_layers, self.n_heads, self.d_model
         hidden = np.empty((L + 1, total, d), self.dtype)

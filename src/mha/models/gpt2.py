@@ -87,15 +87,11 @@ class GPT2Model(CausalLM, TransformerModel):
 
         for i, p in enumerate(self.layers):
             h = ops.layer_norm(x, p["ln_1_weight"], p["ln_1_bias"], eps)
-            qkv = ops.linear(h, p["W_qkv"], p["b_qkv"])                # (B*n, 3d)
-            q, k, v = ops.split_heads(qkv, B, n, (H, H, H), cfg.d_head)
-            if cache is not None:
-                k, v = cache.append(i, k, v)
-            heads, weights = self._attention(i, q, k, v, pad_mask, need_weights, head_mask,
-                                             capture)
+            a, weights = self._self_attention(i, h, p, B, n, pad_mask, need_weights, head_mask,
+                                              capture, cache=cache)
             if need_weights:
                 attn[:, i] = weights
-            x += ops.linear(heads, p["W_o"], p["b_o"])
+            x += a
             h = ops.layer_norm(x, p["ln_2_weight"], p["ln_2_bias"], eps)
             h = ops.linear(h, p["W_fc"], p["b_fc"])
             self._act(h)

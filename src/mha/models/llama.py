@@ -101,7 +101,7 @@ class LlamaModel(CausalLM, TransformerModel):
     def _forward(self, ids, mask, type_ids, need_weights, head_mask, capture=None, cache=None):
         cfg = self.config
         B, n = ids.shape
-        L, H, H_kv, d = cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.d_model
+        L, H, d = cfg.n_layers, cfg.n_heads, cfg.d_model
         eps = cfg.norm_eps
         start = 0 if cache is None else cache.length
         cos, sin = self._rope(start, start + n)
@@ -114,16 +114,11 @@ class LlamaModel(CausalLM, TransformerModel):
 
         for i, p in enumerate(self.layers):
             h = ops.rms_norm(x, p["input_norm"], eps)
-            qkv = ops.linear(h, p["W_qkv"], p.get("b_qkv"))   # (B*n, (H + 2 H_kv) d_head)
-            q, k, v = ops.split_heads(qkv, B, n, (H, H_kv, H_kv), cfg.d_head)
-            q, k = ops.rope(q, cos, sin), ops.rope(k, cos, sin)
-            if cache is not None:
-                k, v = cache.append(i, k, v)
-            heads, weights = self._attention(i, q, k, v, pad_mask, need_weights, head_mask,
-                                             capture)
+            a, weights = self._self_attention(i, h, p, B, n, pad_mask, need_weights, head_mask,
+                                              capture, rope=(cos, sin), cache=cache)
             if need_weights:
                 attn[:, i] = weights
-            x += ops.linear(heads, p["W_o"], p.get("b_o"))
+            x += a
             h = ops.rms_norm(x, p["post_attention_norm"], eps)
             gate = ops.swiglu(ops.linear(h, p["W_gate_up"], p.get("b_gate_up")), self._act)
             x += ops.linear(gate, p["W_down"], p.get("b_down"))
