@@ -247,6 +247,10 @@ def test_generation_stops_at_eos_and_samples(tiny):
         model.generate("The cat", max_new_tokens=64)
     with pytest.raises(TypeError, match="str or a 1-D array"):
         model.generate(["a", "b"])
+    with pytest.raises(ValueError, match="top_k"):
+        model.generate("The cat", greedy=False, top_k=0)
+    with pytest.raises(ValueError, match="temperature"):
+        model.generate("The cat", greedy=False, temperature=0.0)
 
 
 # --- folders: shards, bfloat16, and every way a folder can be wrong -------------------------------

@@ -29,7 +29,7 @@ import numpy as np
 from .base import Encoding, TransformerModel
 from .bench import benchmark_encode
 from .bert import BertModel, DistilBertModel, RobertaModel
-from .causal import Generation, KVCache
+from .causal import Generation
 from .config import READERS, ModelConfig
 from .gpt2 import GPT2Model
 from .hub import (MINILM_INSTALL, CheckpointError, minilm_path, read_config, read_safetensors,
@@ -40,7 +40,7 @@ from .words import aggregate_to_words, group_words
 from . import probes
 
 __all__ = ["load", "minilm_path", "resolve", "TransformerModel", "BertModel", "RobertaModel",
-           "DistilBertModel", "GPT2Model", "LlamaModel", "Encoding", "Generation", "KVCache",
+           "DistilBertModel", "GPT2Model", "LlamaModel", "Encoding", "Generation",
            "ModelConfig", "CheckpointError", "Tokenizer", "TokenizedText", "aggregate_to_words",
            "group_words", "benchmark_encode", "probes", "MINILM_INSTALL", "SUPPORTED_TYPES"]
 

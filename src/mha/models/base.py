@@ -118,8 +118,9 @@ class TransformerModel:
         return int(sum(a.size for a in self.parameters().values()))
 
     def __repr__(self):
+        kv = f", n_kv_heads={self.n_kv_heads}" if self.n_kv_heads != self.n_heads else ""
         return (f"{type(self).__name__}(name={self.name!r}, n_layers={self.n_layers}, "
-                f"n_heads={self.n_heads}, d_model={self.d_model}, "
+                f"n_heads={self.n_heads}{kv}, d_model={self.d_model}, "
                 f"dtype={np.dtype(self.dtype).name})")
 
     # --- text ---------------------------------------------------------------------------------

@@ -88,7 +88,7 @@ class CausalLM:
     """
     causal = True
 
-    def new_cache(self, max_len, batch_size=1):
+    def _new_cache(self, max_len, batch_size=1):
         """An empty :class:`KVCache` for ``batch_size`` sequences of up to ``max_len`` tokens."""
         return KVCache(self.n_layers, batch_size, self.n_kv_heads, max_len, self.d_head,
                        self.dtype)
@@ -148,6 +148,7 @@ class CausalLM:
 
         Examples
         --------
+        >>> model = mha.models.load("path/to/a/gpt2/or/llama/folder")
         >>> out = model.generate("The cat", max_new_tokens=5)
         >>> out.attentions.shape          # (layers, heads, n_prompt + 5, n_prompt + 5)
         >>> mha.viz.head_view(out.attentions, out.tokens)
@@ -165,13 +166,16 @@ class CausalLM:
             raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
         if not greedy and not temperature > 0:
             raise ValueError(f"temperature must be > 0, got {temperature!r}")
+        if not greedy and top_k is not None and not (
+                isinstance(top_k, (int, np.integer)) and top_k >= 1):
+            raise ValueError(f"top_k must be an int >= 1, got {top_k!r}")
         ids = self._check_ids(ids[None], int(max_new_tokens))[0]
         n_prompt, total = len(ids), len(ids) + int(max_new_tokens)
 
         L, H, d = self.n_layers, self.n_heads, self.d_model
         hidden = np.empty((L + 1, total, d), self.dtype)
         attn = np.zeros((L, H, total, total), self.dtype) if need_weights else None
-        cache = self.new_cache(total)
+        cache = self._new_cache(total)
         vocab = self._vocab_matrix()
         rng = np.random.default_rng(seed)
         eos = set(self.config.eos_token_ids) if stop_at_eos else set()
@@ -202,7 +206,7 @@ class CausalLM:
             if next_id in eos:
                 break
 
-        n = len(tokens)
+        n = len(tokens)                       # < total when an EOS stopped the loop
         input_ids = np.asarray(tokens, dtype=np.int64)
         names = text_out = None
         if self.tokenizer is not None:
@@ -210,20 +214,16 @@ class CausalLM:
             text_out = self.tokenizer.decode(input_ids[n_prompt:])
         return Generation(
             tokens=names, input_ids=input_ids, attention_mask=np.ones(n, bool),
-            hidden_states=hidden[:, :n].copy(),
-            attentions=None if attn is None else attn[:, :, :n, :n].copy(),
+            hidden_states=hidden if n == total else hidden[:, :n].copy(),
+            attentions=attn if attn is None or n == total else attn[:, :, :n, :n].copy(),
             token_type_ids=np.zeros(n, np.int64), n_prompt=n_prompt, text=text_out)
 
 
 def _sample(logits, temperature, top_k, rng):
     """One id drawn from softmax(logits / temperature) over the top_k largest logits."""
     z = np.asarray(logits, dtype=np.float64) / temperature
-    if top_k is not None:
-        k = int(top_k)
-        if k < 1:
-            raise ValueError(f"top_k must be an int >= 1, got {top_k!r}")
-        if k < len(z):
-            cut = np.partition(z, len(z) - k)[len(z) - k]
-            z = np.where(z >= cut, z, -np.inf)
+    if top_k is not None and top_k < len(z):
+        cut = np.partition(z, len(z) - top_k)[len(z) - top_k]
+        z = np.where(z >= cut, z, -np.inf)
     p = np.exp(z - z.max())
     return int(rng.choice(len(p), p=p / p.sum()))
