@@ -429,6 +429,56 @@ def _head_view(t, path):
     return "BertViz-style, in one offline file: hover a token, click heads, switch layers."
 
 
+def _beyond_attention(t, path):
+    from . import viz
+
+    _save(viz.beyond_attention_figure(t.net, viz.BEYOND_TEXT), path)
+    return ("Raw weights show one layer; rollout (Abnar & Zuidema 2020) multiplies the layers' "
+            "weights with the residual added, attention flow takes the maximum flow through them, "
+            "and value norms (Kobayashi et al. 2020) weigh each weight by the length of the vector "
+            "it moves.")
+
+
+def _value_norms(t, path):
+    from . import viz
+
+    shares = viz.special_token_shares(t.net, viz.CLARK_TEXTS)
+    _save(viz.kobayashi_figure(t.net, viz.CLARK_TEXTS, shares=shares), path)
+    overall = shares["overall"]
+    weight, norm = overall["weight"], overall["norm"]
+    verdict = ("much weight, little effect, as Kobayashi et al. found for BERT" if weight > 2 * norm
+               else "not the gap Kobayashi et al. found for BERT")
+    return (f"Over {len(viz.CLARK_TEXTS)} sentences, {t.label}'s special tokens ([CLS]/[SEP] or "
+            f"their kin such as <s>, </s>) get {weight:.0%} of the attention weight and "
+            f"{norm:.0%} of the value norm ({overall['norm_summed']:.0%} of the norm summed over "
+            f"heads): {verdict}.")
+
+
+def _clark_metrics(t, path):
+    from . import viz
+
+    _save(viz.clark_metrics_figure(t.net, viz.CLARK_TEXTS), path)
+    return ("Clark et al. (2019)'s statistics of every head over a few sentences: where its "
+            "attention goes ([CLS], [SEP], punctuation, the neighbours) and how spread it is.")
+
+
+def _head_map(t, path):
+    from . import viz
+
+    _save(viz.head_map_figure(t.net, viz.CLARK_TEXTS), path)
+    return ("Every head placed so that distances match the Jensen-Shannon distances between "
+            "their attention (classical MDS, as Clark et al. 2019): heads that attend alike sit "
+            "together.")
+
+
+def _model_view(t, path):
+    from . import viz
+
+    tokens, attentions = t.net.attentions(viz.BEYOND_TEXT)
+    viz.model_view(attentions, tokens, title=viz.BEYOND_TEXT, path=path)
+    return "Every layer and head at once (BertViz's model view): click a thumbnail to open it."
+
+
 #: The tour: one entry per file, in the order of index.html. Adding a figure is adding an entry.
 FIGURES = (
     Figure("01_sentence_heads.png", "The heads of a sentence", _sentence_heads),
@@ -442,8 +492,14 @@ FIGURES = (
     Figure("09_learned_patterns.png", "What the heads learned", _learned_patterns),
     Figure("10_speed.png", "Speed of 1, 4, 8 and 16 heads", _speed),
     Figure("11_pruning.png", "Pruning heads", _pruning),
+    Figure("12_beyond_attention.png", "Beyond raw attention: rollout, flow, value norms",
+           _beyond_attention),
+    Figure("13_value_norms.png", "Weight is not effect: value norms", _value_norms),
+    Figure("14_clark_metrics.png", "What every head attends to", _clark_metrics),
+    Figure("15_head_map.png", "A map of the heads", _head_map),
     Figure("attention_layers.gif", "One head across the layers", _attention_gif),
     Figure("head_view.html", "The interactive head view", _head_view),
+    Figure("model_view.html", "The interactive model view", _model_view),
 )
 
 #: Every file the tour writes, in the order of index.html.
