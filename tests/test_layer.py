@@ -322,10 +322,16 @@ def test_init_follows_semantics(impl, dtype, ctor):
     vdim = ctor.get("vdim", kdim)
     shapes = {"W_q": (d_model, H * d_head), "W_k": (kdim, H_kv * d_head),
               "W_v": (vdim, H_kv * d_head), "W_o": (H * d_head, d_model)}
+    fused = kdim == vdim == d_model         # torch's one in_proj_weight for Q, K and V
     rng = np.random.default_rng(1234)
     for name in PARAM_ORDER:
         fan_in, fan_out = shapes[name]
-        bound = np.sqrt(6 / (fan_in + fan_out))
+        if name == "W_o":
+            bound = 1 / np.sqrt(fan_in)
+        elif fused:
+            bound = np.sqrt(6 / (d_model + (H + 2 * H_kv) * d_head))
+        else:
+            bound = np.sqrt(6 / (fan_in + fan_out))
         expected = rng.uniform(-bound, bound, size=(fan_in, fan_out)).astype(dtype)
         p = layer.params[name]
         assert p.dtype == dtype and p.shape == (fan_in, fan_out), name

@@ -88,9 +88,9 @@ for h, r in results.items():
 # %% [markdown]
 # Here every model is right on every predictable position: the accuracies differ only by how
 # many of the random targets each happens to guess. The loss tells them apart: its floor is
-# $\frac{2}{12}\ln 5 \approx 0.27$ (the two unpredictable positions of each sequence); with
-# these seeds the multi-head models get down to it, while the single head levels off higher:
-# it picks the right token with less confidence.
+# $\frac{2}{12}\ln 5 \approx 0.27$ (the two unpredictable positions of each sequence). With
+# these seeds the single head ends furthest above it: it picks the right token with less
+# confidence.
 #
 # ## What the heads learned
 #

@@ -32,8 +32,16 @@ def init_params(d_model, n_heads, *, n_kv_heads=None, d_head=None, kdim=None, vd
                 bias=True, dtype=np.float32, rng):
     """The layer's initial parameters, initialised like torch.nn.MultiheadAttention.
 
-    Xavier-uniform weights, U(-a, a) with a = sqrt(6 / (fan_in + fan_out)), drawn from `rng` in
-    the order W_q, W_k, W_v, W_o (in float64, then cast to `dtype`); zero biases.
+    The distributions torch.nn.MultiheadAttention draws, generalised to grouped-query heads and
+    any d_head: weights U(-a, a), drawn from `rng` in the order W_q, W_k, W_v, W_o (in float64,
+    then cast to `dtype`); zero biases.
+
+    - W_q, W_k, W_v when kdim == vdim == d_model: torch's fused ``in_proj_weight`` drawn by
+      Xavier-uniform as one matrix, a = sqrt(6 / (d_model + (H + 2 H_kv) d_head)), which is
+      sqrt(6 / (4 d_model)) for the usual H d_head = d_model, H_kv = H;
+    - otherwise each of W_q, W_k, W_v by Xavier-uniform on its own shape,
+      a = sqrt(6 / (fan_in + fan_out)) (torch's separate ``q/k/v_proj_weight``);
+    - W_o: nn.Linear's default that torch keeps for ``out_proj``, a = 1 / sqrt(H d_head).
 
     Parameters
     ----------
@@ -63,7 +71,8 @@ def init_params(d_model, n_heads, *, n_kv_heads=None, d_head=None, kdim=None, vd
 
     References
     ----------
-    X. Glorot and Y. Bengio, "Understanding the difficulty of training deep feedforward neural
+    torch.nn.MultiheadAttention._reset_parameters and torch.nn.Linear.reset_parameters
+    (PyTorch 2.x). X. Glorot and Y. Bengio, "Understanding the difficulty of training deep feedforward neural
     networks", AISTATS 2010.
 
     Examples
@@ -86,10 +95,15 @@ def init_params(d_model, n_heads, *, n_kv_heads=None, d_head=None, kdim=None, vd
     if n_bytes > _PARAMETER_BYTES_LIMIT:
         raise MemoryError(f"the parameters W_q, W_k, W_v, W_o of d_model={d_model}, "
                           f"n_heads={n_heads}, d_head={d_head} would need {n_bytes / 2**30:.1f} GiB")
+    bounds = {name: math.sqrt(6.0 / (fan_in + fan_out)) for name, (fan_in, fan_out) in shapes.items()}
+    if kdim == vdim == d_model:
+        # torch keeps Q, K, V as one (d_model, H d + 2 H_kv d) matrix and draws it at once
+        fused_out = (n_heads + 2 * n_kv_heads) * d_head
+        bounds["W_q"] = bounds["W_k"] = bounds["W_v"] = math.sqrt(6.0 / (d_model + fused_out))
+    bounds["W_o"] = 1.0 / math.sqrt(n_heads * d_head)   # nn.Linear's default, which torch keeps
     params = {}
     for name, (fan_in, fan_out) in shapes.items():  # this order is part of the contract
-        bound = math.sqrt(6.0 / (fan_in + fan_out))
-        params[name] = rng.uniform(-bound, bound, size=(fan_in, fan_out)).astype(dtype)
+        params[name] = rng.uniform(-bounds[name], bounds[name], size=(fan_in, fan_out)).astype(dtype)
     if bias:
         params["b_q"] = np.zeros(n_heads * d_head, dtype)
         params["b_k"] = np.zeros(n_kv_heads * d_head, dtype)
