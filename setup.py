@@ -22,7 +22,7 @@ import numpy
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-CORE = ["csrc/module.c", "csrc/core.c", "csrc/dispatch.c", "csrc/kernels_baseline.c"]
+CORE = ["csrc/module.c", "csrc/core.c", "csrc/dispatch.c", "csrc/kernels_baseline.c", "csrc/flow.c"]
 HEADERS = ["csrc/mha.h", "csrc/common.h", "csrc/dispatch.h", "csrc/kernels.h", "csrc/vec.h",
            "csrc/gemm_impl.h", "csrc/attention_impl.h", "csrc/multihead_impl.h"]
 # Kernel units compiled with their own flags, per compiler type ("unix": GCC and clang).

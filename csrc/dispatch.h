@@ -46,18 +46,16 @@
        const T *lse, const mha_attention_desc *desc),                                          \
       (dq, dk, dv, d_out, q, k, v, out, lse, desc))                                            \
     X(mha_layer_forward_##SFX,                                                                 \
-      (T *out, T *weights, T *q_proj, T *k_proj, T *v_proj, T *attn, T *lse, const T *x_q,     \
-       const T *x_k, const T *x_v, const mha_layer_params_##SFX *params,                      \
-       const mha_layer_dims *dims, const mha_attention_desc *attn_desc),                       \
-      (out, weights, q_proj, k_proj, v_proj, attn, lse, x_q, x_k, x_v, params, dims,           \
-       attn_desc))                                                                             \
+      (T *out, T *weights, const mha_layer_saved_##SFX *saved, const T *x_q, const T *x_k,     \
+       const T *x_v, const mha_layer_params_##SFX *params, const mha_layer_dims *dims,         \
+       const mha_attention_desc *attn_desc),                                                   \
+      (out, weights, saved, x_q, x_k, x_v, params, dims, attn_desc))                           \
     X(mha_layer_backward_##SFX,                                                                \
       (T *dx_q, T *dx_k, T *dx_v, const mha_layer_grads_##SFX *grads, const T *d_out,          \
-       const T *q_proj, const T *k_proj, const T *v_proj, const T *attn, const T *lse,         \
-       const T *x_q, const T *x_k, const T *x_v, const mha_layer_params_##SFX *params,         \
-       const mha_layer_dims *dims, const mha_attention_desc *attn_desc),                       \
-      (dx_q, dx_k, dx_v, grads, d_out, q_proj, k_proj, v_proj, attn, lse, x_q, x_k, x_v,       \
-       params, dims, attn_desc))
+       const mha_layer_saved_##SFX *saved, const T *x_q, const T *x_k, const T *x_v,           \
+       const mha_layer_params_##SFX *params, const mha_layer_dims *dims,                       \
+       const mha_attention_desc *attn_desc),                                                   \
+      (dx_q, dx_k, dx_v, grads, d_out, saved, x_q, x_k, x_v, params, dims, attn_desc))
 
 /* One unit's table: what it was compiled for, then one pointer per entry point. */
 typedef struct mha_kernels {

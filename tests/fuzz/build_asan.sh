@@ -9,8 +9,9 @@
 # The core's own test program already runs under ASan (make -C csrc asan); this build puts the
 # *binding* (argument checks, buffer sizes handed to the core, reference counting on error
 # paths) under the sanitizers too, driven by the fuzz target or by pytest. OpenMP stays on so
-# the parallel paths are checked; target_clones is off (MHA_NO_CLONES) because ifunc and ASan
-# do not mix. Needs gcc (or clang) with libasan/libubsan; numpy from the Python used.
+# the parallel paths are checked; both SIMD units are built (the AVX2 one with its flags, on
+# x86-64), so MHA_SIMD picks the path under test. Needs gcc (or clang) with libasan/libubsan;
+# numpy from the Python used.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
@@ -21,16 +22,21 @@ CC="${CC:-gcc}"
 mkdir -p "$OUT"
 rm -rf "$OUT/mha"
 # the pure Python part of the package, as it is in the tree
-cp -r "$ROOT/mha" "$OUT/mha"
+cp -r "$ROOT/src/mha" "$OUT/mha"
 find "$OUT/mha" -name '*.so' -delete
 find "$OUT/mha" -name '__pycache__' -prune -exec rm -rf {} +
 
 read -r PYINC NPINC SUFFIX < <("$PY" -c 'import sysconfig, numpy; print(sysconfig.get_paths()["include"], numpy.get_include(), sysconfig.get_config_var("EXT_SUFFIX"))')
-"$CC" -std=c11 -O1 -g -fno-omit-frame-pointer -fPIC -shared \
-    -fsanitize=address,undefined -fno-sanitize-recover=undefined -fopenmp -DMHA_NO_CLONES \
-    -Wall -Wextra -I"$ROOT/csrc" -I"$PYINC" -I"$NPINC" \
-    "$ROOT/csrc/module.c" "$ROOT/csrc/gemm.c" "$ROOT/csrc/attention.c" \
-    "$ROOT/csrc/multihead.c" "$ROOT/csrc/threads.c" -lm \
+FLAGS=(-std=c11 -O1 -g -fno-omit-frame-pointer -fPIC -fsanitize=address,undefined
+       -fno-sanitize-recover=undefined -fopenmp -Wall -Wextra -I"$ROOT/csrc" -I"$PYINC" -I"$NPINC")
+UNITS=()
+case "$("$CC" -dumpmachine)" in
+    x86_64*|amd64*)
+        "$CC" "${FLAGS[@]}" -mavx2 -mfma -c "$ROOT/csrc/kernels_avx2.c" -o "$OUT/kernels_avx2.o" >&2
+        UNITS=("$OUT/kernels_avx2.o") ;;
+esac
+"$CC" "${FLAGS[@]}" -shared "$ROOT/csrc/module.c" "$ROOT/csrc/core.c" "$ROOT/csrc/dispatch.c" \
+    "$ROOT/csrc/kernels_baseline.c" "$ROOT/csrc/flow.c" "${UNITS[@]}" -lm \
     -o "$OUT/mha/_C$SUFFIX" >&2
 
 ASAN_LIB="$("$CC" -print-file-name=libasan.so)"
