@@ -23,6 +23,26 @@ def test_table_ratios_rates_and_missing_peers():
     assert model.endswith("| 40.00 | - | - | - | - | - | - |")
 
 
+def test_table_gives_the_range_of_the_rounds_ratios():
+    rows = [bench._row("a: demo", "forward", "mha", 0.010, 1e9, 100.0, [0.010, 0.008, 0.012]),
+            bench._row("a: demo", "forward", "torch", 0.015, 1e9, 100.0, [0.020, 0.010, 0.015])]
+    meta = dict(date="2026-01-01", cpu="cpu", threads=2, matmul_gflops=100.0, torch="x")
+    demo = next(line for line in bench.table(dict(meta=meta, rows=rows)).splitlines()
+                if line.startswith("| a: demo"))
+    # rounds: 20/10 = 2.00, 10/8 = 1.25, 15/12 = 1.25; pooled medians 15/10 = 1.50
+    assert "| 1.50x (1.25-2.00) |" in demo
+
+
+def test_measure_keeps_each_rounds_median(monkeypatch):
+    fns, _ = fake_functions(monkeypatch, {"a": [1.0, 2.0, 3.0, 4.0], "b": [5.0, 6.0, 7.0, 8.0]})
+    rows = bench._measure("x", "forward", fns, 2, None, 1.0)
+    by = {r["impl"]: r for r in rows}
+    # settle 0.25 s: one untimed call, then the turn's first call is timed and measure (0.1 s)
+    # has passed: a times 2 then 4, b times 6 then 8
+    assert by["a"]["round_ms"] == [2000.0, 4000.0] and by["a"]["ms"] == 3000.0
+    assert by["b"]["round_ms"] == [6000.0, 8000.0]
+
+
 def test_flop_counts():
     # seed 000's shape at 8 heads: 4 projections of 2048 x 256 x 256 plus q k^T and P v
     assert bench.layer_flops(16, 128, 128, 256, 8, 32) == 8 * 2048 * 256 * 256 + 4 * 16 * 8 * 128 * 128 * 32

@@ -4,8 +4,10 @@ Peers: PyTorch (torch.nn.MultiheadAttention and torch.nn.functional.scaled_dot_p
 when torch is installed, with the same thread count), the seeds' NumPy implementation
 (`mha.reference`, which runs on NumPy's BLAS), and NumPy's own float32 matmul as the
 machine's practical GEMM ceiling. The implementations compared in a row take turns, each warm
-(`mha.timing.median_times`), so that the machine's load drifts over all of them alike and their
-ratio is not skewed by when each ran; every time is the median of the calls timed over all rounds.
+(`mha.timing.times_by_round`), so that the machine's load drifts over all of them alike and their
+ratio is not skewed by when each ran. Every time is the median of the calls timed over all
+rounds; beside each ratio the table gives the range of the ratios of the rounds (each the ratio
+of two medians timed next to each other), the spread a rerun of the same code may show.
 
 Cases (float32):
   a  seed 000's shape: batch 16, seq 128, d_model 256, heads 1/4/8/16 (the layer)
@@ -26,7 +28,7 @@ import numpy as np
 
 import mha
 
-from .timing import median_times, time_in_turns
+from .timing import median_times, time_in_turns, times_by_round
 
 __all__ = ["median_times", "matmul_gflops", "layer_flops", "attention_flops", "run", "table", "main"]
 
@@ -100,12 +102,26 @@ def attention_flops(B, H, n_q, n_k, d, causal=False):
     return f // 2 if causal else f
 
 
-def _row(case, what, impl, seconds, flops, ceiling):
-    """One measurement; flops=None where the work is not a FLOP count (whole models)."""
+def _row(case, what, impl, seconds, flops, ceiling, round_seconds=None):
+    """One measurement; flops=None where the work is not a FLOP count (whole models);
+    round_seconds: the median of each round, when the measure was timed in turns."""
     row = dict(case=case, what=what, impl=impl, ms=seconds * 1e3,
                gflops=flops / seconds / 1e9 if seconds and flops else float("nan"))
     row["ceiling_frac"] = row["gflops"] / ceiling
+    if round_seconds is not None:
+        row["round_ms"] = [t * 1e3 for t in round_seconds]
     return row
+
+
+def _measure(label, what, fns, repeats, flops, ceiling):
+    """Rows of one measure: the functions timed in turns, each with its median over all calls
+    and its median per round."""
+    rows = []
+    for name, turns in times_by_round(fns, repeats).items():
+        every = [t for turn in turns for t in turn]
+        rows.append(_row(label, what, name, float(np.median(every)), flops, ceiling,
+                         [float(np.median(turn)) for turn in turns]))
+    return rows
 
 
 def _encode_case(threads, ceiling, repeats):
@@ -180,8 +196,7 @@ def _layer_case(case, B, n, d_model, n_heads, causal, ceiling, torch, repeats, w
         measures["forward+backward"]["torch"] = torch_fwd_bwd
     rows = []
     for what, fns in measures.items():
-        for name, t in median_times(fns, repeats).items():
-            rows.append(_row(label, what, name, t, 3 * flops if what == "forward+backward" else flops, ceiling))
+        rows += _measure(label, what, fns, repeats, 3 * flops if what == "forward+backward" else flops, ceiling)
     return rows
 
 
@@ -214,11 +229,8 @@ def _attention_case(case, B, H, n, d, causal, ceiling, torch, repeats, with_nump
         fwd["torch"] = torch_fwd
         qg, kg, vg = (a.clone().requires_grad_(True) for a in (qt, kt, vt))
         fwd_bwd["torch"] = lambda: F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal).backward(gt)
-    rows = [_row(label, "forward", name, t, flops, ceiling)
-            for name, t in median_times(fwd, repeats).items()]
-    rows += [_row(label, "forward+backward", name, t, 3.5 * flops, ceiling)
-             for name, t in median_times(fwd_bwd, repeats).items()]
-    return rows
+    return (_measure(label, "forward", fwd, repeats, flops, ceiling)
+            + _measure(label, "forward+backward", fwd_bwd, repeats, 3.5 * flops, ceiling))
 
 
 _PEAK_SCRIPT = r"""
@@ -374,7 +386,15 @@ def table(result):
         if m is None:
             continue
         fmt = lambda x: f"{x['ms']:.2f}" if x else "-"
-        ratio = lambda x: f"{x['ms'] / m['ms']:.2f}x" if x else "-"
+
+        def ratio(x):
+            if not x:
+                return "-"
+            text = f"{x['ms'] / m['ms']:.2f}x"
+            if "round_ms" in x and "round_ms" in m:
+                per_round = [a / b for a, b in zip(x["round_ms"], m["round_ms"])]
+                text += f" ({min(per_round):.2f}-{max(per_round):.2f})"
+            return text
         what = r["what"] + (f" (+{m['extra_peak_mib']:.0f} MiB peak; torch +{t['extra_peak_mib']:.0f} MiB)"
                             if "extra_peak_mib" in m and t else "")
         rate = "-" if m["gflops"] != m["gflops"] else f"{m['gflops']:.1f}"
@@ -384,7 +404,7 @@ def table(result):
     meta = result["meta"]
     head = (f"Measured {meta['date']} on {meta['cpu']}, {meta['threads']} threads, float32; "
             f"NumPy float32 matmul ceiling {meta['matmul_gflops']:.0f} GFLOP/s; torch {meta['torch']}. "
-            "Ratios > 1x mean mha is faster.")
+            "Ratios > 1x mean mha is faster; in brackets, the lowest and highest ratio of one round.")
     return head + "\n\n" + "\n".join(lines)
 
 
@@ -396,7 +416,8 @@ def main(argv=None):
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", default="abcdef",
                         help="which cases to run, e.g. 'ac' (default: abcdef; e and f need torch)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed repeats per measurement (median)")
+    parser.add_argument("--repeats", type=int, default=5,
+                        help="rounds of turns per measurement (the median of their calls; default 5)")
     parser.add_argument("--threads", type=int, default=None, help="threads for mha and torch (default: mha's)")
     parser.add_argument("--json", metavar="FILE", help="also write the raw rows as JSON")
     args = parser.parse_args(argv)

@@ -15,13 +15,53 @@ import time
 
 import numpy as np
 
-__all__ = ["time_in_turns", "median_times", "quartiles"]
+__all__ = ["time_in_turns", "times_by_round", "median_times", "quartiles"]
 
 
 def _timed(fn):
     t = time.perf_counter()
     fn()
     return time.perf_counter() - t
+
+
+def times_by_round(fns, repeats=7, settle=0.25, measure=0.1, *, warmup=1):
+    """Wall times of several functions timed in turns, kept per round.
+
+    Parameters
+    ----------
+    fns, repeats, settle, measure, warmup
+        As `time_in_turns`.
+
+    Returns
+    -------
+    dict of str to list of list of float
+        For each function, one list per round of the calls timed in its turn, in seconds.
+        Two functions' turns of the same round ran next to each other, so the ratio of their
+        round medians is a paired sample of their speed ratio.
+
+    Examples
+    --------
+    >>> rounds = times_by_round({"a": lambda: None, "b": lambda: None}, repeats=3, settle=0, measure=0)
+    >>> [len(r) for r in rounds["a"]]
+    [1, 1, 1]
+    """
+    names = list(fns)
+    times = {name: [] for name in names}
+    for r in range(repeats):
+        for i in range(len(names)):
+            name = names[(r + i) % len(names)]
+            fn = fns[name]
+            start = time.perf_counter()
+            for _ in range(warmup):
+                fn()
+            while time.perf_counter() - start < settle:
+                fn()
+            start = time.perf_counter()
+            turn = [_timed(fn)]
+            while time.perf_counter() - start < measure:
+                turn.append(_timed(fn))
+            times[name].append(turn)
+    return times
 
 
 def time_in_turns(fns, repeats=7, settle=0.25, measure=0.1, *, warmup=1):
@@ -53,22 +93,8 @@ def time_in_turns(fns, repeats=7, settle=0.25, measure=0.1, *, warmup=1):
     >>> len(times["sum"])
     3
     """
-    names = list(fns)
-    times = {name: [] for name in names}
-    for r in range(repeats):
-        for i in range(len(names)):
-            name = names[(r + i) % len(names)]
-            fn = fns[name]
-            start = time.perf_counter()
-            for _ in range(warmup):
-                fn()
-            while time.perf_counter() - start < settle:
-                fn()
-            start = time.perf_counter()
-            times[name].append(_timed(fn))
-            while time.perf_counter() - start < measure:
-                times[name].append(_timed(fn))
-    return times
+    rounds = times_by_round(fns, repeats, settle, measure, warmup=warmup)
+    return {name: [t for turn in turns for t in turn] for name, turns in rounds.items()}
 
 
 def median_times(fns, repeats=7, settle=0.25, measure=0.1, *, warmup=1):
