@@ -11,7 +11,7 @@ import numpy
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-CORE = ["csrc/gemm.c", "csrc/attention.c", "csrc/multihead.c", "csrc/threads.c"]
+CORE = ["csrc/gemm.c", "csrc/attention.c", "csrc/multihead.c", "csrc/threads.c", "csrc/flow.c"]
 
 
 def compiler_accepts(compiler, flags, source="int main(void) { return 0; }\n"):

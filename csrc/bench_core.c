@@ -70,7 +70,8 @@ int main(int argc, char **argv) {
 
     float *W_q = rand_f32(D * D), *W_k = rand_f32(D * D), *W_v = rand_f32(D * D), *W_o = rand_f32(D * D);
     float *b_q = rand_f32(D), *b_k = rand_f32(D), *b_v = rand_f32(D), *b_o = rand_f32(D);
-    mha_layer_params_f32 p = {W_q, W_k, W_v, W_o, b_q, b_k, b_v, b_o, NULL};
+    mha_layer_params_f32 p = {.W_q = W_q, .W_k = W_k, .W_v = W_v, .W_o = W_o,
+                              .b_q = b_q, .b_k = b_k, .b_v = b_v, .b_o = b_o};
     mha_layer_dims m = {.batch = B, .n_q = n, .n_k = n, .n_new = n, .d_model = D, .kdim = D, .vdim = D,
                         .heads = H, .kv_heads = H, .d_head = dh, .kv_batch_stride = n};
     float *out = rand_f32(B * n * D), *qp = rand_f32(B * n * D), *kp = rand_f32(B * n * D);
@@ -78,10 +79,12 @@ int main(int argc, char **argv) {
     float *dx = rand_f32(B * n * D), *dxk = rand_f32(B * n * D), *dxv = rand_f32(B * n * D);
     float *g[9];
     for (int i = 0; i < 9; i++) g[i] = rand_f32(D * D);
-    mha_layer_grads_f32 gr = {g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8]};
+    mha_layer_grads_f32 gr = {.W_q = g[0], .W_k = g[1], .W_v = g[2], .W_o = g[3], .b_q = g[4],
+                              .b_k = g[5], .b_v = g[6], .b_o = g[7], .head_mask = g[8]};
+    mha_layer_saved_f32 saved = {.q_proj = qp, .k_proj = kp, .v_proj = vp, .attn = attn, .lse = lse};
     double layer_flops = 8.0 * B * n * D * D + attn_flops;
-    TIME("layer fwd +weights", layer_flops, mha_layer_forward_f32(out, w, qp, kp, vp, attn, lse, x, x, x, &p, &m, &d));
-    TIME("layer fwd", layer_flops, mha_layer_forward_f32(out, NULL, qp, kp, vp, attn, lse, x, x, x, &p, &m, &d));
-    TIME("layer bwd", 2 * layer_flops, mha_layer_backward_f32(dx, dxk, dxv, &gr, y, qp, kp, vp, attn, lse, x, x, x, &p, &m, &d));
+    TIME("layer fwd +weights", layer_flops, mha_layer_forward_f32(out, w, &saved, x, x, x, &p, &m, &d));
+    TIME("layer fwd", layer_flops, mha_layer_forward_f32(out, NULL, &saved, x, x, x, &p, &m, &d));
+    TIME("layer bwd", 2 * layer_flops, mha_layer_backward_f32(dx, dxk, dxv, &gr, y, &saved, x, x, x, &p, &m, &d));
     return 0;
 }

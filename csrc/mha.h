@@ -107,38 +107,54 @@ typedef struct {
     int64_t kv_batch_stride;         /* rows between batches of k_proj / v_proj (>= n_k)    */
 } mha_layer_dims;
 
-/* Parameters, stored (in, out) so that x @ W is the projection. Biases may be NULL. */
+/* The layer's structs and functions for one element type T (float: _f32, double: _f64).
+ * Fill the structs by name, e.g. (mha_layer_params_f32){.W_q = W_q, .W_k = W_k, ...}: a field
+ * left out is NULL.
+ *
+ * mha_layer_params: stored (in, out) so that x @ W is the projection.
+ *   W_q (d_model, H*d_head)  W_k (kdim, H_kv*d_head)  W_v (vdim, H_kv*d_head)
+ *   W_o (H*d_head, d_model)  b_q (H*d_head)  b_k, b_v (H_kv*d_head)  b_o (d_model)
+ *   head_mask (H): multiplies each head's output before W_o.
+ *   The biases may be NULL (no bias); head_mask NULL means all ones.
+ * mha_layer_grads: the gradients, with the shapes of the parameters (head_mask: (H)); a
+ *   NULL field is not computed.
+ * mha_layer_saved: what the forward writes for the backward.
+ *   q_proj (B, n_q, H*d_head)
+ *   k_proj, v_proj (B, kv_batch_stride, H_kv*d_head): the forward writes rows
+ *     [kv_row_offset, kv_row_offset + n_new) of each batch (a KV cache holds the others)
+ *   attn (B, n_q, H*d_head): the heads' outputs before head_mask
+ *   lse (B, H, n_q): each attention row's log-sum-exp; may be NULL (the backward then runs
+ *     the attention's forward again). */
 #define MHA_DECLARE_LAYER(T, SFX)                                                              \
     typedef struct {                                                                           \
-        const T *W_q, *W_k, *W_v, *W_o; /* (d_model|kdim|vdim, H*|H_kv*d_head), (H*d_head, d_model) */ \
+        const T *W_q, *W_k, *W_v, *W_o;                                                        \
         const T *b_q, *b_k, *b_v, *b_o;                                                        \
-        const T *head_mask;             /* (H,) or NULL for all ones */                        \
+        const T *head_mask;                                                                    \
     } mha_layer_params_##SFX;                                                                  \
     typedef struct {                                                                           \
-        T *W_q, *W_k, *W_v, *W_o, *b_q, *b_k, *b_v, *b_o, *head_mask;                         \
+        T *W_q, *W_k, *W_v, *W_o;                                                              \
+        T *b_q, *b_k, *b_v, *b_o;                                                              \
+        T *head_mask;                                                                          \
     } mha_layer_grads_##SFX;                                                                   \
-    /* out (B, n_q, d_model); weights (B, H, n_q, n_k) or NULL;                               \
-     * saved for backward: q_proj (B, n_q, H*d_head), k_proj, v_proj (B, kv_batch_stride,     \
-     * H_kv*d_head) of which rows [kv_row_offset, +n_new) are written here, attn (B, n_q,      \
-     * H*d_head) the heads' outputs before head_mask, lse (B, H, n_q) the rows' log-sum-exp  \
-     * (or NULL); x_q (B, n_q, d_model), x_k (B, n_new, kdim), x_v (B, n_new, vdim).          \
-     * attn_desc gives masks, causal, dropout (sizes and views are filled in here). */         \
-    int mha_layer_forward_##SFX(T *out, T *weights, T *q_proj, T *k_proj, T *v_proj, T *attn, \
-                                T *lse,                                                        \
+    typedef struct {                                                                           \
+        T *q_proj, *k_proj, *v_proj, *attn, *lse;                                              \
+    } mha_layer_saved_##SFX;                                                                   \
+    /* Forward. out (B, n_q, d_model); weights (B, H, n_q, n_k) or NULL; saved: written;      \
+     * x_q (B, n_q, d_model), x_k (B, n_new, kdim), x_v (B, n_new, vdim). attn_desc gives     \
+     * masks, causal, dropout (its sizes and views are filled in here). */                     \
+    int mha_layer_forward_##SFX(T *out, T *weights, const mha_layer_saved_##SFX *saved,       \
                                 const T *x_q, const T *x_k, const T *x_v,                      \
                                 const mha_layer_params_##SFX *params,                          \
                                 const mha_layer_dims *dims,                                    \
                                 const mha_attention_desc *attn_desc);                          \
-    /* Gradients of the inputs (dx_q like x_q, dx_k like x_k, dx_v like x_v) and of every      \
-     * parameter (grads fields may be NULL when the parameter is absent), from the arrays the  \
-     * forward saved (lse may be NULL: the attention's forward then runs again). Requires     \
-     * kv_row_offset == 0 (no cache). When an input is another one                             \
+    /* Backward. Gradients of the inputs (dx_q like x_q, dx_k like x_k, dx_v like x_v) and of  \
+     * the parameters (grads), from d_out (B, n_q, d_model) and what the forward saved (read   \
+     * only). Requires kv_row_offset == 0 (no cache). When an input is another one             \
      * (self-attention), pass the same dx buffer for both: their gradients are summed there. */ \
     int mha_layer_backward_##SFX(T *dx_q, T *dx_k, T *dx_v, const mha_layer_grads_##SFX *grads, \
-                                 const T *d_out, const T *q_proj, const T *k_proj,             \
-                                 const T *v_proj, const T *attn, const T *lse, const T *x_q,   \
-                                 const T *x_k,                                                 \
-                                 const T *x_v, const mha_layer_params_##SFX *params,           \
+                                 const T *d_out, const mha_layer_saved_##SFX *saved,         \
+                                 const T *x_q, const T *x_k, const T *x_v,                     \
+                                 const mha_layer_params_##SFX *params,                         \
                                  const mha_layer_dims *dims,                                   \
                                  const mha_attention_desc *attn_desc);
 
@@ -161,6 +177,14 @@ int mha_gemm_f64(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, doub
 /* The dropout RNG: a uniform double in [0, 1) for (seed, b, h, i, j); position (i, j) is
  * dropped iff the value is < p. */
 double mha_dropout_uniform(uint64_t seed, uint64_t b, uint64_t h, uint64_t i, uint64_t j);
+
+/* Attention flow (Abnar & Zuidema 2020): out (n_sources, n), out[i][j] = the maximum flow from
+ * node (layers, sources[i]) to node (0, j) of the layered graph whose edge (l + 1, a) -> (l, b)
+ * has capacity weights[l][a][b]; weights (layers, n, n) row-major, finite and >= 0 (else
+ * MHA_EINVAL); sources NULL: all n positions in order (n_sources is then ignored). Exact for the
+ * capacities rounded to multiples of R * 2^-61, R the largest row sum (flow.c). */
+int mha_attention_flow_f64(double *out, const double *weights, int64_t layers, int64_t n,
+                           const int64_t *sources, int64_t n_sources);
 
 /* Threads (OpenMP when compiled with it; otherwise always 1). */
 void mha_set_num_threads(int n);

@@ -11,6 +11,8 @@
 #define NPY_NO_DEPRECATED_API NPY_2_0_API_VERSION
 #include <Python.h>
 #include <numpy/arrayobject.h>
+#include <stddef.h>
+#include <string.h>
 
 #include "mha.h"
 
@@ -49,6 +51,33 @@ static PyArrayObject *get_output_array(PyObject *obj, const char *name, int type
     return a;
 }
 
+/* obj must be an aligned ndarray in native byte order, of dtype typenum and rank ndim, whose
+ * last axis is contiguous and whose other strides are non-negative multiples of the item size:
+ * a view the core can read through an mha_view, such as the (B, H, n, d) heads of a
+ * (B, n, 3 * H * d) projection. */
+static PyArrayObject *get_view(PyObject *obj, const char *name, int typenum, int ndim) {
+    if (!PyArray_Check(obj)) return get_array(obj, name, typenum, ndim); /* its TypeError */
+    PyArrayObject *a = (PyArrayObject *)obj;
+    if (PyArray_TYPE(a) != typenum || PyArray_NDIM(a) != ndim) return get_array(obj, name, typenum, ndim);
+    const npy_intp item = PyArray_ITEMSIZE(a);
+    if (PyArray_SIZE(a) == 0) return a; /* nothing is read: any strides will do */
+    int ok = PyArray_ISALIGNED(a) && PyArray_ISNOTSWAPPED(a) &&
+             (PyArray_DIM(a, ndim - 1) <= 1 || PyArray_STRIDE(a, ndim - 1) == item);
+    for (int i = 0; i < ndim; i++) ok = ok && PyArray_STRIDE(a, i) >= 0 && PyArray_STRIDE(a, i) % item == 0;
+    if (!ok) {
+        PyErr_Format(PyExc_ValueError, "%s must be aligned, in native byte order, with a contiguous last "
+                     "axis and non-negative strides", name);
+        return NULL;
+    }
+    return a;
+}
+
+/* The element strides of a rank-4 view (get_view) along its batch, head and row axes. */
+static mha_view view_of(PyArrayObject *a) {
+    const npy_intp item = PyArray_ITEMSIZE(a);
+    return (mha_view){PyArray_STRIDE(a, 0) / item, PyArray_STRIDE(a, 1) / item, PyArray_STRIDE(a, 2) / item};
+}
+
 /* The scale argument: omitted (NULL) or None means 1/sqrt(d_k) (1 when d_k = 0). */
 static int get_scale(PyObject *obj, double *scale) {
     if (!obj || obj == Py_None) return 0; /* keep the descriptor's default */
@@ -59,10 +88,6 @@ static int get_scale(PyObject *obj, double *scale) {
     }
     *scale = value;
     return 0;
-}
-
-static PyArrayObject *get_optional(PyObject *obj, const char *name, int typenum, int ndim) {
-    return obj == Py_None ? NULL : get_array(obj, name, typenum, ndim);
 }
 
 /* a.shape[axis] == expected, or ValueError naming both. */
@@ -167,11 +192,13 @@ static int fill_masks(mha_attention_desc *d, int typenum, PyObject *mask_obj, Py
     return 0;
 }
 
-/* q (B, H, n_q, d_k), k (B, H_kv, n_k, d_k), v (B, H_kv, n_k, d_v): checks, fills sizes. */
-static int attention_args(mha_attention_desc *d, int typenum, PyObject *q_obj, PyObject *k_obj,
+/* q (B, H, n_q, d_k), k (B, H_kv, n_k, d_k), v (B, H_kv, n_k, d_v): checks, fills sizes and
+ * views. views: q, k, v may be strided views (get_view; the forward only reads them), else
+ * they must be C-contiguous (the backward writes dq, dk, dv through the same views). */
+static int attention_args(mha_attention_desc *d, int typenum, int views, PyObject *q_obj, PyObject *k_obj,
                           PyObject *v_obj, PyArrayObject **q, PyArrayObject **k, PyArrayObject **v) {
-    if (!(*q = get_array(q_obj, "q", typenum, 4)) || !(*k = get_array(k_obj, "k", typenum, 4)) ||
-        !(*v = get_array(v_obj, "v", typenum, 4)))
+    PyArrayObject *(*get)(PyObject *, const char *, int, int) = views ? get_view : get_array;
+    if (!(*q = get(q_obj, "q", typenum, 4)) || !(*k = get(k_obj, "k", typenum, 4)) || !(*v = get(v_obj, "v", typenum, 4)))
         return -1;
     npy_intp B = PyArray_DIM(*q, 0), H = PyArray_DIM(*q, 1), H_kv = PyArray_DIM(*k, 1);
     if (check_dim(*k, "k", 0, B, "batch") || check_dim(*v, "v", 0, B, "batch") ||
@@ -185,6 +212,11 @@ static int attention_args(mha_attention_desc *d, int typenum, PyObject *q_obj, P
     }
     mha_attention_desc_init(d, B, H, H_kv, PyArray_DIM(*q, 2), PyArray_DIM(*k, 2),
                             PyArray_DIM(*q, 3), PyArray_DIM(*v, 3));
+    if (views) { /* an empty array keeps the contiguous view: it is never read */
+        if (PyArray_SIZE(*q)) d->q = view_of(*q);
+        if (PyArray_SIZE(*k)) d->k = view_of(*k);
+        if (PyArray_SIZE(*v)) d->v = view_of(*v);
+    }
     return 0;
 }
 
@@ -196,7 +228,8 @@ static int attention_args(mha_attention_desc *d, int typenum, PyObject *q_obj, P
 static char *attention_kw[] = {"q", "k", "v", "mask", "key_padding_mask", "causal", "scale",
                                "dropout", "seed", "need_weights", "return_lse", NULL};
 
-/* -> (out, weights|None), or (out, weights|None, lse (B, H, n_q)) with return_lse. */
+/* -> (out, weights|None), or (out, weights|None, lse (B, H, n_q)) with return_lse.
+ * q, k, v: strided views are read in place (get_view). */
 static PyObject *py_attention_forward(PyObject *self, PyObject *args, PyObject *kwargs) {
     (void)self;
     PyObject *q_obj, *k_obj, *v_obj, *mask_obj = Py_None, *kp_obj = Py_None, *scale_obj = NULL;
@@ -211,7 +244,7 @@ static PyObject *py_attention_forward(PyObject *self, PyObject *args, PyObject *
     if (typenum < 0) return NULL;
     PyArrayObject *q, *k, *v, *out = NULL, *weights = NULL, *lse = NULL;
     mha_attention_desc d;
-    if (attention_args(&d, typenum, q_obj, k_obj, v_obj, &q, &k, &v)) return NULL;
+    if (attention_args(&d, typenum, 1, q_obj, k_obj, v_obj, &q, &k, &v)) return NULL;
     double scale = d.scale;
     if (get_scale(scale_obj, &scale)) return NULL;
     if (fill_masks(&d, typenum, mask_obj, kp_obj, causal, scale, dropout, seed)) return NULL;
@@ -262,7 +295,7 @@ static PyObject *py_attention_backward(PyObject *self, PyObject *args, PyObject 
     if (typenum < 0) return NULL;
     PyArrayObject *q, *k, *v, *d_out, *o = NULL, *lse = NULL, *dq = NULL, *dk = NULL, *dv = NULL;
     mha_attention_desc d;
-    if (attention_args(&d, typenum, q_obj, k_obj, v_obj, &q, &k, &v)) return NULL;
+    if (attention_args(&d, typenum, 0, q_obj, k_obj, v_obj, &q, &k, &v)) return NULL;
     double scale = d.scale;
     if (get_scale(scale_obj, &scale)) return NULL;
     if (fill_masks(&d, typenum, mask_obj, kp_obj, causal, scale, dropout, seed)) return NULL;
@@ -318,43 +351,148 @@ static int check_heads(Py_ssize_t heads, Py_ssize_t kv_heads, Py_ssize_t d_head)
     return 0;
 }
 
-/* params: a tuple (W_q, W_k, W_v, W_o, b_q, b_k, b_v, b_o, head_mask); biases and head_mask
- * may be None. Checks shapes against dims; the pointers stay valid while params is alive. */
+/* query (B, n_q, d_model), key (B, n_new, kdim), value (B, n_new, vdim), C-contiguous of the
+ * call's dtype, and the head sizes: checks them and fills dims for a call without a cache
+ * (n_k = kv_batch_stride = n_new). */
+static int layer_inputs(mha_layer_dims *m, int typenum, PyObject *xq_obj, PyObject *xk_obj, PyObject *xv_obj,
+                        Py_ssize_t heads, Py_ssize_t kv_heads, Py_ssize_t d_head, PyArrayObject **xq,
+                        PyArrayObject **xk, PyArrayObject **xv) {
+    if (!(*xq = get_array(xq_obj, "query", typenum, 3)) || !(*xk = get_array(xk_obj, "key", typenum, 3)) ||
+        !(*xv = get_array(xv_obj, "value", typenum, 3)) || check_heads(heads, kv_heads, d_head))
+        return -1;
+    memset(m, 0, sizeof *m);
+    m->batch = PyArray_DIM(*xq, 0);
+    m->n_q = PyArray_DIM(*xq, 1);
+    m->n_k = m->n_new = m->kv_batch_stride = PyArray_DIM(*xk, 1);
+    m->d_model = PyArray_DIM(*xq, 2);
+    m->kdim = PyArray_DIM(*xk, 2);
+    m->vdim = PyArray_DIM(*xv, 2);
+    m->heads = heads;
+    m->kv_heads = kv_heads;
+    m->d_head = d_head;
+    return check_dim(*xk, "key", 0, m->batch, "batch") || check_dim(*xv, "value", 0, m->batch, "batch") ||
+                   check_dim(*xv, "value", 1, m->n_new, "n_k")
+               ? -1
+               : 0;
+}
+
+/* The layer's parameters (or their gradients) as arrays, field for field mha.h's
+ * mha_layer_params; NULL for an absent bias or head mask. */
 typedef struct {
-    PyArrayObject *a[9];
+    PyArrayObject *W_q, *W_k, *W_v, *W_o, *b_q, *b_k, *b_v, *b_o, *head_mask;
 } layer_arrays;
 
+/* mha.h's params or grads struct of a layer_arrays, field by field. */
+#define LAYER_POINTERS(a)                                                                       \
+    {.W_q = DATA_OR_NULL((a).W_q), .W_k = DATA_OR_NULL((a).W_k), .W_v = DATA_OR_NULL((a).W_v), \
+     .W_o = DATA_OR_NULL((a).W_o), .b_q = DATA_OR_NULL((a).b_q), .b_k = DATA_OR_NULL((a).b_k), \
+     .b_v = DATA_OR_NULL((a).b_v), .b_o = DATA_OR_NULL((a).b_o),                               \
+     .head_mask = DATA_OR_NULL((a).head_mask)}
+
+/* Every parameter by name: its field, whether it is required, and its shape (rows, cols;
+ * cols VECTOR for a vector) in terms of dims. */
+enum { D_MODEL, KDIM, VDIM, E_Q, E_KV, HEADS, VECTOR };
+static const struct {
+    const char *name;
+    size_t field;
+    int required, rows, cols;
+} LAYER_PARAMS[] = {
+    {"W_q", offsetof(layer_arrays, W_q), 1, D_MODEL, E_Q},
+    {"W_k", offsetof(layer_arrays, W_k), 1, KDIM, E_KV},
+    {"W_v", offsetof(layer_arrays, W_v), 1, VDIM, E_KV},
+    {"W_o", offsetof(layer_arrays, W_o), 1, E_Q, D_MODEL},
+    {"b_q", offsetof(layer_arrays, b_q), 0, E_Q, VECTOR},
+    {"b_k", offsetof(layer_arrays, b_k), 0, E_KV, VECTOR},
+    {"b_v", offsetof(layer_arrays, b_v), 0, E_KV, VECTOR},
+    {"b_o", offsetof(layer_arrays, b_o), 0, D_MODEL, VECTOR},
+    {"head_mask", offsetof(layer_arrays, head_mask), 0, HEADS, VECTOR},
+};
+enum { N_LAYER_PARAMS = sizeof LAYER_PARAMS / sizeof LAYER_PARAMS[0] };
+
+#define FIELD(arrays, i) (*(PyArrayObject **)((char *)(arrays) + LAYER_PARAMS[i].field))
+
+static npy_intp layer_size(int which, const mha_layer_dims *m) {
+    switch (which) {
+    case D_MODEL: return m->d_model;
+    case KDIM: return m->kdim;
+    case VDIM: return m->vdim;
+    case E_Q: return m->heads * m->d_head;
+    case E_KV: return m->kv_heads * m->d_head;
+    case HEADS: return m->heads;
+    default: return 0;
+    }
+}
+
+/* params: a dict {name: array} of W_q, W_k, W_v, W_o (required) and b_q, b_k, b_v, b_o,
+ * head_mask (absent or None: no bias / all ones). Checks dtypes and shapes against dims; the
+ * pointers stay valid while params is alive. */
 static int layer_params(layer_arrays *la, PyObject *params, int typenum, const mha_layer_dims *m) {
-    static const char *names[9] = {"W_q", "W_k", "W_v", "W_o", "b_q", "b_k", "b_v", "b_o", "head_mask"};
-    if (!PyTuple_Check(params) || PyTuple_GET_SIZE(params) != 9) {
-        PyErr_SetString(PyExc_TypeError, "params must be a 9-tuple (W_q, W_k, W_v, W_o, b_q, b_k, b_v, b_o, head_mask)");
+    memset(la, 0, sizeof *la);
+    if (!PyDict_Check(params)) {
+        PyErr_Format(PyExc_TypeError, "params must be a dict {name: array} of W_q, W_k, W_v, W_o and "
+                     "optionally b_q, b_k, b_v, b_o, head_mask, not %.100s", Py_TYPE(params)->tp_name);
         return -1;
     }
-    const npy_intp E_q = m->heads * m->d_head, E_kv = m->kv_heads * m->d_head;
-    const npy_intp shapes[9][2] = {{m->d_model, E_q}, {m->kdim, E_kv}, {m->vdim, E_kv}, {E_q, m->d_model},
-                                   {E_q, 0}, {E_kv, 0}, {E_kv, 0}, {m->d_model, 0}, {m->heads, 0}};
-    for (int i = 0; i < 9; i++) {
-        PyObject *o = PyTuple_GET_ITEM(params, i);
-        int ndim = i < 4 ? 2 : 1;
-        la->a[i] = i < 4 ? get_array(o, names[i], typenum, ndim) : get_optional(o, names[i], typenum, ndim);
-        if (i < 4 && !la->a[i]) return -1;
-        if (i >= 4 && !la->a[i] && PyErr_Occurred()) return -1;
-        if (la->a[i] && check_shape(la->a[i], names[i], ndim, shapes[i])) return -1;
+    PyObject *key, *value;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(params, &pos, &key, &value)) { /* no unknown (misspelled) names */
+        int known = 0;
+        for (int i = 0; i < N_LAYER_PARAMS && !known; i++)
+            known = PyUnicode_Check(key) && PyUnicode_CompareWithASCIIString(key, LAYER_PARAMS[i].name) == 0;
+        if (!known) {
+            PyErr_Format(PyExc_TypeError, "params has an unknown key %R", key);
+            return -1;
+        }
+    }
+    for (int i = 0; i < N_LAYER_PARAMS; i++) {
+        const char *name = LAYER_PARAMS[i].name;
+        PyObject *obj = PyDict_GetItemString(params, name); /* borrowed */
+        int ndim = LAYER_PARAMS[i].cols == VECTOR ? 1 : 2;
+        if (!obj || obj == Py_None) {
+            if (LAYER_PARAMS[i].required) {
+                PyErr_Format(PyExc_TypeError, "params has no %s", name);
+                return -1;
+            }
+            continue;
+        }
+        PyArrayObject *a = get_array(obj, name, typenum, ndim);
+        npy_intp shape[2] = {layer_size(LAYER_PARAMS[i].rows, m), layer_size(LAYER_PARAMS[i].cols, m)};
+        if (!a || check_shape(a, name, ndim, shape)) return -1;
+        FIELD(la, i) = a;
     }
     return 0;
 }
 
-/* The nine (W_q, W_k, W_v, W_o, b_q, b_k, b_v, b_o, head_mask) pointers of an array list. */
-#define NINE_POINTERS(a)                                                                        \
-    {DATA_OR_NULL(a[0]), DATA_OR_NULL(a[1]), DATA_OR_NULL(a[2]), DATA_OR_NULL(a[3]),            \
-     DATA_OR_NULL(a[4]), DATA_OR_NULL(a[5]), DATA_OR_NULL(a[6]), DATA_OR_NULL(a[7]),            \
-     DATA_OR_NULL(a[8])}
+/* The array saved[name] (a dict) of dtype typenum and the given shape; NULL (and no error)
+ * for an absent or None optional one. */
+static PyArrayObject *get_saved(PyObject *saved, const char *name, int required, int typenum, int ndim,
+                                const npy_intp *shape) {
+    PyObject *obj = PyDict_GetItemString(saved, name); /* borrowed */
+    if (!obj || obj == Py_None) {
+        if (required) PyErr_Format(PyExc_TypeError, "saved has no %s", name);
+        return NULL;
+    }
+    PyArrayObject *a = get_array(obj, name, typenum, ndim);
+    return a && !check_shape(a, name, ndim, shape) ? a : NULL;
+}
 
-static char *layer_forward_kw[] = {"x_q", "x_k", "x_v", "params", "heads", "kv_heads", "d_head",
+/* The typed core call of py_layer_forward (SFX f32 or f64), its structs filled by name. */
+#define LAYER_FORWARD(SFX)                                                                             \
+    do {                                                                                           \
+        mha_layer_params_##SFX p = LAYER_POINTERS(la);                                             \
+        mha_layer_saved_##SFX saved = {.q_proj = PyArray_DATA(q_proj), .k_proj = PyArray_DATA(k_proj), \
+                                       .v_proj = PyArray_DATA(v_proj), .attn = PyArray_DATA(attn),    \
+                                       .lse = PyArray_DATA(lse)};                                   \
+        err = mha_layer_forward_##SFX(PyArray_DATA(out), DATA_OR_NULL(weights), &saved,             \
+                                      PyArray_DATA(xq), PyArray_DATA(xk), PyArray_DATA(xv), &p, &m, &d); \
+    } while (0)
+
+static char *layer_forward_kw[] = {"query", "key", "value", "params", "heads", "kv_heads", "d_head",
                                    "mask", "key_padding_mask", "causal", "dropout", "seed",
                                    "need_weights", "k_cache", "v_cache", "cache_length", NULL};
 
-/* -> (out, weights|None, q_proj, k_proj, v_proj, attn, lse). With k_cache/v_cache (B, max_len,
+/* -> {"out", "weights" (or None), "q_proj", "k_proj", "v_proj", "attn", "lse"}: the output and
+ * what the backward needs (mha.h, mha_layer_saved). With k_cache/v_cache (B, max_len,
  * H_kv*d_head) the new keys/values are written there at rows [cache_length, +n_new) and
  * k_proj/v_proj are the caches themselves. */
 static PyObject *py_layer_forward(PyObject *self, PyObject *args, PyObject *kwargs) {
@@ -375,23 +513,8 @@ static PyObject *py_layer_forward(PyObject *self, PyObject *args, PyObject *kwar
     PyArrayObject *xq, *xk, *xv, *kc = NULL, *vc = NULL;
     PyArrayObject *out = NULL, *weights = NULL, *q_proj = NULL, *k_proj = NULL, *v_proj = NULL, *attn = NULL;
     PyArrayObject *lse = NULL;
-    if (!(xq = get_array(xq_obj, "query", typenum, 3)) || !(xk = get_array(xk_obj, "key", typenum, 3)) ||
-        !(xv = get_array(xv_obj, "value", typenum, 3)))
-        return NULL;
-    if (check_heads(heads, kv_heads, d_head)) return NULL;
-    mha_layer_dims m = {0};
-    m.batch = PyArray_DIM(xq, 0);
-    m.n_q = PyArray_DIM(xq, 1);
-    m.n_new = PyArray_DIM(xk, 1);
-    m.d_model = PyArray_DIM(xq, 2);
-    m.kdim = PyArray_DIM(xk, 2);
-    m.vdim = PyArray_DIM(xv, 2);
-    m.heads = heads;
-    m.kv_heads = kv_heads;
-    m.d_head = d_head;
-    if (check_dim(xk, "key", 0, m.batch, "batch") || check_dim(xv, "value", 0, m.batch, "batch") ||
-        check_dim(xv, "value", 1, m.n_new, "n_k"))
-        return NULL;
+    mha_layer_dims m;
+    if (layer_inputs(&m, typenum, xq_obj, xk_obj, xv_obj, heads, kv_heads, d_head, &xq, &xk, &xv)) return NULL;
     const npy_intp E_q = heads * d_head, E_kv = kv_heads * d_head;
     if (kc_obj != Py_None) {
         if (!(kc = get_output_array(kc_obj, "k_cache", typenum, 3)) ||
@@ -407,10 +530,8 @@ static PyObject *py_layer_forward(PyObject *self, PyObject *args, PyObject *kwar
         }
         m.kv_row_offset = cache_length;
         m.kv_batch_stride = max_len;
-    } else {
-        m.kv_batch_stride = m.n_new;
+        m.n_k = m.kv_row_offset + m.n_new;
     }
-    m.n_k = m.kv_row_offset + m.n_new;
     layer_arrays la;
     if (layer_params(&la, params, typenum, &m)) return NULL;
     mha_attention_desc d;
@@ -434,26 +555,16 @@ static PyObject *py_layer_forward(PyObject *self, PyObject *args, PyObject *kwar
     }
     int err;
     Py_BEGIN_ALLOW_THREADS
-    if (typenum == NPY_FLOAT32) {
-        mha_layer_params_f32 p = NINE_POINTERS(la.a);
-        err = mha_layer_forward_f32(PyArray_DATA(out), DATA_OR_NULL(weights), PyArray_DATA(q_proj),
-                                    PyArray_DATA(k_proj), PyArray_DATA(v_proj), PyArray_DATA(attn),
-                                    PyArray_DATA(lse), PyArray_DATA(xq), PyArray_DATA(xk), PyArray_DATA(xv),
-                                    &p, &m, &d);
-    } else {
-        mha_layer_params_f64 p = NINE_POINTERS(la.a);
-        err = mha_layer_forward_f64(PyArray_DATA(out), DATA_OR_NULL(weights), PyArray_DATA(q_proj),
-                                    PyArray_DATA(k_proj), PyArray_DATA(v_proj), PyArray_DATA(attn),
-                                    PyArray_DATA(lse), PyArray_DATA(xq), PyArray_DATA(xk), PyArray_DATA(xv),
-                                    &p, &m, &d);
-    }
+    if (typenum == NPY_FLOAT32) LAYER_FORWARD(f32);
+    else LAYER_FORWARD(f64);
     Py_END_ALLOW_THREADS
     if (raise_core_error(err)) goto fail;
     if (!weights) {
         Py_INCREF(Py_None);
         weights = (PyArrayObject *)Py_None;
     }
-    return Py_BuildValue("(NNNNNNN)", out, weights, q_proj, k_proj, v_proj, attn, lse);
+    return Py_BuildValue("{s:N,s:N,s:N,s:N,s:N,s:N,s:N}", "out", out, "weights", weights, "q_proj", q_proj,
+                         "k_proj", k_proj, "v_proj", v_proj, "attn", attn, "lse", lse);
 fail:
     Py_XDECREF(lse);
     Py_XDECREF(out);
@@ -465,60 +576,62 @@ fail:
     return NULL;
 }
 
-static char *layer_backward_kw[] = {"d_out", "q_proj", "k_proj", "v_proj", "attn", "x_q", "x_k",
-                                    "x_v", "params", "heads", "kv_heads", "d_head", "mask",
-                                    "key_padding_mask", "causal", "dropout", "seed",
-                                    "key_is_query", "value_is_key", "lse", NULL};
+/* The typed core call of py_layer_backward (SFX f32 or f64), its structs filled by name. */
+#define LAYER_BACKWARD(SFX)                                                                            \
+    do {                                                                                           \
+        mha_layer_params_##SFX p = LAYER_POINTERS(la);                                             \
+        mha_layer_grads_##SFX gr = LAYER_POINTERS(g);                                              \
+        mha_layer_saved_##SFX saved = {.q_proj = PyArray_DATA(qp), .k_proj = PyArray_DATA(kp),     \
+                                       .v_proj = PyArray_DATA(vp), .attn = PyArray_DATA(attn),     \
+                                       .lse = DATA_OR_NULL(lse)};                                   \
+        err = mha_layer_backward_##SFX(PyArray_DATA(d_query), PyArray_DATA(dxk_buf), PyArray_DATA(dxv_buf), \
+                                       &gr, PyArray_DATA(d_out), &saved, PyArray_DATA(xq),         \
+                                       PyArray_DATA(xk), PyArray_DATA(xv), &p, &m, &d);            \
+    } while (0)
 
-/* -> (dx_q, dx_k, dx_v, (dW_q, dW_k, dW_v, dW_o, db_q|None, db_k, db_v, db_o, d_head_mask)).
- * key_is_query: x_k was x_q, so its gradient is added into dx_q and dx_k is None; likewise
- * value_is_key. lse: the forward's (B, H, n_q) log-sum-exp, or None to recompute it. */
+static char *layer_backward_kw[] = {"d_out", "saved", "query", "key", "value", "params", "heads",
+                                    "kv_heads", "d_head", "mask", "key_padding_mask", "causal",
+                                    "dropout", "seed", "key_is_query", "value_is_key", NULL};
+
+/* saved: a dict with the forward's q_proj, k_proj, v_proj, attn and (optional) lse (the
+ * attention's forward runs again without it). key_is_query: key was query, so its gradient is
+ * added into d_query and d_key is None; likewise value_is_key.
+ * -> {"d_query", "d_key" (or None), "d_value" (or None), "grads": {name: gradient}} with a
+ * gradient for every parameter given and for head_mask. */
 static PyObject *py_layer_backward(PyObject *self, PyObject *args, PyObject *kwargs) {
     (void)self;
-    PyObject *do_obj, *qp_obj, *kp_obj_, *vp_obj, *attn_obj, *xq_obj, *xk_obj, *xv_obj, *params;
-    PyObject *mask_obj = Py_None, *kpm_obj = Py_None, *lse_obj = Py_None;
+    PyObject *do_obj, *saved_obj, *xq_obj, *xk_obj, *xv_obj, *params;
+    PyObject *mask_obj = Py_None, *kpm_obj = Py_None;
     Py_ssize_t heads, kv_heads, d_head;
     int causal = 0, key_is_query = 0, value_is_key = 0;
     double dropout = 0;
     unsigned long long seed = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOOnnn|OOpdKppO", layer_backward_kw,
-                                     &do_obj, &qp_obj, &kp_obj_, &vp_obj, &attn_obj, &xq_obj,
-                                     &xk_obj, &xv_obj, &params, &heads, &kv_heads, &d_head,
-                                     &mask_obj, &kpm_obj, &causal, &dropout, &seed,
-                                     &key_is_query, &value_is_key, &lse_obj))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOnnn|OOpdKpp", layer_backward_kw, &do_obj,
+                                     &saved_obj, &xq_obj, &xk_obj, &xv_obj, &params, &heads,
+                                     &kv_heads, &d_head, &mask_obj, &kpm_obj, &causal, &dropout,
+                                     &seed, &key_is_query, &value_is_key))
         return NULL;
     int typenum = float_type(xq_obj, "query");
     if (typenum < 0) return NULL;
-    PyArrayObject *xq, *xk, *xv, *d_out, *qp, *kp, *vp, *attn, *lse = NULL;
-    if (!(xq = get_array(xq_obj, "query", typenum, 3)) || !(xk = get_array(xk_obj, "key", typenum, 3)) ||
-        !(xv = get_array(xv_obj, "value", typenum, 3)) || !(d_out = get_array(do_obj, "d_out", typenum, 3)) ||
-        !(qp = get_array(qp_obj, "q_proj", typenum, 3)) || !(kp = get_array(kp_obj_, "k_proj", typenum, 3)) ||
-        !(vp = get_array(vp_obj, "v_proj", typenum, 3)) || !(attn = get_array(attn_obj, "attn", typenum, 3)))
+    if (!PyDict_Check(saved_obj)) {
+        PyErr_Format(PyExc_TypeError, "saved must be the dict of the forward's q_proj, k_proj, v_proj, "
+                     "attn, lse, not %.100s", Py_TYPE(saved_obj)->tp_name);
         return NULL;
-    if (check_heads(heads, kv_heads, d_head)) return NULL;
-    mha_layer_dims m = {0};
-    m.batch = PyArray_DIM(xq, 0);
-    m.n_q = PyArray_DIM(xq, 1);
-    m.n_k = m.n_new = m.kv_batch_stride = PyArray_DIM(xk, 1);
-    m.d_model = PyArray_DIM(xq, 2);
-    m.kdim = PyArray_DIM(xk, 2);
-    m.vdim = PyArray_DIM(xv, 2);
-    m.heads = heads;
-    m.kv_heads = kv_heads;
-    m.d_head = d_head;
+    }
+    PyArrayObject *xq, *xk, *xv, *d_out, *qp, *kp, *vp, *attn, *lse;
+    mha_layer_dims m;
+    if (layer_inputs(&m, typenum, xq_obj, xk_obj, xv_obj, heads, kv_heads, d_head, &xq, &xk, &xv)) return NULL;
     const npy_intp E_q = heads * d_head, E_kv = kv_heads * d_head;
     npy_intp out_shape[3] = {m.batch, m.n_q, m.d_model}, q_shape[3] = {m.batch, m.n_q, E_q};
-    npy_intp kv_shape[3] = {m.batch, m.n_k, E_kv}, xk_shape[3] = {m.batch, m.n_k, m.kdim};
-    npy_intp xv_shape[3] = {m.batch, m.n_k, m.vdim};
-    if (check_shape(d_out, "d_out", 3, out_shape) || check_shape(qp, "q_proj", 3, q_shape) ||
-        check_shape(attn, "attn", 3, q_shape) || check_shape(kp, "k_proj", 3, kv_shape) ||
-        check_shape(vp, "v_proj", 3, kv_shape) || check_shape(xk, "key", 3, xk_shape) ||
-        check_shape(xv, "value", 3, xv_shape))
+    npy_intp kv_shape[3] = {m.batch, m.n_k, E_kv}, lse_shape[3] = {m.batch, m.heads, m.n_q};
+    if (!(d_out = get_array(do_obj, "d_out", typenum, 3)) || check_shape(d_out, "d_out", 3, out_shape))
         return NULL;
-    if (lse_obj != Py_None) {
-        npy_intp lse_shape[3] = {m.batch, m.heads, m.n_q};
-        if (!(lse = get_array(lse_obj, "lse", typenum, 3)) || check_shape(lse, "lse", 3, lse_shape)) return NULL;
-    }
+    if (!(qp = get_saved(saved_obj, "q_proj", 1, typenum, 3, q_shape)) ||
+        !(kp = get_saved(saved_obj, "k_proj", 1, typenum, 3, kv_shape)) ||
+        !(vp = get_saved(saved_obj, "v_proj", 1, typenum, 3, kv_shape)) ||
+        !(attn = get_saved(saved_obj, "attn", 1, typenum, 3, q_shape)))
+        return NULL;
+    if (!(lse = get_saved(saved_obj, "lse", 0, typenum, 3, lse_shape)) && PyErr_Occurred()) return NULL;
     layer_arrays la;
     if (layer_params(&la, params, typenum, &m)) return NULL;
     mha_attention_desc d;
@@ -529,59 +642,46 @@ static PyObject *py_layer_backward(PyObject *self, PyObject *args, PyObject *kwa
         PyErr_SetString(PyExc_ValueError, "key_is_query / value_is_key need the same array objects");
         return NULL;
     }
-    PyArrayObject *out[3] = {NULL, NULL, NULL}, *g[9] = {NULL};
-    if (!(out[0] = new_array(3, PyArray_DIMS(xq), typenum, 0)) ||
-        (!key_is_query && !(out[1] = new_array(3, PyArray_DIMS(xk), typenum, 0))) ||
-        (!value_is_key && !(out[2] = new_array(3, PyArray_DIMS(xv), typenum, 0))))
+    PyArrayObject *d_query = NULL, *d_key = NULL, *d_value = NULL;
+    layer_arrays g = {0};
+    PyObject *grads = NULL;
+    if (!(d_query = new_array(3, PyArray_DIMS(xq), typenum, 0)) ||
+        (!key_is_query && !(d_key = new_array(3, PyArray_DIMS(xk), typenum, 0))) ||
+        (!value_is_key && !(d_value = new_array(3, PyArray_DIMS(xv), typenum, 0))))
         goto fail;
     /* the buffers the core writes: an aliased input shares the buffer of the one it is */
-    PyArrayObject *dxk_buf = key_is_query ? out[0] : out[1];
-    PyArrayObject *dxv_buf = value_is_key ? dxk_buf : out[2];
-    for (int i = 0; i < 9; i++) {
-        PyArrayObject *a = la.a[i];
+    PyArrayObject *dxk_buf = key_is_query ? d_query : d_key;
+    PyArrayObject *dxv_buf = value_is_key ? dxk_buf : d_value;
+    /* a gradient for every parameter given, and for the head mask whether or not it was */
+    for (int i = 0; i < N_LAYER_PARAMS; i++) {
+        PyArrayObject *a = FIELD(&la, i);
         npy_intp hshape[1] = {m.heads};
-        if (i == 8) { /* the head mask's gradient always exists */
-            if (!(g[i] = new_array(1, hshape, typenum, 0))) goto fail;
-        } else if (a && !(g[i] = new_array(PyArray_NDIM(a), PyArray_DIMS(a), typenum, 0))) {
+        int is_head_mask = LAYER_PARAMS[i].rows == HEADS;
+        if ((a || is_head_mask) &&
+            !(FIELD(&g, i) = a ? new_array(PyArray_NDIM(a), PyArray_DIMS(a), typenum, 0) : new_array(1, hshape, typenum, 0)))
             goto fail;
-        }
     }
     int err;
     Py_BEGIN_ALLOW_THREADS
-    if (typenum == NPY_FLOAT32) {
-        mha_layer_params_f32 p = NINE_POINTERS(la.a);
-        mha_layer_grads_f32 gr = NINE_POINTERS(g);
-        err = mha_layer_backward_f32(PyArray_DATA(out[0]), PyArray_DATA(dxk_buf), PyArray_DATA(dxv_buf),
-                                     &gr, PyArray_DATA(d_out), PyArray_DATA(qp), PyArray_DATA(kp),
-                                     PyArray_DATA(vp), PyArray_DATA(attn), DATA_OR_NULL(lse), PyArray_DATA(xq),
-                                     PyArray_DATA(xk), PyArray_DATA(xv), &p, &m, &d);
-    } else {
-        mha_layer_params_f64 p = NINE_POINTERS(la.a);
-        mha_layer_grads_f64 gr = NINE_POINTERS(g);
-        err = mha_layer_backward_f64(PyArray_DATA(out[0]), PyArray_DATA(dxk_buf), PyArray_DATA(dxv_buf),
-                                     &gr, PyArray_DATA(d_out), PyArray_DATA(qp), PyArray_DATA(kp),
-                                     PyArray_DATA(vp), PyArray_DATA(attn), DATA_OR_NULL(lse), PyArray_DATA(xq),
-                                     PyArray_DATA(xk), PyArray_DATA(xv), &p, &m, &d);
-    }
+    if (typenum == NPY_FLOAT32) LAYER_BACKWARD(f32);
+    else LAYER_BACKWARD(f64);
     Py_END_ALLOW_THREADS
-    if (raise_core_error(err)) goto fail;
-    PyObject *grads = PyTuple_New(9);
-    if (!grads) goto fail;
-    for (int i = 0; i < 9; i++) {
-        PyObject *item = g[i] ? (PyObject *)g[i] : Py_None;
-        if (!g[i]) Py_INCREF(Py_None);
-        PyTuple_SET_ITEM(grads, i, item); /* steals */
-        g[i] = NULL;
-    }
-    for (int i = 1; i < 3; i++)
-        if (!out[i]) {
-            Py_INCREF(Py_None);
-            out[i] = (PyArrayObject *)Py_None;
-        }
-    return Py_BuildValue("(NNNN)", out[0], out[1], out[2], grads);
+    if (raise_core_error(err) || !(grads = PyDict_New())) goto fail;
+    for (int i = 0; i < N_LAYER_PARAMS; i++)
+        if (FIELD(&g, i) && PyDict_SetItemString(grads, LAYER_PARAMS[i].name, (PyObject *)FIELD(&g, i)))
+            goto fail;
+    for (int i = 0; i < N_LAYER_PARAMS; i++) Py_CLEAR(FIELD(&g, i)); /* grads holds them now */
+    PyObject *none_key = d_key ? (PyObject *)d_key : Py_None, *none_value = d_value ? (PyObject *)d_value : Py_None;
+    if (!d_key) Py_INCREF(Py_None);
+    if (!d_value) Py_INCREF(Py_None);
+    return Py_BuildValue("{s:N,s:N,s:N,s:N}", "d_query", d_query, "d_key", none_key, "d_value", none_value,
+                         "grads", grads);
 fail:
-    for (int i = 0; i < 3; i++) Py_XDECREF(out[i]);
-    for (int i = 0; i < 9; i++) Py_XDECREF(g[i]);
+    Py_XDECREF(d_query);
+    Py_XDECREF(d_key);
+    Py_XDECREF(d_value);
+    Py_XDECREF(grads);
+    for (int i = 0; i < N_LAYER_PARAMS; i++) Py_XDECREF(FIELD(&g, i));
     return NULL;
 }
 
@@ -624,6 +724,53 @@ static PyObject *py_matmul(PyObject *self, PyObject *args, PyObject *kwargs) {
     return (PyObject *)c;
 }
 
+/* attention_flow(weights, sources=None) -> (n_sources, n): weights (L, n, n) float64,
+ * C-contiguous, finite, >= 0; sources int64 (n_sources,) or None for all positions
+ * (mha.analysis.attention_flow fuses the heads, adds the residual and checks the values). */
+static char *attention_flow_kw[] = {"weights", "sources", NULL};
+
+static PyObject *py_attention_flow(PyObject *self, PyObject *args, PyObject *kwargs) {
+    (void)self;
+    PyObject *w_obj, *s_obj = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O", attention_flow_kw, &w_obj, &s_obj)) return NULL;
+    PyArrayObject *w = get_array(w_obj, "weights", NPY_FLOAT64, 3), *src = NULL;
+    if (!w) return NULL;
+    npy_intp L = PyArray_DIM(w, 0), n = PyArray_DIM(w, 1), n_src = n;
+    if (L < 1 || n < 1 || PyArray_DIM(w, 2) != n) {
+        PyErr_Format(PyExc_ValueError, "weights has shape (%zd, %zd, %zd) but (layers >= 1, n >= 1, n) was expected",
+                     (Py_ssize_t)L, (Py_ssize_t)n, (Py_ssize_t)PyArray_DIM(w, 2));
+        return NULL;
+    }
+    if (s_obj != Py_None) {
+        if (!PyArray_Check(s_obj) || PyArray_TYPE((PyArrayObject *)s_obj) != NPY_INT64) {
+            PyErr_SetString(PyExc_TypeError, "sources must be an int64 numpy array or None");
+            return NULL;
+        }
+        if (!(src = get_array(s_obj, "sources", NPY_INT64, 1))) return NULL;
+        n_src = PyArray_DIM(src, 0);
+        const int64_t *s = PyArray_DATA(src);
+        for (npy_intp i = 0; i < n_src; i++)
+            if (s[i] < 0 || s[i] >= n) {
+                PyErr_Format(PyExc_ValueError, "sources[%zd] = %lld is outside [0, %zd)", (Py_ssize_t)i, (long long)s[i], (Py_ssize_t)n);
+                return NULL;
+            }
+    }
+    npy_intp shape[2] = {n_src, n};
+    PyArrayObject *out = (PyArrayObject *)PyArray_SimpleNew(2, shape, NPY_FLOAT64);
+    if (!out) return NULL;
+    int err;
+    Py_BEGIN_ALLOW_THREADS
+    err = mha_attention_flow_f64(PyArray_DATA(out), PyArray_DATA(w), L, n, src ? PyArray_DATA(src) : NULL, n_src);
+    Py_END_ALLOW_THREADS
+    if (err == MHA_EINVAL) PyErr_SetString(PyExc_ValueError, "weights must be finite and >= 0");
+    else if (err) PyErr_NoMemory();
+    if (err) {
+        Py_DECREF(out);
+        return NULL;
+    }
+    return (PyObject *)out;
+}
+
 static PyObject *py_dropout_uniform(PyObject *self, PyObject *args) {
     (void)self;
     unsigned long long seed, b, h, i, j;
@@ -661,11 +808,17 @@ static PyMethodDef methods[] = {
     {"attention_backward", (PyCFunction)(void (*)(void))py_attention_backward, METH_VARARGS | METH_KEYWORDS,
      "attention_backward(d_out, q, k, v, mask, key_padding_mask, causal, scale, dropout, seed, out, lse) -> (dq, dk, dv)"},
     {"layer_forward", (PyCFunction)(void (*)(void))py_layer_forward, METH_VARARGS | METH_KEYWORDS,
-     "layer_forward(x_q, x_k, x_v, params, heads, kv_heads, d_head, ...) -> (out, weights, q_proj, k_proj, v_proj, attn)"},
+     "layer_forward(query, key, value, params, heads, kv_heads, d_head, mask, key_padding_mask, causal, "
+     "dropout, seed, need_weights, k_cache, v_cache, cache_length) -> {out, weights, q_proj, k_proj, "
+     "v_proj, attn, lse}; params: {W_q, W_k, W_v, W_o[, b_q, b_k, b_v, b_o, head_mask]}"},
     {"layer_backward", (PyCFunction)(void (*)(void))py_layer_backward, METH_VARARGS | METH_KEYWORDS,
-     "layer_backward(d_out, q_proj, k_proj, v_proj, attn, x_q, x_k, x_v, params, heads, kv_heads, d_head, ...)"},
+     "layer_backward(d_out, saved, query, key, value, params, heads, kv_heads, d_head, mask, "
+     "key_padding_mask, causal, dropout, seed, key_is_query, value_is_key) -> {d_query, d_key, "
+     "d_value, grads}; saved: {q_proj, k_proj, v_proj, attn[, lse]} from layer_forward"},
     {"matmul", (PyCFunction)(void (*)(void))py_matmul, METH_VARARGS | METH_KEYWORDS,
      "matmul(a, b, trans_a=False, trans_b=False): the core's GEMM on 2-D C-contiguous arrays"},
+    {"attention_flow", (PyCFunction)(void (*)(void))py_attention_flow, METH_VARARGS | METH_KEYWORDS,
+     "attention_flow(weights (L, n, n) float64, sources=None) -> (n_sources, n) maximum flows"},
     {"dropout_uniform", py_dropout_uniform, METH_VARARGS, "dropout_uniform(seed, b, h, i, j) -> float in [0, 1)"},
     {"set_num_threads", py_set_num_threads, METH_O, "set_num_threads(n)"},
     {"get_num_threads", py_get_num_threads, METH_NOARGS, "get_num_threads() -> int"},

@@ -8,6 +8,7 @@
 
 #define PARAMS FN(mha_layer_params)
 #define GRADS FN(mha_layer_grads)
+#define SAVED FN(mha_layer_saved)
 
 /* grad_bias[c] = sum over rows of dy[r, c]. */
 static void FN(sum_rows)(real *grad_bias, const real *dy, int64_t rows, int64_t cols) {
@@ -63,12 +64,14 @@ static int FN(project)(real *y, int64_t y_batch, int64_t ld, const real *x, int6
 
 /* Forward
  * out: (B, n_q, d_model)  weights: (B, H, n_q, n_k) or NULL
- * q_proj: (B, n_q, H*d_head)  k_proj, v_proj: (B, kv_batch_stride, H_kv*d_head)
- * attn: (B, n_q, H*d_head)    x_q: (B, n_q, d_model)  x_k: (B, n_new, kdim)  x_v: (B, n_new, vdim) */
-int FN(mha_layer_forward)(real *out, real *weights, real *q_proj, real *k_proj, real *v_proj,
-                          real *attn, real *lse, const real *x_q, const real *x_k, const real *x_v,
-                          const PARAMS *p, const mha_layer_dims *m,
-                          const mha_attention_desc *opts) {
+ * saved->q_proj: (B, n_q, H*d_head)  saved->k_proj, v_proj: (B, kv_batch_stride, H_kv*d_head)
+ * saved->attn: (B, n_q, H*d_head)  saved->lse: (B, H, n_q) or NULL
+ * x_q: (B, n_q, d_model)  x_k: (B, n_new, kdim)  x_v: (B, n_new, vdim) */
+int FN(mha_layer_forward)(real *out, real *weights, const SAVED *saved, const real *x_q,
+                          const real *x_k, const real *x_v, const PARAMS *p,
+                          const mha_layer_dims *m, const mha_attention_desc *opts) {
+    real *q_proj = saved->q_proj, *k_proj = saved->k_proj, *v_proj = saved->v_proj;
+    real *attn = saved->attn, *lse = saved->lse;
     const int64_t B = m->batch, E_q = m->heads * m->d_head, E_kv = m->kv_heads * m->d_head;
     const int64_t kv_batch = m->kv_batch_stride * E_kv, kv_first = m->kv_row_offset * E_kv;
     int err;
@@ -111,11 +114,35 @@ int FN(mha_layer_forward)(real *out, real *weights, real *q_proj, real *k_proj, 
     return err;
 }
 
+/* The backward's scratch: one block of `total` elements holding, at these element offsets,
+ * dC (rows_q, H*d_head), the masked concatenation (rows_q, H*d_head; none without a head
+ * mask), dQ (rows_q, H*d_head), dK and dV (rows_k, H_kv*d_head). ok = 0 when a size overflows. */
+typedef struct {
+    size_t dC, masked, dQ, dK, dV, total;
+    int ok;
+} FN(backward_scratch);
+
+static FN(backward_scratch) FN(backward_scratch_parts)(const mha_layer_dims *m, int head_mask) {
+    FN(backward_scratch) s = {.ok = 1};
+    const size_t q_elems = mha_mul_size(mha_mul_size((size_t)m->batch, (size_t)m->n_q, &s.ok),
+                                        (size_t)(m->heads * m->d_head), &s.ok);
+    const size_t k_elems = mha_mul_size(mha_mul_size((size_t)m->batch, (size_t)m->n_k, &s.ok),
+                                        (size_t)(m->kv_heads * m->d_head), &s.ok);
+    const size_t sizes[5] = {q_elems, head_mask ? q_elems : 0, q_elems, k_elems, k_elems};
+    size_t *offsets[5] = {&s.dC, &s.masked, &s.dQ, &s.dK, &s.dV};
+    for (int i = 0; i < 5; i++) {
+        *offsets[i] = s.total;
+        if (__builtin_add_overflow(s.total, sizes[i], &s.total)) s.ok = 0;
+    }
+    if (s.total > SIZE_MAX / sizeof(real)) s.ok = 0;
+    return s;
+}
+
 /* Backward: mirrors the forward's passes in reverse.
- * dx_q like x_q, dx_k like x_k, dx_v like x_v; d_out (B, n_q, d_model). */
+ * dx_q like x_q, dx_k like x_k, dx_v like x_v; d_out (B, n_q, d_model); saved as the forward
+ * wrote it (saved->lse may be NULL). */
 int FN(mha_layer_backward)(real *dx_q, real *dx_k, real *dx_v, const GRADS *g,
-                           const real *d_out, const real *q_proj, const real *k_proj,
-                           const real *v_proj, const real *attn, const real *lse, const real *x_q,
+                           const real *d_out, const SAVED *saved, const real *x_q,
                            const real *x_k, const real *x_v, const PARAMS *p,
                            const mha_layer_dims *m, const mha_attention_desc *opts) {
     if (m->kv_row_offset != 0 || m->n_new != m->n_k || m->kv_batch_stride != m->n_k)
@@ -123,19 +150,13 @@ int FN(mha_layer_backward)(real *dx_q, real *dx_k, real *dx_v, const GRADS *g,
     const int64_t B = m->batch, H = m->heads, dh = m->d_head;
     const int64_t E_q = H * dh, E_kv = m->kv_heads * dh;
     const int64_t rows_q = B * m->n_q, rows_k = B * m->n_k;
-    int ok = 1;
-    size_t n_q_elems = mha_mul_size((size_t)rows_q, (size_t)E_q, &ok);
-    size_t n_k_elems = mha_mul_size((size_t)rows_k, (size_t)E_kv, &ok);
-    const size_t n_masked = p->head_mask ? n_q_elems : 0;
-    size_t total = 0; /* dC, masked concat, dQ, dK, dV */
-    const size_t parts[5] = {n_q_elems, n_masked, n_q_elems, n_k_elems, n_k_elems};
-    for (int i = 0; i < 5; i++)
-        if (__builtin_add_overflow(total, parts[i], &total)) ok = 0;
-    if (!ok || total > SIZE_MAX / sizeof(real)) return MHA_ENOMEM;
-    real *scratch = mha_alloc(total * sizeof(real));
+    const real *attn = saved->attn;
+    const FN(backward_scratch) parts = FN(backward_scratch_parts)(m, p->head_mask != NULL);
+    if (!parts.ok) return MHA_ENOMEM;
+    real *scratch = mha_alloc(parts.total * sizeof(real));
     if (!scratch) return MHA_ENOMEM;
-    real *dC = scratch, *masked = dC + n_q_elems, *dQ = masked + n_masked;
-    real *dK = dQ + n_q_elems, *dV = dK + n_k_elems;
+    real *dC = scratch + parts.dC, *masked = scratch + parts.masked, *dQ = scratch + parts.dQ;
+    real *dK = scratch + parts.dK, *dV = scratch + parts.dV;
     int err = MHA_OK;
 
     // 3. out = concat W_o + b_o  ->  dconcat = d_out W_o^T, dW_o = concat^T d_out, db_o
@@ -164,8 +185,9 @@ int FN(mha_layer_backward)(real *dx_q, real *dx_k, real *dx_v, const GRADS *g,
     if (p->head_mask) FN(apply_head_mask)(dC, dC, p->head_mask, rows_q, H, dh);
     // 2. attention -> dQ, dK, dV
     mha_attention_desc d = FN(layer_attention_desc)(m, opts);
-    if ((err = FN(mha_attention_backward_saved)(dQ, dK, dV, dC, q_proj, k_proj, v_proj,
-                                                lse ? attn : NULL, lse, &d)))
+    if ((err = FN(mha_attention_backward_saved)(dQ, dK, dV, dC, saved->q_proj, saved->k_proj,
+                                                saved->v_proj, saved->lse ? attn : NULL,
+                                                saved->lse, &d)))
         goto done;
     // 1. projections X W + b  ->  dW = X^T dY, db = sum_rows dY, dX = dY W^T
     struct { const real *x, *W; const real *dY; real *dX, *dW, *db; int64_t rows, d_in, d_out; } proj[3] = {
@@ -195,3 +217,4 @@ done:
 
 #undef PARAMS
 #undef GRADS
+#undef SAVED

@@ -259,7 +259,8 @@ static void test_layer(void) {
     double *W_v = random_array(d_model * E_kv), *W_o = random_array(E_q * d_model);
     double *b_q = random_array(E_q), *b_k = random_array(E_kv), *b_v = random_array(E_kv), *b_o = random_array(d_model);
     double head_mask[4] = {1, 0.5, 0, 2};
-    mha_layer_params_f64 p = {W_q, W_k, W_v, W_o, b_q, b_k, b_v, b_o, head_mask};
+    mha_layer_params_f64 p = {.W_q = W_q, .W_k = W_k, .W_v = W_v, .W_o = W_o, .b_q = b_q, .b_k = b_k,
+                              .b_v = b_v, .b_o = b_o, .head_mask = head_mask};
     mha_layer_dims m = {.batch = B, .n_q = n, .n_k = n, .n_new = n, .d_model = d_model, .kdim = d_model,
                         .vdim = d_model, .heads = H, .kv_heads = H_kv, .d_head = dh, .kv_batch_stride = n};
     mha_attention_desc opts;
@@ -267,7 +268,10 @@ static void test_layer(void) {
     opts.causal = 1;
     double *out = malloc(B * n * d_model * 8), *qp = malloc(B * n * E_q * 8), *kp = malloc(B * n * E_kv * 8);
     double *vp = malloc(B * n * E_kv * 8), *attn = malloc(B * n * E_q * 8), *lse = malloc(B * H * n * 8);
-    expect(mha_layer_forward_f64(out, NULL, qp, kp, vp, attn, lse, x, x, x, &p, &m, &opts) == MHA_OK, "layer forward status", 0, 0);
+    mha_layer_saved_f64 saved = {.q_proj = qp, .k_proj = kp, .v_proj = vp, .attn = attn, .lse = lse};
+    mha_layer_saved_f64 no_lse = saved;
+    no_lse.lse = NULL;
+    expect(mha_layer_forward_f64(out, NULL, &saved, x, x, x, &p, &m, &opts) == MHA_OK, "layer forward status", 0, 0);
 
     /* by hand: Q = x W_q + b_q as (B, H, n, dh) contiguous, then naive attention */
     double *Q = malloc(B * H * n * dh * 8), *K = malloc(B * H_kv * n * dh * 8), *V = malloc(B * H_kv * n * dh * 8);
@@ -305,12 +309,13 @@ static void test_layer(void) {
     double *gW_q = malloc(d_model * E_q * 8), *gW_k = malloc(d_model * E_kv * 8), *gW_v = malloc(d_model * E_kv * 8);
     double *gW_o = malloc(E_q * d_model * 8), *gb_q = malloc(E_q * 8), *gb_k = malloc(E_kv * 8), *gb_v = malloc(E_kv * 8);
     double *gb_o = malloc(d_model * 8), ghm[4];
-    mha_layer_grads_f64 gr = {gW_q, gW_k, gW_v, gW_o, gb_q, gb_k, gb_v, gb_o, ghm};
-    expect(mha_layer_backward_f64(dx, dx_k, dx_v, &gr, g, qp, kp, vp, attn, lse, x, x, x, &p, &m, &opts) == MHA_OK,
+    mha_layer_grads_f64 gr = {.W_q = gW_q, .W_k = gW_k, .W_v = gW_v, .W_o = gW_o, .b_q = gb_q, .b_k = gb_k,
+                              .b_v = gb_v, .b_o = gb_o, .head_mask = ghm};
+    expect(mha_layer_backward_f64(dx, dx_k, dx_v, &gr, g, &saved, x, x, x, &p, &m, &opts) == MHA_OK,
            "layer backward status", 0, 0);
     /* without the saved lse the attention's forward runs again: the same gradients */
     double *dx2 = malloc(B * n * d_model * 8);
-    mha_layer_backward_f64(dx2, dx_k, dx_v, &gr, g, qp, kp, vp, attn, NULL, x, x, x, &p, &m, &opts);
+    mha_layer_backward_f64(dx2, dx_k, dx_v, &gr, g, &no_lse, x, x, x, &p, &m, &opts);
     expect(max_abs_diff(dx, dx2, B * n * d_model) <= 1e-13, "layer backward: saved lse == recomputed",
            max_abs_diff(dx, dx2, B * n * d_model), 1e-13);
     free(dx2);
@@ -321,10 +326,10 @@ static void test_layer(void) {
         for (size_t i = 0; i < counts[t]; i += 1 + counts[t] / 11) {
             double saved = targets[t][i], lp = 0, lm = 0;
             targets[t][i] = saved + 1e-6;
-            mha_layer_forward_f64(out, NULL, qp, kp, vp, attn, NULL, x, x, x, &p, &m, &opts);
+            mha_layer_forward_f64(out, NULL, &no_lse, x, x, x, &p, &m, &opts);
             for (int64_t s = 0; s < B * n * d_model; s++) lp += out[s] * g[s];
             targets[t][i] = saved - 1e-6;
-            mha_layer_forward_f64(out, NULL, qp, kp, vp, attn, NULL, x, x, x, &p, &m, &opts);
+            mha_layer_forward_f64(out, NULL, &no_lse, x, x, x, &p, &m, &opts);
             for (int64_t s = 0; s < B * n * d_model; s++) lm += out[s] * g[s];
             targets[t][i] = saved;
             double fd = (lp - lm) / 2e-6;
@@ -391,6 +396,81 @@ static void test_dropout_rng(void) {
     expect(fabs(mean - 0.5) < 0.01, "dropout uniform mean", fabs(mean - 0.5), 0.01);
 }
 
+/* ---- attention flow --------------------------------------------------------------------- */
+
+/* Edmonds-Karp on a dense capacity matrix (V x V, modified): the plainest maximum flow. */
+static double naive_max_flow(double *cap, int V, int s, int t) {
+    double total = 0;
+    int *parent = malloc(V * sizeof *parent), *queue = malloc(V * sizeof *queue);
+    for (;;) {
+        for (int v = 0; v < V; v++) parent[v] = -1;
+        parent[s] = s;
+        int head = 0, tail = 0;
+        queue[tail++] = s;
+        while (head < tail && parent[t] < 0) {
+            int u = queue[head++];
+            for (int v = 0; v < V; v++)
+                if (parent[v] < 0 && cap[u * V + v] > 1e-15) parent[v] = u, queue[tail++] = v;
+        }
+        if (parent[t] < 0) break;
+        double push = INFINITY;
+        for (int v = t; v != s; v = parent[v]) push = fmin(push, cap[parent[v] * V + v]);
+        for (int v = t; v != s; v = parent[v]) cap[parent[v] * V + v] -= push, cap[v * V + parent[v]] += push;
+        total += push;
+    }
+    free(parent), free(queue);
+    return total;
+}
+
+static void test_attention_flow(void) {
+    /* layers, tokens, kind: 0 softmax rows with the residual, 1 sparse rows (not normalised) */
+    const int cases[][3] = {{1, 4, 0}, {2, 5, 0}, {3, 6, 0}, {4, 7, 1}, {5, 4, 0}, {3, 9, 1}, {2, 1, 0}, {6, 8, 0}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int L = cases[c][0], n = cases[c][1], V = (L + 1) * n;
+        double *w = malloc((size_t)L * n * n * sizeof *w), *out = malloc((size_t)n * n * sizeof *out);
+        double *cap = malloc((size_t)V * V * sizeof *cap);
+        for (int r = 0; r < L * n; r++) {
+            double sum = 0;
+            for (int b = 0; b < n; b++) sum += w[r * n + b] = exp(2 * randn());
+            for (int b = 0; b < n; b++) {
+                double x = w[r * n + b] / sum;
+                w[r * n + b] = cases[c][2] ? (randn() > 0 ? x : 0) : 0.5 * x + (b == r % n ? 0.5 : 0);
+            }
+        }
+        int err = mha_attention_flow_f64(out, w, L, n, NULL, 0);
+        double worst = err ? INFINITY : 0;
+        for (int i = 0; i < n && !err; i++)
+            for (int j = 0; j < n; j++) {
+                /* node (l, a) is l * n + a; edge (l + 1, a) -> (l, b) */
+                memset(cap, 0, (size_t)V * V * sizeof *cap);
+                for (int l = 0; l < L; l++)
+                    for (int a = 0; a < n; a++)
+                        for (int b = 0; b < n; b++) cap[((l + 1) * n + a) * V + l * n + b] = w[(l * n + a) * n + b];
+                worst = fmax(worst, fabs(out[i * n + j] - naive_max_flow(cap, V, L * n + i, j)));
+            }
+        char what[64];
+        snprintf(what, sizeof what, "attention flow L=%d n=%d", L, n);
+        expect(worst <= 1e-12, what, worst, 1e-12);
+        /* a subset of sources, in any order: the same rows */
+        int64_t sources[2] = {n - 1, 0};
+        double *some = malloc(2 * (size_t)n * sizeof *some);
+        err = mha_attention_flow_f64(some, w, L, n, sources, 2);
+        double diff = err ? INFINITY : 0;
+        for (int j = 0; j < n && !err; j++)
+            diff = fmax(diff, fmax(fabs(some[j] - out[(n - 1) * n + j]), fabs(some[n + j] - out[j])));
+        expect(diff == 0, "attention flow from chosen sources", diff, 0);
+        free(some);
+        free(w), free(out), free(cap);
+    }
+    double bad[4] = {0.5, -0.1, 0.3, 0.2}, out[4];
+    expect(mha_attention_flow_f64(out, bad, 1, 2, NULL, 0) == MHA_EINVAL, "attention flow rejects a negative weight", 1, 0);
+    bad[1] = NAN;
+    expect(mha_attention_flow_f64(out, bad, 1, 2, NULL, 0) == MHA_EINVAL, "attention flow rejects NaN", 1, 0);
+    bad[1] = 0.1;
+    int64_t outside = 2;
+    expect(mha_attention_flow_f64(out, bad, 1, 2, &outside, 1) == MHA_EINVAL, "attention flow rejects a source out of range", 1, 0);
+}
+
 int main(void) {
     printf("%s, %d threads\n", mha_build_info(), mha_get_num_threads());
     test_gemm();
@@ -408,6 +488,7 @@ int main(void) {
     test_layer();
     test_dropout_rng();
     test_exp_f32();
+    test_attention_flow();
     printf("%d passed, %d failed\n", checks - failures, failures);
     return failures != 0;
 }

@@ -8,16 +8,9 @@ import numpy as np
 import pytest
 
 import mha
-import mha.reference
 
 TOL = {np.float32: 1e-5, np.float64: 1e-10}
 DTYPES = [np.float32, np.float64]
-
-# True once the C core is built: until then mha/__init__.py falls back to the reference,
-# and "C vs reference" tests compare the reference with itself.
-HAS_C = mha.attention is not mha.reference.attention
-
-requires_c = pytest.mark.skipif(not HAS_C, reason="C core not built: mha falls back to mha.reference")
 
 
 @pytest.fixture
@@ -31,9 +24,6 @@ def rng(request):
 def single_thread():
     """Finite-difference loops make thousands of tiny calls: run them on one thread (thread
     start-up on a busy machine would dominate). Thread independence is tested on its own."""
-    if not hasattr(mha, "set_num_threads"):
-        yield
-        return
     old = mha.get_num_threads()
     mha.set_num_threads(1)
     try:

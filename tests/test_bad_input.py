@@ -27,9 +27,7 @@ import pytest
 import mha
 import mha.reference as ref
 from mha import _C
-from conftest import assert_close, requires_c
-
-pytestmark = requires_c
+from conftest import assert_close
 
 F32, F64 = np.float32, np.float64
 
@@ -117,12 +115,13 @@ def test_binding_layer_head_sizes_overflow(which):
     setup = """
         x = np.ones((1, 2, 8), np.float32)
         W0, Wo = np.ones((8, 0), np.float32), np.ones((0, 8), np.float32)
-        params = (W0, W0, W0, Wo, None, None, None, None, None)
+        params = dict(W_q=W0, W_k=W0, W_v=W0, W_o=Wo)
         H, D = 2**24, 2**40                         # H * D == 2**64 == 0 (mod 2**64)
         p = np.ones((1, 2, 0), np.float32)
+        saved = dict(q_proj=p, k_proj=p, v_proj=p, attn=p)
     """
     call = {"forward": "r = _C.layer_forward(x, x, x, params, H, H, D, need_weights=False)\n",
-            "backward": "r = _C.layer_backward(x, p, p, p, p, x, x, x, params, H, H, D)\n"}[which]
+            "backward": "r = _C.layer_backward(x, saved, x, x, x, params, H, H, D)\n"}[which]
     assert_survives(guarded(textwrap.dedent(setup) + call))
 
 
@@ -131,7 +130,7 @@ def test_binding_cache_length_overflow():
     out = assert_survives(guarded("""
         x = np.ones((1, 1, 8), np.float32)
         W = np.ones((8, 8), np.float32)
-        params = (W, W, W, W, None, None, None, None, None)
+        params = dict(W_q=W, W_k=W, W_v=W, W_o=W)
         kc, vc = np.zeros((1, 4, 8), np.float32), np.zeros((1, 4, 8), np.float32)
         for length in (2**63 - 1, 2**63 - 2, 2**62):
             try:
@@ -149,7 +148,7 @@ def test_binding_cache_length_overflow():
 def test_binding_read_only_cache_is_refused():
     x = np.ones((1, 1, 8), F32)
     W = np.ones((8, 8), F32)
-    params = (W, W, W, W, None, None, None, None, None)
+    params = dict(W_q=W, W_k=W, W_v=W, W_o=W)
     frozen = bytes(4 * 8 * 4)                        # an immutable Python object
     kc = np.frombuffer(frozen, F32).reshape(1, 4, 8)
     vc = np.zeros((1, 4, 8), F32)
@@ -207,7 +206,8 @@ def test_binding_rejects_what_the_core_cannot_take():
     """The binding's own checks (the safety net under the Python layer)."""
     q, k, v = arr(1, 2, 5, 8), arr(1, 2, 7, 8), arr(1, 2, 7, 4)
     W, x = arr(8, 8), arr(1, 5, 8)
-    params = (W, W, W, W, None, None, None, None, None)
+    params = dict(W_q=W, W_k=W, W_v=W, W_o=W)
+    no_W_o = {name: a for name, a in params.items() if name != "W_o"}
     cases = [
         (TypeError, r"\bq\b", lambda: _C.attention_forward(q.astype(int), k, v, None, None, False, 1.0)),
         (TypeError, r"\bk\b", lambda: _C.attention_forward(q, k.astype(F64), v, None, None, False, 1.0)),
@@ -233,12 +233,13 @@ def test_binding_rejects_what_the_core_cannot_take():
         (ValueError, "heads", lambda: _C.layer_forward(x, x, x, params, 0, 1, 4)),
         (ValueError, "heads", lambda: _C.layer_forward(x, x, x, params, 2, 3, 4)),
         (ValueError, "heads", lambda: _C.layer_forward(x, x, x, params, -2, -2, -4)),
-        (TypeError, "params", lambda: _C.layer_forward(x, x, x, params[:8], 2, 2, 4)),
-        (TypeError, "params", lambda: _C.layer_forward(x, x, x, list(params), 2, 2, 4)),
-        (ValueError, "W_o", lambda: _C.layer_forward(x, x, x, (W, W, W, W[:4]) + params[4:], 2, 2, 4)),
-        (ValueError, "b_q", lambda: _C.layer_forward(x, x, x, params[:4] + (W[0, :3],) + params[5:], 2, 2, 4)),
-        (ValueError, "head_mask", lambda: _C.layer_forward(x, x, x, params[:8] + (np.ones(3, F32),), 2, 2, 4)),
-        (TypeError, "head_mask", lambda: _C.layer_forward(x, x, x, params[:8] + (np.ones(2),), 2, 2, 4)),
+        (TypeError, "params", lambda: _C.layer_forward(x, x, x, no_W_o, 2, 2, 4)),
+        (TypeError, "params", lambda: _C.layer_forward(x, x, x, list(params.values()), 2, 2, 4)),
+        (TypeError, "params", lambda: _C.layer_forward(x, x, x, dict(params, W_x=W), 2, 2, 4)),
+        (ValueError, "W_o", lambda: _C.layer_forward(x, x, x, dict(params, W_o=W[:4]), 2, 2, 4)),
+        (ValueError, "b_q", lambda: _C.layer_forward(x, x, x, dict(params, b_q=W[0, :3]), 2, 2, 4)),
+        (ValueError, "head_mask", lambda: _C.layer_forward(x, x, x, dict(params, head_mask=np.ones(3, F32)), 2, 2, 4)),
+        (TypeError, "head_mask", lambda: _C.layer_forward(x, x, x, dict(params, head_mask=np.ones(2)), 2, 2, 4)),
         (ValueError, "cache", lambda: _C.layer_forward(x, x, x, params, 2, 2, 4, None, None, True, 0.0, 0,
                                                        False, np.zeros((1, 4, 8), F32),
                                                        np.zeros((1, 4, 8), F32), 0)),

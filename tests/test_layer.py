@@ -5,7 +5,7 @@ import pytest
 
 import mha
 import mha.reference
-from conftest import DTYPES, TOL, assert_close, naive_attention, numeric_grad, requires_c
+from conftest import DTYPES, TOL, assert_close, naive_attention, numeric_grad
 
 PARAM_ORDER = ("W_q", "W_k", "W_v", "W_o")
 
@@ -322,10 +322,16 @@ def test_init_follows_semantics(impl, dtype, ctor):
     vdim = ctor.get("vdim", kdim)
     shapes = {"W_q": (d_model, H * d_head), "W_k": (kdim, H_kv * d_head),
               "W_v": (vdim, H_kv * d_head), "W_o": (H * d_head, d_model)}
+    fused = kdim == vdim == d_model         # torch's one in_proj_weight for Q, K and V
     rng = np.random.default_rng(1234)
     for name in PARAM_ORDER:
         fan_in, fan_out = shapes[name]
-        bound = np.sqrt(6 / (fan_in + fan_out))
+        if name == "W_o":
+            bound = 1 / np.sqrt(fan_in)
+        elif fused:
+            bound = np.sqrt(6 / (d_model + (H + 2 * H_kv) * d_head))
+        else:
+            bound = np.sqrt(6 / (fan_in + fan_out))
         expected = rng.uniform(-bound, bound, size=(fan_in, fan_out)).astype(dtype)
         p = layer.params[name]
         assert p.dtype == dtype and p.shape == (fan_in, fan_out), name
@@ -536,7 +542,6 @@ def test_grouped_heads_equal_repeated_heads(rng):
         assert_close(grouped.grads[name], summed, 1e-12, f"grads[{name!r}]")
 
 
-@requires_c
 def test_layer_thread_count_does_not_change_results(rng):
     """Training with dropout: fresh layers with one seed draw the same dropout seed, and the
     counter-based mask must not depend on the thread count."""

@@ -27,9 +27,7 @@ import pytest
 
 import mha
 from mha import _C
-from conftest import assert_close, requires_c
-
-pytestmark = requires_c
+from conftest import assert_close
 
 N_CALLS = int(os.environ.get("MHA_LEAK_CALLS", "10000"))   # the five cases the issue names
 N_EXTRA = max(1, N_CALLS // 5)                               # dropout, KV cache, error paths
@@ -144,7 +142,7 @@ def error_cases():
         "_C mask shape error": (expect(ValueError, _C.attention_forward, q, k, v, mask[..., :3],
                                        None, False, 0.5), inputs, n),
         "_C layer params error": (expect(ValueError, _C.layer_forward, x, x, x,
-                                         (W, W, W, W[:3], None, None, None, None, None), 2, 2, 4),
+                                         dict(W_q=W, W_k=W, W_v=W, W_o=W[:3]), 2, 2, 4),
                                   inputs, n),
         "_C d_out error": (expect(ValueError, _C.attention_backward, d_out[..., :2].copy(), q, k, v,
                                   None, None, False, 0.5), inputs, n),
@@ -338,17 +336,17 @@ def gil_calls():
     q = r.standard_normal((1, 1, long, 64)).astype(np.float32)
     qs = np.ascontiguousarray(q[:, :, :short])
     W = (r.standard_normal((64, 64)) * 0.1).astype(np.float32)
-    params = (W, W, W, W, None, None, None, None, None)
+    params = dict(W_q=W, W_k=W, W_v=W, W_o=W)
     x, xs = q[0], qs[0]                                               # (1, n, 64)
     fwd = _C.layer_forward(xs, xs, xs, params, 1, 1, 64, need_weights=False)
+    saved = {name: fwd[name] for name in ("q_proj", "k_proj", "v_proj", "attn")}
     return {
         "attention_forward": lambda: _C.attention_forward(q, q, q, None, None, False, 0.125, 0.0, 0,
                                                           False),
         "attention_backward": lambda: _C.attention_backward(qs, qs, qs, qs, None, None, False,
                                                             0.125),
         "layer_forward": lambda: _C.layer_forward(x, x, x, params, 1, 1, 64, need_weights=False),
-        "layer_backward": lambda: _C.layer_backward(xs, fwd[2], fwd[3], fwd[4], fwd[5], xs, xs, xs,
-                                                    params, 1, 1, 64),
+        "layer_backward": lambda: _C.layer_backward(xs, saved, xs, xs, xs, params, 1, 1, 64),
         "matmul": lambda: _C.matmul(np.ones((1200, 1200), np.float32),
                                     np.ones((1200, 1200), np.float32)),
     }

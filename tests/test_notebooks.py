@@ -33,9 +33,11 @@ EXPECTED_TEXT = {
     "05": ["1 Head", "4 Heads", "8 Heads", "parameters"],
     "06": ["E12.2", "E12.3", "prunable"],
     "07": ["262,144", "ms"],
+    "08": ["maximum flows in", "share of weight", "Kobayashi's finding reproduced", "broad heads",
+           "head map"],
 }
 #: Notebooks that must also display something other than a PNG (HTML head view, GIF).
-EXPECTED_HTML = {"03"}
+EXPECTED_HTML = {"03", "08"}
 
 
 def write_kernelspec(root):

@@ -27,10 +27,8 @@ from hypothesis import strategies as st
 
 import mha
 import mha.reference as ref
-from conftest import assert_close, requires_c
+from conftest import assert_close
 from memory_layouts import relayout
-
-pytestmark = requires_c
 
 # --- profile and example accounting -----------------------------------------------------------
 

@@ -389,12 +389,12 @@ def test_parameter_count_of_the_seeds():
     assert layer.params["W_q"].shape == (4, 8) and layer.params["W_o"].shape == (8, 4)
 
 
-def test_init_params_is_xavier_uniform_in_order():
+def test_init_params_is_torchs_distribution_in_order():
     layer = MultiHeadAttention(6, 2, n_kv_heads=1, d_head=4, kdim=5, vdim=3, seed=17)
     rng = np.random.default_rng(17)
     shapes = [("W_q", 6, 8), ("W_k", 5, 4), ("W_v", 3, 4), ("W_o", 8, 6)]
-    for name, fan_in, fan_out in shapes:
-        bound = np.sqrt(6 / (fan_in + fan_out))
+    for name, fan_in, fan_out in shapes:                # kdim != d_model: each on its own
+        bound = 1 / np.sqrt(fan_in) if name == "W_o" else np.sqrt(6 / (fan_in + fan_out))
         expected = rng.uniform(-bound, bound, size=(fan_in, fan_out)).astype(np.float32)
         np.testing.assert_array_equal(layer.params[name], expected, err_msg=name)
         assert layer.params[name].dtype == np.float32

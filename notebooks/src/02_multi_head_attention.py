@@ -64,15 +64,31 @@ print(f"input {X.shape} -> output {out_c.shape}; weights {weights_c.shape} = (he
 print("C layer == seed's NumPy loop:", bool(np.allclose(out_c, out_numpy, atol=1e-12)
                                          and np.allclose(weights_c, weights_numpy, atol=1e-12)))
 
+# %% [markdown]
+# The seed's weights are random and small (x 0.1), so every row is close to uniform (1/5 =
+# 0.2) and the heads differ only a little: on one colour scale from 0 to the largest weight
+# the four tables would look alike. Each panel below is coloured on its own range (given in
+# its title), so that the small differences show: each head ranks the keys in its own order.
+
 # %%
-viz.head_grid(weights_c, tokens, n_cols=4, annot=True,
-              title="Multi-Head Attention: Each Head Makes Its Own Table")
+fig = Figure(figsize=(17, 4.4), layout="compressed")
+for h, ax in enumerate(fig.subplots(1, n_heads)):
+    w = weights_c[h]
+    viz.heatmap(w, tokens, ax=ax, vmin=w.min(), vmax=w.max(), annot=True, fmt=".3f", colorbar=False,
+                title=f"Head {h}: {w.min():.3f} (white) to {w.max():.3f}", xlabel="key",
+                ylabel="query" if h == 0 else "")
+fig.suptitle("Multi-Head Attention: Each Head Makes Its Own Table", fontsize=13, fontweight="bold")
+fig
+
+# %%
+favourite = weights_c.argmax(axis=-1)                        # (heads, n_q): the key each query prefers
+for h in range(n_heads):
+    print(f"head {h}: each query's favourite key: "
+          + ", ".join(f"{tokens[i]}->{tokens[k]}" for i, k in enumerate(favourite[h])))
 
 # %% [markdown]
-# The seed's weights are random and small (x 0.1), so every row is close to uniform (0.2) and
-# the heads differ only a little: the colour scale above stops at the largest weight to show
-# it. Heads become different by training (notebook 05) and are sharply different in a real
-# model (notebook 03).
+# Heads become really different by training (notebook 05) and are sharply different in a
+# real model (notebook 03).
 
 # %% [markdown]
 # ## Reshape, don't loop
@@ -126,6 +142,16 @@ print("money bank: C layer == step by step:", bool(np.allclose(out_bank, final, 
 # %%
 viz.head_grid(w_bank, words, n_cols=2, annot=True, vmax=1.0, panel_size=3.2,
               title="money bank: two heads, two tables of weights")
+
+# %% [markdown]
+# A note on seed 004's own numbers: its diagram turns the scores $[0.8, 0.2]$ into the
+# weights $[0.69, 0.31]$. Softmax gives $[0.65, 0.35]$ for those scores; $[0.69, 0.31]$ is
+# the softmax of two scores $0.8$ apart, such as $[0.8, 0.0]$. An easy slip, and a good
+# reminder that softmax only sees the *differences* between scores:
+
+# %%
+for scores in ([0.8, 0.2], [0.8, 0.0], [1.8, 1.0]):
+    print(f"softmax({scores}) = {np.round(softmax_numpy(np.array(scores)), 2).tolist()}")
 
 # %% [markdown]
 # ## The original configuration: $d_{model} = 512$, $h = 8$, $d_k = 64$
@@ -237,6 +263,34 @@ viz.head_grid(w_sentence, words6, n_cols=4, annot=True, cmap="YlOrRd", vmax=None
 _, w_masked = small(emb, causal=True)
 viz.head_grid(w_masked, words6, n_cols=4, annot=True, cmap="YlOrRd", vmax=None,
               title="Masked (causal) Sentence Attention", panel_size=3.6)
+
+# %% [markdown]
+# ### Dropout on the weights
+#
+# Seed 001's layer is built with `dropout=0.1`: while training, each attention weight is
+# zeroed with probability $p = 0.1$ and the survivors are scaled by $1/(1-p)$, so that the
+# output keeps its expected value; in eval mode nothing is dropped. `mha` draws each weight's
+# coin from a counter-based generator keyed by (seed, batch, head, query, key), so a seed
+# gives the same mask on any number of threads, and the backward regenerates it instead of
+# storing it. The weights the layer returns are the probabilities *before* dropout.
+
+# %%
+p = 0.1
+drop = mha.MultiHeadAttention(64, 4, dropout=p, seed=42)     # training mode by default
+out_train1, w_train = drop(emb)
+out_train2, _ = drop(emb)                                    # a new dropout seed each call
+out_eval, w_eval = drop.eval()(emb)
+print("two training calls differ:", not np.allclose(out_train1, out_train2),
+      "| eval is deterministic:", bool(np.array_equal(out_eval, drop(emb)[0])),
+      "| returned weights are before dropout:", bool(np.allclose(w_train, w_eval)))
+
+# one head by hand: the output is (weights * keep / (1 - p)) @ v
+q, k, v = (np.random.default_rng(7).standard_normal((3, 6, 16)))
+out_d, w_d = mha.attention(q, k, v, dropout=p, seed=7)
+keep = mha.reference.dropout_keep(7, p, 1, 1, 6, 6)[0, 0]   # the same coins, in NumPy
+print(f"dropped {int((~keep).sum())} of {keep.size} weights;",
+      "output == (weights * keep / (1 - p)) @ v:", bool(np.allclose(out_d, (w_d * keep / (1 - p)) @ v)))
+viz.mask_heatmap(keep, words6, title=f"Which weights survive dropout (p = {p}, seed 7)")
 
 # %% [markdown]
 # ## Seed 002: cross-attention and padding

@@ -67,7 +67,7 @@ viz.heatmap(analysis.entropy(attentions), [f"Layer {l}" for l in range(model.n_l
 
 # %%
 sweep = train.heads_sweep((1, 2, 4, 8, 16), d_model=256, epochs=20, lr=0.002, n_train=200,
-                          n_test=200, seed=0)
+                          n_test=200, seed=0, progress=False)
 print("E12.2  heads | d_k | epochs to target | test accuracy | mean entropy per head (nats)")
 for h, r in sweep.items():
     print(f"      {h:6d} | {256 // h:3d} | {str(r['epochs_to_target']):>16s} | "
@@ -81,10 +81,11 @@ sweep_figures["entropy"]
 
 # %% [markdown]
 # Each dot is one head; the dashed line is the entropy of uniform causal attention. Low
-# entropy = a sharp, specialised head. Every head is far sharper than uniform (the task
-# rewards looking at exactly one key), but with more, narrower heads the mean entropy rises
-# and the spread widens: a few heads stay sharp on the key 2 back, the others become broader
-# helpers. The table above shows whether more heads converge faster (here they do not).
+# entropy = a sharp head, its weight on few keys. Every head is far sharper than uniform (the
+# task rewards looking at a copy of the next token, one key is enough), but with more,
+# narrower heads the mean entropy rises and the spread widens: some heads stay sharp, others
+# spread their weight. The table above shows whether more heads converge faster (here they
+# do not).
 #
 # ## 3. E12.3: importance and pruning
 #
@@ -99,7 +100,8 @@ sweep_figures["entropy"]
 #   than 1 point. The survivors are then removed for real with `prune_heads` and re-scored.
 
 # %%
-prune = train.prune_experiment(8, d_model=32, epochs=100, lr=0.005, n_test=500, seed=0)
+prune = train.prune_experiment(8, d_model=32, epochs=100, lr=0.005, n_test=500, seed=0,
+                               progress=False)
 print("E12.3")
 print(f"baseline accuracy: {prune['baseline_accuracy']:.2%}")
 print("ablation importance (accuracy drop, points):",
@@ -120,15 +122,20 @@ prune_figs["pruning"]
 
 # %% [markdown]
 # ## What the survivors do
+#
+# Notebook 05 showed what a working head does: each query reads a copy of the token it must
+# predict, 2, 5, 8 or 11 positions back. The share of each surviving head's weight on such
+# copies, over the test set, and the part on the key exactly 2 back:
 
 # %%
 for h in prune["surviving_heads"]:
-    print(f"head {h}: mean weight at k = 0, 1, 2, 3 positions back: "
-          f"{np.round(prune['offsets'][h, :4], 2).tolist()}")
+    print(f"head {h}: {prune['period_mass'][h]:.0%} of its weight on copies of the next token; "
+          f"mean weight on the key 2 back {prune['offsets'][h, 2]:.2f}")
 prune_figs["surviving"]
 
 # %% [markdown]
-# **Takeaway.** MiniLM's heads are most diverse in the first layer and increasingly alike
-# deeper in. On the pattern task most heads are redundant: the survivors of pruning are the
-# heads that look 2 positions back, and they keep the accuracy on their own, as Michel et al.
-# found for much larger models ("Are sixteen heads really better than one?").
+# **Takeaway.** MiniLM's heads are most diverse in the first layer and grow alike up to the
+# fifth (the last layer is more diverse again). On the pattern task most heads are redundant:
+# the survivors of pruning are heads that read copies of the next token, and they keep the
+# accuracy on their own, as Michel et al. found for much larger models ("Are sixteen heads
+# really better than one?").

@@ -9,7 +9,8 @@
 # 2. arithmetic: seed 004's operation count, one 512-wide head against 8 heads of 64;
 # 3. time: seed 000's benchmark (batch 16, 128 tokens, $d_{model} = 256$, 1/4/8/16 heads) on
 #    mha's C kernels, against the NumPy reference and PyTorch (when installed), measured in
-#    the same run. Times depend on the machine and its load; the ratios are what to read.
+#    the same run. Times depend on the machine and its load, and so do ratios: every time
+#    below comes with its spread, and a second run may differ by more than the spread.
 
 # %%
 # %matplotlib inline
@@ -19,7 +20,7 @@ from matplotlib.figure import Figure
 import mha
 import mha.viz as viz
 from mha import train
-from mha.bench import median_times
+from mha.timing import quartiles, time_in_turns
 
 try:
     import torch
@@ -61,12 +62,19 @@ print(f"\nWhole base Transformer (6 + 6 layers, shared 37k-token embedding): "
 # 512-wide head, and $8 \times 3 \times 512 \times 64$ for eight heads of 64: the same.
 # The attention itself ($QK^T$ and the weighted sum) costs $2 n^2 d_k$ per head, so
 # $h \cdot 2 n^2 (d_{model}/h)$ in all: the same again.
+#
+# A small slip to watch for in seed 004: it writes the eight heads' cost as
+# "8 × 64² × 3 matrices ≈ 786k operations". Its total is right, but $8 \times 64^2 \times 3$
+# is only 98,304: each head's $W_Q^i$ is $512 \times 64$ (it reads the whole 512-wide
+# embedding), not $64 \times 64$, so the count is $8 \times 3 \times 512 \times 64 = 786{,}432
+# = 3 \times 512^2$.
 
 # %%
 n = 128
 single_proj, multi_proj = 3 * 512 * 512, 8 * 3 * 512 * 64
 single_attn, multi_attn = 2 * n * n * 512, 8 * 2 * n * n * 64
-print(f"projections per token: single head {single_proj:,}, 8 heads {multi_proj:,}")
+print(f"projections per token: single head {single_proj:,}, 8 heads {multi_proj:,}"
+      f" (seed 004's 8 x 64^2 x 3 = {8 * 64**2 * 3:,})")
 print(f"attention for n = {n}: single head {single_attn:,}, 8 heads {multi_attn:,}")
 print("forward FLOPs of the whole layer, B=16, n=128, d_model=256: "
       + ", ".join(f"{h} heads {mha.bench.layer_flops(16, 128, 128, 256, h, 256 // h) / 1e9:.2f} G"
@@ -76,20 +84,23 @@ print("forward FLOPs of the whole layer, B=16, n=128, d_model=256: "
 # ## 3. Time: 1, 4, 8 and 16 heads
 #
 # Seed 000's setting: a batch of 16 sequences of 128 tokens, $d_{model} = 256$, forward pass
-# returning the attention weights (as the seed's model does). Median of 10 runs after a
-# warm-up (the seed takes the mean of 50). Three implementations of the same layer:
-# `mha.MultiHeadAttention` (C), `mha.reference.MultiHeadAttention` (the seeds' NumPy, on
-# NumPy's BLAS) and `torch.nn.MultiheadAttention`, with the same number of threads.
+# returning the attention weights (as the seed's model does). Three implementations of the
+# same layer: `mha.MultiHeadAttention` (C), `mha.reference.MultiHeadAttention` (the seeds'
+# NumPy, on NumPy's BLAS) and `torch.nn.MultiheadAttention`, with the same number of threads.
+# They take turns (`mha.timing.time_in_turns`): in each of 5 rounds every implementation runs
+# untimed for 0.1 s, then is timed call by call for 0.1 s. We report the median of all its
+# timed calls and, in parentheses, its quartiles (half of the calls fall between them). The seed
+# takes the mean of 50 calls in a row instead.
 
 # %%
-B, n, d_model, repeats = 16, 128, 256, 10
+B, n, d_model, rounds = 16, 128, 256, 5
 x = np.random.default_rng(0).standard_normal((B, n, d_model)).astype(np.float32)
 if torch is not None:
     torch.set_num_threads(mha.get_num_threads())
     xt = torch.from_numpy(x)
-times = {"mha (C)": {}, "NumPy reference": {}}
+samples = {"mha (C)": {}, "NumPy reference": {}}
 if torch is not None:
-    times["PyTorch"] = {}
+    samples["PyTorch"] = {}
 for h in (1, 4, 8, 16):
     label = f"{h} Head" + ("s" if h > 1 else "")
     layer = mha.MultiHeadAttention(d_model, h, seed=0)
@@ -102,20 +113,23 @@ for h in (1, 4, 8, 16):
             with torch.no_grad():
                 module(xt, xt, xt, need_weights=True, average_attn_weights=False)
         fns["PyTorch"] = torch_forward
-    # the three take turns, each warm (see mha.bench.median_times: OpenBLAS's spinning threads
-    # would otherwise slow whichever library runs right after the NumPy reference)
-    for impl, t in median_times(fns, max(3, repeats // 2), settle=0.1).items():
-        times[impl][label] = 1e3 * t
-    print(f"{label:>8}: " + ", ".join(f"{impl} {t[label]:.2f} ms" for impl, t in times.items())
-          + f"  ({layer.num_parameters():,} params)")
+    # taking turns, each warm: OpenBLAS's spinning threads would otherwise slow whichever
+    # library runs right after the NumPy reference
+    for impl, ts in time_in_turns(fns, rounds, settle=0.1, measure=0.1).items():
+        samples[impl][label] = [1e3 * t for t in ts]
+    print(f"{label:>8}: " + ", ".join(
+        "{} {:.1f} ms ({:.1f}-{:.1f})".format(impl, *np.array(quartiles(s[label]))[[1, 0, 2]])
+        for impl, s in samples.items()) + f"  ({layer.num_parameters():,} params)")
+times = {impl: {label: quartiles(ts)[1] for label, ts in s.items()} for impl, s in samples.items()}
 
 # %%
 viz.speed_bars(times["mha (C)"],
-               title="Inference Time on mha's C kernels: Single vs Multi-Head Attention\n"
-                     "(Same parameters, similar speed)")
+               title="Inference Time on mha's C kernels: 1 to 16 Heads\n"
+                     "(same parameters, same arithmetic; median of every timed call)")
 
 # %% [markdown]
-# The same runs, all implementations side by side (lower is faster):
+# The same runs, all implementations side by side (lower is faster; the whiskers span the
+# quartiles; a log scale, since the libraries differ by up to two orders of magnitude):
 
 # %%
 labels = list(times["mha (C)"])
@@ -125,42 +139,56 @@ width = 0.8 / len(times)
 colors = ["#3498db", "#95a5a6", "#e67e22"]
 for i, (impl, t) in enumerate(times.items()):
     xs = np.arange(len(labels)) + (i - (len(times) - 1) / 2) * width
-    bars = ax.bar(xs, [t[l] for l in labels], width, label=impl, color=colors[i], edgecolor="black")
+    q = np.array([quartiles(samples[impl][l]) for l in labels])      # (labels, 3)
+    bars = ax.bar(xs, q[:, 1], width, label=impl, color=colors[i], edgecolor="black",
+                  yerr=[q[:, 1] - q[:, 0], q[:, 2] - q[:, 1]], capsize=3)
     ax.bar_label(bars, fmt="%.1f", fontsize=8)
 ax.set_xticks(range(len(labels)), labels)
-ax.set_ylabel("Time (ms)")
+ax.set_yscale("log")
+ax.set_ylabel("Time (ms, log scale)")
 ax.set_title(f"Forward with weights, B={B}, n={n}, d_model={d_model}", fontweight="bold")
 ax.legend()
 ax.grid(True, axis="y", alpha=0.3)
 fig
 
 # %%
+c = times["mha (C)"]
+print(f"mha (C), 1 -> 16 heads: {c['1 Head']:.1f} -> {c['16 Heads']:.1f} ms "
+      f"({c['16 Heads'] / c['1 Head']:.2f}x)")
 for impl, t in times.items():
     if impl != "mha (C)":
-        ratios = [t[l] / times["mha (C)"][l] for l in labels]
-        print(f"{impl} / mha: " + ", ".join(f"{l} {r:.1f}x" for l, r in zip(labels, ratios)))
+        print(f"{impl} / mha, ratio of medians in this run: "
+              + ", ".join(f"{l} {t[l] / c[l]:.1f}x" for l in labels))
 
 # %% [markdown]
-# The head count barely moves the time: the arithmetic is the same. What changes is the shape
-# of the work: as $h$ grows each head's products get smaller ($d_k$ from 256 down to 16) and
-# the returned weights grow ($B \cdot h \cdot n^2$ numbers). On a shared machine a few
-# milliseconds of noise are normal: rerun the cell to see how much.
+# The heads share the parameters and the arithmetic, but not the shape of the work: as $h$
+# grows each head's products get smaller ($d_k$ from 256 down to 16), and small products run
+# further from the machine's peak; and the returned weights grow with $h$:
+# $B \cdot h \cdot n^2$ numbers, 1 MiB for one head here and 16 MiB for sixteen. So the time
+# need not be the same for every head count; how much it moves depends on the machine. Read
+# each median against its quartiles: where the ranges of two head counts overlap, this run
+# cannot tell them apart. On a shared machine the times, and the ratios against the other
+# libraries, also move from run to run by more than the quartiles of one run show: rerun the
+# cell to see how much.
 #
 # ## Training: one epoch of notebook 05's task
 #
 # Forward, cross-entropy, backward (attention on the C backward) and an Adam step on 500
-# sequences, against the seed's PyTorch model with the same weights (needs PyTorch).
+# sequences, against the seed's PyTorch model with the same weights (needs PyTorch). The two
+# take turns for 5 rounds; each turn runs two untimed epochs, then times one.
 
 # %%
 if torch is not None:
     epoch = train.benchmark_epoch(n_heads=4, repeats=5, warmup=2, threads=mha.get_num_threads())
-    print(f"one epoch: mha {1e3 * epoch['mha_seconds']:.1f} ms, PyTorch "
-          f"{1e3 * epoch['torch_seconds']:.1f} ms -> mha is {epoch['speedup']:.1f}x "
-          f"{'faster' if epoch['speedup'] >= 1 else 'slower'}")
+    (m1, m2, m3), (t1, t2, t3) = (quartiles(1e3 * np.array(epoch[k])) for k in ("mha_times", "torch_times"))
+    print(f"one epoch: mha {m2:.1f} ms ({m1:.1f}-{m3:.1f}), PyTorch {t2:.1f} ms ({t1:.1f}-{t3:.1f}); "
+          f"in this run mha was {epoch['speedup']:.1f}x "
+          f"{'faster' if epoch['speedup'] >= 1 else 'slower'} (ratio of medians)")
 else:
     print("PyTorch is not installed: skipping the training comparison")
 
 # %% [markdown]
 # **Takeaway.** Heads cost no parameters and no extra arithmetic; their cost is in the shape
-# of the work (many small matrix products). `python -m mha bench` runs the full benchmark
-# (longer sequences, causal masks, memory) and prints the table.
+# of the work (many small matrix products) and in the weights they return.
+# `python -m mha bench` runs the full benchmark (longer sequences, causal masks, memory) and
+# prints the table.

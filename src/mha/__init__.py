@@ -11,14 +11,12 @@ everything, the oracle of the tests. See docs/semantics.md for the exact numeric
 """
 import os as _os
 
-# OpenMP threads that finish their share spin briefly, then sleep (GOMP_SPINCOUNT=3000: an idle
-# thread then spends 0.1 ms of CPU per parallel region on the benchmark's 2-core machine,
-# against 35 us when it sleeps at once). That bridges the short gaps between the parallel
-# regions and barriers of one call (a layer forward has three regions, most with barriers
-# inside; waking a sleeping thread cost ~90 us a region there), and it is short enough not
-# to starve NumPy's own BLAS threads between calls, which libgomp's default spin (300,000) did
-# (MiniLM encoding 2-3x slower). Set before the extension loads the OpenMP runtime; a value the
-# user set (OMP_WAIT_POLICY or GOMP_SPINCOUNT) wins.
+# OpenMP threads that finish their share spin for GOMP_SPINCOUNT iterations, then sleep. A short
+# spin bridges the gaps between the parallel regions and barriers of one call (waking a sleeping
+# thread costs tens of microseconds per region) without starving NumPy's own BLAS threads between
+# calls, which libgomp's default spin (300,000) does on machines with few cores. It must be set
+# before the extension loads the OpenMP runtime; a value the user set (OMP_WAIT_POLICY or
+# GOMP_SPINCOUNT) wins.
 if "OMP_WAIT_POLICY" not in _os.environ and "GOMP_SPINCOUNT" not in _os.environ:
     _os.environ["GOMP_SPINCOUNT"] = "3000"
 
@@ -35,6 +33,8 @@ from .layer import KVCache, MultiHeadAttention  # noqa: E402
 
 __version__ = "0.1.0"
 
+# `from mha import *` gives these names; the lazy submodules below are not among them, so that
+# it imports none of them.
 __all__ = [
     "attention",
     "attention_backward",
@@ -44,17 +44,13 @@ __all__ = [
     "get_num_threads",
     "build_info",
     "reference",
-    "analysis",
-    "viz",
-    "models",
-    "train",
 ]
 
-_SUBMODULES = ("analysis", "viz", "models", "train", "bench")
+_SUBMODULES = ("analysis", "viz", "models", "train", "bench", "tour", "timing")
 
 
 def __getattr__(name):
-    """`mha.viz`, `mha.analysis`, `mha.models`, `mha.train`: imported on first use, so that
+    """`mha.viz`, `mha.analysis`, `mha.models`, `mha.train`, ...: imported on first use, so that
     `import mha` stays light (no matplotlib, no tokenizers) until they are needed."""
     if name in _SUBMODULES:
         import importlib
@@ -64,17 +60,40 @@ def __getattr__(name):
 
 
 def set_num_threads(n):
-    """Use `n` threads (>= 1) in the C kernels (OpenMP); results do not depend on it."""
+    """Use `n` threads in the C kernels (OpenMP); results do not depend on the count.
+
+    Parameters
+    ----------
+    n : int
+        From 1 to 4096.
+
+    Raises
+    ------
+    ValueError
+        n outside [1, 4096].
+    """
     _C.set_num_threads(int(n))
 
 
 def get_num_threads():
-    """The number of threads the C kernels use (1 when built without OpenMP)."""
+    """The number of threads the C kernels use (1 when built without OpenMP).
+
+    Returns
+    -------
+    int
+    """
     return _C.get_num_threads()
 
 
 def build_info():
-    """How the C core was built: {"compiler": ..., "simd": ..., "threads": ..., "openmp": bool}."""
+    """How the C core was built and runs.
+
+    Returns
+    -------
+    dict
+        "compiler", "simd", "threads" (str), "openmp" (bool), "num_threads" (int), and the
+        OpenMP wait settings in effect, "omp_wait_policy" and "gomp_spincount".
+    """
     info = dict(part.split("=", 1) for part in _C.build_info().split("; "))
     info["openmp"] = info["threads"].startswith("OpenMP")
     info["num_threads"] = get_num_threads()

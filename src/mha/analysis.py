@@ -18,6 +18,12 @@ Pattern scores follow seed 000's ``analyze_attention_pattern``; confidence is Vo
 (2019); Jensen-Shannon head distance is Clark et al. (2019); gradient head importance is
 Michel et al. (2019).
 
+Beyond raw weights: :func:`attention_rollout` and :func:`attention_flow` (Abnar & Zuidema
+2020) follow the attention through all layers; :func:`value_norms` measures what each key adds
+to a query's output (Kobayashi et al. 2020); :func:`head_statistic_sums` and
+:func:`clark_metrics` give Clark et al.'s (2019) per-head statistics (corpus-ready sums and
+counts), :func:`head_map` their map of all heads.
+
 Head importance and pruning are model-agnostic: they take ``evaluate(head_mask) -> float``,
 a function you write that runs your model with the given head multipliers (1 keep, 0 prune)
 and returns a metric such as accuracy. For models built from ``mha.MultiHeadAttention``
@@ -37,6 +43,9 @@ __all__ = [
     "PATTERNS", "pattern_scores", "dominant_pattern", "attention_mass",
     "head_importance_ablation", "head_importance_gradient", "head_mask_grads", "use_head_mask",
     "PruningCurve", "pruning_curve",
+    "HEAD_FUSIONS", "attention_rollout", "attention_flow", "value_norms",
+    "CLARK_METRICS", "token_classes", "head_statistic_sums", "clark_metrics", "broad_heads",
+    "classical_mds", "head_map",
 ]
 
 #: Names of the pattern scores, in the order ties are broken by :func:`dominant_pattern`
@@ -219,14 +228,19 @@ def dominant_pattern(weights, rtol=0.02):
     return str(names) if names.ndim == 0 else names
 
 
-def attention_mass(weights, keys, *, queries=None):
+def attention_mass(weights, keys, *, queries=None, normalize=False):
     """Share of attention that lands on chosen keys (e.g. [CLS]/[SEP], or "doctor").
 
     weights: (..., n_q, n_k). keys: an int, a sequence of ints, or a bool array (n_k,).
     queries: optional rows to average over (same forms as keys); default all non-masked rows.
+    normalize: divide each row by its sum first, for values whose rows do not sum to 1 (the
+    value norms of :func:`value_norms`: the share of the norm that lands on the keys).
     Returns (...): mean over the query rows of the summed weight on those keys.
     """
     weights = _as_weights(weights)
+    if normalize:
+        total = weights.sum(axis=-1, keepdims=True)
+        weights = np.divide(weights, total, out=np.zeros_like(weights), where=total > 0)
     n_q, n_k = weights.shape[-2:]
     key_sel = _selection(keys, n_k, "keys")
     mass = weights[..., key_sel].sum(axis=-1)                    # (..., n_q)
@@ -470,3 +484,641 @@ def pruning_curve(evaluate: Callable[[np.ndarray], float], head_mask, importance
                         masks=masks, removed=removed, baseline=baseline, max_drop=max_drop,
                         relative=relative, higher_is_better=higher_is_better,
                         prunable=prunable, prunable_mask=prunable_mask)
+
+
+# --- beyond raw weights: rollout, flow, value norms ------------------------------------------
+
+HEAD_FUSIONS = ("mean", "max", "min")
+
+
+def _float_array(x, name, min_ndim, expected):
+    """x as a float32 or float64 ndarray (float32 stays float32; other reals become float64)."""
+    if isinstance(x, (list, tuple)) and x and not np.isscalar(x[0]):
+        layers = []
+        for i, a in enumerate(x):
+            a = _to_numpy(a)
+            while a.ndim > min_ndim - 1 and a.shape[0] == 1:      # Hugging Face: (1, H, n, n)
+                a = a[0]
+            layers.append(a)
+        x = np.stack(layers)
+    x = _to_numpy(x)
+    if x.dtype.kind not in "fiub":
+        raise TypeError(f"{name} must be real numbers, got dtype {x.dtype}")
+    if x.dtype not in (np.float32, np.float64):
+        x = x.astype(np.float64)
+    if x.ndim < min_ndim:
+        raise ValueError(f"{name} has shape {x.shape}: expected {expected}")
+    return x
+
+
+def _fused_layers(attentions, head_fusion, residual, name="attentions"):
+    """(..., L, H, n, n) -> (..., L, n, n): heads fused, then 0.5 A + 0.5 I renormalised."""
+    att = _float_array(attentions, name, 4, "(layers, heads, n, n) or (..., layers, heads, n, n)")
+    n_q, n_k = att.shape[-2:]
+    if n_q != n_k:
+        raise ValueError(f"{name} has shape {att.shape}: rollout and flow need self-attention "
+                         f"(n_q == n_k), got {n_q} queries and {n_k} keys")
+    if head_fusion not in HEAD_FUSIONS:
+        raise ValueError(f"head_fusion={head_fusion!r}: expected one of {HEAD_FUSIONS}")
+    fused = getattr(att, head_fusion)(axis=-3)                   # (..., L, n, n)
+    if residual:
+        fused = fused + np.eye(n_k, dtype=fused.dtype)           # (A + I) / rowsum = 0.5 A + 0.5 I
+        fused /= fused.sum(axis=-1, keepdims=True)               # for rows that sum to 1
+    return fused
+
+
+def attention_rollout(attentions, *, head_fusion="mean", residual=True):
+    r"""Attention rollout (Abnar & Zuidema 2020): how much of each position after layer l
+    comes from each input token, following the attention through all layers below.
+
+    Per layer the heads are fused, :math:`A_l = \mathrm{fuse}_h(\alpha_{l,h})` (mean, max or
+    min over heads); with ``residual`` the skip connection is added as an identity and rows
+    are renormalised, :math:`A_l \leftarrow (A_l + I) / \mathrm{rowsum}(A_l + I)`, which is
+    :math:`0.5 A_l + 0.5 I` when the rows of :math:`A_l` sum to 1. Then
+
+    .. math:: R_0 = A_0, \qquad R_l = A_l R_{l-1}.
+
+    Parameters
+    ----------
+    attentions : array_like, shape (..., L, H, n, n)
+        Softmax attention weights of every layer and head, rows = queries (e.g.
+        ``model.attentions(text)[1]``; a list of per-layer (1, H, n, n) arrays such as Hugging
+        Face's ``outputs.attentions`` is stacked). float32 stays float32, other real dtypes are
+        computed in float64. Leading axes (a batch) are kept.
+    head_fusion : {"mean", "max", "min"}
+        How the heads of a layer are combined.
+    residual : bool
+        Add the residual connection as above (the paper's choice). Without it the fused
+        weights are used as they are.
+
+    Returns
+    -------
+    rollout : ndarray, shape (..., L, n, n)
+        ``rollout[l, i, j]``: the share of position i after layer l that comes from input token
+        j. Rows sum to 1 when the attention rows do (mean fusion) or with ``residual``.
+
+    Raises
+    ------
+    ValueError
+        Fewer than 4 axes, n_q != n_k, or an unknown ``head_fusion``.
+    TypeError
+        Non-real input.
+
+    References
+    ----------
+    S. Abnar and W. Zuidema, "Quantifying Attention Flow in Transformers", ACL 2020,
+    https://arxiv.org/abs/2005.00928.
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> w = rng.random((2, 3, 4, 4)); w /= w.sum(-1, keepdims=True)   # 2 layers, 3 heads
+    >>> r = attention_rollout(w)
+    >>> r.shape, bool(np.allclose(r.sum(-1), 1))
+    ((2, 4, 4), True)
+    """
+    fused = _fused_layers(attentions, head_fusion, residual)
+    out = np.empty_like(fused)
+    out[..., 0, :, :] = fused[..., 0, :, :]
+    for l in range(1, fused.shape[-3]):                          # a loop over layers only
+        out[..., l, :, :] = fused[..., l, :, :] @ out[..., l - 1, :, :]
+    return out
+
+
+def attention_flow(attentions, *, head_fusion="mean", residual=True, queries=None,
+                   normalize=True, progress=None):
+    r"""Attention flow (Abnar & Zuidema 2020): the maximum flow from each position after the
+    last layer to each input token through the attention graph.
+
+    The graph has a node per (layer boundary, position): input tokens at level 0, the output
+    of layer l at level l + 1, and an edge from position a at level l + 1 to position b at
+    level l with capacity :math:`A_l[a, b]`, the fused and residual-corrected weights of
+    :func:`attention_rollout`. ``flow[i, j]`` is the value of the maximum flow from the last
+    level's node i to input node j; with ``normalize`` each row is divided by its sum, as the
+    authors' code does. Rollout multiplies the weights along every path; flow asks how much
+    can pass through the narrowest cut, so it spreads more evenly over tokens.
+
+    The maximum flows are exact (Dinic's algorithm in C, ``csrc/flow.c``, on the capacities
+    rounded to multiples of :math:`2^{-61}` times the largest row sum: within about
+    :math:`10^{-12}` of the real values at 128 tokens), n flows per query position, spread
+    over ``mha.set_num_threads`` threads.
+
+    Parameters
+    ----------
+    attentions : array_like, shape (L, H, n, n)
+        Attention weights of one text, rows = queries (as :func:`attention_rollout`).
+    head_fusion : {"mean", "max", "min"}
+    residual : bool
+        As in :func:`attention_rollout`.
+    queries : int, sequence of int or bool array (n,), optional
+        The positions of the last layer to compute the flow from (default all): the flow from
+        [CLS] alone is ``queries=0`` and costs 1/n of the whole matrix.
+    normalize : bool
+        Divide each row by its sum (rows with no flow stay 0).
+    progress : bool, optional
+        Show a progress bar (tqdm.auto); default: when the work is large (n > 128).
+
+    Returns
+    -------
+    flow : ndarray, shape (n_queries, n)
+        In the input's float dtype (float32 or float64). n_queries = n by default.
+
+    Raises
+    ------
+    ValueError
+        Bad shape, an unknown ``head_fusion``, negative or non-finite weights.
+
+    Notes
+    -----
+    The cost grows as L n^4 in the worst case: 128 tokens and 6 layers take a few seconds,
+    512 tokens far longer (use ``queries``). Time on this project's 2-core test machine is in
+    the README.
+
+    References
+    ----------
+    S. Abnar and W. Zuidema, "Quantifying Attention Flow in Transformers", ACL 2020,
+    https://arxiv.org/abs/2005.00928.
+    E. A. Dinic, "Algorithm for solution of a problem of maximum flow in a network with power
+    estimation", Soviet Math. Doklady 11, 1970.
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> w = rng.random((3, 2, 5, 5)); w /= w.sum(-1, keepdims=True)
+    >>> f = attention_flow(w)
+    >>> f.shape, bool(np.allclose(f.sum(-1), 1))
+    ((5, 5), True)
+    """
+    from . import _C
+
+    fused = _fused_layers(attentions, head_fusion, residual)
+    if fused.ndim != 3:
+        raise ValueError(f"attentions has shape {np.shape(attentions)}: attention_flow takes one "
+                         "text, (layers, heads, n, n)")
+    n = fused.shape[-1]
+    capacities = np.ascontiguousarray(fused, dtype=np.float64)
+    if not np.all(np.isfinite(capacities)) or capacities.min(initial=0.0) < 0:
+        raise ValueError("attentions must be finite and >= 0 (softmax weights)")
+    rows = np.arange(n) if queries is None else np.atleast_1d(_selection(queries, n, "queries"))
+    rows = rows.astype(np.int64)
+    if progress is None:
+        progress = n > 128 and len(rows) > 8
+    chunks = np.array_split(rows, min(len(rows), 16)) if progress else [rows]
+    flow = np.empty((len(rows), n))
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=len(rows), desc="attention flow", unit="query")
+    done = 0
+    try:
+        for chunk in chunks:
+            flow[done:done + len(chunk)] = _C.attention_flow(capacities, np.ascontiguousarray(chunk))
+            done += len(chunk)
+            if bar is not None:
+                bar.update(len(chunk))
+    finally:
+        if bar is not None:
+            bar.close()
+    if normalize:
+        total = flow.sum(axis=-1, keepdims=True)
+        flow = np.divide(flow, total, out=np.zeros_like(flow), where=total > 0)
+    return flow.astype(fused.dtype, copy=False)
+
+
+def value_norms(weights, values, W_o, *, summed=False):
+    r"""Norm-based attention (Kobayashi et al. 2020): the length of what each key actually
+    adds to each query's output, :math:`\|\alpha_{ij} f_h(x_j)\|`, instead of the weight.
+
+    A head's output for query i is :math:`\sum_j \alpha_{h,ij} v_{h,j}`, and after the output
+    projection its contribution to the layer's output is
+    :math:`\sum_j \alpha_{h,ij} f_h(x_j)` with :math:`f_h(x_j) = v_{h,j} W_o^{(h)}`, where
+    :math:`v_{h,j} = (x_j W_v + b_v)_h` is the value vector and :math:`W_o^{(h)}` the head's
+    ``d_head`` rows of the output projection (the output bias :math:`b_o` is left out, as in
+    the paper). Per head
+
+    .. math:: N_{h,ij} = \alpha_{h,ij} \, \|f_h(x_j)\|,
+
+    and over the heads of a layer (what the layer adds for key j)
+
+    .. math:: N_{ij} = \Big\|\sum_h \alpha_{h,ij} f_h(x_j)\Big\|
+              = \sqrt{\alpha_{:,ij}^\top G_j \, \alpha_{:,ij}}, \quad
+              G_j[h, h'] = \langle f_h(x_j), f_{h'}(x_j) \rangle,
+
+    a quadratic form in the weights with each key's Gram matrix, so no vector is built per
+    (query, key) pair. The :math:`f_h(x_j)` are products on mha's C GEMM.
+
+    Parameters
+    ----------
+    weights : array_like, shape (..., H, n_q, n_k)
+        Softmax attention weights of one layer, rows = queries.
+    values : array_like, shape (..., H_kv, n_k, d_head)
+        The value vectors :math:`x W_v + b_v` split into heads (H_kv = H, or a divisor of H
+        for grouped-query attention, where query head h reads value head h // (H // H_kv)).
+        Leading axes match ``weights``'.
+    W_o : array_like, shape (H * d_head, d_model)
+        The output projection stored (in, out), so that ``heads @ W_o`` is the projection;
+        rows h*d_head .. (h+1)*d_head - 1 belong to head h.
+    summed : bool
+        Return the norm of the sum over heads, (..., n_q, n_k), instead of each head's.
+
+    Returns
+    -------
+    norms : ndarray, shape (..., H, n_q, n_k), or (..., n_q, n_k) with ``summed``
+        float32 if every input is float32, else float64.
+
+    Raises
+    ------
+    ValueError
+        Shapes that do not fit together (the message names the argument).
+    TypeError
+        Non-real input.
+
+    References
+    ----------
+    G. Kobayashi, T. Kuribayashi, S. Yokoi and K. Inui, "Attention is Not Only a Weight:
+    Analyzing Transformers with Vector Norms", EMNLP 2020, https://arxiv.org/abs/2004.10102.
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> w = rng.random((2, 4, 4)); w /= w.sum(-1, keepdims=True)      # 2 heads, 4 tokens
+    >>> v = rng.standard_normal((2, 4, 3))                             # d_head = 3
+    >>> W_o = rng.standard_normal((6, 5))                              # d_model = 5
+    >>> value_norms(w, v, W_o).shape, value_norms(w, v, W_o, summed=True).shape
+    ((2, 4, 4), (4, 4))
+    """
+    from . import _C
+
+    w = _float_array(weights, "weights", 3, "(..., heads, n_q, n_k)")
+    v = _float_array(values, "values", 3, "(..., kv_heads, n_k, d_head)")
+    W = _float_array(W_o, "W_o", 2, "(heads * d_head, d_model)")
+    dtype = np.result_type(w.dtype, v.dtype, W.dtype)
+    H, n_q, n_k = w.shape[-3:]
+    H_kv, n_kv, d_head = v.shape[-3:]
+    if n_kv != n_k:
+        raise ValueError(f"values has shape {v.shape} but weights has shape {w.shape}: "
+                         f"values need n_k = {n_k} positions")
+    if H_kv < 1 or H % H_kv:
+        raise ValueError(f"values has {H_kv} heads but weights has {H}: the value heads must "
+                         "divide the query heads")
+    if v.shape[:-3] != w.shape[:-3]:
+        raise ValueError(f"values has leading shape {v.shape[:-3]} but weights has "
+                         f"{w.shape[:-3]}: they must match")
+    if W.ndim != 2 or W.shape[0] != H * d_head:
+        raise ValueError(f"W_o has shape {W.shape}: expected ({H * d_head}, d_model) for "
+                         f"{H} heads of width {d_head}")
+    lead = w.shape[:-3]
+    w = w.astype(dtype, copy=False).reshape((-1, H, n_q, n_k))   # (B, H, n_q, n_k)
+    v = v.astype(dtype, copy=False).reshape((-1, H_kv, n_k, d_head))
+    W = np.ascontiguousarray(W, dtype=dtype)
+    B, d_model, group = w.shape[0], W.shape[1], H // H_kv
+    # f_h(x_j) for every head and key: (B, H, n_k, d_model), one C GEMM per head
+    f = np.empty((B, H, n_k, d_model), dtype=dtype)
+    for g in range(H_kv):
+        v_g = np.ascontiguousarray(v[:, g]).reshape(B * n_k, d_head)
+        for h in range(g * group, (g + 1) * group):
+            f[:, h] = _C.matmul(v_g, W[h * d_head:(h + 1) * d_head]).reshape(B, n_k, d_model)
+    if not summed:
+        f_norm = np.sqrt(np.einsum("bhjd,bhjd->bhj", f, f))      # (B, H, n_k)
+        out = w * f_norm[:, :, None, :]
+        return out.reshape(lead + (H, n_q, n_k))
+    f_keys = f.transpose(0, 2, 1, 3)                             # (B, n_k, H, d_model)
+    gram = f_keys @ f_keys.transpose(0, 1, 3, 2)                 # (B, n_k, H, H)
+    a = w.transpose(0, 3, 1, 2)                                  # (B, n_k, H, n_q)
+    square = np.einsum("bjhi,bjhi->bji", a, gram @ a)            # (B, n_k, n_q)
+    out = np.sqrt(np.maximum(square, 0)).transpose(0, 2, 1)      # rounding can dip below 0
+    return np.ascontiguousarray(out).reshape(lead + (n_q, n_k))
+
+
+# --- Clark et al. (2019): what BERT's heads look at -------------------------------------------
+
+#: The per-head statistics of :func:`head_statistic_sums` (the corpus means of issue 18).
+CLARK_METRICS = ("entropy", "confidence", "mass_cls", "mass_sep", "mass_punct", "mass_self",
+                 "mass_prev", "mass_next")
+
+_CLS_TOKENS = frozenset({"[CLS]", "<s>", "<cls>", "<|begin_of_text|>", "<bos>"})
+_SEP_TOKENS = frozenset({"[SEP]", "</s>", "<sep>", "<|endoftext|>", "<|end_of_text|>",
+                         "<|eot_id|>", "<eos>"})
+_SUBWORD_MARKS = ("##", "\u0120", "\u2581", "\u010a")           # WordPiece, GPT-2 (space, newline), SentencePiece
+
+
+def _is_punctuation(token):
+    import unicodedata
+    core = token
+    for mark in _SUBWORD_MARKS:
+        core = core.replace(mark, "")
+    return bool(core) and all(unicodedata.category(c).startswith("P") for c in core)
+
+
+def token_classes(tokens, n=None):
+    """Which tokens are [CLS]-like, [SEP]-like and punctuation, as bool masks.
+
+    [CLS]-like: ``[CLS]``, ``<s>``, ``<|begin_of_text|>``, ``<bos>``, ``<cls>``; [SEP]-like:
+    ``[SEP]``, ``</s>``, ``<|endoftext|>``, ``<|end_of_text|>``, ``<|eot_id|>``, ``<eos>``,
+    ``<sep>``; punctuation: a token whose characters, once the subword marks (``##``, GPT-2's
+    ``Ġ``, SentencePiece's ``▁``) are removed, are all Unicode punctuation (category P*).
+    Clark et al. (2019) count only "." and "," as punctuation.
+
+    Parameters
+    ----------
+    tokens : list of str, or list of lists of str (a batch)
+    n : int, optional
+        Pad every mask to n positions with False (default: the longest list).
+
+    Returns
+    -------
+    classes : dict
+        ``"cls"``, ``"sep"``, ``"punct"``: bool arrays (n,) for one list, (B, n) for a batch.
+
+    Examples
+    --------
+    >>> token_classes(["[CLS]", "hi", ",", "there", "[SEP]"])["punct"].tolist()
+    [False, False, True, False, False]
+    """
+    single = not tokens or isinstance(tokens[0], str)
+    batch = [list(tokens)] if single else [list(t) for t in tokens]
+    width = max((len(t) for t in batch), default=0) if n is None else int(n)
+    if any(len(t) > width for t in batch):
+        raise ValueError(f"n={n}: a token list is longer ({max(len(t) for t in batch)})")
+    out = {k: np.zeros((len(batch), width), dtype=bool) for k in ("cls", "sep", "punct")}
+    for b, toks in enumerate(batch):
+        for i, t in enumerate(toks):
+            t = str(t)
+            out["cls"][b, i] = t in _CLS_TOKENS
+            out["sep"][b, i] = t in _SEP_TOKENS
+            out["punct"][b, i] = _is_punctuation(t)
+    return {k: v[0] for k, v in out.items()} if single else out
+
+
+def _batch_mask(mask, shape, name):
+    if mask is None:
+        return np.zeros(shape, dtype=bool)
+    mask = np.asarray(mask)
+    if mask.dtype != bool and mask.dtype.kind not in "iu":
+        raise TypeError(f"{name} must be a bool (or 0/1) array, got dtype {mask.dtype}")
+    if mask.shape != shape:
+        raise ValueError(f"{name} has shape {mask.shape}: expected {shape} (batch, n)")
+    return mask.astype(bool)
+
+
+def head_statistic_sums(weights, attention_mask=None, *, cls=None, sep=None, punct=None,
+                        causal=False):
+    r"""Per-head sums of Clark et al.'s statistics over the real tokens of a padded batch,
+    with the token counts to divide them by: the exact building block of corpus means.
+
+    For each layer l and head h, summed over every real query token i of every text (padding
+    is left out as query and as key):
+
+    - ``entropy``: :math:`-\sum_j p_{ij} \ln p_{ij}` (nats); ``uniform_entropy``: the same
+      for uniform attention over the keys i can see, :math:`\ln(\#\text{keys})`
+    - ``confidence``: :math:`\max_j p_{ij}` (Voita et al. 2019)
+    - ``mass_cls``, ``mass_sep``, ``mass_punct``: :math:`\sum_{j \in S} p_{ij}` for the
+      [CLS], [SEP] and punctuation keys S
+    - ``mass_self``: :math:`p_{ii}`; ``mass_prev``: :math:`p_{i,i-1}` over the queries that
+      have a real previous token; ``mass_next``: :math:`p_{i,i+1}` over those with a real
+      next token.
+
+    ``sums[name] / counts[name]`` is the token-weighted mean; sums and counts of many
+    batches simply add up (that is what ``mha.corpus`` does on Dask), and
+    :func:`clark_metrics` is the same for one text. No loop runs over tokens; one runs over
+    layers, to keep the temporary arrays to one layer's size.
+
+    Parameters
+    ----------
+    weights : array_like, shape (B, L, H, n, n)
+        Attention weights of a padded batch (e.g. ``model.encode(texts).attentions``), rows =
+        queries. (L, H, n, n) is taken as a batch of one.
+    attention_mask : array_like of bool, shape (B, n), optional
+        True = real token, False = padding (default: all real).
+    cls, sep, punct : array_like of bool, shape (B, n), optional
+        Which keys are [CLS], [SEP] and punctuation (see :func:`token_classes`; default none).
+    causal : bool
+        Queries see only keys j <= i (GPT-2 and other decoders): only changes
+        ``uniform_entropy``.
+
+    Returns
+    -------
+    sums : dict of str -> ndarray (L, H) float64
+        The statistics above, :data:`CLARK_METRICS` plus ``uniform_entropy``.
+    counts : dict of str -> int
+        Their denominators: the real query tokens (``mass_prev``, ``mass_next``: those with a
+        real neighbour).
+
+    Raises
+    ------
+    ValueError
+        Shapes that do not fit.
+
+    References
+    ----------
+    K. Clark, U. Khandelwal, O. Levy and C. D. Manning, "What Does BERT Look At? An Analysis
+    of BERT's Attention", BlackboxNLP 2019, https://arxiv.org/abs/1906.04341.
+
+    Examples
+    --------
+    >>> w = np.full((1, 2, 3, 4, 4), 0.25)                  # 1 text, 2 layers, 3 heads, 4 tokens
+    >>> sums, counts = head_statistic_sums(w, [[True, True, True, False]])
+    >>> counts["entropy"], round(float(sums["confidence"][0, 0] / counts["confidence"]), 3)
+    (3, 0.25)
+    """
+    w = _float_array(weights, "weights", 4, "(batch, layers, heads, n, n)")
+    if w.ndim == 4:
+        w = w[None]
+    if w.ndim != 5 or w.shape[-1] != w.shape[-2]:
+        raise ValueError(f"weights has shape {w.shape}: expected (batch, layers, heads, n, n)")
+    B, L, H, n, _ = w.shape
+    real = (np.ones((B, n), dtype=bool) if attention_mask is None
+            else _batch_mask(np.reshape(attention_mask, (B, n)) if np.size(attention_mask) == B * n
+                             else attention_mask, (B, n), "attention_mask"))
+    kinds = {"cls": _batch_mask(cls, (B, n), "cls"), "sep": _batch_mask(sep, (B, n), "sep"),
+             "punct": _batch_mask(punct, (B, n), "punct")}
+    prev_ok = real[:, 1:] & real[:, :-1]                         # query i >= 1 and key i - 1 real
+    next_ok = real[:, :-1] & real[:, 1:]                         # query i < n - 1 and key i + 1 real
+    keys = real[:, None, None, :]                                # (B, 1, 1, n)
+    queries = real[:, None, :].astype(np.float64)                # (B, 1, n): weights of query rows
+    key_kinds = np.stack([kinds[k] & real for k in ("cls", "sep", "punct")], axis=-1).astype(w.dtype)
+    sums = {name: np.zeros((L, H)) for name in CLARK_METRICS}
+
+    def total(rows, weight=queries):                             # (B, H, m) rows -> (H,)
+        return np.einsum("bhi,bi->h", rows.astype(np.float64, copy=False), weight[:, 0])
+
+    for l in range(L):
+        p = np.where(keys, w[:, l], 0)                           # (B, H, n, n), padding keys out
+        with np.errstate(divide="ignore", invalid="ignore"):
+            plogp = np.where(p > 0, p * np.log(np.where(p > 0, p, 1)), 0)
+        sums["entropy"][l] = 0.0 - total(plogp.sum(axis=-1))    # 0.0 - : no -0.0
+        sums["confidence"][l] = total(p.max(axis=-1))
+        mass = p @ key_kinds[:, None]                            # (B, H, n, 3)
+        for k, name in enumerate(("mass_cls", "mass_sep", "mass_punct")):
+            sums[name][l] = total(mass[..., k])
+        sums["mass_self"][l] = total(np.diagonal(p, 0, -2, -1))
+        sums["mass_prev"][l] = total(np.diagonal(p, -1, -2, -1), prev_ok[:, None, :].astype(np.float64))
+        sums["mass_next"][l] = total(np.diagonal(p, 1, -2, -1), next_ok[:, None, :].astype(np.float64))
+    n_real = real.sum(axis=1)                                    # (B,)
+    if causal:                                                   # query i sees the real keys <= i
+        visible = np.cumsum(real, axis=1)[real]
+    else:
+        visible = np.repeat(n_real, n_real)
+    sums["uniform_entropy"] = np.full((L, H), float(np.log(np.maximum(visible, 1)).sum()))
+    tokens = int(real.sum())
+    counts = {name: tokens for name in CLARK_METRICS}
+    counts["uniform_entropy"] = tokens
+    counts["mass_prev"] = int(prev_ok.sum())
+    counts["mass_next"] = int(next_ok.sum())
+    return sums, counts
+
+
+def clark_metrics(weights, tokens=None, *, attention_mask=None, causal=False):
+    """Clark et al. (2019)'s per-head statistics of one text (or a padded batch): the means
+    ``sums / counts`` of :func:`head_statistic_sums`.
+
+    Parameters
+    ----------
+    weights : array_like, shape (L, H, n, n) or (B, L, H, n, n)
+    tokens : list of str or list of lists of str, optional
+        The tokens, to find [CLS], [SEP] and punctuation (:func:`token_classes`); without
+        them the masses on those are 0.
+    attention_mask : array_like of bool, shape (n,) or (B, n), optional
+        True = real token (default: all real, or the length of each token list).
+    causal : bool
+        As in :func:`head_statistic_sums`.
+
+    Returns
+    -------
+    metrics : dict of str -> ndarray (L, H) float64
+        :data:`CLARK_METRICS` and ``uniform_entropy`` (a mean of 0 where nothing was counted).
+
+    Examples
+    --------
+    >>> w = np.zeros((1, 1, 3, 3)); w[..., 0] = 1.0           # every token attends to [CLS]
+    >>> m = clark_metrics(w, ["[CLS]", "hi", "[SEP]"])
+    >>> float(m["mass_cls"][0, 0]), float(m["entropy"][0, 0])
+    (1.0, 0.0)
+    """
+    w = _float_array(weights, "weights", 4, "(layers, heads, n, n) or (batch, layers, heads, n, n)")
+    batch = w if w.ndim == 5 else w[None]
+    B, n = batch.shape[0], batch.shape[-1]
+    classes = {"cls": None, "sep": None, "punct": None}
+    if tokens is not None:
+        tok = [tokens] if tokens and isinstance(tokens[0], str) else tokens
+        if len(tok) != B:
+            raise ValueError(f"tokens has {len(tok)} lists but weights has a batch of {B}")
+        classes = token_classes(tok, n)
+        if attention_mask is None:
+            attention_mask = np.arange(n)[None, :] < np.array([len(t) for t in tok])[:, None]
+    if attention_mask is not None:
+        attention_mask = np.reshape(np.asarray(attention_mask, dtype=bool), (B, n))
+    sums, counts = head_statistic_sums(batch, attention_mask, causal=causal, **classes)
+    return {k: sums[k] / counts[k] if counts[k] else np.zeros_like(sums[k]) for k in sums}
+
+
+def broad_heads(metrics, *, fraction=0.75):
+    """Heads whose attention is broad: mean entropy at least ``fraction`` of uniform's.
+
+    Clark et al. (2019) point out heads, mostly in the lowest layers, that spread their
+    attention over the whole sentence ("bag of vectors" heads); this is an operational
+    version of that: a head is broad when its mean entropy reaches ``fraction`` of the entropy
+    of uniform attention over the same keys.
+
+    Parameters
+    ----------
+    metrics : dict
+        From :func:`clark_metrics` (``entropy`` and ``uniform_entropy``, (L, H) each).
+    fraction : float
+        In (0, 1].
+
+    Returns
+    -------
+    broad : ndarray of bool, shape (L, H)
+
+    Examples
+    --------
+    >>> broad_heads({"entropy": np.array([[1.0, 2.0]]), "uniform_entropy": np.array([[2.0, 2.0]])})
+    array([[False,  True]])
+    """
+    if not 0 < fraction <= 1:
+        raise ValueError(f"fraction={fraction}: expected a value in (0, 1]")
+    return np.asarray(metrics["entropy"]) >= fraction * np.asarray(metrics["uniform_entropy"])
+
+
+def classical_mds(distances, n_components=2):
+    r"""Classical (Torgerson) multidimensional scaling: points whose Euclidean distances are
+    as close as possible to the given ones.
+
+    With :math:`D^{(2)}` the squared distances and :math:`J = I - \frac{1}{N} 1 1^\top`, the
+    Gram matrix :math:`B = -\frac12 J D^{(2)} J` is eigendecomposed and the points are the top
+    eigenvectors scaled by the square roots of their (non-negative) eigenvalues. Exact when
+    the distances are Euclidean.
+
+    Parameters
+    ----------
+    distances : array_like, shape (N, N)
+        Symmetric, zero diagonal.
+    n_components : int
+        Dimensions of the map.
+
+    Returns
+    -------
+    points : ndarray, shape (N, n_components)
+        Centred; the sign of each axis is fixed so that its largest coordinate is positive.
+
+    References
+    ----------
+    W. S. Torgerson, "Multidimensional scaling: I. Theory and method", Psychometrika 17, 1952.
+
+    Examples
+    --------
+    >>> pts = np.array([[0.0, 0.0], [3.0, 0.0], [0.0, 4.0]])
+    >>> d = np.linalg.norm(pts[:, None] - pts[None], axis=-1)
+    >>> q = classical_mds(d)
+    >>> bool(np.allclose(np.linalg.norm(q[:, None] - q[None], axis=-1), d))
+    True
+    """
+    d = np.asarray(distances, dtype=np.float64)
+    if d.ndim != 2 or d.shape[0] != d.shape[1]:
+        raise ValueError(f"distances has shape {d.shape}: expected a square (N, N) matrix")
+    N = d.shape[0]
+    j = np.eye(N) - 1.0 / N
+    gram = -0.5 * j @ (d * d) @ j
+    values, vectors = np.linalg.eigh(0.5 * (gram + gram.T))
+    order = np.argsort(values)[::-1][:n_components]
+    points = vectors[:, order] * np.sqrt(np.maximum(values[order], 0))
+    if points.shape[1] < n_components:
+        points = np.pad(points, ((0, 0), (0, n_components - points.shape[1])))
+    flip = np.sign(points[np.argmax(np.abs(points), axis=0), np.arange(n_components)])
+    return points * np.where(flip == 0, 1, flip)
+
+
+def head_map(attentions):
+    """2-D coordinates of every head, placed by the Jensen-Shannon distance between their
+    attention (Clark et al. 2019's map of BERT's heads).
+
+    The distance between two heads is the square root of their mean Jensen-Shannon
+    divergence (:func:`head_distance` over all L*H heads, a metric), mapped to the plane by
+    :func:`classical_mds`.
+
+    Parameters
+    ----------
+    attentions : array_like, shape (L, H, n, n) or (B, L, H, n, n)
+        One text, or a padded batch whose per-text distances are averaged.
+
+    Returns
+    -------
+    points : ndarray, shape (L, H, 2)
+    distances : ndarray, shape (L*H, L*H)
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> w = rng.random((2, 3, 5, 5)); w /= w.sum(-1, keepdims=True)
+    >>> points, d = head_map(w)
+    >>> points.shape, d.shape
+    ((2, 3, 2), (6, 6))
+    """
+    w = _as_weights(attentions, 4)
+    if w.ndim == 4:
+        w = w[None]
+    B, L, H, n_q, n_k = w.shape
+    divergence = head_distance(w.reshape(B, L * H, n_q, n_k)).mean(axis=0)
+    distances = np.sqrt(divergence)
+    return classical_mds(distances).reshape(L, H, 2), distances

@@ -4,8 +4,8 @@ Peers: PyTorch (torch.nn.MultiheadAttention and torch.nn.functional.scaled_dot_p
 when torch is installed, with the same thread count), the seeds' NumPy implementation
 (`mha.reference`, which runs on NumPy's BLAS), and NumPy's own float32 matmul as the
 machine's practical GEMM ceiling. The implementations compared in a row take turns, each warm
-(`median_times`), so that the machine's load drifts over all of them alike and their ratio is
-not skewed by when each ran; every time is the median of the calls timed over all rounds.
+(`mha.timing.median_times`), so that the machine's load drifts over all of them alike and their
+ratio is not skewed by when each ran; every time is the median of the calls timed over all rounds.
 
 Cases (float32):
   a  seed 000's shape: batch 16, seq 128, d_model 256, heads 1/4/8/16 (the layer)
@@ -26,67 +26,32 @@ import numpy as np
 
 import mha
 
-__all__ = ["median_time", "median_times", "matmul_gflops", "run", "main"]
+from .timing import median_times, time_in_turns
 
-
-def median_time(fn, repeats=7, warmup=1, min_time=0.0):
-    """Median wall time of fn() in seconds over `repeats` calls after `warmup` calls."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    start = time.perf_counter()
-    while len(times) < repeats or time.perf_counter() - start < min_time:
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-        if len(times) >= 10 * repeats:
-            break
-    return float(np.median(times))
-
-
-def median_times(fns, repeats=7, settle=0.25, measure=0.1):
-    """Median wall times (seconds) of several functions timed in turns.
-
-    fns: dict name -> function of no arguments. Each round runs every function in turn,
-    starting from a different one each round, so that slow and fast spells of a shared machine
-    fall on all of them alike. A turn runs the function untimed for at least `settle` seconds
-    (at least once): the previous library's idle threads have stopped by then (OpenBLAS's spin
-    for 0.1-0.2 s after a NumPy matmul: an attention call right after one took 75-100 ms
-    instead of 49 ms on this benchmark's 2-core machine) and this library runs warm, as in a
-    loop of its own. Then it times calls one by one until `measure` seconds have passed (at
-    least one call), so that a 10 ms function gives ten samples a turn, not one.
-    Returns dict name -> median of all the timed calls of that function over `repeats` rounds.
-    """
-    names = list(fns)
-    times = {name: [] for name in names}
-    for r in range(repeats):
-        for i in range(len(names)):
-            name = names[(r + i) % len(names)]
-            start = time.perf_counter()
-            fns[name]()
-            while time.perf_counter() - start < settle:
-                fns[name]()
-            start = time.perf_counter()
-            times[name].append(_timed(fns[name]))
-            while time.perf_counter() - start < measure:
-                times[name].append(_timed(fns[name]))
-    return {name: float(np.median(ts)) for name, ts in times.items()}
+__all__ = ["median_times", "matmul_gflops", "layer_flops", "attention_flops", "run", "table", "main"]
 
 
 def matmul_gflops(n=1024, repeats=7):
-    """NumPy's float32 matmul rate (GFLOP/s) at n x n x n, the best of `repeats` calls: the
-    machine's practical ceiling (the best rate is the conservative ceiling on a shared machine)."""
+    """NumPy's float32 matmul rate at n x n x n, the machine's practical GEMM ceiling.
+
+    Parameters
+    ----------
+    n : int
+        Matrix size.
+    repeats : int
+        Timed calls; the fastest counts (the best rate is the conservative ceiling on a shared
+        machine: every other call was slowed by something else).
+
+    Returns
+    -------
+    float
+        GFLOP/s.
+    """
     a = np.random.default_rng(0).standard_normal((n, n)).astype(np.float32)
     b = a.T.copy()
     a @ b
-    best = min(_timed(lambda: a @ b) for _ in range(repeats))
+    best = min(time_in_turns({"matmul": lambda: a @ b}, repeats, settle=0, measure=0, warmup=0)["matmul"])
     return 2 * n**3 / best / 1e9
-
-
-def _timed(fn):
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
 
 
 def _torch(threads):
@@ -99,14 +64,38 @@ def _torch(threads):
 
 
 def layer_flops(B, n_q, n_k, d_model, n_heads, d_head):
-    """Forward FLOPs of the layer: four projections and the two attention products."""
+    """Forward FLOPs of the layer: the four projections and the two attention products.
+
+    Parameters
+    ----------
+    B, n_q, n_k, d_model, n_heads, d_head : int
+        Batch, queries, keys, model width, heads and head width (key and value inputs of
+        width d_model).
+
+    Returns
+    -------
+    int
+        2 FLOPs per multiply-add.
+    """
     E = n_heads * d_head
     proj = 2 * B * (n_q * d_model * E + 2 * n_k * d_model * E + n_q * E * d_model)
     return proj + attention_flops(B, n_heads, n_q, n_k, d_head)
 
 
 def attention_flops(B, H, n_q, n_k, d, causal=False):
-    """Forward FLOPs of q k^T and P v (halved for causal squares)."""
+    """Forward FLOPs of attention's two products, q k^T and P v.
+
+    Parameters
+    ----------
+    B, H, n_q, n_k, d : int
+        Batch, heads, queries, keys and head width.
+    causal : bool
+        Halve the count (the masked half of a square score matrix is skipped).
+
+    Returns
+    -------
+    int
+    """
     f = 4 * B * H * n_q * n_k * d
     return f // 2 if causal else f
 
@@ -119,30 +108,36 @@ def _row(case, what, impl, seconds, flops, ceiling):
     return row
 
 
-def _model_cases(threads, ceiling, repeats):
-    """e: MiniLM encoding 128 tokens against transformers; f: one epoch of seed 000's training
-    task against the seed's torch model (both need torch; the tables of issues 4 and 6)."""
-    rows = []
+def _encode_case(threads, ceiling, repeats):
+    """Case e: MiniLM encoding 128 tokens, against transformers on torch; skipped with a line on
+    stderr when a package is missing."""
     try:
         from .models import benchmark_encode
         r = benchmark_encode(n_tokens=128, repeats=max(repeats, 10), threads=threads)
-        if "torch_eager_ms" in r:
-            label = "e: MiniLM encode, 128 tokens (best of runs)"
-            rows += [_row(label, "forward +weights", "mha", r["mha_ms"] / 1e3, None, ceiling),
-                     _row(label, "forward +weights", "torch", r["torch_eager_ms"] / 1e3, None, ceiling),
-                     _row(label, "forward (torch: SDPA)", "mha", r["mha_no_weights_ms"] / 1e3, None, ceiling),
-                     _row(label, "forward (torch: SDPA)", "torch", r["torch_sdpa_ms"] / 1e3, None, ceiling)]
     except (ImportError, OSError) as e:  # no torch/transformers, or the MiniLM package
         print(f"case e skipped: {e}", file=sys.stderr)
+        return []
+    if "torch_eager_ms" not in r:
+        return []
+    label = "e: MiniLM encode, 128 tokens (best of runs)"
+    return [_row(label, "forward +weights", "mha", r["mha_ms"] / 1e3, None, ceiling),
+            _row(label, "forward +weights", "torch", r["torch_eager_ms"] / 1e3, None, ceiling),
+            _row(label, "forward (torch: SDPA)", "mha", r["mha_no_weights_ms"] / 1e3, None, ceiling),
+            _row(label, "forward (torch: SDPA)", "torch", r["torch_sdpa_ms"] / 1e3, None, ceiling)]
+
+
+def _epoch_case(threads, ceiling, repeats):
+    """Case f: one epoch of seed 000's training task, against the seed's torch model; skipped
+    with a line on stderr without torch."""
     try:
         from .train import benchmark_epoch
         r = benchmark_epoch(4, threads=threads, repeats=max(repeats, 10))
-        label = "f: seed 000 training epoch, 4 heads, 500 x 12 tokens"
-        rows += [_row(label, "forward+backward+Adam", "mha", r["mha_seconds"], None, ceiling),
-                 _row(label, "forward+backward+Adam", "torch", r["torch_seconds"], None, ceiling)]
     except ImportError as e:
         print(f"case f skipped: {e}", file=sys.stderr)
-    return rows
+        return []
+    label = "f: seed 000 training epoch, 4 heads, 500 x 12 tokens"
+    return [_row(label, "forward+backward+Adam", "mha", r["mha_seconds"], None, ceiling),
+            _row(label, "forward+backward+Adam", "torch", r["torch_seconds"], None, ceiling)]
 
 
 def _layer_case(case, B, n, d_model, n_heads, causal, ceiling, torch, repeats, with_numpy=True):
@@ -282,8 +277,27 @@ def _peak_case(case, n, H, d, threads, ceiling, have_torch, rounds=3):
 
 
 def run(cases="abcdef", repeats=5, threads=None, progress=True):
-    """Run the benchmark cases; returns dict(meta, rows). Each row: case, what, impl, ms,
-    gflops, ceiling_frac (fraction of NumPy's float32 matmul rate)."""
+    """Run the benchmark cases.
+
+    Parameters
+    ----------
+    cases : str
+        Letters of the cases to run (see the module's docstring); e and f need torch.
+    repeats : int
+        Rounds of turns per measurement (case b: half as many, at least 3).
+    threads : int, optional
+        Threads for mha and torch (default: mha's current count).
+    progress : bool
+        A line on stderr per case.
+
+    Returns
+    -------
+    dict
+        ``meta`` (date, cpu, threads, numpy, torch, build, matmul_gflops) and ``rows``, one
+        dict per measurement: case, what, impl, ms, gflops, ceiling_frac (the fraction of
+        NumPy's float32 matmul rate, the better of a measurement before and one after the
+        cases).
+    """
     threads = threads or mha.get_num_threads()
     mha.set_num_threads(threads)
     torch = _torch(threads)
@@ -305,9 +319,12 @@ def run(cases="abcdef", repeats=5, threads=None, progress=True):
     if "d" in cases:
         say("case d (fresh processes)")
         rows += _peak_case("d", 16384, 8, 64, threads, ceiling, torch is not None)
-    if ("e" in cases or "f" in cases) and torch is not None:
-        say("cases e, f (MiniLM encoding, training epoch)")
-        rows += [r for r in _model_cases(threads, ceiling, repeats) if r["case"][0] in cases]
+    if "e" in cases and torch is not None:
+        say("case e (MiniLM encoding)")
+        rows += _encode_case(threads, ceiling, repeats)
+    if "f" in cases and torch is not None:
+        say("case f (training epoch)")
+        rows += _epoch_case(threads, ceiling, repeats)
     # the ceiling: the better of a measurement before and one after the cases (a busy spell
     # of the shared machine at the start would otherwise flatter every fraction)
     ceiling = max(ceiling, matmul_gflops())
@@ -331,7 +348,18 @@ def _cpu_model():
 
 
 def table(result):
-    """The rows as a Markdown table with ratios against torch and NumPy in the same run."""
+    """The rows of `run` as a Markdown table, with ratios against torch and NumPy.
+
+    Parameters
+    ----------
+    result : dict
+        As `run` returns it.
+
+    Returns
+    -------
+    str
+        A header line, a blank line and the table; a ratio > 1x means mha is faster.
+    """
     rows = result["rows"]
     by = {(r["case"], r["what"], r["impl"]): r for r in rows}
     lines = ["| case | measure | mha ms | torch ms | numpy ms | mha vs torch | mha vs numpy | mha GFLOP/s | of matmul ceiling |",
@@ -361,6 +389,7 @@ def table(result):
 
 
 def main(argv=None):
+    """Entry point of ``python -m mha bench``: prints the table; returns the exit status."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m mha bench", description=__doc__,

@@ -14,7 +14,7 @@ What it writes (PNGs, one GIF, two HTML pages):
   07_concat_projection.png  head outputs -> concatenation -> W_o (seed 000)
   08_training.png           1 vs 4 vs 8 heads on the period-3 task: loss and accuracy (seed 000)
   09_learned_patterns.png   what the 4 heads learned
-  10_speed.png              1/4/8/16 heads, batch 16 x 128 tokens x 256 (seed 000)
+  10_speed.png              1/4/8/16 heads, batch 16 x 128 tokens x 256 (seed 000), in turns
   11_pruning.png            iterative head pruning until accuracy drops > 1 point (E12.3)
   attention_layers.gif      one head across the layers (seed 004)
   head_view.html            the interactive head view (seed 004), self-contained
@@ -22,27 +22,26 @@ What it writes (PNGs, one GIF, two HTML pages):
 
 Progress goes to stderr; the list of files to stdout. Exit status: 0 on success, 2 for a bad
 option, an unwritable folder or a model that cannot be loaded (with a one-line message).
+
+The tour is the table `FIGURES`: each entry names a file, its title in index.html and the
+function that computes and draws it (from the results the figures share, `Tour`). A new figure
+is a function and one entry.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import html
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
-__all__ = ["main", "run", "FILES"]
-
-#: Every file the tour writes, in the order of index.html.
-FILES = (
-    "01_sentence_heads.png", "02_layer_grid.png", "03_coreference.png", "04_ambiguity.png",
-    "05_head_diversity.png", "06_causal_mask.png", "07_concat_projection.png",
-    "08_training.png", "09_learned_patterns.png", "10_speed.png", "11_pruning.png",
-    "attention_layers.gif", "head_view.html", "index.html",
-)
+__all__ = ["main", "run", "FIGURES", "FILES", "Figure", "Tour"]
 
 PATTERN_TEXT = "The cat sat on the mat because it was tired"
 GRID_TEXT = "The quick brown fox jumps over the lazy dog"
@@ -54,7 +53,7 @@ class TourError(Exception):
 
 
 class Progress:
-    """Step lines on stderr: ``[ 3/11] training 1, 4 and 8 heads ... 12.3 s``."""
+    """Step lines on stderr: ``[ 3/15] Coreference: does she look at doctor? ...``."""
 
     def __init__(self, total, enabled=True, stream=None):
         self.total, self.enabled = total, enabled
@@ -141,136 +140,204 @@ def _head_labels(n):
     return [f"H{h}" for h in range(n)]
 
 
-def run(out="mha-tour", model="minilm", *, quick=False, threads=None, progress=True):
-    """Compute every figure into the folder `out`; returns the list of (file, title, sentence).
+def _plural(n, word):
+    return f"{n} {word}" + ("" if n == 1 else "s")
 
-    quick: 30 training epochs instead of the seed's 100 and fewer timing repeats (every file
-    is still written). threads: threads for the C kernels (default: unchanged). Raises
-    TourError for an unwritable folder or a model that cannot be loaded.
+
+class Tour:
+    """What the figures share: the settings of the run and the results that several figures
+    draw on (the model, its probes, the trained models), each computed once, on first use.
+
+    Parameters
+    ----------
+    out : pathlib.Path
+        The folder the figures are written to.
+    model : str
+        The model's name or folder (`mha.models.load`).
+    quick : bool
+        30 training epochs instead of 100, and fewer timing rounds.
+    threads : int, optional
+        Threads for the C kernels; the tiny training models run on one unless given.
+    progress : bool
+        tqdm bars while training.
     """
-    from matplotlib.figure import Figure
 
-    import mha
+    def __init__(self, out, model, *, quick=False, threads=None, progress=True):
+        self.out, self.model_name = Path(out), model
+        self.quick, self.threads, self.progress = quick, threads, progress
+        self.epochs = 30 if quick else 100
+        self.timing_rounds = 3 if quick else 5
 
-    from . import analysis, train, viz
-    from .bench import median_time
-    from .models import probes
+    @functools.cached_property
+    def net(self):
+        return _load_model(self.model_name)
 
-    created = not Path(out).exists()
-    out = _check_writable(out)
-    if threads is not None:
-        mha.set_num_threads(threads)
-    epochs = 30 if quick else 100
-    repeats = 3 if quick else 10
-    steps = Progress(10, progress)
-    entries = []
+    @property
+    def label(self):
+        return _display_name(self.model_name)
 
-    def add(name, title, sentence):
-        entries.append((name, title, sentence))
+    @property
+    def n_layers(self):
+        return self.net.n_layers
 
-    # --- a real model ---------------------------------------------------------------------
-    steps.step(f"loading the model {model!r}")
-    try:
-        net = _load_model(model)
-    except TourError:
-        if created and not any(out.iterdir()):
-            out.rmdir()                     # leave no empty folder behind
-        raise
-    L, H = net.n_layers, net.n_heads
-    label = _display_name(model)
+    @property
+    def n_heads(self):
+        return self.net.n_heads
 
-    steps.step(f"the heads of a sentence ({L} layers x {H} heads)")
-    patterns = probes.head_patterns(net, PATTERN_TEXT)
-    tokens, attentions = patterns["tokens"], patterns["attentions"]
-    heads = list(range(min(4, H)))
-    fig = viz.head_grid(attentions, tokens, layer=0, heads=heads, n_cols=2, vmax=1.0,
-                        title=f'{label} Attention Heads - Layer 0\n"{PATTERN_TEXT}"',
+    @property
+    def grid_layer(self):
+        return (self.n_layers - 1) // 2
+
+    @functools.cached_property
+    def patterns(self):
+        from .models import probes
+        return probes.head_patterns(self.net, PATTERN_TEXT)
+
+    @functools.cached_property
+    def ambiguity(self):
+        from .models import probes
+        sentence, word, candidates = AMBIGUOUS
+        return probes.ambiguity_probe(self.net, sentence, word, candidates)
+
+    @functools.cached_property
+    def training(self):
+        from . import train
+        with _threads(self.threads or 1):            # tiny matrices: one thread is faster
+            return train.compare_heads((1, 4, 8), epochs=self.epochs, seed=0, progress=self.progress)
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One file of the tour.
+
+    Attributes
+    ----------
+    name : str
+        The file written into the tour's folder.
+    title : str
+        Its heading in index.html; ``{t.attribute}`` fields are filled from the `Tour`.
+    draw : callable
+        ``draw(tour, path) -> str``: computes the figure, writes it to `path` and returns the
+        sentence index.html shows under the title.
+    """
+    name: str
+    title: str
+    draw: Callable[[Tour, Path], str]
+
+
+# ---- the figures, in the order of index.html ------------------------------------------------
+
+def _sentence_heads(t, path):
+    from . import analysis, viz
+
+    tokens, attentions = t.patterns["tokens"], t.patterns["attentions"]
+    L, H = t.n_layers, t.n_heads
+    fig = viz.head_grid(attentions, tokens, layer=0, heads=list(range(min(4, H))), n_cols=2,
+                        vmax=1.0, title=f'{t.label} Attention Heads - Layer 0\n"{PATTERN_TEXT}"',
                         panel_size=4.5)
-    _save(fig, out / "01_sentence_heads.png")
-    scores = patterns["scores"]
-    dominant = patterns["dominant"]
+    _save(fig, path)
+    scores, dominant = t.patterns["scores"], t.patterns["dominant"]
     counts = {name: int((dominant == name).sum()) for name in analysis.PATTERNS}
     names = {"first_token": "first token" + (" ([CLS])" if tokens[0] == "[CLS]" else ""),
              "previous_token": "previous token", "next_token": "next token", "local": "local"}
     summary = ", ".join(f"{n} {names[name]}" for name, n in counts.items() if n)
     pl, ph = np.unravel_index(int(np.argmax(scores["previous_token"])), (L, H))
-    add("01_sentence_heads.png", "The heads of a sentence",
-        f"Four heads of layer 0 of {label}, each with its own table of weights. By seed 000's "
-        f"pattern scores its {L * H} heads are: {summary}. The sharpest positional head, "
-        f"layer {pl}, head {ph}, puts {scores['previous_token'][pl, ph]:.0%} of its weight "
-        f"on the previous token.")
+    return (f"Four heads of layer 0 of {t.label}, each with its own table of weights. By seed "
+            f"000's pattern scores its {L * H} heads are: {summary}. The sharpest positional head, "
+            f"layer {pl}, head {ph}, puts {scores['previous_token'][pl, ph]:.0%} of its weight "
+            f"on the previous token.")
 
-    grid_layer = (L - 1) // 2
-    tokens_grid, att_grid = net.attentions(GRID_TEXT)
-    fig = viz.head_grid(att_grid, tokens_grid, layer=grid_layer, n_cols=4, vmax=0.5,
-                        title=f'{label} Layer {grid_layer}: All {H} Attention Heads\n"{GRID_TEXT}"')
-    _save(fig, out / "02_layer_grid.png")
-    add("02_layer_grid.png", f"All {H} heads of layer {grid_layer}",
-        "Seed 000's grid of every head of a middle layer (colour capped at 0.5): "
-        "different heads, different relationships between the same tokens.")
 
-    steps.step("the coreference probe and an ambiguous sentence")
-    coref = probes.coreference_probe(net)
+def _layer_grid(t, path):
+    from . import viz
+
+    tokens, attentions = t.net.attentions(GRID_TEXT)
+    fig = viz.head_grid(attentions, tokens, layer=t.grid_layer, n_cols=4, vmax=0.5,
+                        title=f'{t.label} Layer {t.grid_layer}: All {t.n_heads} Attention Heads\n'
+                              f'"{GRID_TEXT}"')
+    _save(fig, path)
+    return ("Seed 000's grid of every head of a middle layer (colour capped at 0.5): "
+            "different heads, different relationships between the same tokens.")
+
+
+def _coreference(t, path):
+    from matplotlib.figure import Figure as MplFigure
+
+    from . import viz
+    from .models import probes
+
+    L, H = t.n_layers, t.n_heads
+    coref = probes.coreference_probe(t.net)
     cl, ch, cw = coref["strongest"]
-    fig = Figure(figsize=(max(8.0, 0.8 * H + 2), 0.55 * L + 1.6), layout="compressed")
+    fig = MplFigure(figsize=(max(8.0, 0.8 * H + 2), 0.55 * L + 1.6), layout="compressed")
     viz.heatmap(coref["weights"], _layer_labels(L), _head_labels(H), ax=fig.add_subplot(),
                 vmax=None, annot=H <= 16, title=f'she -> doctor in every head\n"{coref["text"]}"',
                 xlabel="head", ylabel="")
-    _save(fig, out / "03_coreference.png")
-    add("03_coreference.png", "Coreference: does she look at doctor?",
-        f"The weight from 'she' to 'doctor' in every head; {len(coref['hits'])} heads exceed "
-        f"0.1 and the strongest is layer {cl}, head {ch} ({cw:.2f}, against "
-        f"{1 / len(coref['words']):.2f} for uniform attention).")
+    _save(fig, path)
+    return (f"The weight from 'she' to 'doctor' in every head; {len(coref['hits'])} heads exceed "
+            f"0.1 and the strongest is layer {cl}, head {ch} ({cw:.2f}, against "
+            f"{1 / len(coref['words']):.2f} for uniform attention).")
+
+
+def _ambiguity(t, path):
+    from matplotlib.figure import Figure as MplFigure
+
+    from . import viz
 
     sentence, word, candidates = AMBIGUOUS
-    amb = probes.ambiguity_probe(net, sentence, word, candidates)
-    fig = Figure(figsize=(max(12.0, 1.2 * H + 3), 0.45 * L + 2.6), layout="compressed")
+    L, H = t.n_layers, t.n_heads
+    fig = MplFigure(figsize=(max(12.0, 1.2 * H + 3), 0.45 * L + 2.6), layout="compressed")
     for ax, cand in zip(fig.subplots(1, 2), candidates):
-        viz.heatmap(amb["weights"][cand], [f"L{l}" for l in range(L)], _head_labels(H), ax=ax,
-                    vmax=0.5, annot=False, title=f"{word} -> {cand}", xlabel="head", ylabel="layer")
+        viz.heatmap(t.ambiguity["weights"][cand], [f"L{l}" for l in range(L)], _head_labels(H),
+                    ax=ax, vmax=0.5, annot=False, title=f"{word} -> {cand}", xlabel="head",
+                    ylabel="layer")
     fig.suptitle(f'"{sentence}": which reading does each head support?', fontsize=13,
                  fontweight="bold")
-    _save(fig, out / "04_ambiguity.png")
-    add("04_ambiguity.png", "An ambiguous sentence",
-        "Seed 004: who has the telescope? Attention from 'telescope' to each reading's word: "
-        + ", ".join(f"{n} heads prefer '{c}'" for c, n in amb["counts"].items())
-        + ", so both readings are represented.")
+    _save(fig, path)
+    return ("Seed 004: who has the telescope? Attention from 'telescope' to each reading's word: "
+            + ", ".join(f"{n} heads prefer '{c}'" for c, n in t.ambiguity["counts"].items())
+            + ", so both readings are represented.")
 
-    steps.step("head diversity per layer")
+
+def _head_diversity(t, path):
+    from . import analysis, viz
+
+    attentions, L, H = t.patterns["attentions"], t.n_layers, t.n_heads
     layers = list(range(L)) if L <= 6 else sorted({int(round(x)) for x in np.linspace(0, L - 1, 6)})
-    fig = viz.similarity_matrices(attentions, layers=layers, n_cols=3, annot=H <= 12)
-    _save(fig, out / "05_head_diversity.png")
+    _save(viz.similarity_matrices(attentions, layers=layers, n_cols=3, annot=H <= 12), path)
     sim = analysis.head_similarity(attentions)
     off = ~np.eye(H, dtype=bool)
     mean_sim = [float(sim[l][off].mean()) for l in range(L)]
     most = int(np.argmin(mean_sim))
-    add("05_head_diversity.png", "Head diversity",
-        f"Pairwise cosine similarity of the heads' attention maps, per layer (green = diverse, "
-        f"red = redundant). Layer {most} has the most diverse heads (mean similarity "
-        f"{mean_sim[most]:.2f}; the most alike layer: {max(mean_sim):.2f}).")
+    return (f"Pairwise cosine similarity of the heads' attention maps, per layer (green = diverse, "
+            f"red = redundant). Layer {most} has the most diverse heads (mean similarity "
+            f"{mean_sim[most]:.2f}; the most alike layer: {max(mean_sim):.2f}).")
 
-    steps.step("head view and GIF across layers")
-    viz.head_view(amb["attentions"], amb["tokens"], title=sentence, path=out / "head_view.html")
-    viz.attention_gif(amb["attentions"], amb["tokens"], head=0, fps=1.5,
-                      path=out / "attention_layers.gif")
 
-    # --- the layer itself -----------------------------------------------------------------
-    steps.step("causal mask, concatenation and W_o")
+def _causal_mask(t, path):
+    from matplotlib.figure import Figure as MplFigure
+
+    import mha
+
+    from . import viz
+
     words = ["The", "cat", "sat", "on", "the", "mat"]
-    rng = np.random.default_rng(42)
-    emb = rng.standard_normal((6, 64)).astype(np.float32)
-    layer = mha.MultiHeadAttention(64, 4, seed=42)
-    _, masked = layer(emb, causal=True)
-    fig = Figure(figsize=(13, 5.2), layout="compressed")
+    emb = np.random.default_rng(42).standard_normal((6, 64)).astype(np.float32)
+    _, masked = mha.MultiHeadAttention(64, 4, seed=42)(emb, causal=True)
+    fig = MplFigure(figsize=(13, 5.2), layout="compressed")
     ax_mask, ax_att = fig.subplots(1, 2)
     viz.mask_heatmap(np.tril(np.ones((6, 6), dtype=bool)), words, ax=ax_mask,
                      title="Causal mask (1 = may attend)")
-    viz.heatmap(masked[0], words, ax=ax_att, cmap="YlOrRd", vmax=None,
-                title="Masked attention, head 0")
-    _save(fig, out / "06_causal_mask.png")
-    add("06_causal_mask.png", "The causal mask",
-        "Seed 001: a decoder's query i may only see keys j <= i (True = may attend, as in "
-        "torch's scaled_dot_product_attention); every weight above the diagonal is exactly 0.")
+    viz.heatmap(masked[0], words, ax=ax_att, cmap="YlOrRd", vmax=None, title="Masked attention, head 0")
+    _save(fig, path)
+    return ("Seed 001: a decoder's query i may only see keys j <= i (True = may attend, as in "
+            "torch's scaled_dot_product_attention); every weight above the diagonal is exactly 0.")
+
+
+def _concat_projection(t, path):
+    import mha
+
+    from . import viz
 
     small = mha.MultiHeadAttention(8, 4, bias=False, dtype=np.float64, seed=0)
     x = np.random.default_rng(0).standard_normal((3, 8))
@@ -279,59 +346,215 @@ def run(out="mha-tour", model="minilm", *, quick=False, threads=None, progress=T
     head_out, _ = mha.attention(split(x @ P["W_q"]), split(x @ P["W_k"]), split(x @ P["W_v"]))
     concat = head_out.transpose(1, 0, 2).reshape(3, 8)
     assert np.allclose(concat @ P["W_o"], small(x)[0])
-    _save(viz.concat_projection(head_out[:, 0, :], P["W_o"]), out / "07_concat_projection.png")
-    add("07_concat_projection.png", "Concatenation and W_o",
-        "Seed 000's picture with a real layer's numbers: one token's 4 head outputs (2 each), "
-        "side by side, then mixed by W_o so that every output feature draws on every head.")
+    _save(viz.concat_projection(head_out[:, 0, :], P["W_o"]), path)
+    return ("Seed 000's picture with a real layer's numbers: one token's 4 head outputs (2 each), "
+            "side by side, then mixed by W_o so that every output feature draws on every head.")
 
-    # --- training -------------------------------------------------------------------------
-    steps.step(f"training 1, 4 and 8 heads on the period-3 task ({epochs} epochs)")
-    with _threads(threads or 1):            # tiny matrices: one thread is faster
-        results = train.compare_heads((1, 4, 8), epochs=epochs, seed=0, progress=progress)
-    figs = train.compare_heads_figures(results)
-    _save(figs["summary"], out / "08_training.png")
-    _save(figs["patterns"], out / "09_learned_patterns.png")
-    accs = ", ".join(f"{h} head{'s' if h > 1 else ''} {r['final_test_accuracy']:.1%}"
-                     for h, r in results.items())
-    add("08_training.png", "One head vs many",
-        f"Seed 000's task, trained on the C backward ({epochs} epochs, Adam): test accuracy "
-        f"{accs}, against a ceiling of {train.pattern_ceiling():.1%} (the first two tokens "
-        f"of a pattern cannot be predicted). Same parameter count for every head count.")
-    add("09_learned_patterns.png", "What the heads learned",
-        "The 4-head model's attention on a test sequence: a head that solves the task looks "
-        "2 positions back, the second diagonal below the main one.")
 
-    steps.step("speed of 1, 4, 8 and 16 heads")
+def _training(t, path):
+    from . import train
+
+    _save(train.compare_heads_figures(t.training)["summary"], path)
+    accs = ", ".join(f"{_plural(h, 'head')} {r['final_test_accuracy']:.1%}" for h, r in t.training.items())
+    return (f"Seed 000's task, trained on the C backward ({t.epochs} epochs, Adam): test accuracy "
+            f"{accs}, against an expected ceiling of {train.pattern_ceiling():.1%} (the first two "
+            f"tokens of a pattern cannot be predicted). Same parameter count for every head count.")
+
+
+def _learned_patterns(t, path):
+    from . import train
+
+    _save(train.compare_heads_figures(t.training)["patterns"], path)
+    w = t.training[4]["attention"]                                     # (4, n, n), one sequence
+    n = w.shape[-1]
+    i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+    copies = (i - j >= 2) & ((i - j) % 3 == 2)                         # keys holding the next token
+    mass = train.period_mass(w)                                        # (4,)
+    first = (w * (copies & (j < 3))).sum() / max((w * copies).sum(), 1e-12)
+    shares = ", ".join(f"head {h} {mass[h]:.0%}" for h in range(len(mass)))
+    return (f"The 4-head model's attention on a test sequence. The next token repeats the tokens "
+            f"2, 5, 8, ... positions back; the share of each head's weight on those copies "
+            f"(from position 2 on): {shares}. {first:.0%} of the weight on copies goes to the "
+            f"copy in the first period (the first three columns), not only to the key 2 back.")
+
+
+def _speed(t, path):
+    import mha
+
+    from . import viz
+    from .timing import quartiles, time_in_turns
+
     xb = np.random.default_rng(0).standard_normal((16, 128, 256)).astype(np.float32)
-    times = {}
-    for h in (1, 4, 8, 16):
-        lay = mha.MultiHeadAttention(256, h, seed=0)
-        times[f"{h} Head" + ("s" if h > 1 else "")] = 1e3 * median_time(lambda: lay(xb), repeats)
-    fig = viz.speed_bars(times, title="Inference Time on mha's C kernels: Single vs Multi-Head\n"
-                                      "(Same parameters, similar speed)")
-    _save(fig, out / "10_speed.png")
-    add("10_speed.png", "Speed of 1, 4, 8 and 16 heads",
-        f"Forward pass with weights, batch 16 x 128 tokens, d_model 256, median of {repeats} "
-        f"runs on {mha.get_num_threads()} thread(s): {min(times.values()):.1f} to "
-        f"{max(times.values()):.1f} ms. The heads share parameters and arithmetic.")
+    layers = {_plural(h, "Head"): mha.MultiHeadAttention(256, h, seed=0)
+              for h in (1, 4, 8, 16)}
+    fns = {label: (lambda lay=lay: lay(xb)) for label, lay in layers.items()}
+    times = {label: [1e3 * s for s in ts]
+             for label, ts in time_in_turns(fns, t.timing_rounds, settle=0.05, measure=0.05).items()}
+    medians = {label: quartiles(ts)[1] for label, ts in times.items()}
+    fig = viz.speed_bars(medians, title="Inference Time on mha's C kernels: 1 to 16 Heads\n"
+                                        "(same parameters, same arithmetic)")
+    _save(fig, path)
+    spread = ", ".join(f"{label} {q2:.1f} ms ({q1:.1f}-{q3:.1f})"
+                       for label, (q1, q2, q3) in ((l, quartiles(ts)) for l, ts in times.items()))
+    return (f"Forward pass with weights, batch 16 x 128 tokens, d_model 256, on "
+            f"{mha.get_num_threads()} thread(s); the layers took turns for {t.timing_rounds} rounds, "
+            f"median (quartiles) of every timed call: {spread}. The heads share parameters and "
+            f"arithmetic; more heads mean smaller products and more weights to return.")
 
-    steps.step("head importance and pruning (E12.3)")
+
+def _pruning(t, path):
+    from . import train
+
     test = train.pattern_data(500, seed=2024)
-    with _threads(threads or 1):
-        prune = train.prune_experiment(model=results[8]["model"], test_data=test)
-    _save(train.prune_figures(prune)["pruning"], out / "11_pruning.png")
-    add("11_pruning.png", "Pruning heads",
-        f"The 8-head model, pruned one head at a time (least important by ablation first): "
-        f"{prune['prunable']} of 8 heads can go before accuracy drops by more than one point "
-        f"({prune['baseline_accuracy']:.1%} -> {prune['pruned_accuracy']:.1%} with heads "
-        f"{prune['surviving_heads'].tolist()} left).")
+    with _threads(t.threads or 1):
+        prune = train.prune_experiment(model=t.training[8]["model"], test_data=test)
+    _save(train.prune_figures(prune)["pruning"], path)
+    return (f"The 8-head model, pruned one head at a time (least important by ablation first): "
+            f"{prune['prunable']} of 8 heads can go before accuracy drops by more than one point "
+            f"({prune['baseline_accuracy']:.1%} -> {prune['pruned_accuracy']:.1%} with heads "
+            f"{prune['surviving_heads'].tolist()} left).")
 
+
+def _attention_gif(t, path):
+    from . import viz
+
+    viz.attention_gif(t.ambiguity["attentions"], t.ambiguity["tokens"], head=0, fps=1.5, path=path)
+    return f"Seed 004's animation: head 0 of every layer of {t.label} on \"{AMBIGUOUS[0]}\"."
+
+
+def _head_view(t, path):
+    from . import viz
+
+    viz.head_view(t.ambiguity["attentions"], t.ambiguity["tokens"], title=AMBIGUOUS[0], path=path)
+    return "BertViz-style, in one offline file: hover a token, click heads, switch layers."
+
+
+def _beyond_attention(t, path):
+    from . import viz
+
+    _save(viz.beyond_attention_figure(t.net, viz.BEYOND_TEXT), path)
+    return ("Raw weights show one layer; rollout (Abnar & Zuidema 2020) multiplies the layers' "
+            "weights with the residual added, attention flow takes the maximum flow through them, "
+            "and value norms (Kobayashi et al. 2020) weigh each weight by the length of the vector "
+            "it moves.")
+
+
+def _value_norms(t, path):
+    from . import viz
+
+    shares = viz.special_token_shares(t.net, viz.CLARK_TEXTS)
+    _save(viz.kobayashi_figure(t.net, viz.CLARK_TEXTS, shares=shares), path)
+    overall = shares["overall"]
+    weight, norm = overall["weight"], overall["norm"]
+    verdict = ("much weight, little effect, as Kobayashi et al. found for BERT" if weight > 2 * norm
+               else "not the gap Kobayashi et al. found for BERT")
+    return (f"Over {len(viz.CLARK_TEXTS)} sentences, {t.label}'s special tokens ([CLS]/[SEP] or "
+            f"their kin such as <s>, </s>) get {weight:.0%} of the attention weight and "
+            f"{norm:.0%} of the value norm ({overall['norm_summed']:.0%} of the norm summed over "
+            f"heads): {verdict}.")
+
+
+def _clark_metrics(t, path):
+    from . import viz
+
+    _save(viz.clark_metrics_figure(t.net, viz.CLARK_TEXTS), path)
+    return ("Clark et al. (2019)'s statistics of every head over a few sentences: where its "
+            "attention goes ([CLS], [SEP], punctuation, the neighbours) and how spread it is.")
+
+
+def _head_map(t, path):
+    from . import viz
+
+    _save(viz.head_map_figure(t.net, viz.CLARK_TEXTS), path)
+    return ("Every head placed so that distances match the Jensen-Shannon distances between "
+            "their attention (classical MDS, as Clark et al. 2019): heads that attend alike sit "
+            "together.")
+
+
+def _model_view(t, path):
+    from . import viz
+
+    tokens, attentions = t.net.attentions(viz.BEYOND_TEXT)
+    viz.model_view(attentions, tokens, title=viz.BEYOND_TEXT, path=path)
+    return "Every layer and head at once (BertViz's model view): click a thumbnail to open it."
+
+
+#: The tour: one entry per file, in the order of index.html. Adding a figure is adding an entry.
+FIGURES = (
+    Figure("01_sentence_heads.png", "The heads of a sentence", _sentence_heads),
+    Figure("02_layer_grid.png", "All {t.n_heads} heads of layer {t.grid_layer}", _layer_grid),
+    Figure("03_coreference.png", "Coreference: does she look at doctor?", _coreference),
+    Figure("04_ambiguity.png", "An ambiguous sentence", _ambiguity),
+    Figure("05_head_diversity.png", "Head diversity", _head_diversity),
+    Figure("06_causal_mask.png", "The causal mask", _causal_mask),
+    Figure("07_concat_projection.png", "Concatenation and W_o", _concat_projection),
+    Figure("08_training.png", "One head vs many", _training),
+    Figure("09_learned_patterns.png", "What the heads learned", _learned_patterns),
+    Figure("10_speed.png", "Speed of 1, 4, 8 and 16 heads", _speed),
+    Figure("11_pruning.png", "Pruning heads", _pruning),
+    Figure("12_beyond_attention.png", "Beyond raw attention: rollout, flow, value norms",
+           _beyond_attention),
+    Figure("13_value_norms.png", "Weight is not effect: value norms", _value_norms),
+    Figure("14_clark_metrics.png", "What every head attends to", _clark_metrics),
+    Figure("15_head_map.png", "A map of the heads", _head_map),
+    Figure("attention_layers.gif", "One head across the layers", _attention_gif),
+    Figure("head_view.html", "The interactive head view", _head_view),
+    Figure("model_view.html", "The interactive model view", _model_view),
+)
+
+#: Every file the tour writes, in the order of index.html.
+FILES = tuple(f.name for f in FIGURES) + ("index.html",)
+
+
+def run(out="mha-tour", model="minilm", *, quick=False, threads=None, progress=True):
+    """Compute every figure of `FIGURES` into the folder `out`, then index.html.
+
+    Parameters
+    ----------
+    out : str or pathlib.Path
+        The folder; created if missing (and removed again if the model cannot be loaded).
+    model : str
+        'minilm' (the embedded all-MiniLM-L6-v2) or a local Hugging Face folder.
+    quick : bool
+        30 training epochs instead of the seed's 100 and fewer timing rounds; every file is
+        still written.
+    threads : int, optional
+        Threads for the C kernels (default: unchanged; the tiny training models run on one).
+    progress : bool
+        Step lines and training bars on stderr.
+
+    Returns
+    -------
+    list of (str, str, str)
+        (file, title, sentence) of every figure, in the order of index.html.
+
+    Raises
+    ------
+    TourError
+        An unwritable folder or a model that cannot be loaded.
+    """
+    import mha
+
+    created = not Path(out).exists()
+    out = _check_writable(out)
+    if threads is not None:
+        mha.set_num_threads(threads)
+    tour = Tour(out, model, quick=quick, threads=threads, progress=progress)
+    steps = Progress(len(FIGURES) + 2, progress)
+    steps.step(f"loading the model {model!r}")
+    try:
+        tour.net
+    except TourError:
+        if created and not any(out.iterdir()):
+            out.rmdir()                     # leave no empty folder behind
+        raise
+    entries = []
+    for figure in FIGURES:
+        title = figure.title.format(t=tour)
+        steps.step(f"{figure.name}: {title}")
+        entries.append((figure.name, title, figure.draw(tour, out / figure.name)))
     steps.step("index.html")
-    add("attention_layers.gif", "One head across the layers",
-        f"Seed 004's animation: head 0 of every layer of {label} on \"{sentence}\".")
-    add("head_view.html", "The interactive head view",
-        "BertViz-style, in one offline file: hover a token, click heads, switch layers.")
-    _write_index(out, entries, label, quick, steps.elapsed)
+    _write_index(out, entries, tour.label, quick, steps.elapsed)
     steps.done()
     return entries
 

@@ -15,7 +15,11 @@ converted), rows = queries ("attending from"), columns = keys ("attending to").
 - :func:`speed_bars` -- time per configuration, e.g. 1/4/8/16 heads (seed 000)
 - :func:`pruning_plot` -- a :class:`mha.analysis.PruningCurve` (seed 002, E12.3)
 - :func:`attention_gif` -- one head (or the sum of heads) across layers, animated (seed 004)
-- :func:`head_view` -- the interactive, self-contained HTML head view (seed 004)
+- :func:`head_view` -- the interactive, self-contained HTML head view (seed 004); also
+  cross-attention, rollout and value norms; :func:`model_view`, :func:`neuron_view`
+- :func:`head_map` -- every head placed by Jensen-Shannon distance (Clark et al. 2019)
+- :func:`beyond_attention_figure`, :func:`kobayashi_figure`, :func:`clark_metrics_figure`,
+  :func:`head_map_figure` -- one figure each from a model (the tour's)
 
 seaborn is not needed.
 """
@@ -29,12 +33,14 @@ from typing import Mapping
 import numpy as np
 
 from . import analysis
-from .headview import HeadView, head_view
+from .headview import HeadView, ModelView, NeuronView, head_view, model_view, neuron_view
 
 __all__ = [
     "heatmap", "head_grid", "similarity_matrices", "mask_heatmap", "concat_projection",
     "training_curves", "accuracy_bars", "training_summary", "speed_bars", "pruning_plot",
-    "attention_gif", "AnimatedGIF", "head_view", "HeadView",
+    "attention_gif", "AnimatedGIF", "head_view", "HeadView", "model_view", "ModelView",
+    "neuron_view", "NeuronView", "head_map", "beyond_attention_figure", "special_token_shares",
+    "kobayashi_figure", "clark_metrics_figure", "head_map_figure",
 ]
 
 # seed 000's bar colours, then matplotlib's tab10
@@ -515,3 +521,216 @@ def attention_gif(attentions, tokens=None, path=None, *, head=0, fps=2.0, cmap="
     if path is not None:
         gif.save(path)
     return gif
+
+
+# --- beyond raw attention: head map and the tour's figures -------------------------------------
+
+def head_map(attentions=None, *, points=None, color=None, color_label=None, labels=True,
+             ax=None, title="Heads by Jensen-Shannon distance (MDS)", cmap="viridis",
+             figsize=(7.5, 6.5)):
+    """Every head of a model as a point, close to the heads that attend alike (Clark et al. 2019).
+
+    Parameters
+    ----------
+    attentions : array_like, shape (L, H, n, n) or (B, L, H, n, n), optional
+        The attention of one text or a padded batch; the map is
+        :func:`mha.analysis.head_map` of it (classical MDS of the square root of the mean
+        Jensen-Shannon divergence between heads).
+    points : array_like, shape (L, H, 2), optional
+        Coordinates computed already (instead of ``attentions``).
+    color : array_like, shape (L, H), optional
+        A value per head to colour by (e.g. ``clark_metrics(...)["entropy"]``); default: the
+        layer.
+    color_label : str, optional
+        The colour bar's label.
+    labels : bool
+        Write "layer-head" next to each point.
+    ax : matplotlib Axes, optional
+    title : str
+    cmap : str
+    figsize : tuple
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+
+    Examples
+    --------
+    >>> w = np.random.default_rng(0).random((2, 3, 5, 5)); w /= w.sum(-1, keepdims=True)
+    >>> fig = head_map(w)
+    """
+    if points is None:
+        if attentions is None:
+            raise ValueError("head_map needs attentions or points")
+        points, _ = analysis.head_map(attentions)
+    points = np.asarray(points, dtype=np.float64)
+    if points.ndim != 3 or points.shape[-1] != 2:
+        raise ValueError(f"points has shape {points.shape}: expected (layers, heads, 2)")
+    L, H, _ = points.shape
+    if color is None:
+        values = np.repeat(np.arange(L, dtype=float)[:, None], H, axis=1)
+        color_label = color_label or "layer"
+    else:
+        values = np.asarray(color, dtype=np.float64)
+        if values.shape != (L, H):
+            raise ValueError(f"color has shape {values.shape}: expected ({L}, {H})")
+    fig, ax = _figure_and_ax(ax, figsize)
+    sc = ax.scatter(points[..., 0].ravel(), points[..., 1].ravel(), c=values.ravel(), cmap=cmap,
+                    s=46, edgecolors="black", linewidths=0.5)
+    if labels:
+        for l in range(L):
+            for h in range(H):
+                ax.annotate(f"{l}-{h}", points[l, h], fontsize=6.5, xytext=(3, 3),
+                            textcoords="offset points", color="#333")
+    cbar = ax.figure.colorbar(sc, ax=ax, shrink=0.8)
+    cbar.set_label(color_label or "")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.set_title(title, fontsize=12, fontweight="bold")
+    ax.set_aspect("equal", adjustable="datalim")
+    return fig
+
+
+BEYOND_TEXT = "The doctor said that she would help the patient, because she is kind."
+CLARK_TEXTS = (
+    "The doctor said that she would help the patient, because she is kind.",
+    "The man saw the astronomer with a telescope.",
+    "Time flies like an arrow; fruit flies like a banana.",
+    "After the storm, the river rose and the old bridge, built in 1890, was closed.",
+    "She gave him the book that he had asked for, and he thanked her.",
+    "Researchers found that many attention heads attend to the separator token.",
+)
+
+
+def _special_keys(tokens):
+    classes = analysis.token_classes(list(tokens))
+    return classes["cls"] | classes["sep"]
+
+
+def beyond_attention_figure(model, text=BEYOND_TEXT, *, layer=-1, figsize=(17, 4.8)):
+    """Four views of what the last layer's positions draw on, side by side: raw attention
+    (mean over heads), attention rollout, attention flow and the value norms summed over
+    heads (Abnar & Zuidema 2020; Kobayashi et al. 2020), for one text.
+
+    Parameters
+    ----------
+    model : mha.models.TransformerModel
+    text : str
+    layer : int
+        The layer shown for raw weights and value norms (rollout and flow end there too).
+    figsize : tuple
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+    """
+    tokens, att = model.attentions(text)
+    _, norms = model.attention_norms(text, summed=True)
+    L = att.shape[0]
+    layer = layer % L
+    raw = att[layer].mean(axis=0)
+    rollout = analysis.attention_rollout(att[:layer + 1])[-1]
+    flow = analysis.attention_flow(att[:layer + 1])
+    norm = norms[layer] / norms[layer].sum(axis=-1, keepdims=True)
+    fig = _figure(figsize)
+    axes = fig.subplots(1, 4)
+    panels = [(raw, f"Raw attention, layer {layer}\n(mean of heads)"),
+              (rollout, f"Rollout, layers 0-{layer}"), (flow, f"Attention flow, layers 0-{layer}"),
+              (norm, f"Value norms ||Σ_h α f_h(x)||, layer {layer}\n(rows scaled to sum 1)")]
+    for ax, (values, name) in zip(axes, panels):
+        _matrix(ax, values, x_labels=tokens, y_labels=tokens, cmap="Blues", vmin=0.0,
+                vmax=float(values.max()), annot=False, fmt=".2f", colorbar=False, title=None,
+                label_rotation=90, fontsize=min(7.0, _label_size(len(tokens))))
+        ax.set_title(name, fontsize=10, fontweight="bold")
+    fig.suptitle("What each position draws on: raw weights, rollout, flow, value norms",
+                 fontsize=13, fontweight="bold")
+    return fig
+
+
+def special_token_shares(model, texts=CLARK_TEXTS):
+    """Kobayashi et al. (2020)'s comparison: per layer, the share of attention weight and the
+    share of value norm that go to [CLS]/[SEP] (mean over queries, heads and texts).
+
+    Returns
+    -------
+    dict
+        ``"weight"``, ``"norm"``: (L,) shares per layer (heads averaged; norm shares of each
+        head's own norms); ``"norm_summed"``: (L,) the same for the norm summed over heads;
+        ``"overall"``: dict of the three averaged over layers.
+    """
+    weight, norm, summed = [], [], []
+    for text in ([texts] if isinstance(texts, str) else texts):
+        tokens, _, _, v = model.qkv(text)                   # two forward passes a text, not five
+        _, att = model.attentions(text)
+        W_o = [model.output_projection(l)[0] for l in range(model.n_layers)]
+        per_head = np.stack([analysis.value_norms(att[l], v[l], W_o[l]) for l in range(len(W_o))])
+        total = np.stack([analysis.value_norms(att[l], v[l], W_o[l], summed=True) for l in range(len(W_o))])
+        keys = _special_keys(tokens)
+        weight.append(analysis.attention_mass(att, keys).mean(axis=-1))
+        norm.append(analysis.attention_mass(per_head, keys, normalize=True).mean(axis=-1))
+        summed.append(analysis.attention_mass(total, keys, normalize=True))
+    out = {"weight": np.mean(weight, axis=0), "norm": np.mean(norm, axis=0),
+           "norm_summed": np.mean(summed, axis=0)}
+    out["overall"] = {k: float(v.mean()) for k, v in out.items()}
+    return out
+
+
+def kobayashi_figure(model, texts=CLARK_TEXTS, *, shares=None, figsize=(8, 4.8)):
+    """Bars per layer: the share of attention weight on [CLS]/[SEP] against the share of value
+    norm (Kobayashi et al. 2020: much weight, little norm). ``shares``: from
+    :func:`special_token_shares` (computed when None). Returns the Figure."""
+    shares = special_token_shares(model, texts) if shares is None else shares
+    L = len(shares["weight"])
+    fig, ax = _figure_and_ax(None, figsize)
+    x = np.arange(L)
+    ax.bar(x - 0.27, shares["weight"], 0.27, label="weight α", color=_COLORS[1])
+    ax.bar(x, shares["norm"], 0.27, label="norm ||α f_h(x)||, per head", color=_COLORS[0])
+    ax.bar(x + 0.27, shares["norm_summed"], 0.27, label="norm ||Σ_h α f_h(x)||", color=_COLORS[3])
+    ax.set_xticks(x)
+    ax.set_xlabel("Layer")
+    ax.set_ylabel("Share on [CLS] and [SEP]")
+    ax.set_ylim(0, 1)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=9)
+    ax.set_title("Attention weight vs value norm on [CLS]/[SEP]", fontsize=12, fontweight="bold")
+    return fig
+
+
+def clark_metrics_figure(model, texts=CLARK_TEXTS, *, metrics=None, figsize=(16, 6.4)):
+    """Clark et al. (2019)'s statistics of every head, as (layer x head) heatmaps: attention to
+    [CLS], [SEP], punctuation, the previous and the next token, and entropy. ``metrics``: from
+    :func:`mha.analysis.clark_metrics` of a batch (computed on ``texts`` when None)."""
+    if metrics is None:
+        enc = model.encode(list(texts))
+        metrics = analysis.clark_metrics(enc.attentions, enc.tokens, attention_mask=enc.attention_mask,
+                                         causal=model.causal)
+    names = [("mass_cls", "to [CLS]"), ("mass_sep", "to [SEP]"), ("mass_punct", "to punctuation"),
+             ("mass_prev", "to previous token"), ("mass_next", "to next token"),
+             ("entropy", "entropy (nats)")]
+    fig = _figure(figsize)
+    axes = fig.subplots(2, 3).ravel()
+    L, H = metrics["entropy"].shape
+    for ax, (key, label) in zip(axes, names):
+        values = metrics[key]
+        vmax = float(metrics["uniform_entropy"].max()) if key == "entropy" else 1.0
+        im = ax.imshow(values, cmap="magma_r" if key != "entropy" else "viridis", vmin=0, vmax=vmax,
+                       aspect="auto", interpolation="nearest")
+        ax.set_title(label, fontsize=11, fontweight="bold")
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+        ax.set_xticks(range(H))
+        ax.set_yticks(range(L))
+        ax.tick_params(labelsize=7)
+        fig.colorbar(im, ax=ax, shrink=0.8)
+    fig.suptitle("What the heads look at (Clark et al. 2019), token-weighted means",
+                 fontsize=13, fontweight="bold")
+    return fig
+
+
+def head_map_figure(model, texts=CLARK_TEXTS, *, figsize=(7.5, 6.5)):
+    """:func:`head_map` of a model's heads over a few texts, coloured by mean entropy."""
+    enc = model.encode(list(texts))
+    metrics = analysis.clark_metrics(enc.attentions, enc.tokens, attention_mask=enc.attention_mask,
+                                     causal=model.causal)
+    return head_map(enc.attentions, color=metrics["entropy"], color_label="mean entropy (nats)",
+                    figsize=figsize)

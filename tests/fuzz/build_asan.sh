@@ -21,7 +21,7 @@ CC="${CC:-gcc}"
 mkdir -p "$OUT"
 rm -rf "$OUT/mha"
 # the pure Python part of the package, as it is in the tree
-cp -r "$ROOT/mha" "$OUT/mha"
+cp -r "$ROOT/src/mha" "$OUT/mha"
 find "$OUT/mha" -name '*.so' -delete
 find "$OUT/mha" -name '__pycache__' -prune -exec rm -rf {} +
 

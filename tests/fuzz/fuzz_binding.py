@@ -358,9 +358,9 @@ def target_binding_layer(src):
     def a(*shape):
         return r.standard_normal(shape).astype(dtype)
 
-    params = [a(d_model, E_q), a(kdim, E_kv), a(vdim, E_kv), a(E_q, d_model),
-              a(E_q) if src.chance(50) else None, a(E_kv), a(E_kv), a(d_model),
-              a(heads) if src.chance(30) else None]
+    params = dict(W_q=a(d_model, E_q), W_k=a(kdim, E_kv), W_v=a(vdim, E_kv), W_o=a(E_q, d_model),
+                  b_q=a(E_q) if src.chance(50) else None, b_k=a(E_kv), b_v=a(E_kv), b_o=a(d_model),
+                  head_mask=a(heads) if src.chance(30) else None)
     xq, xk, xv = a(B, n_q, d_model), a(B, n_new, kdim), a(B, n_new, vdim)
     backward = src.chance(40)
     sizes = [heads, kv_heads, d_head]
@@ -368,10 +368,11 @@ def target_binding_layer(src):
         sizes[src.int(0, 2)] = src.choice([0, -1, 3, 2**31, 2**40, 2**62, 2**63 - 1])
     if backward:
         d_out = a(B, n_q, d_model)
-        q_proj, kp, vp, attn = a(B, n_q, E_q), a(B, n_new, E_kv), a(B, n_new, E_kv), a(B, n_q, E_q)
-        args = [d_out, q_proj, kp, vp, attn, xq, xk, xv, params] + sizes + \
+        saved = dict(q_proj=a(B, n_q, E_q), k_proj=a(B, n_new, E_kv), v_proj=a(B, n_new, E_kv),
+                     attn=a(B, n_q, E_q))
+        args = [d_out, saved, xq, xk, xv, params] + sizes + \
             [None, None, src.chance(40), src.choice([0.0, 0.3]), src.int(0, 2**64 - 1)]
-        n_arrays = 8
+        n_arrays = 5
     else:
         cache = src.chance(40)
         max_len = n_new + src.choice([0, 1, 5])
@@ -383,17 +384,16 @@ def target_binding_layer(src):
         n_arrays = 3
     for _ in range(src.int(0, 3)):
         i = src.int(0, len(args) - 1)
-        if i < n_arrays:
+        if isinstance(args[i], dict):                            # params or saved: one entry
+            entries = dict(args[i])
+            name = src.choice(sorted(entries))
+            value = entries[name]
+            entries[name] = mutate_array(src, value) if isinstance(value, np.ndarray) else src.choice(ODD_OBJECTS)
+            args[i] = entries if src.chance(90) else list(entries.values())
+        elif i < n_arrays:
             args[i] = mutate_array(src, args[i])
-        elif args[i] is params:
-            p = list(params)
-            j = src.int(0, 8)
-            p[j] = mutate_array(src, p[j]) if isinstance(p[j], np.ndarray) else src.choice(ODD_OBJECTS)
-            args[i] = tuple(p) if src.chance(90) else p
         else:
             args[i] = src.choice(ODD_SCALARS + [relayout(xq, "readonly")])
-    if isinstance(args[n_arrays], list) and src.chance(90):
-        args[n_arrays] = tuple(args[n_arrays])
     h, kvh, dh = (as_index(s) for s in args[n_arrays + 1:n_arrays + 4])
     if None not in (h, kvh, dh):                                  # the products overflow int64
         known(3, h * dh >= 2**63 or kvh * dh >= 2**63)
@@ -441,8 +441,10 @@ def target_binding_small(src):
 
 
 def call(fn, args, allowed=(TypeError, ValueError, MemoryError, OverflowError)):
-    before = snapshot([a for a in args if isinstance(a, np.ndarray) and a.flags.writeable] +
-                      [a for a in args if isinstance(a, np.ndarray) and not a.flags.writeable])
+    # the arrays of the arguments, and those inside the layer's params and saved dicts
+    arrays = [a for arg in args for a in (arg.values() if isinstance(arg, dict) else [arg])
+              if isinstance(a, np.ndarray)]
+    before = snapshot([a for a in arrays if a.flags.writeable] + [a for a in arrays if not a.flags.writeable])
     cache_arrays = [id(a) for a in args[-3:-1]] if fn is _C.layer_forward else []
     before = [(a, c) for a, c in before if id(a) not in cache_arrays]
     try:

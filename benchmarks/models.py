@@ -1,0 +1,438 @@
+"""Whole models against their peers, and where mha's time goes.
+
+    python benchmarks/models.py [--rounds 3] [--threads 2] [--calls 3] [--cases minilm,llama]
+                                [--tokens 128,512] [--workdir DIR] [--json FILE]
+    python benchmarks/models.py --profile [--cases ...]        # mha alone, by operation
+
+Cases (float32, one text, every library on ``--threads`` threads: mha.set_num_threads,
+torch.set_num_threads, onnxruntime's intra_op_num_threads; NumPy's BLAS keeps its default):
+
+  minilm attentions, N tokens: all-MiniLM-L6-v2 on N ids with every attention map: mha
+      ``model(ids)`` (what ``model.attentions(text)`` runs, without the tokenizer) against
+      transformers' eager attention with output_attentions=True, output_hidden_states=True.
+  minilm hidden states, N tokens: no attention maps (what sentence embedding needs): mha
+      ``model(ids, need_weights=False)`` against transformers' SDPA (output_hidden_states=True)
+      and onnxruntime on the same model exported with torch.onnx (dynamo) at N tokens, last
+      hidden state only, ORT_ENABLE_ALL.
+  llama prefill / decode: a random LLaMA of SmolLM-135M's shape (30 layers, hidden 576, 9 heads,
+      3 KV heads, MLP 1536, vocab 49152, tied), saved once in --workdir. Greedy generation of 64
+      new tokens after a 256-token prompt; prefill = the time to the first new token (prompt
+      forward, LM head, argmax), decode = the intervals between consecutive new tokens (one
+      step on the KV cache, LM head, argmax). A turn opens with an untimed generation of 4.
+      mha ``generate(need_weights=False)`` and with its attentions, against transformers'
+      ``generate`` with SDPA, and with eager attention returning its attentions.
+
+Import order: each round runs two worker processes, one that imports torch and transformers
+before mha ("torch first", what most notebooks do) and one that imports mha first; a worker
+times its peers in turns, rotating which goes first. A turn is one untimed call, then
+``--calls`` timed calls. Reported per case, order and peer: the median of all timed calls over
+the rounds, and the spread: the lowest and highest median of one turn.
+
+The profile (``--profile``) runs mha's side of each case under cProfile and sums the time by
+operation (attention kernel, products, norms, activations, RoPE, ...; NumPy and C calls are
+charged to the mha.models.ops function that made them); it is stage two's plan.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve()
+SMOLLM_SHAPE = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536,
+                    num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                    max_position_embeddings=2048, rms_norm_eps=1e-5, rope_theta=10000.0,
+                    tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
+PROMPT, NEW = 256, 64
+
+
+# --- preparation (in the parent process) ---------------------------------------------------------
+
+def prepare(workdir, tokens, cases):
+    """Write what the workers read: MiniLM exported to ONNX per length, the random LLaMA."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+    import transformers
+    import mha.models
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    if "minilm" in cases:
+        folder = str(mha.models.minilm_path())
+        model = transformers.AutoModel.from_pretrained(folder, attn_implementation="eager").eval()
+
+        class LastHidden(torch.nn.Module):
+            def __init__(self, model):
+                super().__init__()
+                self.model = model
+
+            def forward(self, ids):
+                return self.model(input_ids=ids).last_hidden_state
+
+        for n in tokens:
+            path = workdir / f"minilm-{n}.onnx"
+            if not path.is_file():
+                print(f"exporting MiniLM at {n} tokens to {path}", file=sys.stderr)
+                ids = torch.from_numpy(minilm_ids(n))
+                torch.onnx.export(LastHidden(model), (ids,), str(path), dynamo=True,
+                                  input_names=["ids"], output_names=["last_hidden_state"])
+                import onnxruntime
+                session = onnxruntime.InferenceSession(str(path))
+                with torch.no_grad():
+                    expected = model(ids).last_hidden_state.numpy()
+                error = np.abs(session.run(None, {"ids": ids.numpy()})[0] - expected).max()
+                print(f"onnxruntime against transformers: {error:.1e}", file=sys.stderr)
+                if not error < 1e-3:
+                    path.unlink()
+                    raise SystemExit(f"the ONNX export of MiniLM is wrong ({error:.2e})")
+    if "llama" in cases:
+        folder = workdir / "smollm-shape"
+        if not (folder / "model.safetensors").is_file():
+            print(f"writing a random LLaMA of SmolLM-135M's shape to {folder}", file=sys.stderr)
+            torch.manual_seed(0)
+            config = transformers.LlamaConfig(**SMOLLM_SHAPE)
+            transformers.LlamaForCausalLM(config).save_pretrained(folder,
+                                                                  safe_serialization=True)
+
+
+def minilm_ids(n):
+    """(1, n) ids of real text: MiniLM's tokenizer on a repeated sentence, [CLS] ... [SEP]."""
+    import mha.models
+    from mha.models.bench import _ids
+    return _ids(mha.models.load("minilm"), n)[None]
+
+
+# --- a worker: one process, one import order -------------------------------------------------------
+
+def worker(args):
+    spec = json.loads(args.worker)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if spec["order"] == "torch first":
+        import torch
+        import transformers
+        import mha
+    else:
+        import mha
+        import torch
+        import transformers
+    threads = spec["threads"]
+    mha.set_num_threads(threads)
+    torch.set_num_threads(threads)
+    torch.set_grad_enabled(False)
+    results = []
+    if spec["case"] == "minilm":
+        results += minilm_case(spec, mha, torch, transformers)
+    else:
+        results += llama_case(spec, mha, torch, transformers)
+    info = {"order": spec["order"], "build_info": mha.build_info(),
+            "torch_threads": torch.get_num_threads(), "results": results}
+    print("RESULT " + json.dumps(info))
+
+
+def take_turns(peers, turns, calls):
+    """{name: fn() -> list of seconds}: ``turns`` turns each, rotating the first; one untimed
+    call opens a turn. Returns {name: [per-turn lists of seconds]}."""
+    names = list(peers)
+    samples = {name: [] for name in names}
+    for t in range(turns):
+        for name in names[t % len(names):] + names[:t % len(names)]:
+            peers[name]()                                           # untimed
+            samples[name].append([s for _ in range(calls) for s in peers[name]()])
+    return samples
+
+
+def timed(fn):
+    def run():
+        t0 = time.perf_counter()
+        fn()
+        return [time.perf_counter() - t0]
+    return run
+
+
+def minilm_case(spec, mha, torch, transformers):
+    import mha.models
+    model = mha.models.load("minilm")
+    hf = transformers.AutoModel.from_pretrained(str(model.folder),
+                                                attn_implementation="eager").eval()
+    hf_sdpa = transformers.AutoModel.from_pretrained(str(model.folder),
+                                                     attn_implementation="sdpa").eval()
+    ort = None
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        print("onnxruntime is not installed: its row is skipped", file=sys.stderr)
+    rows = []
+    for n in spec["tokens"]:
+        ids = minilm_ids(n)
+        t_ids = torch.from_numpy(ids)
+        attn = {
+            "mha": timed(lambda: model(ids)),
+            "transformers eager": timed(lambda: hf(t_ids, output_attentions=True,
+                                                   output_hidden_states=True)),
+        }
+        hidden = {
+            "mha": timed(lambda: model(ids, need_weights=False)),
+            "transformers sdpa": timed(lambda: hf_sdpa(t_ids, output_hidden_states=True)),
+        }
+        if ort is not None:
+            options = ort.SessionOptions()
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            options.intra_op_num_threads = spec["threads"]
+            options.inter_op_num_threads = 1
+            session = ort.InferenceSession(str(Path(spec["workdir"]) / f"minilm-{n}.onnx"),
+                                           options, providers=["CPUExecutionProvider"])
+            hidden["onnxruntime"] = timed(lambda: session.run(None, {"ids": ids}))
+        for label, peers in ((f"minilm attentions, {n} tokens", attn),
+                             (f"minilm hidden states, {n} tokens", hidden)):
+            for name, samples in take_turns(peers, spec["turns"], spec["calls"]).items():
+                rows.append({"case": label, "peer": name, "samples": samples})
+    return rows
+
+
+def llama_case(spec, mha, torch, transformers):
+    import mha.models
+    folder = Path(spec["workdir"]) / "smollm-shape"
+    model = mha.models.load(folder)
+    hf = transformers.LlamaForCausalLM.from_pretrained(folder, attn_implementation="sdpa").eval()
+    prompt = np.random.default_rng(0).integers(3, SMOLLM_SHAPE["vocab_size"], PROMPT)
+    t_prompt = torch.from_numpy(prompt[None])
+
+    class Clock:              # transformers' streamer interface: put() per token, end()
+        def __init__(self):
+            self.stamps = [time.perf_counter()]
+
+        def put(self, value):
+            if value.ndim == 1:          # a new token (the prompt comes first, 2-D)
+                self.stamps.append(time.perf_counter())
+
+        def end(self):
+            pass
+
+        def __call__(self, token_id):    # mha's callback
+            self.stamps.append(time.perf_counter())
+
+    def run_mha(new, need_weights):
+        clock = Clock()
+        model.generate(prompt, max_new_tokens=new, stop_at_eos=False, callback=clock,
+                       need_weights=need_weights, progress=False)
+        return clock.stamps
+
+    def run_hf(new, implementation):
+        hf.set_attn_implementation(implementation)
+        clock = Clock()
+        extra = {}
+        if implementation == "eager":
+            extra = dict(output_attentions=True, return_dict_in_generate=True)
+        hf.generate(t_prompt, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                    pad_token_id=0, streamer=clock, **extra)
+        return clock.stamps
+
+    runs = {"mha": lambda new: run_mha(new, False),
+            "mha +attentions": lambda new: run_mha(new, True),
+            "transformers sdpa": lambda new: run_hf(new, "sdpa"),
+            "transformers eager +attentions": lambda new: run_hf(new, "eager")}
+    stamps = {name: [] for name in runs}
+    names = list(runs)
+    for t in range(spec["turns"]):
+        for name in names[t % len(names):] + names[:t % len(names)]:
+            runs[name](4)                                   # untimed: prefill + 4 tokens
+            stamps[name].append([runs[name](NEW) for _ in range(spec["llama_calls"])])
+    rows = []
+    for name, turns in stamps.items():
+        prefill = [[s[1] - s[0] for s in turn] for turn in turns]
+        decode = [[b - a for s in turn for a, b in zip(s[1:], s[2:])] for turn in turns]
+        rows.append({"case": f"llama prefill, {PROMPT} tokens", "peer": name,
+                     "samples": prefill})
+        rows.append({"case": f"llama decode, per token over {NEW}", "peer": name,
+                     "samples": decode})
+    return rows
+
+
+# --- the parent: rounds of workers, the table -------------------------------------------------------
+
+def run_workers(args, tokens, cases):
+    rows = {}
+    meta = []
+    orders = ["torch first", "mha first"]
+    for r in range(args.rounds):
+        for case in cases:
+            for order in (orders if r % 2 == 0 else orders[::-1]):
+                spec = dict(order=order, case=case, threads=args.threads, turns=args.turns,
+                            calls=args.calls, llama_calls=args.llama_calls, tokens=tokens,
+                            workdir=str(args.workdir))
+                print(f"round {r + 1}/{args.rounds}: {case}, {order}", file=sys.stderr,
+                      flush=True)
+                out = subprocess.run([sys.executable, str(HERE), "--worker", json.dumps(spec)],
+                                     capture_output=True, text=True, cwd="/")
+                line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
+                if out.returncode or not line:
+                    sys.stderr.write(out.stderr[-3000:])
+                    raise SystemExit(f"worker failed: {case}, {order}")
+                info = json.loads(line[-1][len("RESULT "):])
+                meta.append({k: v for k, v in info.items() if k != "results"})
+                for row in info["results"]:
+                    key = (row["case"], order, row["peer"])
+                    rows.setdefault(key, []).extend(row["samples"])
+    return rows, meta
+
+
+def summarize(rows):
+    """One line per (case, order, peer): median ms of all calls, spread of turn medians."""
+    table = []
+    for (case, order, peer), turns in rows.items():
+        every = [s for turn in turns for s in turn]
+        medians = [np.median(turn) for turn in turns]
+        table.append(dict(case=case, order=order, peer=peer, ms=1e3 * float(np.median(every)),
+                          low=1e3 * float(min(medians)), high=1e3 * float(max(medians)),
+                          calls=len(every), turns=len(turns)))
+    return table
+
+
+def print_table(table):
+    """Markdown; the last column is peer ms / mha ms (> 1: mha is faster), against mha's row
+    of the same kind (with attentions against "mha +attentions" where there is one)."""
+    print("| case | import order | peer | median ms | turn medians ms | peer / mha |")
+    print("| --- | --- | --- | ---: | ---: | ---: |")
+    for row in table:
+        same = {r["peer"]: r for r in table
+                if r["case"] == row["case"] and r["order"] == row["order"]}
+        mha_row = same.get("mha +attentions" if "+attentions" in row["peer"] else "mha")
+        ratio = "" if row["peer"].startswith("mha") or mha_row is None else \
+            f"{row['ms'] / mha_row['ms']:.2f}x"
+        print(f"| {row['case']} | {row['order']} | {row['peer']} | {row['ms']:.2f} | "
+              f"{row['low']:.2f}-{row['high']:.2f} | {ratio} |")
+
+
+# --- the profile ----------------------------------------------------------------------------------
+
+# mha function -> operation; NumPy and C functions are charged to their callers (so the C core's
+# GEMM, _C.matmul, counts as "products" when ops.linear calls it and "LM head" from ops.unembed)
+KERNEL = "attention kernel (C)"
+CATEGORIES = {
+    "attention": "attention wrapper (checks, copies of q/k/v views)",
+    "c_array": "attention wrapper (checks, copies of q/k/v views)",
+    "linear": "products + bias (mha GEMM; einsum at <= 3 rows)",
+    "unembed": "LM head (mha GEMM; einsum at <= 3 rows)",
+    "layer_norm_": "norms", "layer_norm": "norms", "rms_norm": "norms",
+    "gelu_": "activations", "_gelu_erf32_chunk": "activations", "gelu_tanh_": "activations",
+    "silu_": "activations", "swiglu": "activations",
+    "rope": "RoPE", "rope_table": "RoPE", "_rope": "RoPE",
+    "embedding": "embedding gather",
+    "merge_heads": "head merge (copy)", "split_heads": "head split (views)",
+    "append": "KV cache append",
+    "generate": "generate's loop (argmax, bookkeeping)",
+    "feed": "generate's loop (argmax, bookkeeping)",
+    "_forward": "block glue (residual adds, hidden-state copies, Python)",
+    "_attention": "block glue (residual adds, hidden-state copies, Python)",
+}
+
+
+def profile(args, tokens, cases):
+    import cProfile
+    import pstats
+    import mha
+    import mha.models
+
+    mha.set_num_threads(args.threads)
+    runs = {}
+    if "minilm" in cases:
+        model = mha.models.load("minilm")
+        for n in tokens:
+            ids = minilm_ids(n)
+            runs[f"minilm attentions, {n} tokens"] = lambda ids=ids: model(ids)
+            runs[f"minilm hidden states, {n} tokens"] = \
+                lambda ids=ids: model(ids, need_weights=False)
+    if "llama" in cases:
+        llama = mha.models.load(args.workdir / "smollm-shape")
+        prompt = np.random.default_rng(0).integers(3, SMOLLM_SHAPE["vocab_size"], PROMPT)
+        runs[f"llama prefill, {PROMPT} tokens"] = \
+            lambda: llama(prompt[None], need_weights=False)
+        runs[f"llama generate, {PROMPT} + {NEW} tokens"] = \
+            lambda: llama.generate(prompt, max_new_tokens=NEW, stop_at_eos=False,
+                                   need_weights=False, progress=False)
+    for label, fn in runs.items():
+        fn()
+        profiler = cProfile.Profile()
+        repeats = 3
+        t0 = time.perf_counter()
+        profiler.enable()
+        for _ in range(repeats):
+            fn()
+        profiler.disable()
+        wall = (time.perf_counter() - t0) / repeats
+        totals = by_category(pstats.Stats(profiler).stats)
+        print(f"\n{label}: {1e3 * wall:.1f} ms a call under cProfile ({repeats} calls)")
+        whole = sum(totals.values())
+        for category, seconds in sorted(totals.items(), key=lambda kv: -kv[1]):
+            print(f"  {category:58s} {1e3 * seconds / repeats:8.2f} ms  "
+                  f"{100 * seconds / whole:5.1f}%")
+
+
+def by_category(stats):
+    """Seconds per operation: each function's own time, charged to its category, or (for
+    NumPy, C and helper functions) split over its callers by the time it took under each."""
+    def category(func, depth=0):
+        path, _, name = func
+        if "mha._C.attention_forward" in name:
+            return {KERNEL: 1.0}
+        if name in CATEGORIES and "mha" in path:
+            return {CATEGORIES[name]: 1.0}
+        callers = stats[func][4] if func in stats else {}
+        total = sum(c[3] for c in callers.values())      # c: (calls, calls, own, cumulative)
+        if depth > 12 or not callers or total <= 0:
+            return {"Python and NumPy overhead (the rest)": 1.0}
+        shares = {}
+        for caller, c in callers.items():
+            for cat, w in category(caller, depth + 1).items():
+                shares[cat] = shares.get(cat, 0.0) + w * c[3] / total
+        return shares
+
+    totals = {}
+    for func, (_, _, tottime, _, _) in stats.items():
+        for cat, w in category(func).items():
+            totals[cat] = totals.get(cat, 0.0) + w * tottime
+    return totals
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--turns", type=int, default=2, help="turns per peer in a worker")
+    parser.add_argument("--calls", type=int, default=3, help="timed calls per turn")
+    parser.add_argument("--llama-calls", type=int, default=1,
+                        help="timed generations per turn (each gives 1 prefill and 63 decode "
+                             "samples)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--tokens", default="128,512", help="MiniLM lengths")
+    parser.add_argument("--cases", default="minilm,llama")
+    parser.add_argument("--workdir", type=Path,
+                        default=Path(tempfile.gettempdir()) / "mha-models-bench")
+    parser.add_argument("--json", type=Path, help="also write the table here")
+    parser.add_argument("--profile", action="store_true", help="profile mha by operation")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        return worker(args)
+    tokens = [int(t) for t in args.tokens.split(",")]
+    cases = args.cases.split(",")
+    prepare(args.workdir, tokens, cases)
+    if args.profile:
+        return profile(args, tokens, cases)
+    started = time.strftime("%Y-%m-%d %H:%M")
+    rows, meta = run_workers(args, tokens, cases)
+    table = summarize(rows)
+    print(f"\n{started}, {args.threads} threads, {args.rounds} rounds x {args.turns} turns x "
+          f"{args.calls} calls; load average at the end {os.getloadavg()[0]:.1f}")
+    print(f"mha {meta[0]['build_info']}")
+    print_table(table)
+    if args.json:
+        args.json.write_text(json.dumps({"started": started, "table": table, "meta": meta},
+                                        indent=1))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,536 @@
+"""What the C-backed layer (`mha.layer`) and the NumPy oracle (`mha.reference`) share, written once.
+
+- The parameters: their names and layout, stored (in, out) so that ``x @ W`` is the projection
+  (`PARAMS`), their initialisation (`init_params`), the import of a torch.nn.MultiheadAttention
+  (`params_from_torch`) and head pruning (`prune_params`).
+- `KVCache`, the keys and values of step-by-step decoding.
+- `LayerBase`, a layer's configuration and bookkeeping: the constructor, train/eval, head_mask,
+  prune_heads, from_torch, new_cache, and the checks of ``__call__`` and ``backward`` around the
+  two methods each layer implements, ``_forward`` and ``_backward``.
+
+Neither layer's arithmetic is here, and this module imports neither layer. A bug here would sit
+on both sides of every test that compares the two layers, so tests/test_layer_base.py tests it on
+its own (the initialisation and layout against PyTorch's).
+"""
+import math
+import operator
+
+import numpy as np
+
+from . import checks
+
+__all__ = ["PARAMS", "init_params", "params_from_torch", "prune_params", "KVCache", "LayerBase"]
+
+#: The layer's parameters, in the order `init_params` draws them: weights, then biases.
+PARAMS = ("W_q", "W_k", "W_v", "W_o", "b_q", "b_k", "b_v", "b_o")
+
+# past this no machine of ours allocates: say so instead of trying
+_PARAMETER_BYTES_LIMIT = 1 << 40
+
+
+def init_params(d_model, n_heads, *, n_kv_heads=None, d_head=None, kdim=None, vdim=None,
+                bias=True, dtype=np.float32, rng):
+    """The layer's initial parameters, initialised like torch.nn.MultiheadAttention.
+
+    The distributions torch.nn.MultiheadAttention draws, generalised to grouped-query heads and
+    any d_head: weights U(-a, a), drawn from `rng` in the order W_q, W_k, W_v, W_o (in float64,
+    then cast to `dtype`); zero biases.
+
+    - W_q, W_k, W_v when kdim == vdim == d_model: torch's fused ``in_proj_weight`` drawn by
+      Xavier-uniform as one matrix, a = sqrt(6 / (d_model + (H + 2 H_kv) d_head)), which is
+      sqrt(6 / (4 d_model)) for the usual H d_head = d_model, H_kv = H;
+    - otherwise each of W_q, W_k, W_v by Xavier-uniform on its own shape,
+      a = sqrt(6 / (fan_in + fan_out)) (torch's separate ``q/k/v_proj_weight``);
+    - W_o: nn.Linear's default that torch keeps for ``out_proj``, a = 1 / sqrt(H d_head).
+
+    Parameters
+    ----------
+    d_model, n_heads : int
+        Width of the query and output, number of query heads H.
+    n_kv_heads, d_head, kdim, vdim : int, optional
+        As `mha.MultiHeadAttention` (checked by `mha.checks.layer_dims`).
+    bias : bool
+        Include the four biases.
+    dtype : float32 or float64
+    rng : numpy.random.Generator or int
+        The generator (advanced in place) or a seed for ``np.random.default_rng``.
+
+    Returns
+    -------
+    dict of ndarray
+        W_q (d_model, H*d_head), W_k (kdim, H_kv*d_head), W_v (vdim, H_kv*d_head),
+        W_o (H*d_head, d_model); with bias, b_q (H*d_head,), b_k, b_v (H_kv*d_head,),
+        b_o (d_model,). Stored (in, out): ``x @ W`` is the projection.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Bad sizes or dtype (`mha.checks`).
+    MemoryError
+        The weights would need more than 1 TiB.
+
+    References
+    ----------
+    torch.nn.MultiheadAttention._reset_parameters and torch.nn.Linear.reset_parameters
+    (PyTorch 2.x). X. Glorot and Y. Bengio, "Understanding the difficulty of training deep feedforward neural
+    networks", AISTATS 2010.
+
+    Examples
+    --------
+    >>> p = init_params(8, 2, rng=0)
+    >>> p["W_q"].shape, p["b_o"].shape
+    ((8, 8), (8,))
+    """
+    d_model, n_heads, n_kv_heads, d_head, kdim, vdim = checks.layer_dims(
+        d_model, n_heads, n_kv_heads, d_head, kdim, vdim)
+    dtype = checks.layer_dtype(dtype)
+    rng = np.random.default_rng(rng)  # a Generator is returned as is, not copied
+    shapes = {                                                          # (fan_in, fan_out)
+        "W_q": (d_model, n_heads * d_head),
+        "W_k": (kdim, n_kv_heads * d_head),
+        "W_v": (vdim, n_kv_heads * d_head),
+        "W_o": (n_heads * d_head, d_model),
+    }
+    n_bytes = sum(fan_in * fan_out for fan_in, fan_out in shapes.values()) * dtype.itemsize
+    if n_bytes > _PARAMETER_BYTES_LIMIT:
+        raise MemoryError(f"the parameters W_q, W_k, W_v, W_o of d_model={d_model}, "
+                          f"n_heads={n_heads}, d_head={d_head} would need {n_bytes / 2**30:.1f} GiB")
+    bounds = {name: math.sqrt(6.0 / (fan_in + fan_out)) for name, (fan_in, fan_out) in shapes.items()}
+    if kdim == vdim == d_model:
+        # torch keeps Q, K, V as one (d_model, H d + 2 H_kv d) matrix and draws it at once
+        fused_out = (n_heads + 2 * n_kv_heads) * d_head
+        bounds["W_q"] = bounds["W_k"] = bounds["W_v"] = math.sqrt(6.0 / (d_model + fused_out))
+    bounds["W_o"] = 1.0 / math.sqrt(n_heads * d_head)   # nn.Linear's default, which torch keeps
+    params = {}
+    for name, (fan_in, fan_out) in shapes.items():  # this order is part of the contract
+        params[name] = rng.uniform(-bounds[name], bounds[name], size=(fan_in, fan_out)).astype(dtype)
+    if bias:
+        params["b_q"] = np.zeros(n_heads * d_head, dtype)
+        params["b_k"] = np.zeros(n_kv_heads * d_head, dtype)
+        params["b_v"] = np.zeros(n_kv_heads * d_head, dtype)
+        params["b_o"] = np.zeros(d_model, dtype)
+    return params
+
+
+def params_from_torch(module):
+    """The configuration and weights of a torch.nn.MultiheadAttention.
+
+    torch stores Linear weights (out, in); they are transposed here to (in, out). The result
+    does not depend on module.batch_first (mha layers are always batch first).
+
+    Parameters
+    ----------
+    module : torch.nn.MultiheadAttention
+
+    Returns
+    -------
+    config : dict
+        Constructor arguments of `mha.MultiHeadAttention`: d_model, n_heads, n_kv_heads,
+        d_head, kdim, vdim, bias, dropout, dtype.
+    params : dict of ndarray
+        Like `init_params`, new C-contiguous arrays (float64 if the module is float64, else
+        float32).
+
+    Raises
+    ------
+    TypeError
+        `module` is not a torch.nn.MultiheadAttention.
+    ValueError
+        add_bias_kv=True, add_zero_attn=True, or biases on only some projections (mha has
+        none of these).
+    """
+    import torch  # optional dependency: only this function needs it
+
+    if not isinstance(module, torch.nn.MultiheadAttention):
+        raise TypeError(f"expected a torch.nn.MultiheadAttention, got {type(module).__name__}")
+    if module.bias_k is not None or module.bias_v is not None:
+        raise ValueError("torch.nn.MultiheadAttention with add_bias_kv=True is not supported")
+    if module.add_zero_attn:
+        raise ValueError("torch.nn.MultiheadAttention with add_zero_attn=True is not supported")
+    has_in_bias = module.in_proj_bias is not None
+    has_out_bias = module.out_proj.bias is not None
+    if has_in_bias != has_out_bias:
+        raise ValueError("torch module has a bias on only some projections; mha needs all or none")
+
+    dtype = np.dtype(np.float64 if module.out_proj.weight.dtype == torch.float64 else np.float32)
+
+    def to_numpy(t):
+        return t.detach().cpu().to(torch.float64).numpy()
+
+    E = module.embed_dim
+    if module._qkv_same_embed_dim:
+        W_q, W_k, W_v = np.split(to_numpy(module.in_proj_weight), 3)   # each (E, E), (out, in)
+    else:
+        W_q = to_numpy(module.q_proj_weight)                            # (E, E)
+        W_k = to_numpy(module.k_proj_weight)                            # (E, kdim)
+        W_v = to_numpy(module.v_proj_weight)                            # (E, vdim)
+    params = {"W_q": W_q.T, "W_k": W_k.T, "W_v": W_v.T, "W_o": to_numpy(module.out_proj.weight).T}
+    if has_in_bias:
+        b_q, b_k, b_v = np.split(to_numpy(module.in_proj_bias), 3)     # each (E,)
+        params.update(b_q=b_q, b_k=b_k, b_v=b_v, b_o=to_numpy(module.out_proj.bias))
+    params = {name: np.ascontiguousarray(a, dtype=dtype) for name, a in params.items()}
+
+    config = dict(d_model=E, n_heads=module.num_heads, n_kv_heads=module.num_heads,
+                  d_head=module.head_dim, kdim=module.kdim, vdim=module.vdim,
+                  bias=has_in_bias, dropout=float(module.dropout), dtype=dtype)
+    return config, params
+
+
+def prune_params(params, heads, n_heads, n_kv_heads, d_head):
+    """A new params dict without the query heads `heads`.
+
+    Removes those heads' columns of W_q, b_q and rows of W_o, and, since n_kv_heads must equal
+    n_heads, the same key/value heads' columns of W_k, b_k, W_v, b_v. The layer's outputs are
+    then those of the unpruned layer with ``head_mask[heads] = 0``.
+
+    Parameters
+    ----------
+    params : dict of ndarray
+        As `init_params` returns.
+    heads : iterable of int
+        Head indices in [0, n_heads); repeats are ignored.
+    n_heads, n_kv_heads, d_head : int
+        The layer's sizes.
+
+    Returns
+    -------
+    dict of ndarray
+        New arrays (copies even when `heads` is empty).
+
+    Raises
+    ------
+    ValueError
+        Grouped heads (n_kv_heads != n_heads), a head index out of range, or every head.
+    """
+    heads = sorted({operator.index(h) for h in heads})
+    if not heads:
+        return {name: a.copy() for name, a in params.items()}
+    if n_kv_heads != n_heads:
+        raise ValueError(f"cannot prune heads with grouped key/value heads "
+                         f"(n_kv_heads={n_kv_heads} != n_heads={n_heads})")
+    for h in heads:
+        if not 0 <= h < n_heads:
+            raise ValueError(f"head {h} is out of range for n_heads={n_heads}")
+    if len(heads) == n_heads:
+        raise ValueError(f"cannot prune all {n_heads} heads")
+
+    # feature f of the (H * d_head)-wide projections belongs to head f // d_head
+    keep_heads = [h for h in range(n_heads) if h not in heads]
+    keep = np.concatenate([np.arange(h * d_head, (h + 1) * d_head) for h in keep_heads])
+    pruned = {}
+    for name, a in params.items():
+        if name in ("W_q", "W_k", "W_v"):
+            pruned[name] = np.ascontiguousarray(a[:, keep])             # (in, H' * d_head)
+        elif name in ("b_q", "b_k", "b_v"):
+            pruned[name] = a[keep].copy()                               # (H' * d_head,)
+        elif name == "W_o":
+            pruned[name] = np.ascontiguousarray(a[keep, :])             # (H' * d_head, d_model)
+        else:
+            pruned[name] = a.copy()                                     # b_o
+    return pruned
+
+
+class KVCache:
+    """Keys and values of the tokens seen so far, for step-by-step decoding.
+
+    Stored as the projections come out of the core, (batch_size, max_len, n_kv_heads*d_head),
+    so that a step appends rows without copying heads apart. Both layers use this class.
+
+    Parameters
+    ----------
+    batch_size, n_kv_heads, max_len, d_head : int
+        Positive sizes.
+    dtype : float32 or float64
+        The layer's dtype.
+
+    Attributes
+    ----------
+    k_rows, v_rows : ndarray
+        (batch_size, max_len, n_kv_heads*d_head); rows [0, length) are filled.
+    k, v : ndarray
+        Views of k_rows, v_rows as (batch_size, n_kv_heads, max_len, d_head).
+    length : int
+        Number of cached positions.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Sizes that are not positive ints.
+    MemoryError
+        Buffers that cannot fit in memory.
+    """
+
+    def __init__(self, batch_size, n_kv_heads, max_len, d_head, dtype=np.float32):
+        batch_size, max_len = checks.cache_sizes(batch_size, max_len)
+        checks.fits("KV cache", (2, batch_size, max_len, n_kv_heads * d_head), dtype)
+        self.n_kv_heads, self.d_head = int(n_kv_heads), int(d_head)
+        self.k_rows = np.zeros((batch_size, max_len, n_kv_heads * d_head), dtype)
+        self.v_rows = np.zeros((batch_size, max_len, n_kv_heads * d_head), dtype)
+        self.length = 0
+
+    def _heads(self, rows):
+        B, max_len, _ = rows.shape
+        return rows.reshape(B, max_len, self.n_kv_heads, self.d_head).transpose(0, 2, 1, 3)
+
+    @property
+    def k(self):
+        return self._heads(self.k_rows)
+
+    @property
+    def v(self):
+        return self._heads(self.v_rows)
+
+    @property
+    def batch_size(self):
+        return self.k_rows.shape[0]
+
+    @property
+    def max_len(self):
+        return self.k_rows.shape[1]
+
+    def reset(self):
+        """Forget the cached tokens (the buffers are reused)."""
+        self.length = 0
+
+    def __repr__(self):
+        return (f"KVCache(batch_size={self.batch_size}, n_kv_heads={self.n_kv_heads}, "
+                f"max_len={self.max_len}, d_head={self.d_head}, length={self.length})")
+
+
+class LayerBase:
+    """The configuration and bookkeeping of a multi-head attention layer.
+
+    Subclasses implement the arithmetic:
+
+    - ``_forward(query, key, value, *, mask, key_padding_mask, causal, need_weights,
+      head_mask, dropout, seed, cache) -> (out, weights, saved)`` on checked, batched arrays
+      (see `__call__`); ``saved`` is a dict of what its ``_backward`` needs;
+    - ``_backward(d_out, saved) -> (d_query, d_key, d_value, grads)`` with d_key (d_value) None
+      when the key (value) was omitted, its gradient added to the query's (key's); ``saved``
+      holds the dict ``_forward`` returned plus key_given and value_given.
+
+    The constructor's parameters are those of `mha.MultiHeadAttention`.
+    """
+
+    def __init__(self, d_model, n_heads, *, n_kv_heads=None, d_head=None, kdim=None, vdim=None,
+                 bias=True, dropout=0.0, dtype=np.float32, seed=None):
+        (self.d_model, self.n_heads, self.n_kv_heads, self.d_head, self.kdim,
+         self.vdim) = checks.layer_dims(d_model, n_heads, n_kv_heads, d_head, kdim, vdim)
+        self.bias = bool(bias)
+        self.dropout = checks.dropout(dropout)
+        self.dtype = checks.layer_dtype(dtype)
+        # one generator: the initial weights, then one dropout seed per training forward
+        self._rng = checks.generator(seed)
+        self.params = init_params(self.d_model, self.n_heads, n_kv_heads=self.n_kv_heads,
+                                  d_head=self.d_head, kdim=self.kdim, vdim=self.vdim,
+                                  bias=self.bias, dtype=self.dtype, rng=self._rng)
+        self.grads = self._zero_grads()
+        self.head_mask = np.ones(self.n_heads, self.dtype)
+        self.training = True
+        self._saved = None  # what backward needs from the last forward
+
+    @property
+    def scale(self):
+        """The softmax temperature, 1 / sqrt(d_head)."""
+        return 1.0 / math.sqrt(self.d_head)
+
+    def train(self, mode=True):
+        """Switch dropout on (mode=True) or off; returns self."""
+        self.training = bool(mode)
+        return self
+
+    def eval(self):
+        """Switch dropout off; returns self."""
+        return self.train(False)
+
+    def num_parameters(self):
+        """Number of trainable scalars (weights and biases; head_mask is not a parameter)."""
+        return sum(a.size for a in self.params.values())
+
+    def new_cache(self, batch_size, max_len):
+        """An empty `KVCache` for `batch_size` sequences of up to `max_len` tokens."""
+        return KVCache(batch_size, self.n_kv_heads, max_len, self.d_head, self.dtype)
+
+    def _zero_grads(self):
+        grads = {name: np.zeros_like(a) for name, a in self.params.items()}
+        grads["head_mask"] = np.zeros(self.n_heads, self.dtype)
+        return grads
+
+    def __call__(self, query, key=None, value=None, *, mask=None, key_padding_mask=None,
+                 causal=False, need_weights=True, average_weights=False, cache=None):
+        """Attend from query to key/value.
+
+        Parameters
+        ----------
+        query : array_like
+            (B, n_q, d_model), or unbatched (n_q, d_model); floating, cast to the layer's dtype.
+        key : array_like, optional
+            (B, n_k, kdim); defaults to query (self-attention).
+        value : array_like, optional
+            (B, n_k, vdim); defaults to key.
+        mask : array_like, optional
+            bool (True = may attend, the opposite of torch.nn.MultiheadAttention) or float
+            (added to the scores), broadcasting to (B, n_heads, n_q, n_k).
+        key_padding_mask : array_like, optional
+            bool (B, n_k), True = real token, False = padding.
+        causal : bool
+            Query i attends key j iff j <= i + (n_k - n_q) (bottom-right aligned).
+        need_weights : bool
+            Return the attention weights; False allocates no n_q x n_k buffer in the C layer.
+        average_weights : bool
+            Average the weights over the heads.
+        cache : KVCache, optional
+            From `new_cache`: the new keys/values are appended to it and the query attends
+            over everything cached (n_k = cache.length after the call).
+
+        Returns
+        -------
+        out : ndarray
+            (B, n_q, d_model), the layer's dtype.
+        weights : ndarray or None
+            (B, n_heads, n_q, n_k) softmax probabilities before dropout, (B, n_q, n_k) with
+            average_weights, or None. Unbatched input drops the B axis of both.
+
+        Raises
+        ------
+        TypeError
+            Non-floating inputs, a mask or key_padding_mask of another dtype, a cache that
+            does not come from `new_cache`.
+        ValueError
+            Shapes that do not fit the layer (the message gives them), a full cache.
+        MemoryError
+            Weights that cannot fit in memory (pass need_weights=False).
+        """
+        key_given, value_given = key is not None, value is not None
+        query, key, value, unbatched = checks.layer_inputs(
+            query, key, value, d_model=self.d_model, kdim=self.kdim, vdim=self.vdim, dtype=self.dtype)
+        B, n_q, _ = query.shape
+        n_k = key.shape[1]
+        if cache is not None:
+            if not isinstance(cache, KVCache):
+                raise TypeError(f"cache must come from layer.new_cache(), not {type(cache).__name__}")
+            checks.cache(cache, B, self.n_kv_heads, self.d_head, self.dtype, n_new=n_k)
+            n_k += cache.length
+        scores_shape = (B, self.n_heads, n_q, n_k)
+        mask = checks.mask(mask, scores_shape, self.dtype)
+        if key_padding_mask is not None:
+            key_padding_mask = checks.key_padding_mask(key_padding_mask, B, n_k, unbatched)
+        head_mask = checks.head_mask(self.head_mask, self.n_heads, self.dtype)
+        causal = checks.flag(causal, "causal")
+        need_weights = checks.flag(need_weights, "need_weights")
+        average_weights = checks.flag(average_weights, "average_weights")
+        if need_weights:
+            checks.fits("weights", scores_shape, self.dtype)
+        # drawn last, so that a call that fails its checks leaves the dropout stream alone
+        p = self.dropout if self.training else 0.0
+        seed = int(self._rng.integers(0, 2**63)) if p > 0 else None
+
+        out, weights, saved = self._forward(
+            query, key, value, mask=mask, key_padding_mask=key_padding_mask, causal=causal,
+            need_weights=need_weights, head_mask=head_mask, dropout=p, seed=seed, cache=cache)
+        self._saved = dict(saved, out_shape=out.shape, unbatched=unbatched, key_given=key_given,
+                           value_given=value_given, cached=cache is not None)
+
+        if weights is not None and average_weights:
+            weights = weights.mean(axis=1)                              # (B, n_q, n_k)
+        if unbatched:
+            out = out[0]
+            weights = None if weights is None else weights[0]
+        return out, weights
+
+    def backward(self, d_out):
+        """Backpropagate d_out through the last forward call; fills ``self.grads``.
+
+        Parameters
+        ----------
+        d_out : array_like
+            Gradient of the loss with respect to the output, the output's shape.
+
+        Returns
+        -------
+        d_query, d_key, d_value : ndarray or None
+            Shaped like the inputs. An input that defaulted to another one adds its gradient to
+            that one: self-attention gives (d_query_total, None, None); key given, value omitted
+            gives (d_query, d_key_total, None); value given, key omitted gives
+            (d_query_total, None, d_value).
+
+        Raises
+        ------
+        RuntimeError
+            No forward call yet, or the last one used a KV cache.
+        TypeError, ValueError
+            A non-floating d_out or one of another shape.
+        """
+        s = self._saved
+        if s is None:
+            raise RuntimeError("backward() needs a forward call first")
+        if s["cached"]:
+            raise RuntimeError("backward() after a forward with a KV cache is not supported")
+        d_out = checks.d_out(d_out, s["out_shape"], s["unbatched"], self.dtype)
+        d_query, d_key, d_value, self.grads = self._backward(d_out, s)
+        if s["unbatched"]:
+            d_query, d_key, d_value = (None if d is None else d[0] for d in (d_query, d_key, d_value))
+        return d_query, d_key, d_value
+
+    def prune_heads(self, heads):
+        """Remove the query heads `heads` (current indices) for real.
+
+        Smaller W matrices, the same outputs as setting ``head_mask[heads] = 0``. With
+        n_kv_heads == n_heads the same key/value heads go too. Existing caches become invalid.
+
+        Parameters
+        ----------
+        heads : iterable of int
+
+        Raises
+        ------
+        ValueError
+            Grouped heads, an index out of range, or every head.
+        """
+        heads = sorted({operator.index(h) for h in heads})
+        if not heads:
+            return
+        self.params = prune_params(self.params, heads, self.n_heads, self.n_kv_heads, self.d_head)
+        keep = [h for h in range(self.n_heads) if h not in heads]
+        self.head_mask = np.asarray(self.head_mask, dtype=self.dtype)[keep].copy()
+        self.n_heads = self.n_kv_heads = len(keep)
+        self.grads = self._zero_grads()
+        self._saved = None
+
+    @classmethod
+    def from_torch(cls, module):
+        """A layer with the weights, configuration and train/eval mode of a torch module.
+
+        The layer is batch first whatever module.batch_first says. torch's bool masks mean
+        True = masked: pass ``~mask`` here, and ``~key_padding_mask``.
+
+        Parameters
+        ----------
+        module : torch.nn.MultiheadAttention
+
+        Returns
+        -------
+        layer
+            An instance of this class.
+
+        Raises
+        ------
+        TypeError, ValueError
+            As `params_from_torch`.
+        """
+        config, params = params_from_torch(module)
+        layer = cls(**config)
+        layer.params = params
+        layer.grads = layer._zero_grads()
+        layer.training = bool(module.training)
+        return layer
+
+    def __repr__(self):
+        extra = ""
+        if self.n_kv_heads != self.n_heads:
+            extra += f", n_kv_heads={self.n_kv_heads}"
+        if self.kdim != self.d_model or self.vdim != self.d_model:
+            extra += f", kdim={self.kdim}, vdim={self.vdim}"
+        return (f"{type(self).__name__}(d_model={self.d_model}, n_heads={self.n_heads}, "
+                f"d_head={self.d_head}{extra}, bias={self.bias}, dropout={self.dropout}, "
+                f"dtype={self.dtype.name})")

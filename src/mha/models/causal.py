@@ -1,0 +1,229 @@
+"""Causal language models (GPT-2, the LLaMA family): next-token logits and generation on a
+KV cache, with the attention of every generated token.
+
+The models keep their own cache arrays and call ``mha.attention`` on views of them, rather
+than mha.MultiHeadAttention's ``new_cache``/``cache=``: in the LLaMA family the rotary
+embedding sits between the projection and the attention, where the layer's fused C forward
+has no place for it, and the same mechanism then serves GPT-2. Each layer's keys and values
+live in one (B, H_kv, max_len, d_head) array per cache, so the keys of one head are
+contiguous rows and a step hands the kernel the view ``[:, :, :length]`` (last axis
+contiguous) without gathering anything.
+"""
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import ops
+from .base import Encoding
+
+
+class KVCache:
+    """The keys and values of the tokens seen so far, for every layer.
+
+    Attributes
+    ----------
+    k, v : list of (batch_size, n_kv_heads, max_len, d_head) arrays, one per layer; positions
+        [0, length) are filled
+    length : int
+        Number of cached positions.
+    """
+
+    def __init__(self, n_layers, batch_size, n_kv_heads, max_len, d_head, dtype):
+        shape = (batch_size, n_kv_heads, max_len, d_head)
+        self.k = [np.zeros(shape, dtype) for _ in range(n_layers)]
+        self.v = [np.zeros(shape, dtype) for _ in range(n_layers)]
+        self.max_len = max_len
+        self.length = 0
+
+    def append(self, layer, k, v):
+        """Write ``layer``'s new keys and values (B, H_kv, n, d_head) after the cached ones;
+        return views of all of them, (B, H_kv, length + n, d_head). ``length`` moves on when
+        the model calls :meth:`advance` after its last layer."""
+        start, stop = self.length, self.length + k.shape[2]
+        if stop > self.max_len:
+            raise ValueError(f"KV cache overflow: {self.length} cached + {k.shape[2]} new "
+                             f"positions > max_len={self.max_len}")
+        self.k[layer][:, :, start:stop] = k
+        self.v[layer][:, :, start:stop] = v
+        return self.k[layer][:, :, :stop], self.v[layer][:, :, :stop]
+
+    def advance(self, n):
+        self.length += n
+
+
+@dataclass
+class Generation(Encoding):
+    """The result of ``model.generate``: an :class:`Encoding` of the whole sequence (the
+    prompt, then the new tokens), so every view and metric that takes attentions (L, H, n, n)
+    and tokens takes it as it is.
+
+    tokens : n_total str; input_ids : (n_total,) int64; attention_mask : (n_total,) all True
+    hidden_states : (L + 1, n_total, d_model), as ``model(input_ids).hidden_states``
+    attentions : (L, H, n_total, n_total), lower-triangular, or None (need_weights=False).
+        Row i is the attention of token i (the query) over tokens 0..i, computed when token i
+        was fed to the model: rows [0, n_prompt) by the prefill, row n_prompt + t by the decode
+        step of new token t. Every new token is fed once, the last one too, so every row is
+        filled; each equals the row the full forward ``model(input_ids)`` computes.
+    n_prompt : number of prompt tokens; ``new_ids``, ``new_tokens``: the generated part;
+    text : the new tokens decoded to a str.
+    """
+    n_prompt: int = 0
+    text: str = None
+
+    @property
+    def new_ids(self):
+        return self.input_ids[self.n_prompt:]
+
+    @property
+    def new_tokens(self):
+        return None if self.tokens is None else self.tokens[self.n_prompt:]
+
+
+class CausalLM:
+    """What GPT-2 and the LLaMA family add to TransformerModel: logits and generation.
+
+    A family implements ``_vocab_matrix()`` -> (vocab, d_model), the LM head's weight, and a
+    ``_forward`` that takes ``cache=`` (a :class:`KVCache`: positions start at its length,
+    keys and values are appended to it).
+    """
+    causal = True
+
+    def _new_cache(self, max_len, batch_size=1):
+        """An empty :class:`KVCache` for ``batch_size`` sequences of up to ``max_len`` tokens."""
+        return KVCache(self.n_layers, batch_size, self.n_kv_heads, max_len, self.d_head,
+                       self.dtype)
+
+    def _vocab_matrix(self):
+        raise NotImplementedError
+
+    def logits(self, text_or_ids):
+        """Next-token logits (n, vocab) of one text or id sequence: the last hidden states
+        times the LM head's weight (tied to the token embeddings when config.json says so)."""
+        enc = (self.encode(text_or_ids, need_weights=False) if isinstance(text_or_ids, str)
+               else self(np.asarray(text_or_ids), need_weights=False))
+        return ops.unembed(enc.last_hidden_state, self._vocab_matrix())
+
+    def generate(self, text, max_new_tokens=20, *, greedy=True, temperature=1.0, top_k=None,
+                 seed=None, stop_at_eos=True, need_weights=True, progress=None,
+                 callback=None):
+        """Continue a text token by token on a KV cache; keep every attention map.
+
+        The prompt runs once (prefill), then each new token is one step that attends over the
+        cache. The attention rows of all steps are assembled into one (L, H, n, n) array.
+
+        Parameters
+        ----------
+        text : str or 1-D int array
+            The prompt (tokenized with the model's special tokens, e.g. LLaMA's BOS), or its ids.
+        max_new_tokens : int >= 1
+        greedy : bool
+            True: the most likely token each step (transformers' ``do_sample=False``; ties go
+            to the lowest id). False: sample from ``softmax(logits / temperature)``, restricted
+            to the ``top_k`` most likely tokens when given, with ``numpy.random.default_rng(seed)``.
+        temperature : float > 0
+        top_k : int, optional
+        seed : int, optional
+        stop_at_eos : bool
+            Stop after a token of ``config.eos_token_ids`` (from generation_config.json when
+            the folder has one); it is kept, as transformers keeps it.
+        need_weights : bool
+            Keep the attentions (L, H, n, n); False saves their memory and time.
+        progress : bool, optional
+            A progress bar over the new tokens (default: when there are more than 50).
+        callback : callable, optional
+            Called with each new token id (an int) as soon as it is chosen, before the model
+            runs it: to print a stream, or to time the steps.
+
+        Returns
+        -------
+        Generation
+            An Encoding of prompt + new tokens: tokens, input_ids, hidden_states, attentions
+            (row i: token i's attention over tokens 0..i), n_prompt, new_ids, new_tokens, text.
+
+        Raises
+        ------
+        ValueError
+            An empty prompt, max_new_tokens < 1, a non-positive temperature, or more tokens
+            than the model has positions.
+
+        Examples
+        --------
+        >>> model = mha.models.load("path/to/a/gpt2/or/llama/folder")
+        >>> out = model.generate("The cat", max_new_tokens=5)
+        >>> out.attentions.shape          # (layers, heads, n_prompt + 5, n_prompt + 5)
+        >>> mha.viz.head_view(out.attentions, out.tokens)
+        """
+        from tqdm.auto import tqdm
+
+        if isinstance(text, str):
+            ids = np.asarray(self._need_tokenizer()(text).ids, dtype=np.int64)
+        else:
+            ids = np.asarray(text)
+            if ids.dtype.kind not in "iu" or ids.ndim != 1:
+                raise TypeError(f"text must be a str or a 1-D array of token ids, got "
+                                f"{type(text).__name__} {getattr(ids, 'shape', '')}")
+        if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+        if not greedy and not temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature!r}")
+        if not greedy and top_k is not None and not (
+                isinstance(top_k, (int, np.integer)) and top_k >= 1):
+            raise ValueError(f"top_k must be an int >= 1, got {top_k!r}")
+        ids = self._check_ids(ids[None], int(max_new_tokens))[0]
+        n_prompt, total = len(ids), len(ids) + int(max_new_tokens)
+
+        L, H, d = self.n_layers, self.n_heads, self.d_model
+        hidden = np.empty((L + 1, total, d), self.dtype)
+        attn = np.zeros((L, H, total, total), self.dtype) if need_weights else None
+        cache = self._new_cache(total)
+        vocab = self._vocab_matrix()
+        rng = np.random.default_rng(seed)
+        eos = set(self.config.eos_token_ids) if stop_at_eos else set()
+        tokens = list(ids)
+
+        def feed(new_ids):          # run new tokens on the cache, keep their rows
+            start, n = cache.length, len(new_ids)
+            ones = np.ones((1, n), bool)
+            h, a = self._forward(np.asarray(new_ids, np.int64)[None], ones,
+                                 np.zeros((1, n), np.int64), need_weights, None, cache=cache)
+            hidden[:, start:start + n] = h[0]
+            if need_weights:
+                attn[:, :, start:start + n, :start + n] = a[0]
+            return h[0, L, -1]                                   # the last final hidden state
+
+        last = feed(ids)
+        show = max_new_tokens > 50 if progress is None else progress
+        for _ in tqdm(range(max_new_tokens), desc="generate", disable=not show):
+            logits = ops.unembed(last[None], vocab)[0]
+            if greedy:
+                next_id = int(np.argmax(logits))
+            else:
+                next_id = _sample(logits, temperature, top_k, rng)
+            tokens.append(next_id)
+            if callback is not None:
+                callback(next_id)
+            last = feed([next_id])
+            if next_id in eos:
+                break
+
+        n = len(tokens)                       # < total when an EOS stopped the loop
+        input_ids = np.asarray(tokens, dtype=np.int64)
+        names = text_out = None
+        if self.tokenizer is not None:
+            names = [self.tokenizer.id_to_token(i) for i in input_ids]
+            text_out = self.tokenizer.decode(input_ids[n_prompt:])
+        return Generation(
+            tokens=names, input_ids=input_ids, attention_mask=np.ones(n, bool),
+            hidden_states=hidden if n == total else hidden[:, :n].copy(),
+            attentions=attn if attn is None or n == total else attn[:, :, :n, :n].copy(),
+            token_type_ids=np.zeros(n, np.int64), n_prompt=n_prompt, text=text_out)
+
+
+def _sample(logits, temperature, top_k, rng):
+    """One id drawn from softmax(logits / temperature) over the top_k largest logits."""
+    z = np.asarray(logits, dtype=np.float64) / temperature
+    if top_k is not None and top_k < len(z):
+        cut = np.partition(z, len(z) - top_k)[len(z) - top_k]
+        z = np.where(z >= cut, z, -np.inf)
+    p = np.exp(z - z.max())
+    return int(rng.choice(len(p), p=p / p.sum()))

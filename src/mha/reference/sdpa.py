@@ -1,0 +1,227 @@
+"""Scaled dot-product attention in NumPy, forward and backward: the oracle of `mha.attention`.
+
+One step per line, shapes in the comments, in the order of docs/semantics.md:
+1. scores S = scale * q k^T, 2. the mask, 3. causal, 4. softmax P, 5. dropout A = P * Z,
+6. out = A v. The backward runs the same steps in reverse.
+
+Shapes
+    q: (n_q, d_k), (B, n_q, d_k) or (B, H, n_q, d_k)
+    k: same rank, (..., n_k, d_k); in 4-D it may have H_kv heads where H_kv divides H
+       (grouped-query attention: query head h reads key/value head h // (H // H_kv))
+    v: (..., n_k, d_v), with k's leading shape
+"""
+import numpy as np
+
+from .. import checks
+from .dropout import dropout_keep
+
+__all__ = ["attention", "attention_backward"]
+
+
+def _repeat_kv_heads(x, n_heads):
+    """GQA: (B, H_kv, n, d) -> (B, H, n, d), query head h reading key/value head h // group."""
+    if x.ndim != 4 or x.shape[1] == n_heads:
+        return x
+    return np.repeat(x, n_heads // x.shape[1], axis=1)
+
+
+def _sum_kv_groups(dx, kv_shape):
+    """Backward of _repeat_kv_heads: sum the gradients of the query heads sharing a kv head."""
+    if dx.shape == kv_shape:
+        return dx
+    B, H_kv, n, d = kv_shape
+    return dx.reshape(B, H_kv, dx.shape[1] // H_kv, n, d).sum(axis=2)
+
+
+def _softmax_probs(q, k, mask, causal, scale):
+    """Steps 1-4 of the forward: the softmax probabilities P and the fully masked rows.
+
+    q (..., n_q, d_k), k (..., n_k, d_k) with k's heads already repeated for GQA; mask None, or
+    bool or float with the scores' shape (as `mha.checks.mask` returns it).
+    Returns P (..., n_q, n_k) and fully_masked (..., n_q, 1) bool.
+    """
+    # 1. scores
+    S = (q @ np.swapaxes(k, -1, -2)) * scale                            # (..., n_q, n_k)
+
+    # 2. mask: bool True = may attend, float = added to the scores
+    if mask is not None:
+        S = np.where(mask, S, -np.inf) if mask.dtype == bool else S + mask
+
+    # 3. causal, aligned bottom-right: query i may attend key j iff j <= i + (n_k - n_q)
+    if causal:
+        n_q, n_k = S.shape[-2:]
+        allowed = np.arange(n_k)[None, :] <= np.arange(n_q)[:, None] + (n_k - n_q)
+        S = np.where(allowed, S, -np.inf)
+
+    # 4. softmax over keys; a row whose every score is -inf gives P = 0, not 0/0.
+    # NaN or +inf scores propagate to NaN on purpose (hence the errstate, not a guard).
+    with np.errstate(invalid="ignore"):
+        row_max = np.max(S, axis=-1, keepdims=True, initial=-np.inf)    # (..., n_q, 1)
+        fully_masked = row_max == -np.inf
+        row_max = np.where(fully_masked, 0.0, row_max)
+        E = np.exp(S - row_max)                                         # masked entries -> 0
+        denom = np.sum(E, axis=-1, keepdims=True)
+        P = E / np.where(fully_masked, 1.0, denom)
+    return P, fully_masked
+
+
+def _forward_weights(q, k, v, mask, causal, scale, dropout, seed, dtype):
+    """Steps 1-5 of the forward, shared with the backward (which recomputes them).
+
+    Returns k and v with their heads repeated for GQA, the softmax probabilities P
+    (..., n_q, n_k), the dropout multiplier Z (or None), A = P * Z, and fully_masked
+    (..., n_q, 1).
+    """
+    n_heads = q.shape[1] if q.ndim == 4 else None
+    k_rep = _repeat_kv_heads(k, n_heads)                                # (..., n_k, d_k)
+    v_rep = _repeat_kv_heads(v, n_heads)                                # (..., n_k, d_v)
+    # 1-4. P = softmax(masked scores)
+    P, fully_masked = _softmax_probs(q, k_rep, mask, causal, scale)     # (..., n_q, n_k)
+    # 5. dropout on the weights: A = P * Z
+    Z = _dropout_multiplier(q, k.shape[-2], dropout, seed, dtype)
+    A = P if Z is None else P * Z
+    return k_rep, v_rep, P, Z, A, fully_masked
+
+
+def _dropout_multiplier(q, n_k, p, seed, dtype):
+    """Z = keep / (1 - p) with the scores' shape (..., n_q, n_k), or None without dropout."""
+    if p == 0.0:
+        return None
+    n_batch = q.shape[0] if q.ndim >= 3 else 1
+    n_heads = q.shape[1] if q.ndim == 4 else 1
+    n_q = q.shape[-2]
+    keep = dropout_keep(seed, p, n_batch, n_heads, n_q, n_k)            # (B, H, n_q, n_k)
+    keep = keep.reshape(q.shape[:-2] + (n_q, n_k))                      # drop absent axes
+    return keep.astype(dtype) * (1.0 / (1.0 - p))
+
+
+def _inputs(q, k, v, mask, scale, dropout, seed, *others, backward=False):
+    """The checked arguments, the arrays in their common dtype (`mha.checks`)."""
+    arrays = [checks.float_array(a, name) for a, name in ((q, "q"), (k, "k"), (v, "v")) + others]
+    dtype = checks.compute_dtype(*arrays)
+    q, k, v, *rest = [np.asarray(a, dtype=dtype) for a in arrays]
+    checks.qkv(q, k, v)
+    mask = checks.mask(mask, q.shape[:-2] + (q.shape[-2], k.shape[-2]), dtype)
+    p, seed = checks.dropout_seed(dropout, seed, backward=backward)
+    return q, k, v, rest, dtype, mask, checks.scale(scale, q.shape[-1]), p, seed
+
+
+def attention(q, k, v, mask=None, *, causal=False, scale=None, dropout=0.0, seed=None,
+              need_weights=True):
+    """Scaled dot-product attention, softmax(scale * q k^T + mask) v, in NumPy.
+
+    Parameters
+    ----------
+    q : array_like
+        (n_q, d_k), (B, n_q, d_k) or (B, H, n_q, d_k), floating.
+    k : array_like
+        (..., n_k, d_k), q's rank; in 4-D it may have H_kv heads, H_kv dividing H (GQA).
+    v : array_like
+        (..., n_k, d_v), k's leading shape.
+    mask : array_like, optional
+        bool or integer (True = may attend) or float (added to the scores), broadcasting to
+        the scores' shape (..., n_q, n_k). torch.nn.MultiheadAttention's bool masks mean the
+        opposite (True = masked).
+    causal : bool
+        Query i attends key j iff j <= i + (n_k - n_q) (aligned bottom-right).
+    scale : float, optional
+        Defaults to 1 / sqrt(d_k).
+    dropout : float
+        Probability in [0, 1) of zeroing an attention weight (survivors scaled by 1/(1-p)).
+    seed : int, optional
+        In [0, 2**64), keys the dropout RNG; drawn at random when None.
+    need_weights : bool
+        Return the weights, or None.
+
+    Returns
+    -------
+    out : ndarray
+        (..., n_q, d_v).
+    weights : ndarray or None
+        (..., n_q, n_k) softmax probabilities before dropout.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As `mha.attention` (the same checks and messages, `mha.checks`).
+
+    Notes
+    -----
+    A query row with every key masked gives output 0 and weights 0. NaN/Inf in q, k, v
+    propagate. Floating inputs are promoted to a common float32/float64 dtype, which the
+    results have.
+
+    Examples
+    --------
+    >>> q = k = v = np.eye(3)
+    >>> out, w = attention(q, k, v, causal=True)
+    >>> w[0].tolist()
+    [1.0, 0.0, 0.0]
+    """
+    q, k, v, _, dtype, mask, scale, dropout, seed = _inputs(q, k, v, mask, scale, dropout, seed)
+    causal, need_weights = checks.flag(causal, "causal"), checks.flag(need_weights, "need_weights")
+
+    # 1-5. A = dropout(softmax(masked scores)), with GQA's key/value heads repeated
+    _, v_rep, P, _, A, fully_masked = _forward_weights(q, k, v, mask, causal, scale, dropout,
+                                                       seed, dtype)
+
+    # 6. weighted sum of the values; a fully masked row is 0 whatever v holds
+    out = A @ v_rep                                                     # (..., n_q, d_v)
+    out = np.where(fully_masked, 0.0, out).astype(dtype, copy=False)
+    return out, (P if need_weights else None)
+
+
+def attention_backward(d_out, q, k, v, mask=None, *, causal=False, scale=None, dropout=0.0,
+                       seed=None):
+    """Gradients of `attention` with respect to q, k and v (stateless: P is recomputed).
+
+    Parameters
+    ----------
+    d_out : array_like
+        (..., n_q, d_v), the gradient of the loss with respect to attention's output.
+    q, k, v, mask, causal, scale, dropout : as given to `attention`
+    seed : int
+        The dropout seed the forward used; required when dropout > 0.
+
+    Returns
+    -------
+    dq, dk, dv : ndarray
+        q's, k's and v's shapes (with GQA, a key/value head's gradient sums over the query
+        heads that read it). Masked positions and fully masked rows get 0.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As `mha.attention_backward`.
+    """
+    q, k, v, (d_out,), dtype, mask, scale, dropout, seed = _inputs(
+        q, k, v, mask, scale, dropout, seed, (d_out, "d_out"), backward=True)
+    causal = checks.flag(causal, "causal")
+    if d_out.shape != q.shape[:-1] + (v.shape[-1],):
+        raise ValueError(f"d_out has shape {d_out.shape} but the output of attention has shape "
+                         f"{q.shape[:-1] + (v.shape[-1],)}")
+    # recompute the forward
+    k_rep, v_rep, P, Z, A, fully_masked = _forward_weights(q, k, v, mask, causal, scale,
+                                                           dropout, seed, dtype)
+    d_out = np.where(fully_masked, 0.0, d_out).astype(dtype, copy=False)  # forward zeroed them
+
+    # 6. out = A @ v
+    dv_rep = np.swapaxes(A, -1, -2) @ d_out                             # (..., n_k, d_v)
+    dA = d_out @ np.swapaxes(v_rep, -1, -2)                             # (..., n_q, n_k)
+
+    # 5. A = P * Z
+    dP = dA if Z is None else dA * Z
+
+    # 4. P = softmax(S): dS = P * (dP - rowsum(P * dP)); masked entries have P = 0, so dS = 0
+    dS = P * (dP - np.sum(P * dP, axis=-1, keepdims=True))
+    dS = np.where(fully_masked, 0.0, dS).astype(dtype, copy=False)
+
+    # 3, 2. masking only replaced scores by constants: nothing to add
+    # 1. S = scale * q @ k^T
+    dq = scale * (dS @ k_rep)                                           # (..., n_q, d_k)
+    dk_rep = scale * (np.swapaxes(dS, -1, -2) @ q)                      # (..., n_k, d_k)
+
+    # GQA: k and v heads were repeated, so their gradients sum over each group
+    dk = _sum_kv_groups(dk_rep, k.shape)
+    dv = _sum_kv_groups(dv_rep, v.shape)
+    return dq, dk, dv
