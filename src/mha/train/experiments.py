@@ -94,13 +94,16 @@ def compare_heads(head_counts=(1, 4, 8), *, d_model=32, epochs=100, lr=0.005, n_
     ----------
     head_counts : sequence of int
         One model per head count, d_head = d_model // n_heads.
-    d_model, epochs, n_train, n_test, seq_len, vocab_size, period : int
-        The model, the training length and the data (`mha.train.pattern_data`).
+    d_model, epochs : int
+        The model's width and the training length.
     lr : float
         Adam's learning rate.
+    n_train, n_test, seq_len, vocab_size, period : int
+        The data (`mha.train.pattern_data`).
     batch_size : int, optional
         None: full batch, one step per epoch (the seed).
-    dtype : float32 or float64
+    dtype : {numpy.float32, numpy.float64}
+        What the models compute in.
     seed : int
         Seeds the training set, the test set and the models (`experiment_data`).
     progress : bool
@@ -126,17 +129,22 @@ def compare_heads(head_counts=(1, 4, 8), *, d_model=32, epochs=100, lr=0.005, n_
 # --- E12.2: how many heads? ------------------------------------------------------------------
 
 def offset_profile(weights):
-    """Mean attention a head pays to the key `k` positions back, for k = 0 .. n-1.
+    """Compute the mean attention a head pays to the key `k` positions back, k = 0 .. n-1.
 
     Parameters
     ----------
-    weights : array_like
-        (..., n, n) causal attention.
+    weights : array_like, shape (..., n, n)
+        Causal attention weights, rows = queries.
 
     Returns
     -------
-    ndarray
-        (..., n): entry k averages ``weights[..., i, i - k]`` over the rows i >= k.
+    ndarray of float64, shape (..., n)
+        Entry k averages ``weights[..., i, i - k]`` over the rows i >= k.
+
+    Examples
+    --------
+    >>> offset_profile(np.eye(3, k=-1))
+    array([0., 1., 0.])
     """
     w = np.asarray(weights, dtype=np.float64)
     n = w.shape[-1]
@@ -145,18 +153,19 @@ def offset_profile(weights):
 
 
 def period_mass(weights, period=3):
-    """Attention mass a head puts on the tokens that equal the next one in a periodic sequence.
+    """Compute the attention a head puts on the tokens that equal the next one (periodic data).
 
     Parameters
     ----------
-    weights : array_like
-        (..., n, n) causal attention over a sequence of period `period`.
-    period : int
+    weights : array_like, shape (..., n, n)
+        Causal attention over a sequence of period `period`, rows = queries.
+    period : int, default 3
+        The period of the sequence.
 
     Returns
     -------
-    ndarray
-        (...): for each row i >= period - 1, the weight on keys j with
+    ndarray of float64, shape (...)
+        For each row i >= period - 1, the weight on keys j with
         (i - j) % period == period - 1 (the tokens i-2, i-5, ... for period 3: attending to any
         of them solves the task), averaged over those rows. 1 for a head that only looks at
         copies of the answer.
@@ -179,15 +188,29 @@ def heads_sweep(head_counts=(1, 2, 4, 8, 16), *, d_model=256, epochs=30, lr=0.00
 
     Parameters
     ----------
-    head_counts, d_model, epochs, lr, n_train, n_test, seq_len, vocab_size, period, batch_size, dtype, seed, progress
-        As `compare_heads` (other defaults: 200 sequences, 30 full-batch epochs at d_model
-        256, which converge).
+    head_counts : sequence of int
+        One model per head count, d_head = d_model // n_heads.
+    d_model, epochs : int
+        As `compare_heads` (other defaults: 30 full-batch epochs at d_model 256, which
+        converge).
+    lr : float
+        Adam's learning rate.
+    n_train, n_test, seq_len, vocab_size, period : int
+        The data (200 sequences each by default).
+    batch_size : int, optional
+        None: full batch, one step per epoch.
     target : float
         Fraction of the task's ceiling (`mha.train.pattern_ceiling`: 0.867 at the seed's
         sizes) that counts as converged.
     loss_margin : float
         Nats above `mha.train.pattern_min_loss` (0.268 at the seed's sizes, the loss of a
         perfect model) that count as converged.
+    dtype : {numpy.float32, numpy.float64}
+        What the models compute in.
+    seed : int
+        Seeds the training set, the test set and the models (`experiment_data`).
+    progress : bool
+        A tqdm bar per model.
 
     Returns
     -------
@@ -244,12 +267,24 @@ def prune_experiment(n_heads=8, *, d_model=32, epochs=100, lr=0.005, n_train=500
 
     Parameters
     ----------
-    n_heads, d_model, epochs, lr, n_train, n_test, seq_len, vocab_size, period, dtype, seed, progress
-        The model to train, as `compare_heads` (full batch).
+    n_heads : int
+        The heads of the model to train.
+    d_model, epochs : int
+        The model's width and the training length (full batch), as `compare_heads`.
+    lr : float
+        Adam's learning rate.
+    n_train, n_test, seq_len, vocab_size, period : int
+        The data (`mha.train.pattern_data`).
     max_drop : float
         Absolute accuracy drop allowed (0.01 = one point).
     step : int or float
         Heads pruned at a time, or a fraction of the heads.
+    dtype : {numpy.float32, numpy.float64}
+        What the models compute in.
+    seed : int
+        Seeds the training set, the test set and the models (`experiment_data`).
+    progress : bool
+        A tqdm bar per model.
     model : SimpleAttentionModel, optional
         A trained model to prune instead of training one.
     test_data : (tokens, targets), optional

@@ -8,7 +8,7 @@ __all__ = ["compare_heads_figures", "heads_sweep_figures", "prune_figures"]
 
 
 def compare_heads_figures(results, *, pattern_heads=None):
-    """Seed 000's figures of a `compare_heads` result.
+    """Draw seed 000's figures of a `compare_heads` result.
 
     Parameters
     ----------
@@ -40,7 +40,7 @@ def compare_heads_figures(results, *, pattern_heads=None):
 
 
 def heads_sweep_figures(results):
-    """E12.2's figures of a `heads_sweep` result.
+    """Draw E12.2's figures of a `heads_sweep` result.
 
     Parameters
     ----------
@@ -78,7 +78,7 @@ def heads_sweep_figures(results):
 
 
 def prune_figures(result):
-    """E12.3's figures of a `prune_experiment` result.
+    """Draw E12.3's figures of a `prune_experiment` result.
 
     Parameters
     ----------

@@ -26,7 +26,8 @@ def benchmark_epoch(n_heads=4, *, d_model=32, n_samples=500, seq_len=12, vocab_s
         Rounds of turns; each turn times one epoch.
     warmup : int
         Untimed epochs that open each turn.
-    dtype : float32 or float64
+    dtype : {numpy.float32, numpy.float64}
+        What both models compute in.
     lr : float
         Adam's learning rate (both models train as they are timed).
     seed : int

@@ -6,7 +6,7 @@ __all__ = ["parameter_count", "transformer_parameters", "parameter_table", "form
 
 
 def parameter_count(d_model=512, n_heads=8, *, bias=True, d_head=None):
-    """Parameters of one multi-head attention layer: W_q, W_k, W_v, W_o and optional biases.
+    """Count the parameters of one multi-head attention layer: W_q, W_k, W_v, W_o and optional biases.
 
     Parameters
     ----------
@@ -52,7 +52,7 @@ def parameter_count(d_model=512, n_heads=8, *, bias=True, d_head=None):
 
 def transformer_parameters(d_model=512, n_heads=8, d_ff=None, *, n_layers=6, vocab_size=37000,
                            bias=True, decoder=True, shared_embeddings=True):
-    """Where a Transformer's parameters are.
+    """Count where a Transformer's parameters are.
 
     A block is post-LN: self-attention, [cross-attention in the decoder], a two-layer FFN
     (d_model -> d_ff -> d_model, biases with bias=True), and one LayerNorm (2 d_model) per
@@ -68,7 +68,13 @@ def transformer_parameters(d_model=512, n_heads=8, d_ff=None, *, n_layers=6, voc
     n_layers : int
         Encoder layers, and decoder layers with decoder=True.
     vocab_size : int
-    bias, decoder, shared_embeddings : bool
+        The vocabulary (37000 in the base model).
+    bias : bool
+        Biases in the attention and feed-forward layers.
+    decoder : bool
+        Count a decoder as well as the encoder.
+    shared_embeddings : bool
+        One embedding matrix for the encoder, the decoder and the output projection.
 
     Returns
     -------
@@ -104,20 +110,23 @@ def transformer_parameters(d_model=512, n_heads=8, d_ff=None, *, n_layers=6, voc
 
 
 def parameter_table(d_model=512, n_heads_list=(1, 8), *, bias=(False, True), d_ff=None):
-    """E12.1 as rows: one per (n_heads, bias), d_head = d_model // n_heads.
+    """Tabulate E12.1: one row per (n_heads, bias), d_head = d_model // n_heads.
 
     Parameters
     ----------
     d_model : int
+        The model width.
     n_heads_list : sequence of int
+        The head counts, one row each.
     bias : bool or sequence of bool
+        With and/or without biases, one row each.
     d_ff : int, optional
         As `transformer_parameters`.
 
     Returns
     -------
     list of dict
-        d_model, n_heads, d_head, bias, W_q, W_k, W_v, W_o, biases, mha (attention total),
+        The keys d_model, n_heads, d_head, bias, W_q, W_k, W_v, W_o, biases, mha (attention total),
         ffn, block (one encoder block), mha_share, ffn_share. Print it with `format_table`.
     """
     rows = []
@@ -134,11 +143,12 @@ def parameter_table(d_model=512, n_heads_list=(1, 8), *, bias=(False, True), d_f
 
 
 def format_table(rows, columns=None):
-    """A list of dicts as a Markdown table.
+    """Format a list of dicts as a Markdown table.
 
     Parameters
     ----------
     rows : list of dict
+        One dict per row, e.g. from `parameter_table`.
     columns : sequence of str, optional
         The keys to show, in order; default: the first row's.
 

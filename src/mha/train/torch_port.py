@@ -93,11 +93,27 @@ def _classes():
 
 
 def torch_model(model):
-    """Seed 000's torch ``SimpleAttentionModel`` holding a copy of `model`'s weights.
+    """Build seed 000's torch ``SimpleAttentionModel`` holding a copy of `model`'s weights.
 
-    model: a :class:`mha.train.SimpleAttentionModel` with d_head = d_model // n_heads. The torch
-    model has the model's dtype (float32 or float64); nn.Linear stores weights (out, in), so
-    each W is transposed. Returns the nn.Module (train mode).
+    The torch model has the model's dtype (float32 or float64); nn.Linear stores weights
+    (out, in), so each W is transposed. torch is imported here only.
+
+    Parameters
+    ----------
+    model : mha.train.SimpleAttentionModel
+        A model with d_head = d_model // n_heads, no grouped heads and no head mask.
+
+    Returns
+    -------
+    torch.nn.Module
+        The seed's model with the same weights, in train mode.
+
+    Raises
+    ------
+    ValueError
+        A model the seed's torch model cannot hold.
+    ImportError
+        torch is not installed.
     """
     import torch
 
