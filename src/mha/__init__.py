@@ -60,39 +60,54 @@ def __getattr__(name):
 
 
 def set_num_threads(n):
-    """Use `n` threads in the C kernels (OpenMP); results do not depend on the count.
+    """Set the number of threads of the C kernels (OpenMP); results do not depend on it.
 
     Parameters
     ----------
     n : int
-        From 1 to 4096.
+        The thread count, from 1 to 4096.
 
     Raises
     ------
     ValueError
         n outside [1, 4096].
+
+    Examples
+    --------
+    >>> old = mha.get_num_threads()
+    >>> mha.set_num_threads(1)
+    >>> mha.get_num_threads()
+    1
+    >>> mha.set_num_threads(old)
     """
     _C.set_num_threads(int(n))
 
 
 def get_num_threads():
-    """The number of threads the C kernels use (1 when built without OpenMP).
+    """Return the number of threads the C kernels use (1 when built without OpenMP).
 
     Returns
     -------
     int
+        The thread count.
     """
     return _C.get_num_threads()
 
 
 def build_info():
-    """How the C core was built and runs.
+    """Describe how the C core was built and runs.
 
     Returns
     -------
     dict
         "compiler", "simd", "threads" (str), "openmp" (bool), "num_threads" (int), and the
         OpenMP wait settings in effect, "omp_wait_policy" and "gomp_spincount".
+
+    Examples
+    --------
+    >>> info = mha.build_info()
+    >>> info["num_threads"] == mha.get_num_threads()
+    True
     """
     info = dict(part.split("=", 1) for part in _C.build_info().split("; "))
     info["openmp"] = info["threads"].startswith("OpenMP")

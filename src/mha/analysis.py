@@ -142,7 +142,7 @@ def head_similarity(weights):
     return flat @ np.swapaxes(flat, -1, -2)
 
 
-#: Seed 000's name for :func:`head_similarity`.
+# seed 000's name for head_similarity (the same function, documented there)
 head_diversity = head_similarity
 
 
@@ -519,7 +519,7 @@ def head_importance_ablation(evaluate: Callable[[np.ndarray], float], head_mask,
 
 
 def head_importance_gradient(grads: Iterable, *, normalize: bool = True):
-    """Compute the gradient head importance of Michel et al. (2019), I_h = mean |dL/dxi_h|.
+    """Compute the gradient head importance of Michel et al. (2019), I_h = mean ``|dL/dxi_h|``.
 
     Parameters
     ----------

@@ -72,7 +72,7 @@ def _prepare(q, k, v, mask, scale, *also):
 
 def attention(q, k, v, mask=None, *, causal=False, scale=None, dropout=0.0, seed=None, need_weights=True,
               return_lse=False):
-    """Scaled dot-product attention, softmax(scale * q k^T + mask) v, on the C core.
+    """Compute scaled dot-product attention, softmax(scale * q k^T + mask) v, on the C core.
 
     Parameters
     ----------
@@ -84,7 +84,7 @@ def attention(q, k, v, mask=None, *, causal=False, scale=None, dropout=0.0, seed
     v : array_like
         (..., n_k, d_v), k's leading shape.
     mask : array_like, optional
-        bool or integer (True = may attend) or float (added to the scores), broadcastable to
+        A bool or integer mask (True = may attend) or float (added to the scores), broadcastable to
         (..., n_q, n_k).
     causal : bool
         Query i may attend key j iff j <= i + (n_k - n_q) (bottom-right aligned).
@@ -152,7 +152,7 @@ def attention(q, k, v, mask=None, *, causal=False, scale=None, dropout=0.0, seed
 
 def attention_backward(d_out, q, k, v, mask=None, *, causal=False, scale=None, dropout=0.0, seed=None,
                        out=None, lse=None):
-    """Gradients of `attention` with respect to q, k and v, on the C core.
+    """Compute the gradients of `attention` with respect to q, k and v, on the C core.
 
     Stateless: the probabilities are recomputed from q, k, v, tile by tile. Give the same
     mask, causal, scale, dropout and seed as the forward (with dropout > 0 the seed is
@@ -162,8 +162,22 @@ def attention_backward(d_out, q, k, v, mask=None, *, causal=False, scale=None, d
     ----------
     d_out : array_like
         (..., n_q, d_v), the gradient of the loss with respect to `out`.
-    q, k, v, mask, causal, scale, dropout, seed
+    q : array_like
+        (..., n_q, d_k), as for `attention`.
+    k : array_like
+        (..., n_k, d_k), as for `attention`.
+    v : array_like
+        (..., n_k, d_v), as for `attention`.
+    mask : array_like, optional
+        As for `attention`: bool or integer (True = may attend) or float (added to the scores).
+    causal : bool, default False
         As for `attention`.
+    scale : float, optional
+        As for `attention`; defaults to 1/sqrt(d_k).
+    dropout : float, default 0.0
+        As for `attention`.
+    seed : int, optional
+        The dropout seed the forward used; required when dropout > 0.
     out, lse : array_like, optional
         Both or neither: the forward's output and its log-sum-exp
         (``attention(..., return_lse=True)``) for the same inputs.

@@ -30,7 +30,7 @@ _PARAMETER_BYTES_LIMIT = 1 << 40
 
 def init_params(d_model, n_heads, *, n_kv_heads=None, d_head=None, kdim=None, vdim=None,
                 bias=True, dtype=np.float32, rng):
-    """The layer's initial parameters, initialised like torch.nn.MultiheadAttention.
+    """Draw a layer's initial parameters like torch.nn.MultiheadAttention.
 
     The distributions torch.nn.MultiheadAttention draws, generalised to grouped-query heads and
     any d_head: weights U(-a, a), drawn from `rng` in the order W_q, W_k, W_v, W_o (in float64,
@@ -51,7 +51,8 @@ def init_params(d_model, n_heads, *, n_kv_heads=None, d_head=None, kdim=None, vd
         As `mha.MultiHeadAttention` (checked by `mha.checks.layer_dims`).
     bias : bool
         Include the four biases.
-    dtype : float32 or float64
+    dtype : {numpy.float32, numpy.float64}, default numpy.float32
+        The dtype of the arrays.
     rng : numpy.random.Generator or int
         The generator (advanced in place) or a seed for ``np.random.default_rng``.
 
@@ -113,7 +114,7 @@ def init_params(d_model, n_heads, *, n_kv_heads=None, d_head=None, kdim=None, vd
 
 
 def params_from_torch(module):
-    """The configuration and weights of a torch.nn.MultiheadAttention.
+    """Read the configuration and weights of a torch.nn.MultiheadAttention.
 
     torch stores Linear weights (out, in); they are transposed here to (in, out). The result
     does not depend on module.batch_first (mha layers are always batch first).
@@ -121,6 +122,7 @@ def params_from_torch(module):
     Parameters
     ----------
     module : torch.nn.MultiheadAttention
+        The torch layer (torch is imported here only).
 
     Returns
     -------
@@ -177,7 +179,7 @@ def params_from_torch(module):
 
 
 def prune_params(params, heads, n_heads, n_kv_heads, d_head):
-    """A new params dict without the query heads `heads`.
+    """Return a new params dict without the query heads `heads`.
 
     Removes those heads' columns of W_q, b_q and rows of W_o, and, since n_kv_heads must equal
     n_heads, the same key/value heads' columns of W_k, b_k, W_v, b_v. The layer's outputs are
@@ -231,7 +233,7 @@ def prune_params(params, heads, n_heads, n_kv_heads, d_head):
 
 
 class KVCache:
-    """Keys and values of the tokens seen so far, for step-by-step decoding.
+    """Hold the keys and values of the tokens seen so far, for step-by-step decoding.
 
     Stored as the projections come out of the core, (batch_size, max_len, n_kv_heads*d_head),
     so that a step appends rows without copying heads apart. Both layers use this class.
@@ -240,7 +242,7 @@ class KVCache:
     ----------
     batch_size, n_kv_heads, max_len, d_head : int
         Positive sizes.
-    dtype : float32 or float64
+    dtype : {numpy.float32, numpy.float64}, default numpy.float32
         The layer's dtype.
 
     Attributes
@@ -335,20 +337,68 @@ class LayerBase:
         return 1.0 / math.sqrt(self.d_head)
 
     def train(self, mode=True):
-        """Switch dropout on (mode=True) or off; returns self."""
+        """Switch dropout on or off.
+
+        Parameters
+        ----------
+        mode : bool, default True
+            True: dropout on (training); False: off.
+
+        Returns
+        -------
+        self
+            The layer, for chaining.
+        """
         self.training = bool(mode)
         return self
 
     def eval(self):
-        """Switch dropout off; returns self."""
+        """Switch dropout off.
+
+        Returns
+        -------
+        self
+            The layer, for chaining.
+        """
         return self.train(False)
 
     def num_parameters(self):
-        """Number of trainable scalars (weights and biases; head_mask is not a parameter)."""
+        """Count the trainable scalars (weights and biases; head_mask is not a parameter).
+
+        Returns
+        -------
+        int
+            The total size of ``params``.
+        """
         return sum(a.size for a in self.params.values())
 
     def new_cache(self, batch_size, max_len):
-        """An empty `KVCache` for `batch_size` sequences of up to `max_len` tokens."""
+        """Make an empty KV cache for step-by-step decoding.
+
+        Calling the layer with ``cache=cache`` appends the new keys and values and attends over
+        everything cached; step-by-step decoding equals the full causal forward, row for row.
+
+        Parameters
+        ----------
+        batch_size : int
+            The number of sequences.
+        max_len : int
+            The most tokens each sequence may hold.
+
+        Returns
+        -------
+        KVCache
+            Empty (``length == 0``), in the layer's dtype.
+
+        Examples
+        --------
+        >>> layer = mha.MultiHeadAttention(8, 2, seed=0).eval()
+        >>> x = np.random.default_rng(0).standard_normal((1, 4, 8)).astype(np.float32)
+        >>> cache = layer.new_cache(1, 4)
+        >>> steps = [layer(x[:, i:i + 1], causal=True, cache=cache)[0] for i in range(4)]
+        >>> bool(np.allclose(np.concatenate(steps, axis=1), layer(x, causal=True)[0], atol=1e-6))
+        True
+        """
         return KVCache(batch_size, self.n_kv_heads, max_len, self.d_head, self.dtype)
 
     def _zero_grads(self):
@@ -358,48 +408,46 @@ class LayerBase:
 
     def __call__(self, query, key=None, value=None, *, mask=None, key_padding_mask=None,
                  causal=False, need_weights=True, average_weights=False, cache=None):
-        """Attend from query to key/value.
+        """Attend from query to key and value.
 
         Parameters
         ----------
-        query : array_like
-            (B, n_q, d_model), or unbatched (n_q, d_model); floating, cast to the layer's dtype.
-        key : array_like, optional
-            (B, n_k, kdim); defaults to query (self-attention).
-        value : array_like, optional
-            (B, n_k, vdim); defaults to key.
+        query : array_like, shape (B, n_q, d_model) or (n_q, d_model)
+            Floating; unbatched input drops the B axis of the results.
+        key : array_like, shape (B, n_k, kdim), optional
+            Defaults to ``query`` (self-attention).
+        value : array_like, shape (B, n_k, vdim), optional
+            Defaults to ``key``.
         mask : array_like, optional
-            bool (True = may attend, the opposite of torch.nn.MultiheadAttention) or float
-            (added to the scores), broadcasting to (B, n_heads, n_q, n_k).
-        key_padding_mask : array_like, optional
-            bool (B, n_k), True = real token, False = padding.
-        causal : bool
-            Query i attends key j iff j <= i + (n_k - n_q) (bottom-right aligned).
-        need_weights : bool
-            Return the attention weights; False allocates no n_q x n_k buffer in the C layer.
-        average_weights : bool
-            Average the weights over the heads.
+            Bool (True = may attend, the OPPOSITE of torch.nn.MultiheadAttention) or float (added
+            to the scores), broadcasting to (B, n_heads, n_q, n_k).
+        key_padding_mask : array_like of bool, shape (B, n_k), optional
+            True = real token, False = padding.
+        causal : bool, default False
+            Query i may attend key j iff j <= i + (n_k - n_q) (bottom-right aligned).
+        need_weights : bool, default True
+            Return the attention weights (False allocates no n_q x n_k buffer).
+        average_weights : bool, default False
+            Return the weights averaged over the heads, (B, n_q, n_k).
         cache : KVCache, optional
-            From `new_cache`: the new keys/values are appended to it and the query attends
-            over everything cached (n_k = cache.length after the call).
+            From :meth:`new_cache`: the new keys and values are appended to it and every cached
+            position is attended.
 
         Returns
         -------
-        out : ndarray
-            (B, n_q, d_model), the layer's dtype.
-        weights : ndarray or None
-            (B, n_heads, n_q, n_k) softmax probabilities before dropout, (B, n_q, n_k) with
-            average_weights, or None. Unbatched input drops the B axis of both.
+        out : ndarray, shape (B, n_q, d_model)
+            In the layer's dtype.
+        weights : ndarray, shape (B, n_heads, n_q, n_k) or (B, n_q, n_k), or None
+            The softmax probabilities before dropout; None with ``need_weights=False``.
 
         Raises
         ------
         TypeError
-            Non-floating inputs, a mask or key_padding_mask of another dtype, a cache that
-            does not come from `new_cache`.
+            Non-floating inputs or masks of the wrong dtype.
         ValueError
-            Shapes that do not fit the layer (the message gives them), a full cache.
+            Shapes that do not fit (the message names the argument), or a full cache.
         MemoryError
-            Weights that cannot fit in memory (pass need_weights=False).
+            Outputs that cannot fit in memory.
         """
         key_given, value_given = key is not None, value is not None
         query, key, value, unbatched = checks.layer_inputs(
@@ -439,27 +487,29 @@ class LayerBase:
         return out, weights
 
     def backward(self, d_out):
-        """Backpropagate d_out through the last forward call; fills ``self.grads``.
+        """Backpropagate a gradient through the last forward call; fill ``self.grads``.
 
         Parameters
         ----------
-        d_out : array_like
-            Gradient of the loss with respect to the output, the output's shape.
+        d_out : array_like, shape of the last output
+            The gradient of the loss with respect to ``out``.
 
         Returns
         -------
-        d_query, d_key, d_value : ndarray or None
-            Shaped like the inputs. An input that defaulted to another one adds its gradient to
-            that one: self-attention gives (d_query_total, None, None); key given, value omitted
-            gives (d_query, d_key_total, None); value given, key omitted gives
-            (d_query_total, None, d_value).
+        d_query : ndarray
+            The gradient with respect to ``query`` (in self-attention, the whole input gradient).
+        d_key, d_value : ndarray or None
+            The gradients with respect to ``key`` and ``value``; None for one that was omitted (its
+            gradient is added to the query's, or the key's).
 
         Raises
         ------
         RuntimeError
-            No forward call yet, or the last one used a KV cache.
-        TypeError, ValueError
-            A non-floating d_out or one of another shape.
+            No forward call to backpropagate through (or one made with a KV cache).
+        TypeError
+            A non-floating ``d_out``.
+        ValueError
+            ``d_out`` of the wrong shape.
         """
         s = self._saved
         if s is None:
@@ -473,19 +523,30 @@ class LayerBase:
         return d_query, d_key, d_value
 
     def prune_heads(self, heads):
-        """Remove the query heads `heads` (current indices) for real.
+        """Remove query heads for real: smaller W matrices, the outputs of ``head_mask[heads] = 0``.
 
-        Smaller W matrices, the same outputs as setting ``head_mask[heads] = 0``. With
-        n_kv_heads == n_heads the same key/value heads go too. Existing caches become invalid.
+        With n_kv_heads == n_heads the same key/value heads go too. Existing caches become invalid.
 
         Parameters
         ----------
         heads : iterable of int
+            Current head indices in [0, n_heads).
 
         Raises
         ------
         ValueError
             Grouped heads, an index out of range, or every head.
+
+        Examples
+        --------
+        >>> layer = mha.MultiHeadAttention(8, 4, seed=0)
+        >>> x = np.ones((1, 3, 8), np.float32)
+        >>> layer.head_mask[[1, 2]] = 0
+        >>> masked, _ = layer(x)
+        >>> layer.head_mask[:] = 1
+        >>> layer.prune_heads([1, 2])
+        >>> layer.n_heads, bool(np.allclose(layer(x)[0], masked, atol=1e-6))
+        (2, True)
         """
         heads = sorted({operator.index(h) for h in heads})
         if not heads:
@@ -499,24 +560,27 @@ class LayerBase:
 
     @classmethod
     def from_torch(cls, module):
-        """A layer with the weights, configuration and train/eval mode of a torch module.
+        """Build a layer with the weights, configuration and train/eval mode of a torch module.
 
-        The layer is batch first whatever module.batch_first says. torch's bool masks mean
+        The layer is batch first whatever ``module.batch_first`` says. torch's bool masks mean
         True = masked: pass ``~mask`` here, and ``~key_padding_mask``.
 
         Parameters
         ----------
         module : torch.nn.MultiheadAttention
+            The torch layer (torch is imported here only).
 
         Returns
         -------
         layer
-            An instance of this class.
+            A layer of this class (``mha.MultiHeadAttention`` or the reference one).
 
         Raises
         ------
-        TypeError, ValueError
-            As `params_from_torch`.
+        TypeError
+            Not a torch.nn.MultiheadAttention.
+        ValueError
+            Options mha does not have (add_bias_kv, add_zero_attn, biases on some projections only).
         """
         config, params = params_from_torch(module)
         layer = cls(**config)

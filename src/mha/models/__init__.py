@@ -7,12 +7,14 @@
     (6, 12, 11, 11)
 
 Supported, by config.json's ``model_type``:
+
 - the BERT family: "bert" (BERT, MiniLM), "roberta", "distilbert" (post-LN encoders, exact
   GELU, padding mask; BERT's token types);
 - "gpt2" (pre-LN causal decoder, Conv1D weights);
 - the LLaMA family: "llama", "qwen2", "mistral" (RMSNorm, rotary positions with the "linear"
   and "llama3" scalings, grouped-query attention, SwiGLU, tied or untied embeddings, sliding
   windows).
+
 Causal models also give ``logits`` and ``generate`` (on a KV cache, with the attention of every
 generated token). A model is a local Hugging Face folder with config.json, model.safetensors
 (float32, float64, float16 or bfloat16; read without torch) and tokenizer.json (read with the

@@ -176,7 +176,7 @@ class Tokenizer:
         ids : sequence of int
             Token ids.
         skip_special_tokens : bool, default True
-            Leave [CLS], [SEP], <|endoftext|> and the like out.
+            Leave [CLS], [SEP], ``<|endoftext|>`` and the like out.
 
         Returns
         -------

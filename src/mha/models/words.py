@@ -10,7 +10,7 @@ def group_words(tokenized):
     """Group the tokens of a tokenized text into words.
 
     Consecutive tokens of the same word (same ``sequence_ids`` and ``word_ids``) form one group;
-    each special token ([CLS], [SEP], <|endoftext|>) is a group of its own. A word's string is
+    each special token ([CLS], [SEP], ``<|endoftext|>``) is a group of its own. A word's string is
     its span in the original text (stripped), or the token itself for special tokens.
 
     Parameters

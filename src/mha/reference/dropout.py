@@ -23,7 +23,7 @@ def splitmix64(x):
     Returns
     -------
     ndarray of uint64
-        x's shape (0-d for a scalar; ``int(...)`` gives a Python int).
+        The hashes, of x's shape (0-d for a scalar; ``int(...)`` gives a Python int).
 
     References
     ----------

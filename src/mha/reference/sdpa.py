@@ -119,7 +119,7 @@ def attention(q, k, v, mask=None, *, causal=False, scale=None, dropout=0.0, seed
     v : array_like
         (..., n_k, d_v), k's leading shape.
     mask : array_like, optional
-        bool or integer (True = may attend) or float (added to the scores), broadcasting to
+        A bool or integer mask (True = may attend) or float (added to the scores), broadcasting to
         the scores' shape (..., n_q, n_k). torch.nn.MultiheadAttention's bool masks mean the
         opposite (True = masked).
     causal : bool
@@ -173,20 +173,35 @@ def attention(q, k, v, mask=None, *, causal=False, scale=None, dropout=0.0, seed
 
 def attention_backward(d_out, q, k, v, mask=None, *, causal=False, scale=None, dropout=0.0,
                        seed=None):
-    """Gradients of `attention` with respect to q, k and v (stateless: P is recomputed).
+    """Compute the gradients of `attention` with respect to q, k and v, in NumPy.
+
+    Stateless: the probabilities P are recomputed.
 
     Parameters
     ----------
     d_out : array_like
         (..., n_q, d_v), the gradient of the loss with respect to attention's output.
-    q, k, v, mask, causal, scale, dropout : as given to `attention`
-    seed : int
+    q : array_like
+        (..., n_q, d_k), as for `attention`.
+    k : array_like
+        (..., n_k, d_k), as for `attention`.
+    v : array_like
+        (..., n_k, d_v), as for `attention`.
+    mask : array_like, optional
+        As for `attention`: bool or integer (True = may attend) or float (added to the scores).
+    causal : bool, default False
+        As for `attention`.
+    scale : float, optional
+        As for `attention`; defaults to 1/sqrt(d_k).
+    dropout : float, default 0.0
+        As for `attention`.
+    seed : int, optional
         The dropout seed the forward used; required when dropout > 0.
 
     Returns
     -------
     dq, dk, dv : ndarray
-        q's, k's and v's shapes (with GQA, a key/value head's gradient sums over the query
+        The gradients, of q's, k's and v's shapes (with GQA, a key/value head's gradient sums over the query
         heads that read it). Masked positions and fully masked rows get 0.
 
     Raises

@@ -257,7 +257,7 @@ def prune_experiment(n_heads=8, *, d_model=32, epochs=100, lr=0.005, n_train=500
     set:
 
     1. ablation importance: the accuracy drop when each head alone is zeroed (head_mask);
-    2. gradient importance: the mean |dL/d head_mask| over test batches (Michel et al. 2019);
+    2. gradient importance: the mean ``|dL/d head_mask|`` over test batches (Michel et al. 2019);
     3. iterative pruning, `step` heads at a time, the least important first by ablation
        recomputed on the pruned model, until the end; ``prunable`` = heads removed before the
        accuracy drops by more than max_drop.

@@ -79,7 +79,7 @@ def transformer_parameters(d_model=512, n_heads=8, d_ff=None, *, n_layers=6, voc
     Returns
     -------
     dict
-        "mha", "ffn", "layer_norm", "embedding", "total" (whole model) and their "*_share" of
+        "mha", "ffn", "layer_norm", "embedding", "total" (whole model) and their ``"*_share"`` of
         the total; "block": the same for one encoder block (mha, ffn, layer_norm, total,
         mha_share, ffn_share).
 
