@@ -59,7 +59,7 @@ def __getattr__(name):
     raise AttributeError(f"module 'mha' has no attribute {name!r}")
 
 
-def set_num_threads(n):
+def set_num_threads(n: int) -> None:
     """Set the number of threads of the C kernels (OpenMP); results do not depend on it.
 
     Parameters
@@ -83,18 +83,23 @@ def set_num_threads(n):
     _C.set_num_threads(int(n))
 
 
-def get_num_threads():
+def get_num_threads() -> int:
     """Return the number of threads the C kernels use (1 when built without OpenMP).
 
     Returns
     -------
     int
         The thread count.
+
+    Examples
+    --------
+    >>> mha.get_num_threads() >= 1
+    True
     """
     return _C.get_num_threads()
 
 
-def build_info():
+def build_info() -> dict[str, str | int | bool]:
     """Describe how the C core was built and runs.
 
     Returns

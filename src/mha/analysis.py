@@ -697,6 +697,13 @@ class PruningCurve:
     ----------
     fraction_pruned : ndarray of float64
         ``n_pruned / n_heads``.
+
+    Examples
+    --------
+    >>> value = np.array([0.5, 0.1, 0.3, 0.1])
+    >>> curve = pruning_curve(lambda mask: float(mask @ value), 4, step=1, max_drop=0.25)
+    >>> curve.fraction_pruned.tolist(), curve.removed[1]
+    ([0.0, 0.25, 0.5, 0.75, 1.0], [(1,)])
     """
     n_heads: int
     n_pruned: np.ndarray

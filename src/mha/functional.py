@@ -20,8 +20,12 @@ dtypes
     Inputs are never modified. The forward reads views whose last axis is contiguous in place;
     other layouts are copied.
 """
+from __future__ import annotations
+
+from typing import Literal, overload
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from . import _C, checks
 
@@ -70,8 +74,20 @@ def _prepare(q, k, v, mask, scale, *also):
     return q, k, v, dtype, (B, H, H_kv, n_q, n_k, d_k, d_v), scores_shape, mask4, checks.scale(scale, d_k)
 
 
-def attention(q, k, v, mask=None, *, causal=False, scale=None, dropout=0.0, seed=None, need_weights=True,
-              return_lse=False):
+@overload
+def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None = None, *,
+              causal: bool = False, scale: float | None = None, dropout: float = 0.0,
+              seed: int | None = None, need_weights: bool = True,
+              return_lse: Literal[False] = False) -> tuple[np.ndarray, np.ndarray | None]: ...
+@overload
+def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None = None, *,
+              causal: bool = False, scale: float | None = None, dropout: float = 0.0,
+              seed: int | None = None, need_weights: bool = True,
+              return_lse: Literal[True]) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]: ...
+def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None = None, *,
+              causal: bool = False, scale: float | None = None, dropout: float = 0.0,
+              seed: int | None = None, need_weights: bool = True, return_lse: bool = False,
+              ) -> tuple[np.ndarray, np.ndarray | None] | tuple[np.ndarray, np.ndarray | None, np.ndarray]:
     """Compute scaled dot-product attention, softmax(scale * q k^T + mask) v, on the C core.
 
     Parameters
@@ -150,8 +166,11 @@ def attention(q, k, v, mask=None, *, causal=False, scale=None, dropout=0.0, seed
     return (out, weights, res[2].reshape(q.shape[:-1])) if return_lse else (out, weights)
 
 
-def attention_backward(d_out, q, k, v, mask=None, *, causal=False, scale=None, dropout=0.0, seed=None,
-                       out=None, lse=None):
+def attention_backward(d_out: ArrayLike, q: ArrayLike, k: ArrayLike, v: ArrayLike,
+                       mask: ArrayLike | None = None, *, causal: bool = False,
+                       scale: float | None = None, dropout: float = 0.0, seed: int | None = None,
+                       out: ArrayLike | None = None, lse: ArrayLike | None = None,
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Compute the gradients of `attention` with respect to q, k and v, on the C core.
 
     Stateless: the probabilities are recomputed from q, k, v, tile by tile. Give the same

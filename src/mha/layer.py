@@ -6,7 +6,10 @@ and the backward as one call each into the C core (projections, every head's att
 mask and output projection), with the GIL released. The binding takes and returns named arrays
 (dicts keyed by parameter and buffer names), never positions.
 """
+from __future__ import annotations
+
 import numpy as np
+from numpy.typing import ArrayLike
 
 from . import _C, checks
 from .functional import core_mask
@@ -124,8 +127,10 @@ class MultiHeadAttention(LayerBase):
             value_is_key=not s["value_given"])
         return result["d_query"], result["d_key"], result["d_value"], result["grads"]
 
-    def attention_norms(self, query, key=None, value=None, *, mask=None, key_padding_mask=None,
-                        causal=False, summed=False):
+    def attention_norms(self, query: ArrayLike, key: ArrayLike | None = None,
+                        value: ArrayLike | None = None, *, mask: ArrayLike | None = None,
+                        key_padding_mask: ArrayLike | None = None, causal: bool = False,
+                        summed: bool = False) -> np.ndarray:
         """Compute this layer's norm-based attention (Kobayashi et al. 2020), ||alpha_ij f_h(x_j)||.
 
         f_h(x_j) = (value_j W_v + b_v)_h (head_mask[h] W_o[rows of head h]), the vector key j

@@ -12,12 +12,19 @@ Neither layer's arithmetic is here, and this module imports neither layer. A bug
 on both sides of every test that compares the two layers, so tests/test_layer_base.py tests it on
 its own (the initialisation and layout against PyTorch's).
 """
+from __future__ import annotations
+
 import math
 import operator
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 import numpy as np
+from numpy.typing import ArrayLike, DTypeLike
 
 from . import checks
+
+if TYPE_CHECKING:                        # typing.Self is Python 3.11+
+    from typing_extensions import Self
 
 __all__ = ["PARAMS", "init_params", "params_from_torch", "prune_params", "KVCache", "LayerBase"]
 
@@ -28,8 +35,10 @@ PARAMS = ("W_q", "W_k", "W_v", "W_o", "b_q", "b_k", "b_v", "b_o")
 _PARAMETER_BYTES_LIMIT = 1 << 40
 
 
-def init_params(d_model, n_heads, *, n_kv_heads=None, d_head=None, kdim=None, vdim=None,
-                bias=True, dtype=np.float32, rng):
+def init_params(d_model: int, n_heads: int, *, n_kv_heads: int | None = None,
+                d_head: int | None = None, kdim: int | None = None, vdim: int | None = None,
+                bias: bool = True, dtype: DTypeLike = np.float32,
+                rng: np.random.Generator | int) -> dict[str, np.ndarray]:
     """Draw a layer's initial parameters like torch.nn.MultiheadAttention.
 
     The distributions torch.nn.MultiheadAttention draws, generalised to grouped-query heads and
@@ -113,7 +122,7 @@ def init_params(d_model, n_heads, *, n_kv_heads=None, d_head=None, kdim=None, vd
     return params
 
 
-def params_from_torch(module):
+def params_from_torch(module: Any) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """Read the configuration and weights of a torch.nn.MultiheadAttention.
 
     torch stores Linear weights (out, in); they are transposed here to (in, out). The result
@@ -178,7 +187,8 @@ def params_from_torch(module):
     return config, params
 
 
-def prune_params(params, heads, n_heads, n_kv_heads, d_head):
+def prune_params(params: Mapping[str, np.ndarray], heads: Iterable[int], n_heads: int,
+                 n_kv_heads: int, d_head: int) -> dict[str, np.ndarray]:
     """Return a new params dict without the query heads `heads`.
 
     Removes those heads' columns of W_q, b_q and rows of W_o, and, since n_kv_heads must equal
@@ -203,6 +213,12 @@ def prune_params(params, heads, n_heads, n_kv_heads, d_head):
     ------
     ValueError
         Grouped heads (n_kv_heads != n_heads), a head index out of range, or every head.
+
+    Examples
+    --------
+    >>> p = prune_params(init_params(8, 4, rng=0), [1, 3], n_heads=4, n_kv_heads=4, d_head=2)
+    >>> p["W_q"].shape, p["W_o"].shape
+    ((8, 4), (4, 8))
     """
     heads = sorted({operator.index(h) for h in heads})
     if not heads:
@@ -260,9 +276,16 @@ class KVCache:
         Sizes that are not positive ints.
     MemoryError
         Buffers that cannot fit in memory.
+
+    Examples
+    --------
+    >>> cache = mha.KVCache(batch_size=1, n_kv_heads=2, max_len=16, d_head=4)
+    >>> cache.k.shape, cache.length
+    ((1, 2, 16, 4), 0)
     """
 
-    def __init__(self, batch_size, n_kv_heads, max_len, d_head, dtype=np.float32):
+    def __init__(self, batch_size: int, n_kv_heads: int, max_len: int, d_head: int,
+                 dtype: DTypeLike = np.float32) -> None:
         batch_size, max_len = checks.cache_sizes(batch_size, max_len)
         checks.fits("KV cache", (2, batch_size, max_len, n_kv_heads * d_head), dtype)
         self.n_kv_heads, self.d_head = int(n_kv_heads), int(d_head)
@@ -290,7 +313,7 @@ class KVCache:
     def max_len(self):
         return self.k_rows.shape[1]
 
-    def reset(self):
+    def reset(self) -> None:
         """Forget the cached tokens (the buffers are reused)."""
         self.length = 0
 
@@ -314,8 +337,10 @@ class LayerBase:
     The constructor's parameters are those of `mha.MultiHeadAttention`.
     """
 
-    def __init__(self, d_model, n_heads, *, n_kv_heads=None, d_head=None, kdim=None, vdim=None,
-                 bias=True, dropout=0.0, dtype=np.float32, seed=None):
+    def __init__(self, d_model: int, n_heads: int, *, n_kv_heads: int | None = None,
+                 d_head: int | None = None, kdim: int | None = None, vdim: int | None = None,
+                 bias: bool = True, dropout: float = 0.0, dtype: DTypeLike = np.float32,
+                 seed: int | None = None) -> None:
         (self.d_model, self.n_heads, self.n_kv_heads, self.d_head, self.kdim,
          self.vdim) = checks.layer_dims(d_model, n_heads, n_kv_heads, d_head, kdim, vdim)
         self.bias = bool(bias)
@@ -336,7 +361,7 @@ class LayerBase:
         """The softmax temperature, 1 / sqrt(d_head)."""
         return 1.0 / math.sqrt(self.d_head)
 
-    def train(self, mode=True):
+    def train(self, mode: bool = True) -> Self:
         """Switch dropout on or off.
 
         Parameters
@@ -352,7 +377,7 @@ class LayerBase:
         self.training = bool(mode)
         return self
 
-    def eval(self):
+    def eval(self) -> Self:
         """Switch dropout off.
 
         Returns
@@ -362,7 +387,7 @@ class LayerBase:
         """
         return self.train(False)
 
-    def num_parameters(self):
+    def num_parameters(self) -> int:
         """Count the trainable scalars (weights and biases; head_mask is not a parameter).
 
         Returns
@@ -372,7 +397,7 @@ class LayerBase:
         """
         return sum(a.size for a in self.params.values())
 
-    def new_cache(self, batch_size, max_len):
+    def new_cache(self, batch_size: int, max_len: int) -> KVCache:
         """Make an empty KV cache for step-by-step decoding.
 
         Calling the layer with ``cache=cache`` appends the new keys and values and attends over
@@ -406,8 +431,11 @@ class LayerBase:
         grads["head_mask"] = np.zeros(self.n_heads, self.dtype)
         return grads
 
-    def __call__(self, query, key=None, value=None, *, mask=None, key_padding_mask=None,
-                 causal=False, need_weights=True, average_weights=False, cache=None):
+    def __call__(self, query: ArrayLike, key: ArrayLike | None = None,
+                 value: ArrayLike | None = None, *, mask: ArrayLike | None = None,
+                 key_padding_mask: ArrayLike | None = None, causal: bool = False,
+                 need_weights: bool = True, average_weights: bool = False,
+                 cache: KVCache | None = None) -> tuple[np.ndarray, np.ndarray | None]:
         """Attend from query to key and value.
 
         Parameters
@@ -486,7 +514,8 @@ class LayerBase:
             weights = None if weights is None else weights[0]
         return out, weights
 
-    def backward(self, d_out):
+    def backward(self, d_out: ArrayLike
+                 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
         """Backpropagate a gradient through the last forward call; fill ``self.grads``.
 
         Parameters
@@ -522,7 +551,7 @@ class LayerBase:
             d_query, d_key, d_value = (None if d is None else d[0] for d in (d_query, d_key, d_value))
         return d_query, d_key, d_value
 
-    def prune_heads(self, heads):
+    def prune_heads(self, heads: Iterable[int]) -> None:
         """Remove query heads for real: smaller W matrices, the outputs of ``head_mask[heads] = 0``.
 
         With n_kv_heads == n_heads the same key/value heads go too. Existing caches become invalid.
@@ -559,7 +588,7 @@ class LayerBase:
         self._saved = None
 
     @classmethod
-    def from_torch(cls, module):
+    def from_torch(cls, module: Any) -> Self:
         """Build a layer with the weights, configuration and train/eval mode of a torch module.
 
         The layer is batch first whatever ``module.batch_first`` says. torch's bool masks mean

@@ -954,6 +954,11 @@ def beyond_attention_figure(model, text=BEYOND_TEXT, *, layer=-1, figsize=(17, 4
     -------
     matplotlib.figure.Figure
         Four panels.
+
+    Examples
+    --------
+    >>> model = mha.models.load("minilm")
+    >>> fig = beyond_attention_figure(model, "The cat sat on the mat.")
     """
     tokens, att = model.attentions(text)
     _, norms = model.attention_norms(text, summed=True)
@@ -997,6 +1002,12 @@ def special_token_shares(model, texts=CLARK_TEXTS):
         ``"weight"``, ``"norm"``: (L,) shares per layer (heads averaged; norm shares of each
         head's own norms); ``"norm_summed"``: (L,) the same for the norm summed over heads;
         ``"overall"``: dict of the three averaged over layers.
+
+    Examples
+    --------
+    >>> shares = special_token_shares(mha.models.load("minilm"), ["The cat sat on the mat."])
+    >>> shares["weight"].shape
+    (6,)
     """
     weight, norm, summed = [], [], []
     for text in ([texts] if isinstance(texts, str) else texts):
@@ -1035,6 +1046,10 @@ def kobayashi_figure(model, texts=CLARK_TEXTS, *, shares=None, figsize=(8, 4.8))
     -------
     matplotlib.figure.Figure
         The bars.
+
+    Examples
+    --------
+    >>> fig = kobayashi_figure(mha.models.load("minilm"), ["The cat sat on the mat."])
     """
     shares = special_token_shares(model, texts) if shares is None else shares
     L = len(shares["weight"])
@@ -1074,6 +1089,10 @@ def clark_metrics_figure(model, texts=CLARK_TEXTS, *, metrics=None, figsize=(16,
     -------
     matplotlib.figure.Figure
         Six panels.
+
+    Examples
+    --------
+    >>> fig = clark_metrics_figure(mha.models.load("minilm"), ["The cat sat on the mat."])
     """
     if metrics is None:
         enc = model.encode(list(texts))
@@ -1118,6 +1137,10 @@ def head_map_figure(model, texts=CLARK_TEXTS, *, figsize=(7.5, 6.5)):
     -------
     matplotlib.figure.Figure
         The map.
+
+    Examples
+    --------
+    >>> fig = head_map_figure(mha.models.load("minilm"), ["The cat sat.", "A dog ran."])
     """
     enc = model.encode(list(texts))
     metrics = analysis.clark_metrics(enc.attentions, enc.tokens, attention_mask=enc.attention_mask,

@@ -42,6 +42,11 @@ def minilm_path():
         The package is missing; the message gives the pip command.
     FileNotFoundError
         The package has no model folder.
+
+    Examples
+    --------
+    >>> (minilm_path() / "model.safetensors").is_file()
+    True
     """
     spec = importlib.util.find_spec(MINILM_PACKAGE)
     if spec is None or not spec.submodule_search_locations:

@@ -34,6 +34,13 @@ class TokenizedText:
         True for special tokens such as [CLS], [SEP].
     texts : tuple of str
         The input text(s).
+
+    Examples
+    --------
+    >>> tok = Tokenizer.from_folder(mha.models.minilm_path())
+    >>> t = tok("Tokenization matters")
+    >>> t.tokens, t.word_ids
+    (['[CLS]', 'token', '##ization', 'matters', '[SEP]'], [None, 0, 0, 1, None])
     """
     ids: list
     tokens: list

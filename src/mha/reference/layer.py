@@ -52,6 +52,14 @@ class MultiHeadAttention(LayerBase):
     --------
     mha.MultiHeadAttention : The same layer on the C core.
     mha.reference.attention : The attention of each head.
+
+    Examples
+    --------
+    >>> x = np.random.default_rng(0).standard_normal((2, 5, 8))
+    >>> ref = MultiHeadAttention(8, 2, seed=0, dtype=np.float64)
+    >>> fast = mha.MultiHeadAttention(8, 2, seed=0, dtype=np.float64)
+    >>> bool(np.allclose(ref(x, causal=True)[0], fast(x, causal=True)[0]))
+    True
     """
 
     def _forward(self, query, key, value, *, mask, key_padding_mask, causal, need_weights,

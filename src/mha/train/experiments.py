@@ -116,6 +116,12 @@ def compare_heads(head_counts=(1, 4, 8), *, d_model=32, epochs=100, lr=0.005, n_
         final_loss, final_test_accuracy, seconds) plus "attention" (n_heads, seq_len, seq_len),
         the learned weights on one test sequence (the first with the most distinct tokens in
         its first `period` positions), "tokens", that sequence, "n_parameters" and "model".
+
+    Examples
+    --------
+    >>> results = compare_heads((1, 2), d_model=16, epochs=3, n_train=32, n_test=16, progress=False)
+    >>> sorted(results), results[2]["loss"].shape, results[2]["attention"].shape
+    ([1, 2], (3,), (2, 12, 12))
     """
     train, test, model_seed = experiment_data(n_train, n_test, seq_len=seq_len, vocab_size=vocab_size,
                                               period=period, seed=seed)
@@ -222,6 +228,12 @@ def heads_sweep(head_counts=(1, 2, 4, 8, 16), *, d_model=256, epochs=30, lr=0.00
         (nats) of each head over the test set, "entropy_uniform" (uniform causal attention's,
         a ceiling), "offsets" (n_heads, seq_len) and "period_mass" (n_heads,) over the test
         set (`offset_profile`, `period_mass`).
+
+    Examples
+    --------
+    >>> sweep = heads_sweep((1, 2), d_model=16, epochs=3, n_train=32, n_test=16, progress=False)
+    >>> sweep[2]["entropy"].shape, sweep[2]["offsets"].shape
+    ((2,), (2, 12))
     """
     train, test, model_seed = experiment_data(n_train, n_test, seq_len=seq_len, vocab_size=vocab_size,
                                               period=period, seed=seed)
@@ -309,6 +321,12 @@ def prune_experiment(n_heads=8, *, d_model=32, epochs=100, lr=0.005, n_train=500
     ----------
     P. Michel, O. Levy and G. Neubig, "Are sixteen heads really better than one?",
     NeurIPS 2019.
+
+    Examples
+    --------
+    >>> result = prune_experiment(4, d_model=16, epochs=3, n_train=32, n_test=32, progress=False)
+    >>> result["ablation"].shape, len(result["ranking"])
+    ((4,), 4)
     """
     history = None
     if model is None:

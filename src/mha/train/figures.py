@@ -22,6 +22,12 @@ def compare_heads_figures(results, *, pattern_heads=None):
     dict of matplotlib.figure.Figure
         "summary": loss curves and test-accuracy bars; "patterns": heatmaps of every head of
         the `pattern_heads`-head model on its example test sequence.
+
+    Examples
+    --------
+    >>> results = compare_heads((1, 2), d_model=16, epochs=3, n_train=32, n_test=16, progress=False)
+    >>> sorted(compare_heads_figures(results))
+    ['patterns', 'summary']
     """
     from .. import viz
 
@@ -52,6 +58,12 @@ def heads_sweep_figures(results):
     dict of matplotlib.figure.Figure
         "summary": loss curves and accuracy bars; "entropy": the attention entropy of every
         head per head count, with the ceiling of uniform causal attention.
+
+    Examples
+    --------
+    >>> sweep = heads_sweep((1, 2), d_model=16, epochs=3, n_train=32, n_test=16, progress=False)
+    >>> sorted(heads_sweep_figures(sweep))
+    ['entropy', 'summary']
     """
     from matplotlib.figure import Figure
 
@@ -90,6 +102,12 @@ def prune_figures(result):
     dict of matplotlib.figure.Figure
         "importance": ablation and gradient importance per head (surviving heads green);
         "pruning": accuracy against heads pruned; "surviving": heatmaps of the surviving heads.
+
+    Examples
+    --------
+    >>> result = prune_experiment(4, d_model=16, epochs=3, n_train=32, n_test=32, progress=False)
+    >>> sorted(prune_figures(result))
+    ['importance', 'pruning', 'surviving']
     """
     from matplotlib.figure import Figure
 

@@ -86,6 +86,12 @@ def transformer_parameters(d_model=512, n_heads=8, d_ff=None, *, n_layers=6, voc
     References
     ----------
     A. Vaswani et al., "Attention is all you need", NeurIPS 2017.
+
+    Examples
+    --------
+    >>> base = transformer_parameters()            # the base model of Vaswani et al.
+    >>> base["total"], round(base["mha_share"], 3)
+    (63082496, 0.3)
     """
     d_model = int(d_model)
     d_ff = 4 * d_model if d_ff is None else int(d_ff)
@@ -128,6 +134,12 @@ def parameter_table(d_model=512, n_heads_list=(1, 8), *, bias=(False, True), d_f
     list of dict
         The keys d_model, n_heads, d_head, bias, W_q, W_k, W_v, W_o, biases, mha (attention total),
         ffn, block (one encoder block), mha_share, ffn_share. Print it with `format_table`.
+
+    Examples
+    --------
+    >>> rows = parameter_table(64, (1, 8), bias=True)
+    >>> [(r["n_heads"], r["mha"]) for r in rows]       # the head count does not change the size
+    [(1, 16640), (8, 16640)]
     """
     rows = []
     for b in ((bias,) if isinstance(bias, (bool, np.bool_)) else tuple(bias)):
@@ -157,6 +169,14 @@ def format_table(rows, columns=None):
     str
         Ints with thousands separators, bools as yes/no, floats as % when the column name ends
         in "share", else with 4 significant digits; "" for no rows.
+
+    Examples
+    --------
+    >>> print(format_table(parameter_table(64, (1, 8), bias=True), ["n_heads", "d_head", "mha"]))
+    | n_heads | d_head | mha |
+    |---|---|---|
+    | 1 | 64 | 16,640 |
+    | 8 | 8 | 16,640 |
     """
     if not rows:
         return ""

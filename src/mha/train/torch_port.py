@@ -114,6 +114,15 @@ def torch_model(model):
         A model the seed's torch model cannot hold.
     ImportError
         torch is not installed.
+
+    Examples
+    --------
+    >>> model = SimpleAttentionModel(d_model=16, n_heads=2, seed=0)
+    >>> module = torch_model(model)                                  # doctest: +SKIP
+    >>> import torch                                                 # doctest: +SKIP
+    >>> x = np.array([[0, 1, 2, 0, 1, 2]])
+    >>> bool(np.allclose(module(torch.from_numpy(x))[0].detach().numpy(), model(x)[0], atol=1e-5))  # doctest: +SKIP
+    True
     """
     import torch
 

@@ -1,0 +1,21 @@
+"""What a user's code sees of mha's annotations: .ci/run type-checks this file with mypy --strict
+(it is not a pytest test; running it also works).
+"""
+import numpy as np
+
+import mha
+import mha.reference
+
+q = np.zeros((2, 3, 4), np.float32)
+out, weights = mha.attention(q, q, q, causal=True)
+out2, weights2, lse = mha.attention(q, q, q, return_lse=True)
+dq, dk, dv = mha.attention_backward(np.ones_like(out), q, q, q, out=out2, lse=lse)
+layer = mha.MultiHeadAttention(4, 2, seed=0).eval()
+y, w = layer(q)
+d_x, d_k, d_v = layer.backward(np.ones_like(y))
+cache = layer.new_cache(2, 8)
+n: int = layer.num_parameters() + mha.get_num_threads()
+info = mha.build_info()
+r_out, r_w = mha.reference.attention(q, q, q)
+p = mha.reference.init_params(4, 2, rng=0)
+print(out.shape, d_x.shape, n, info["compiler"], r_out.shape, sorted(p))
