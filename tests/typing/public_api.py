@@ -4,6 +4,7 @@
 import numpy as np
 
 import mha
+import mha.models
 import mha.reference
 
 q = np.zeros((2, 3, 4), np.float32)
@@ -19,3 +20,10 @@ info = mha.build_info()
 r_out, r_w = mha.reference.attention(q, q, q)
 p = mha.reference.init_params(4, 2, rng=0)
 print(out.shape, d_x.shape, n, info["compiler"], r_out.shape, sorted(p))
+
+model = mha.models.load("minilm")
+tokens, attentions = model.attentions("The cat sat on the mat")
+encoding = model.encode(["a text", "another text"], need_weights=False)
+embedding = model.embed("a text")
+words, word_weights = mha.models.load("minilm").encode("Tokenization matters").word_attentions()
+print(len(tokens), attentions.shape, encoding.hidden_states.shape, embedding.shape, words)

@@ -23,10 +23,14 @@ tokenizers library). Nothing is downloaded, ever; torch and transformers are not
 The seed experiments (head pattern classification, the coreference probe, the ambiguous
 sentences) are in :mod:`mha.models.probes`.
 """
+from __future__ import annotations
+
 import dataclasses
 import json
+import os
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from .base import Encoding, TransformerModel
 from .bench import benchmark_encode
@@ -53,7 +57,8 @@ assert set(_CLASSES) == set(READERS)
 SUPPORTED_TYPES = tuple(sorted(_CLASSES))
 
 
-def load(name_or_path="minilm", *, dtype=np.float32):
+def load(name_or_path: str | os.PathLike[str] = "minilm", *,
+         dtype: DTypeLike = np.float32) -> TransformerModel:
     """Load a pretrained transformer from a local folder, or the embedded MiniLM.
 
     Parameters

@@ -1,8 +1,12 @@
 """TransformerModel: what every family shares (tokenize, batch, encode, read attentions, the
 q/k/v and output projection that each attention layer used)."""
+from __future__ import annotations
+
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 import mha
 
@@ -66,7 +70,7 @@ class Encoding:
     def n_tokens(self):
         return self.input_ids.shape[-1]
 
-    def words(self, index=None):
+    def words(self, index: int | None = None) -> tuple[list[str], list[list[int]]]:
         """Group the tokens into words.
 
         Parameters
@@ -93,7 +97,7 @@ class Encoding:
         groups = group_words(tokenized)
         return [w for w, _ in groups], [g for _, g in groups]
 
-    def word_attentions(self, index=None):
+    def word_attentions(self, index: int | None = None) -> tuple[list[str], np.ndarray]:
         """Aggregate the attentions to words (Clark et al. 2019).
 
         The attention to a word is the sum over its tokens, the attention from a word the mean.
@@ -199,7 +203,7 @@ class TransformerModel:
     def d_head(self):
         return self.config.d_head
 
-    def num_parameters(self):
+    def num_parameters(self) -> int:
         """Count the weights (embeddings included).
 
         Returns
@@ -221,7 +225,7 @@ class TransformerModel:
             raise ValueError(f"{self.name or 'this model'} has no tokenizer; call it on ids")
         return self.tokenizer
 
-    def tokenize(self, text, pair=None, *, truncation=False):
+    def tokenize(self, text: str, pair: str | None = None, *, truncation: bool = False) -> list[str]:
         """Tokenize a text, special tokens included.
 
         Parameters
@@ -251,7 +255,9 @@ class TransformerModel:
         """
         return self._need_tokenizer()(text, pair, truncation=truncation).tokens
 
-    def encode(self, text, pair=None, *, need_weights=True, truncation=False, head_mask=None):
+    def encode(self, text: str | Sequence[str], pair: str | Sequence[str] | None = None, *,
+               need_weights: bool = True, truncation: bool = False,
+               head_mask: ArrayLike | None = None) -> Encoding:
         """Tokenize and run the model.
 
         Parameters
@@ -312,8 +318,9 @@ class TransformerModel:
             enc = _unbatch(enc)
         return enc
 
-    def __call__(self, input_ids, attention_mask=None, token_type_ids=None, *, need_weights=True,
-                 head_mask=None):
+    def __call__(self, input_ids: ArrayLike, attention_mask: ArrayLike | None = None,
+                 token_type_ids: ArrayLike | None = None, *, need_weights: bool = True,
+                 head_mask: ArrayLike | None = None) -> Encoding:
         """Run the model on token ids.
 
         Parameters
@@ -367,7 +374,8 @@ class TransformerModel:
         return _unbatch(enc) if single else enc
 
     # --- shortcuts for notebooks ----------------------------------------------------------------
-    def attentions(self, text, pair=None, *, words=False, truncation=False):
+    def attentions(self, text: str, pair: str | None = None, *, words: bool = False,
+                   truncation: bool = False) -> tuple[list[str], np.ndarray]:
         """Compute the attention weights of every layer and head for one text.
 
         Parameters
@@ -406,7 +414,8 @@ class TransformerModel:
             return enc.word_attentions()
         return enc.tokens, enc.attentions
 
-    def attention_norms(self, text, pair=None, *, summed=False, truncation=False):
+    def attention_norms(self, text: str, pair: str | None = None, *, summed: bool = False,
+                        truncation: bool = False) -> tuple[list[str], np.ndarray]:
         """Compute Kobayashi et al.'s (2020) norm-based attention of every layer.
 
         ``norms[l, h, i, j] = ||alpha_ij f_h(x_j)||``, the length of what key j adds to query i's
@@ -450,7 +459,8 @@ class TransformerModel:
                                       summed=summed) for l in range(self.n_layers)])
         return tokens, norms
 
-    def hidden_states(self, text, pair=None, *, truncation=False):
+    def hidden_states(self, text: str, pair: str | None = None, *, truncation: bool = False
+                      ) -> tuple[list[str], np.ndarray]:
         """Compute the hidden states of one text: the embeddings, then each layer's output.
 
         Parameters
@@ -478,7 +488,8 @@ class TransformerModel:
         enc = self.encode(text, pair, need_weights=False, truncation=truncation)
         return enc.tokens, enc.hidden_states
 
-    def embed(self, texts, *, normalize=True, pooling="mean", truncation=True):
+    def embed(self, texts: str | Sequence[str], *, normalize: bool = True, pooling: str = "mean",
+              truncation: bool = True) -> np.ndarray:
         """Compute sentence embeddings: the last hidden states pooled over the real tokens.
 
         Parameters
@@ -525,7 +536,8 @@ class TransformerModel:
         return out[0] if single else out
 
     # --- what each attention layer computed ------------------------------------------------------
-    def qkv(self, text, pair=None, *, truncation=False):
+    def qkv(self, text: str, pair: str | None = None, *, truncation: bool = False
+            ) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
         """The queries, keys and values that each layer's attention kernel received.
 
         Parameters
@@ -568,7 +580,7 @@ class TransformerModel:
         q, k, v = (np.stack([c[part][0] for c in captured]) for part in range(3))
         return tokenized.tokens, q, k, v
 
-    def output_projection(self, layer):
+    def output_projection(self, layer: int) -> tuple[np.ndarray, np.ndarray | None]:
         """Return one layer's attention output projection.
 
         Parameters
@@ -592,7 +604,7 @@ class TransformerModel:
         p = self.layers[self._layer_index(layer)]
         return p["W_o"], p.get("b_o")
 
-    def attention_scale(self, layer):
+    def attention_scale(self, layer: int) -> float:
         """Return the factor on q k^T in a layer (1 / sqrt(d_head) unless the family says else).
 
         Parameters
@@ -613,7 +625,7 @@ class TransformerModel:
         self._layer_index(layer)
         return 1.0 / np.sqrt(self.d_head)
 
-    def attention_mask(self, layer, n):
+    def attention_mask(self, layer: int, n: int) -> np.ndarray:
         """Return which keys each query may attend in a layer, on n tokens without padding.
 
         All True for an encoder, j <= i for a causal model, and i - W < j <= i in a layer with a
@@ -670,7 +682,7 @@ class TransformerModel:
     def _load(self, read):
         raise NotImplementedError
 
-    def parameters(self):
+    def parameters(self) -> dict[str, np.ndarray]:
         """Return every weight by name.
 
         Returns

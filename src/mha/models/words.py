@@ -3,10 +3,18 @@
 Attention *to* a word split into several tokens is the sum of the attention to its tokens;
 attention *from* it is the mean of its tokens' attention rows. Each row still sums to 1.
 """
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
 import numpy as np
+from numpy.typing import ArrayLike
+
+if TYPE_CHECKING:
+    from .tokenizer import TokenizedText
 
 
-def group_words(tokenized):
+def group_words(tokenized: TokenizedText) -> list[tuple[str, list[int]]]:
     """Group the tokens of a tokenized text into words.
 
     Consecutive tokens of the same word (same ``sequence_ids`` and ``word_ids``) form one group;
@@ -50,7 +58,8 @@ def group_words(tokenized):
     return [(word, idx) for word, idx in groups]
 
 
-def aggregate_to_words(weights, groups):
+def aggregate_to_words(weights: ArrayLike,
+                       groups: Sequence[Sequence[int] | tuple[str, Sequence[int]]]) -> np.ndarray:
     """Turn token-level attention into word-level attention (Clark et al. 2019).
 
     Attention *to* a word split into several tokens is the sum of the attention to its tokens;
