@@ -37,9 +37,10 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 __all__ = [
     "head_similarity", "head_diversity", "head_distance", "entropy", "confidence",
@@ -97,7 +98,7 @@ def _mean_over_rows(values, live):
 
 # --- similarity between heads ----------------------------------------------------------------
 
-def head_similarity(weights):
+def head_similarity(weights: ArrayLike) -> np.ndarray:
     """Compute the pairwise cosine similarity between the heads' attention maps.
 
     This is seed 000's ``head_diversity``: each head's map is flattened to a vector and the
@@ -146,7 +147,7 @@ def head_similarity(weights):
 head_diversity = head_similarity
 
 
-def head_distance(weights):
+def head_distance(weights: ArrayLike) -> np.ndarray:
     """Compute the pairwise Jensen-Shannon distance between heads (Clark et al. 2019).
 
     For heads i and j: the Jensen-Shannon divergence (base 2, so in [0, 1]) between their
@@ -212,7 +213,7 @@ def _kl_rows(p, m):
 
 # --- per-head statistics ---------------------------------------------------------------------
 
-def entropy(weights, *, per_query=False):
+def entropy(weights: ArrayLike, *, per_query: bool = False) -> np.ndarray:
     """Compute the attention entropy in nats, -sum_j p_ij ln p_ij, of each query row.
 
     A uniform row over n keys has entropy ln n; a row that puts all its weight on one key has
@@ -253,7 +254,7 @@ def entropy(weights, *, per_query=False):
     return _mean_over_rows(rows, _live_rows(weights))
 
 
-def confidence(weights):
+def confidence(weights: ArrayLike) -> np.ndarray:
     """Compute the mean over query rows of the largest attention weight (Voita et al. 2019).
 
     Parameters
@@ -290,7 +291,7 @@ def confidence(weights):
     return _mean_over_rows(weights.max(axis=-1), _live_rows(weights))
 
 
-def pattern_scores(weights):
+def pattern_scores(weights: ArrayLike) -> dict[str, np.ndarray]:
     """Compute seed 000's positional pattern scores of each head, plus next token.
 
     - ``previous_token``: mean over rows i >= 1 of w[i, i-1]
@@ -350,7 +351,7 @@ def pattern_scores(weights):
     }
 
 
-def dominant_pattern(weights, rtol=0.02):
+def dominant_pattern(weights: ArrayLike, rtol: float = 0.02) -> str | np.ndarray:
     """Name the highest pattern score of each head, as seed 000 prints it.
 
     Scores within `rtol` (relative) of the best count as ties, which go to the earlier (more
@@ -391,7 +392,8 @@ def dominant_pattern(weights, rtol=0.02):
     return str(names) if names.ndim == 0 else names
 
 
-def attention_mass(weights, keys, *, queries=None, normalize=False):
+def attention_mass(weights: ArrayLike, keys: ArrayLike, *, queries: ArrayLike | None = None,
+                   normalize: bool = False) -> np.ndarray:
     """Compute the share of attention that lands on chosen keys (e.g. [CLS]/[SEP], or "doctor").
 
     Parameters
@@ -470,8 +472,9 @@ def _initial_mask(head_mask):
     return mask
 
 
-def head_importance_ablation(evaluate: Callable[[np.ndarray], float], head_mask, *,
-                             higher_is_better: bool = True):
+def head_importance_ablation(evaluate: Callable[[np.ndarray], float],
+                             head_mask: int | tuple[int, ...] | ArrayLike, *,
+                             higher_is_better: bool = True) -> np.ndarray:
     """Measure each head's importance as the metric's drop when that head alone is zeroed.
 
     Parameters
@@ -518,7 +521,8 @@ def head_importance_ablation(evaluate: Callable[[np.ndarray], float], head_mask,
     return importance
 
 
-def head_importance_gradient(grads: Iterable, *, normalize: bool = True):
+def head_importance_gradient(grads: ArrayLike | Iterable[ArrayLike], *,
+                             normalize: bool = True) -> np.ndarray:
     """Compute the gradient head importance of Michel et al. (2019), I_h = mean ``|dL/dxi_h|``.
 
     Parameters
@@ -581,7 +585,7 @@ def _layer_list(layers):
     return list(layers) if isinstance(layers, (list, tuple)) else [layers]
 
 
-def head_mask_grads(layers):
+def head_mask_grads(layers: Any) -> np.ndarray:
     """Collect ``layer.grads["head_mask"]`` of one or more layers after ``backward``.
 
     Parameters
@@ -608,7 +612,7 @@ def head_mask_grads(layers):
 
 
 @contextlib.contextmanager
-def use_head_mask(layers, head_mask):
+def use_head_mask(layers: Any, head_mask: ArrayLike) -> Iterator[None]:
     """Set the head masks of one layer or a list of layers inside a ``with`` block.
 
     The old masks come back when the block ends, also on an exception.
@@ -735,8 +739,10 @@ class PruningCurve:
         return d / abs(self.baseline) if self.relative and self.baseline != 0 else d
 
 
-def pruning_curve(evaluate: Callable[[np.ndarray], float], head_mask, importance=None, *,
-                  step=0.1, max_drop: float = 0.01, relative: bool = False,
+def pruning_curve(evaluate: Callable[[np.ndarray], float],
+                  head_mask: int | tuple[int, ...] | ArrayLike,
+                  importance: ArrayLike | Callable[[np.ndarray], ArrayLike] | None = None, *,
+                  step: float = 0.1, max_drop: float = 0.01, relative: bool = False,
                   higher_is_better: bool = True, stop_early: bool = False) -> PruningCurve:
     """Prune the least important heads iteratively, 10% at a time (seed 002, E12.3).
 
@@ -873,7 +879,8 @@ def _fused_layers(attentions, head_fusion, residual, name="attentions"):
     return fused
 
 
-def attention_rollout(attentions, *, head_fusion="mean", residual=True):
+def attention_rollout(attentions: ArrayLike, *, head_fusion: str = "mean",
+                      residual: bool = True) -> np.ndarray:
     r"""Compute attention rollout: the share of each layer's positions from each input token.
 
     Attention rollout (Abnar & Zuidema 2020) follows the attention through all the layers
@@ -933,8 +940,9 @@ def attention_rollout(attentions, *, head_fusion="mean", residual=True):
     return out
 
 
-def attention_flow(attentions, *, head_fusion="mean", residual=True, queries=None,
-                   normalize=True, progress=None):
+def attention_flow(attentions: ArrayLike, *, head_fusion: str = "mean", residual: bool = True,
+                   queries: ArrayLike | None = None, normalize: bool = True,
+                   progress: bool | None = None) -> np.ndarray:
     r"""Compute attention flow: the maximum flow from each last-layer position to each token.
 
     Attention flow (Abnar & Zuidema 2020) is the maximum flow from each position after the
@@ -1036,7 +1044,8 @@ def attention_flow(attentions, *, head_fusion="mean", residual=True, queries=Non
     return flow.astype(fused.dtype, copy=False)
 
 
-def value_norms(weights, values, W_o, *, summed=False):
+def value_norms(weights: ArrayLike, values: ArrayLike, W_o: ArrayLike, *,
+                summed: bool = False) -> np.ndarray:
     r"""Compute norm-based attention: the length of what each key adds to each query's output.
 
     Norm-based attention (Kobayashi et al. 2020) measures
@@ -1163,7 +1172,8 @@ def _is_punctuation(token):
     return bool(core) and all(unicodedata.category(c).startswith("P") for c in core)
 
 
-def token_classes(tokens, n=None):
+def token_classes(tokens: Sequence[str] | Sequence[Sequence[str]],
+                  n: int | None = None) -> dict[str, np.ndarray]:
     """Which tokens are [CLS]-like, [SEP]-like and punctuation, as bool masks.
 
     [CLS]-like: ``[CLS]``, ``<s>``, ``<|begin_of_text|>``, ``<bos>``, ``<cls>``; [SEP]-like:
@@ -1215,8 +1225,10 @@ def _batch_mask(mask, shape, name):
     return mask.astype(bool)
 
 
-def head_statistic_sums(weights, attention_mask=None, *, cls=None, sep=None, punct=None,
-                        causal=False):
+def head_statistic_sums(weights: ArrayLike, attention_mask: ArrayLike | None = None, *,
+                        cls: ArrayLike | None = None, sep: ArrayLike | None = None,
+                        punct: ArrayLike | None = None, causal: bool = False,
+                        ) -> tuple[dict[str, np.ndarray], dict[str, int]]:
     r"""Sum Clark et al.'s per-head statistics over the real tokens of a padded batch.
 
     The sums come with the token counts to divide them by: the exact building block of
@@ -1324,7 +1336,10 @@ def head_statistic_sums(weights, attention_mask=None, *, cls=None, sep=None, pun
     return sums, counts
 
 
-def clark_metrics(weights, tokens=None, *, attention_mask=None, causal=False):
+def clark_metrics(weights: ArrayLike,
+                  tokens: Sequence[str] | Sequence[Sequence[str]] | None = None, *,
+                  attention_mask: ArrayLike | None = None, causal: bool = False,
+                  ) -> dict[str, np.ndarray]:
     """Compute Clark et al.'s (2019) per-head statistics of one text or a padded batch.
 
     The statistics are the means ``sums / counts`` of :func:`head_statistic_sums`.
@@ -1370,7 +1385,7 @@ def clark_metrics(weights, tokens=None, *, attention_mask=None, causal=False):
     return {k: sums[k] / counts[k] if counts[k] else np.zeros_like(sums[k]) for k in sums}
 
 
-def broad_heads(metrics, *, fraction=0.75):
+def broad_heads(metrics: Mapping[str, np.ndarray], *, fraction: float = 0.75) -> np.ndarray:
     """Find the heads whose attention is broad: mean entropy >= ``fraction`` of uniform's.
 
     Clark et al. (2019) point out heads, mostly in the lowest layers, that spread their
@@ -1400,7 +1415,7 @@ def broad_heads(metrics, *, fraction=0.75):
     return np.asarray(metrics["entropy"]) >= fraction * np.asarray(metrics["uniform_entropy"])
 
 
-def classical_mds(distances, n_components=2):
+def classical_mds(distances: ArrayLike, n_components: int = 2) -> np.ndarray:
     r"""Place points whose Euclidean distances approximate the given ones (classical MDS).
 
     This is classical (Torgerson) multidimensional scaling.
@@ -1449,7 +1464,7 @@ def classical_mds(distances, n_components=2):
     return points * np.where(flip == 0, 1, flip)
 
 
-def head_map(attentions):
+def head_map(attentions: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     """Place every head in the plane by the Jensen-Shannon distance between their attention.
 
     This is Clark et al.'s (2019) map of BERT's heads.

@@ -28,12 +28,20 @@ from __future__ import annotations
 import base64
 import io
 import os
-from typing import Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from . import analysis
 from .headview import HeadView, ModelView, NeuronView, head_view, model_view, neuron_view
+
+if TYPE_CHECKING:                        # matplotlib is imported when a figure is drawn
+    from matplotlib.axes import Axes
+    from matplotlib.colors import Colormap
+    from matplotlib.figure import Figure
+
+    from .models import TransformerModel
 
 __all__ = [
     "heatmap", "head_grid", "similarity_matrices", "mask_heatmap", "concat_projection",
@@ -149,9 +157,12 @@ def _matrix(ax, values, *, x_labels, y_labels, cmap, vmin, vmax, annot, fmt, col
 
 # --- attention matrices ----------------------------------------------------------------------
 
-def heatmap(weights, tokens=None, key_tokens=None, *, title="Attention Weights", ax=None,
-            annot=None, fmt=".2f", cmap="Blues", vmin=0.0, vmax=1.0, colorbar=True,
-            xlabel="Key (attending to)", ylabel="Query (attending from)", figsize=(8, 6)):
+def heatmap(weights: ArrayLike, tokens: Sequence[str] | None = None, key_tokens: Sequence[str] | None = None, *,
+            title: str = "Attention Weights", ax: Axes | None = None, annot: bool | None = None,
+            fmt: str = ".2f", cmap: str | Colormap = "Blues", vmin: float = 0.0,
+            vmax: float | None = 1.0, colorbar: bool = True, xlabel: str = "Key (attending to)",
+            ylabel: str = "Query (attending from)", figsize: tuple[float, float] = (8, 6),
+            ) -> Figure:
     """Draw one attention matrix as an annotated heatmap (seed 000's ``visualize_attention``).
 
     Parameters
@@ -211,9 +222,11 @@ def heatmap(weights, tokens=None, key_tokens=None, *, title="Attention Weights",
     return fig
 
 
-def head_grid(weights, tokens=None, *, n_cols=4, layer=None, heads=None,
-              title="Attention Patterns per Head", cmap="Blues", vmin=0.0, vmax=None,
-              annot=False, fmt=".2f", colorbar=True, panel_size=4.0):
+def head_grid(weights: ArrayLike, tokens: Sequence[str] | None = None, *, n_cols: int = 4,
+              layer: int | None = None, heads: Sequence[int] | None = None,
+              title: str = "Attention Patterns per Head", cmap: str | Colormap = "Blues",
+              vmin: float = 0.0, vmax: float | None = None, annot: bool = False,
+              fmt: str = ".2f", colorbar: bool = True, panel_size: float = 4.0) -> Figure:
     """Draw every head of one layer side by side (seed 002's ``visualize_heads``).
 
     Parameters
@@ -293,8 +306,10 @@ def head_grid(weights, tokens=None, *, n_cols=4, layer=None, heads=None,
     return fig
 
 
-def similarity_matrices(weights, *, layers=None, metric="cosine", n_cols=3, annot=True,
-                        title=None, cmap="RdYlGn_r", panel_size=3.6):
+def similarity_matrices(weights: ArrayLike, *, layers: Sequence[int] | None = None,
+                        metric: str = "cosine", n_cols: int = 3, annot: bool = True,
+                        title: str | None = None, cmap: str = "RdYlGn_r",
+                        panel_size: float = 3.6) -> Figure:
     """Draw the head-by-head similarity of each layer (seed 000's head-diversity figure).
 
     Parameters
@@ -368,8 +383,9 @@ def similarity_matrices(weights, *, layers=None, metric="cosine", n_cols=3, anno
     return fig
 
 
-def mask_heatmap(mask, tokens=None, *, title="Causal Attention Mask", ax=None, cmap="Blues",
-                 annot=None, figsize=(6, 5)):
+def mask_heatmap(mask: int | ArrayLike, tokens: Sequence[str] | None = None, *,
+                 title: str = "Causal Attention Mask", ax: Axes | None = None, cmap: str = "Blues",
+                 annot: bool | None = None, figsize: tuple[float, float] = (6, 5)) -> Figure:
     """Draw a mask as seed 001 does: 1 = may attend, 0 = masked.
 
     Parameters
@@ -422,8 +438,9 @@ def mask_heatmap(mask, tokens=None, *, title="Causal Attention Mask", ax=None, c
     return fig
 
 
-def concat_projection(head_outputs=None, W_o=None, *, n_heads=4, d_head=2, seed=None,
-                      title="Multi-Head Attention: Concat + Project"):
+def concat_projection(head_outputs: ArrayLike | None = None, W_o: ArrayLike | None = None, *,
+                      n_heads: int = 4, d_head: int = 2, seed: int | None = None,
+                      title: str = "Multi-Head Attention: Concat + Project") -> Figure:
     """Draw seed 000's picture: per-head outputs, their concatenation, and W_o's mix.
 
     Parameters
@@ -505,8 +522,10 @@ def _named(values):
     return [str(i) for i in range(len(values))], values
 
 
-def training_curves(losses, *, ax=None, title="Training Loss: Single vs Multi-Head",
-                    xlabel="Epoch", ylabel="Loss", log=False, figsize=(8, 5)):
+def training_curves(losses: Mapping[str, Sequence[float]] | Sequence[Sequence[float]], *,
+                    ax: Axes | None = None, title: str = "Training Loss: Single vs Multi-Head",
+                    xlabel: str = "Epoch", ylabel: str = "Loss", log: bool = False,
+                    figsize: tuple[float, float] = (8, 5)) -> Figure:
     """Draw loss curves, one line per model.
 
     Parameters
@@ -564,8 +583,9 @@ def _bars(ax, names, values, labels, ylabel, title):
     return bars
 
 
-def accuracy_bars(accuracies, *, ax=None, title="Test Accuracy Comparison",
-                  ylabel="Test Accuracy", figsize=(8, 5)):
+def accuracy_bars(accuracies: Mapping[str, float] | Sequence[float], *, ax: Axes | None = None,
+                  title: str = "Test Accuracy Comparison", ylabel: str = "Test Accuracy",
+                  figsize: tuple[float, float] = (8, 5)) -> Figure:
     """Draw accuracy (0..1) per model as labelled bars.
 
     Parameters
@@ -598,7 +618,8 @@ def accuracy_bars(accuracies, *, ax=None, title="Test Accuracy Comparison",
     return fig
 
 
-def training_summary(losses, accuracies, *, figsize=(16, 5)):
+def training_summary(losses: Mapping[str, Sequence[float]], accuracies: Mapping[str, float], *,
+                     figsize: tuple[float, float] = (16, 5)) -> Figure:
     """Draw seed 000's two panels: loss curves and test-accuracy bars.
 
     Parameters
@@ -626,9 +647,10 @@ def training_summary(losses, accuracies, *, figsize=(16, 5)):
     return fig
 
 
-def speed_bars(times, *, ax=None, unit="ms",
-               title="Inference Time: Single vs Multi-Head Attention\n"
-                     "(Same parameters, similar speed)", figsize=(10, 5)):
+def speed_bars(times: Mapping[str, float] | Sequence[float], *, ax: Axes | None = None, unit: str = "ms",
+               title: str = "Inference Time: Single vs Multi-Head Attention\n"
+                            "(Same parameters, similar speed)",
+               figsize: tuple[float, float] = (10, 5)) -> Figure:
     """Draw the time per configuration as labelled bars.
 
     Parameters
@@ -661,8 +683,8 @@ def speed_bars(times, *, ax=None, unit="ms",
     return fig
 
 
-def pruning_plot(curve, *, ax=None, title="Iterative Head Pruning", metric_name="Accuracy",
-                 figsize=(8, 5)):
+def pruning_plot(curve: analysis.PruningCurve, *, ax: Axes | None = None, title: str = "Iterative Head Pruning",
+                 metric_name: str = "Accuracy", figsize: tuple[float, float] = (8, 5)) -> Figure:
     """Draw the metric against the fraction of heads pruned, with the tolerated drop.
 
     Parameters
@@ -723,7 +745,7 @@ class AnimatedGIF:
         self.data = data
         self.n_frames = n_frames
 
-    def save(self, path):
+    def save(self, path: str | os.PathLike[str]) -> str:
         """Write the GIF to a file.
 
         Parameters
@@ -749,8 +771,11 @@ class AnimatedGIF:
         return f"<AnimatedGIF: {self.n_frames} frames, {len(self.data)} bytes>"
 
 
-def attention_gif(attentions, tokens=None, path=None, *, head=0, fps=2.0, cmap="Blues",
-                  vmax=None, annot=None, figsize=(7, 6), dpi=80):
+def attention_gif(attentions: ArrayLike, tokens: Sequence[str] | None = None,
+                  path: str | os.PathLike[str] | None = None, *, head: int | str = 0,
+                  fps: float = 2.0, cmap: str | Colormap = "Blues", vmax: float | None = None,
+                  annot: bool | None = None, figsize: tuple[float, float] = (7, 6),
+                  dpi: int = 80) -> AnimatedGIF:
     """Animate one head (or the sum or mean of heads) across layers, one frame per layer.
 
     Parameters
@@ -846,9 +871,10 @@ def attention_gif(attentions, tokens=None, path=None, *, head=0, fps=2.0, cmap="
 
 # --- beyond raw attention: head map and the tour's figures -------------------------------------
 
-def head_map(attentions=None, *, points=None, color=None, color_label=None, labels=True,
-             ax=None, title="Heads by Jensen-Shannon distance (MDS)", cmap="viridis",
-             figsize=(7.5, 6.5)):
+def head_map(attentions: ArrayLike | None = None, *, points: ArrayLike | None = None,
+             color: ArrayLike | None = None, color_label: str | None = None, labels: bool = True,
+             ax: Axes | None = None, title: str = "Heads by Jensen-Shannon distance (MDS)", cmap: str = "viridis",
+             figsize: tuple[float, float] = (7.5, 6.5)) -> Figure:
     """Every head of a model as a point, close to the heads that attend alike (Clark et al. 2019).
 
     Parameters
@@ -933,7 +959,8 @@ def _special_keys(tokens):
     return classes["cls"] | classes["sep"]
 
 
-def beyond_attention_figure(model, text=BEYOND_TEXT, *, layer=-1, figsize=(17, 4.8)):
+def beyond_attention_figure(model: TransformerModel, text: str = BEYOND_TEXT, *, layer: int = -1,
+                            figsize: tuple[float, float] = (17, 4.8)) -> Figure:
     """Draw four views of what a layer's positions draw on, side by side, for one text.
 
     The views are raw attention (mean over heads), attention rollout, attention flow and the
@@ -983,7 +1010,8 @@ def beyond_attention_figure(model, text=BEYOND_TEXT, *, layer=-1, figsize=(17, 4
     return fig
 
 
-def special_token_shares(model, texts=CLARK_TEXTS):
+def special_token_shares(model: TransformerModel, texts: str | Sequence[str] = CLARK_TEXTS,
+                         ) -> dict[str, Any]:
     """Compare, per layer, the attention weight and the value norm that go to [CLS]/[SEP].
 
     This is Kobayashi et al.'s (2020) comparison: the shares are means over queries, heads and
@@ -1026,7 +1054,9 @@ def special_token_shares(model, texts=CLARK_TEXTS):
     return out
 
 
-def kobayashi_figure(model, texts=CLARK_TEXTS, *, shares=None, figsize=(8, 4.8)):
+def kobayashi_figure(model: TransformerModel, texts: str | Sequence[str] = CLARK_TEXTS, *,
+                     shares: Mapping[str, Any] | None = None,
+                     figsize: tuple[float, float] = (8, 4.8)) -> Figure:
     """Draw per layer the share of weight and of value norm on [CLS]/[SEP] as bars.
 
     Kobayashi et al. (2020) find much weight but little norm on these tokens.
@@ -1068,7 +1098,9 @@ def kobayashi_figure(model, texts=CLARK_TEXTS, *, shares=None, figsize=(8, 4.8))
     return fig
 
 
-def clark_metrics_figure(model, texts=CLARK_TEXTS, *, metrics=None, figsize=(16, 6.4)):
+def clark_metrics_figure(model: TransformerModel, texts: str | Sequence[str] = CLARK_TEXTS, *,
+                         metrics: Mapping[str, np.ndarray] | None = None,
+                         figsize: tuple[float, float] = (16, 6.4)) -> Figure:
     """Draw Clark et al.'s (2019) statistics of every head as (layer x head) heatmaps.
 
     The panels are the attention to [CLS], [SEP], punctuation, the previous and the next token,
@@ -1121,7 +1153,8 @@ def clark_metrics_figure(model, texts=CLARK_TEXTS, *, metrics=None, figsize=(16,
     return fig
 
 
-def head_map_figure(model, texts=CLARK_TEXTS, *, figsize=(7.5, 6.5)):
+def head_map_figure(model: TransformerModel, texts: str | Sequence[str] = CLARK_TEXTS, *,
+                    figsize: tuple[float, float] = (7.5, 6.5)) -> Figure:
     """Draw :func:`head_map` of a model's heads over a few texts, coloured by mean entropy.
 
     Parameters

@@ -4,8 +4,10 @@
 import numpy as np
 
 import mha
+import mha.analysis
 import mha.models
 import mha.reference
+import mha.viz
 
 q = np.zeros((2, 3, 4), np.float32)
 out, weights = mha.attention(q, q, q, causal=True)
@@ -27,3 +29,12 @@ encoding = model.encode(["a text", "another text"], need_weights=False)
 embedding = model.embed("a text")
 words, word_weights = mha.models.load("minilm").encode("Tokenization matters").word_attentions()
 print(len(tokens), attentions.shape, encoding.hidden_states.shape, embedding.shape, words)
+
+h: np.ndarray = mha.analysis.entropy(attentions) + mha.analysis.confidence(attentions)
+rollout = mha.analysis.attention_rollout(attentions)
+metrics = mha.analysis.clark_metrics(attentions, tokens)
+curve = mha.analysis.pruning_curve(lambda mask: float(mask.sum()), 4, step=1)
+fig = mha.viz.heatmap(attentions[0, 0], tokens)
+fig.savefig("/dev/null", format="png")
+view = mha.viz.head_view(attentions, tokens)
+print(h.shape, rollout.shape, sorted(metrics)[:2], curve.prunable, len(view.html) > 0)
