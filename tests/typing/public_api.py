@@ -7,6 +7,7 @@ import mha
 import mha.analysis
 import mha.models
 import mha.reference
+import mha.train
 import mha.viz
 
 q = np.zeros((2, 3, 4), np.float32)
@@ -38,3 +39,9 @@ fig = mha.viz.heatmap(attentions[0, 0], tokens)
 fig.savefig("/dev/null", format="png")
 view = mha.viz.head_view(attentions, tokens)
 print(h.shape, rollout.shape, sorted(metrics)[:2], curve.prunable, len(view.html) > 0)
+
+x, y = mha.train.pattern_data(64, seed=0)
+small = mha.train.SimpleAttentionModel(d_model=16, n_heads=2, seed=0)
+history = mha.train.fit(small, x, y, epochs=2, progress=False)
+table = mha.train.format_table(mha.train.parameter_table(64, (1, 8)))
+print(history["loss"].shape, small.accuracy(x, y) <= 1.0, table.count("|") > 0)

@@ -1,10 +1,13 @@
 """Seed 000's period-3 pattern task: predict the next token of a repeating sequence."""
+from __future__ import annotations
+
 import numpy as np
 
 __all__ = ["pattern_data", "pattern_ceiling", "pattern_min_loss"]
 
 
-def pattern_data(n_samples=500, seq_len=12, vocab_size=5, period=3, seed=None):
+def pattern_data(n_samples: int = 500, seq_len: int = 12, vocab_size: int = 5, period: int = 3,
+                 seed: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Generate repeating-pattern sequences and their next tokens (seed 000's task).
 
     Each sample draws a pattern of `period` tokens uniformly from [0, vocab_size) and repeats it:
@@ -54,7 +57,7 @@ def pattern_data(n_samples=500, seq_len=12, vocab_size=5, period=3, seed=None):
     return sequences[:, :-1].astype(np.int64), sequences[:, 1:].astype(np.int64)
 
 
-def pattern_ceiling(seq_len=12, vocab_size=5, period=3):
+def pattern_ceiling(seq_len: int = 12, vocab_size: int = 5, period: int = 3) -> float:
     """Compute the best expected accuracy any model can reach on :func:`pattern_data`.
 
     The first ``period - 1`` targets are fresh uniform draws (chance 1/vocab_size); every later
@@ -79,7 +82,7 @@ def pattern_ceiling(seq_len=12, vocab_size=5, period=3):
     return ((seq_len - random_targets) + random_targets / vocab_size) / seq_len
 
 
-def pattern_min_loss(seq_len=12, vocab_size=5, period=3):
+def pattern_min_loss(seq_len: int = 12, vocab_size: int = 5, period: int = 3) -> float:
     """Compute the smallest expected cross-entropy (nats per token) on :func:`pattern_data`.
 
     Only the first ``period - 1`` targets are uncertain, each uniform over the vocabulary

@@ -7,9 +7,13 @@ E12.1 in `mha.train.tables`, the speed of an epoch in `mha.train.speed`.
 - `prune_experiment`: E12.3, ablation, importance ranking, iterative pruning
 - `offset_profile`, `period_mass`: where a head of the task looks
 """
+from __future__ import annotations
+
 import copy
+from typing import Any, Sequence
 
 import numpy as np
+from numpy.typing import ArrayLike, DTypeLike
 
 from .. import analysis
 from .data import pattern_ceiling, pattern_data, pattern_min_loss
@@ -24,7 +28,9 @@ def _seeds(seed, n):
     return [int(s) for s in np.random.default_rng(seed).integers(0, 2**63, size=n)]
 
 
-def experiment_data(n_train=500, n_test=100, *, seq_len=12, vocab_size=5, period=3, seed=0):
+def experiment_data(n_train: int = 500, n_test: int = 100, *, seq_len: int = 12,
+                    vocab_size: int = 5, period: int = 3, seed: int | None = 0,
+                    ) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray], int]:
     """The training and test sets the experiments of this module use for a given `seed`.
 
     Parameters
@@ -82,9 +88,10 @@ def _train_one(n_heads, train, test, *, d_model, epochs, lr, batch_size, dtype, 
 
 # --- seed 000, part 7 ------------------------------------------------------------------------
 
-def compare_heads(head_counts=(1, 4, 8), *, d_model=32, epochs=100, lr=0.005, n_train=500,
-                  n_test=100, seq_len=12, vocab_size=5, period=3, batch_size=None,
-                  dtype=np.float32, seed=0, progress=True):
+def compare_heads(head_counts: Sequence[int] = (1, 4, 8), *, d_model: int = 32, epochs: int = 100,
+                  lr: float = 0.005, n_train: int = 500, n_test: int = 100, seq_len: int = 12,
+                  vocab_size: int = 5, period: int = 3, batch_size: int | None = None,
+                  dtype: DTypeLike = np.float32, seed: int = 0, progress: bool = True) -> dict[int, dict[str, Any]]:
     """Seed 000's single-head vs multi-head comparison on the period-3 pattern task.
 
     Every model sees the same data and starts from the same seed (the seed's
@@ -134,7 +141,7 @@ def compare_heads(head_counts=(1, 4, 8), *, d_model=32, epochs=100, lr=0.005, n_
 
 # --- E12.2: how many heads? ------------------------------------------------------------------
 
-def offset_profile(weights):
+def offset_profile(weights: ArrayLike) -> np.ndarray:
     """Compute the mean attention a head pays to the key `k` positions back, k = 0 .. n-1.
 
     Parameters
@@ -158,7 +165,7 @@ def offset_profile(weights):
                      for k in range(n)], axis=-1)
 
 
-def period_mass(weights, period=3):
+def period_mass(weights: ArrayLike, period: int = 3) -> np.ndarray:
     """Compute the attention a head puts on the tokens that equal the next one (periodic data).
 
     Parameters
@@ -184,9 +191,11 @@ def period_mass(weights, period=3):
     return rows.mean(axis=-1)
 
 
-def heads_sweep(head_counts=(1, 2, 4, 8, 16), *, d_model=256, epochs=30, lr=0.002,
-                n_train=200, n_test=200, seq_len=12, vocab_size=5, period=3, batch_size=None,
-                target=0.97, loss_margin=0.1, dtype=np.float32, seed=0, progress=True):
+def heads_sweep(head_counts: Sequence[int] = (1, 2, 4, 8, 16), *, d_model: int = 256,
+                epochs: int = 30, lr: float = 0.002, n_train: int = 200, n_test: int = 200,
+                seq_len: int = 12, vocab_size: int = 5, period: int = 3,
+                batch_size: int | None = None, target: float = 0.97, loss_margin: float = 0.1,
+                dtype: DTypeLike = np.float32, seed: int = 0, progress: bool = True) -> dict[int, dict[str, Any]]:
     """E12.2: the same task at a fixed d_model with more and more heads.
 
     Trains one model per head count on the period-3 task (same data, same seed) and measures
@@ -260,9 +269,11 @@ def heads_sweep(head_counts=(1, 2, 4, 8, 16), *, d_model=256, epochs=30, lr=0.00
 
 # --- E12.3: head importance and pruning -------------------------------------------------------
 
-def prune_experiment(n_heads=8, *, d_model=32, epochs=100, lr=0.005, n_train=500, n_test=500,
-                     seq_len=12, vocab_size=5, period=3, max_drop=0.01, step=1,
-                     dtype=np.float32, seed=0, progress=True, model=None, test_data=None):
+def prune_experiment(n_heads: int = 8, *, d_model: int = 32, epochs: int = 100, lr: float = 0.005,
+                     n_train: int = 500, n_test: int = 500, seq_len: int = 12, vocab_size: int = 5,
+                     period: int = 3, max_drop: float = 0.01, step: int | float = 1,
+                     dtype: DTypeLike = np.float32, seed: int = 0, progress: bool = True, model: Any = None,
+                     test_data: tuple[ArrayLike, ArrayLike] | None = None) -> dict[str, Any]:
     """E12.3: zero one head at a time, rank heads, prune until accuracy drops > max_drop.
 
     Trains a model on the period-3 task (or takes `model` and `test_data`), then, on the test

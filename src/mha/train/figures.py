@@ -1,13 +1,21 @@
 """Figures of the training experiments (matplotlib, drawn with `mha.viz`): each function takes an
 experiment's result (`mha.train.experiments`) and returns a dict of named figures."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping
+
 import numpy as np
 
 from .experiments import head_label
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
 __all__ = ["compare_heads_figures", "heads_sweep_figures", "prune_figures"]
 
 
-def compare_heads_figures(results, *, pattern_heads=None):
+def compare_heads_figures(results: Mapping[int, Mapping[str, Any]], *,
+                          pattern_heads: int | None = None) -> dict[str, Figure]:
     """Draw seed 000's figures of a `compare_heads` result.
 
     Parameters
@@ -45,7 +53,7 @@ def compare_heads_figures(results, *, pattern_heads=None):
     return {"summary": viz.training_summary(losses, accuracies), "patterns": patterns}
 
 
-def heads_sweep_figures(results):
+def heads_sweep_figures(results: Mapping[int, Mapping[str, Any]]) -> dict[str, Figure]:
     """Draw E12.2's figures of a `heads_sweep` result.
 
     Parameters
@@ -89,7 +97,7 @@ def heads_sweep_figures(results):
     return {"summary": summary, "entropy": fig}
 
 
-def prune_figures(result):
+def prune_figures(result: Mapping[str, Any]) -> dict[str, Figure]:
     """Draw E12.3's figures of a `prune_experiment` result.
 
     Parameters

@@ -8,16 +8,20 @@
 The attention layer (forward and backward) runs on mha's C kernels; the embeddings, the output
 projection, the loss and Adam are a few lines of NumPy each.
 """
+from __future__ import annotations
+
 import time
+from typing import Any, Mapping
 
 import numpy as np
+from numpy.typing import ArrayLike, DTypeLike
 
 from ..layer import MultiHeadAttention
 
 __all__ = ["SimpleAttentionModel", "cross_entropy", "Adam", "fit"]
 
 
-def cross_entropy(logits, targets):
+def cross_entropy(logits: ArrayLike, targets: ArrayLike) -> tuple[float, np.ndarray]:
     """Compute the mean softmax cross-entropy over every token, and its gradient.
 
     Parameters
@@ -114,8 +118,9 @@ class SimpleAttentionModel:
     ((1, 6, 5), (1, 2, 6, 6))
     """
 
-    def __init__(self, vocab_size=5, d_model=32, n_heads=4, seq_len=12, *, bias=False,
-                 dtype=np.float32, seed=None):
+    def __init__(self, vocab_size: int = 5, d_model: int = 32, n_heads: int = 4, seq_len: int = 12,
+                 *, bias: bool = False, dtype: DTypeLike = np.float32, seed: int | None = None,
+                 ) -> None:
         self.vocab_size, self.d_model, self.seq_len = int(vocab_size), int(d_model), int(seq_len)
         if min(self.vocab_size, self.seq_len) < 1:
             raise ValueError(f"vocab_size and seq_len must be positive, got {vocab_size}, "
@@ -145,7 +150,7 @@ class SimpleAttentionModel:
         return {"token_embedding": own["token_embedding"], "pos_embedding": own["pos_embedding"],
                 **self.attention.params, "W_out": own["W_out"], "b_out": own["b_out"]}
 
-    def num_parameters(self):
+    def num_parameters(self) -> int:
         """Count the trainable scalars.
 
         Returns
@@ -169,7 +174,8 @@ class SimpleAttentionModel:
             raise ValueError(f"{name} holds ids outside [0, {self.vocab_size})")
         return tokens
 
-    def forward(self, tokens, *, need_weights=True):
+    def forward(self, tokens: ArrayLike, *, need_weights: bool = True
+                ) -> tuple[np.ndarray, np.ndarray | None]:
         """Run the model: embeddings, causal attention, output layer.
 
         Saves what :meth:`backward` needs.
@@ -211,7 +217,7 @@ class SimpleAttentionModel:
 
     __call__ = forward
 
-    def backward(self, d_logits):
+    def backward(self, d_logits: ArrayLike) -> dict[str, np.ndarray]:
         """Compute the gradients of a scalar loss from the gradient of the last forward's logits.
 
         Parameters
@@ -261,7 +267,7 @@ class SimpleAttentionModel:
                       "W_out": d_W_out, "b_out": d_b_out, "head_mask": att["head_mask"]}
         return self.grads
 
-    def loss(self, tokens, targets):
+    def loss(self, tokens: ArrayLike, targets: ArrayLike) -> float:
         """Compute the mean cross-entropy of the next-token predictions (no gradient).
 
         Parameters
@@ -279,7 +285,8 @@ class SimpleAttentionModel:
         logits, _ = self.forward(tokens, need_weights=False)
         return cross_entropy(logits, self._tokens(targets, "targets"))[0]
 
-    def loss_and_grads(self, tokens, targets):
+    def loss_and_grads(self, tokens: ArrayLike, targets: ArrayLike
+                       ) -> tuple[float, dict[str, np.ndarray]]:
         """Run forward, cross-entropy and backward.
 
         Parameters
@@ -300,7 +307,7 @@ class SimpleAttentionModel:
         loss, d_logits = cross_entropy(logits, self._tokens(targets, "targets"))
         return loss, self.backward(d_logits)
 
-    def predict(self, tokens):
+    def predict(self, tokens: ArrayLike) -> np.ndarray:
         """Predict the most likely next token at every position.
 
         Parameters
@@ -316,7 +323,7 @@ class SimpleAttentionModel:
         logits, _ = self.forward(tokens, need_weights=False)
         return logits.argmax(axis=-1)
 
-    def accuracy(self, tokens, targets):
+    def accuracy(self, tokens: ArrayLike, targets: ArrayLike) -> float:
         """Compute the fraction of positions whose predicted next token equals the target.
 
         Parameters
@@ -377,7 +384,9 @@ class Adam:
     array([ 0.9, -0.9])
     """
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
+    def __init__(self, params: Mapping[str, np.ndarray], lr: float = 1e-3,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.0) -> None:
         if lr <= 0:
             raise ValueError(f"lr must be positive, got {lr}")
         self.params = dict(params)
@@ -387,7 +396,7 @@ class Adam:
         self.v = {name: np.zeros_like(p) for name, p in self.params.items()}
         self.t = 0
 
-    def step(self, grads):
+    def step(self, grads: Mapping[str, np.ndarray]) -> None:
         """Update the parameters in place by one Adam step.
 
         Parameters
@@ -423,8 +432,11 @@ def _progress(iterable, enabled, desc):
     return tqdm(iterable, desc=desc, leave=True)
 
 
-def fit(model, tokens, targets, test_tokens=None, test_targets=None, *, epochs=100, lr=0.005,
-        batch_size=None, optimizer=None, eval_every=1, seed=None, progress=True, desc=None):
+def fit(model: Any, tokens: ArrayLike, targets: ArrayLike, test_tokens: ArrayLike | None = None,
+        test_targets: ArrayLike | None = None, *, epochs: int = 100, lr: float = 0.005,
+        batch_size: int | None = None, optimizer: Any = None, eval_every: int = 1,
+        seed: int | None = None, progress: bool = True, desc: str | None = None,
+        ) -> dict[str, Any]:
     """Train a model with Adam (seed 000's ``train_model``) and return its history.
 
     Parameters

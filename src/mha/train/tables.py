@@ -1,11 +1,16 @@
 """Parameter counts (seed 002's exercise E12.1): one attention layer, a whole Transformer, and a
 Markdown table of them."""
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
 import numpy as np
 
 __all__ = ["parameter_count", "transformer_parameters", "parameter_table", "format_table"]
 
 
-def parameter_count(d_model=512, n_heads=8, *, bias=True, d_head=None):
+def parameter_count(d_model: int = 512, n_heads: int = 8, *, bias: bool = True,
+                    d_head: int | None = None) -> dict[str, int]:
     """Count the parameters of one multi-head attention layer: W_q, W_k, W_v, W_o and optional biases.
 
     Parameters
@@ -50,8 +55,9 @@ def parameter_count(d_model=512, n_heads=8, *, bias=True, d_head=None):
     return counts
 
 
-def transformer_parameters(d_model=512, n_heads=8, d_ff=None, *, n_layers=6, vocab_size=37000,
-                           bias=True, decoder=True, shared_embeddings=True):
+def transformer_parameters(d_model: int = 512, n_heads: int = 8, d_ff: int | None = None, *,
+                           n_layers: int = 6, vocab_size: int = 37000, bias: bool = True,
+                           decoder: bool = True, shared_embeddings: bool = True) -> dict[str, Any]:
     """Count where a Transformer's parameters are.
 
     A block is post-LN: self-attention, [cross-attention in the decoder], a two-layer FFN
@@ -115,7 +121,9 @@ def transformer_parameters(d_model=512, n_heads=8, d_ff=None, *, n_layers=6, voc
     return totals
 
 
-def parameter_table(d_model=512, n_heads_list=(1, 8), *, bias=(False, True), d_ff=None):
+def parameter_table(d_model: int = 512, n_heads_list: Sequence[int] = (1, 8), *,
+                    bias: bool | Sequence[bool] = (False, True), d_ff: int | None = None,
+                    ) -> list[dict[str, Any]]:
     """Tabulate E12.1: one row per (n_heads, bias), d_head = d_model // n_heads.
 
     Parameters
@@ -154,7 +162,7 @@ def parameter_table(d_model=512, n_heads_list=(1, 8), *, bias=(False, True), d_f
     return rows
 
 
-def format_table(rows, columns=None):
+def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:
     """Format a list of dicts as a Markdown table.
 
     Parameters

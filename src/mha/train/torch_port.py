@@ -3,9 +3,15 @@
 The peer of the speed comparison (:func:`mha.train.benchmark_epoch`). torch is optional: it is
 imported only when :func:`torch_model` is called.
 """
+from __future__ import annotations
+
 import functools
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from .model import SimpleAttentionModel
 
 __all__ = ["torch_model"]
 
@@ -92,7 +98,7 @@ def _classes():
     return SimpleAttentionModel
 
 
-def torch_model(model):
+def torch_model(model: SimpleAttentionModel) -> Any:
     """Build seed 000's torch ``SimpleAttentionModel`` holding a copy of `model`'s weights.
 
     The torch model has the model's dtype (float32 or float64); nn.Linear stores weights
