@@ -739,6 +739,13 @@ class AnimatedGIF:
         The GIF file's bytes.
     n_frames : int
         The number of frames.
+
+    Examples
+    --------
+    >>> w = np.full((2, 1, 3, 3), 1 / 3)
+    >>> gif = attention_gif(w)
+    >>> gif.n_frames, gif.data[:6]
+    (2, b'GIF89a')
     """
 
     def __init__(self, data: bytes, n_frames: int):

@@ -205,6 +205,12 @@ class HeadView(HTMLView):
     ----------
     html : str
         The whole page.
+
+    Examples
+    --------
+    >>> view = head_view(np.full((1, 2, 3, 3), 1 / 3), ["a", "b", "c"])
+    >>> view.html.startswith("<!DOCTYPE html>"), view.n_heads
+    (True, 2)
     """
     kind = "head view"
 

@@ -163,6 +163,12 @@ class TransformerModel:
     ------
     TypeError
         A dtype other than float32 or float64.
+
+    Examples
+    --------
+    >>> model = mha.models.load("minilm")
+    >>> model
+    BertModel(name='minilm', n_layers=6, n_heads=12, d_model=384, dtype=float32)
     """
     causal = False
     #: the checkpoint name that locates the head-model prefix ("bert.", "model.", ...)

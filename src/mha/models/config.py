@@ -63,6 +63,12 @@ class ModelConfig:
     ------
     ValueError
         d_model not divisible by n_heads without an explicit d_head.
+
+    Examples
+    --------
+    >>> config = mha.models.load("minilm").config
+    >>> config.model_type, config.n_layers, config.d_head, config.max_positions
+    ('bert', 6, 32, 512)
     """
     model_type: str
     n_layers: int

@@ -182,6 +182,12 @@ def period_mass(weights: ArrayLike, period: int = 3) -> np.ndarray:
         (i - j) % period == period - 1 (the tokens i-2, i-5, ... for period 3: attending to any
         of them solves the task), averaged over those rows. 1 for a head that only looks at
         copies of the answer.
+
+    Examples
+    --------
+    >>> w = np.eye(6, k=-2); w[:2, 0] = 1.0          # each token looks two back
+    >>> float(period_mass(w, period=3))
+    1.0
     """
     w = np.asarray(weights, dtype=np.float64)
     n = w.shape[-1]
