@@ -59,34 +59,48 @@ def __getattr__(name):
     raise AttributeError(f"module 'mha' has no attribute {name!r}")
 
 
-def set_num_threads(n):
-    """Use `n` threads in the C kernels (OpenMP); results do not depend on the count.
+def set_num_threads(n: int) -> None:
+    """Set the number of threads of the C kernels (OpenMP); results do not depend on it.
 
     Parameters
     ----------
     n : int
-        From 1 to 4096.
+        The thread count, from 1 to 4096.
 
     Raises
     ------
     ValueError
         n outside [1, 4096].
+
+    Examples
+    --------
+    >>> old = mha.get_num_threads()
+    >>> mha.set_num_threads(1)
+    >>> mha.get_num_threads()
+    1
+    >>> mha.set_num_threads(old)
     """
     _C.set_num_threads(int(n))
 
 
-def get_num_threads():
-    """The number of threads the C kernels use (1 when built without OpenMP).
+def get_num_threads() -> int:
+    """Return the number of threads the C kernels use (1 when built without OpenMP).
 
     Returns
     -------
     int
+        The thread count.
+
+    Examples
+    --------
+    >>> mha.get_num_threads() >= 1
+    True
     """
     return _C.get_num_threads()
 
 
-def build_info():
-    """How the C core was built, and which of its SIMD paths runs.
+def build_info() -> dict[str, str | int | bool | tuple[str, ...]]:
+    """Describe how the C core was built, and which of its SIMD paths runs.
 
     The kernels are compiled once per instruction set and the core picks one at its first
     call: the best this CPU runs, unless the environment variable ``MHA_SIMD`` (``auto``,

@@ -5,9 +5,12 @@ NumPy in, NumPy out. Attention weights are any array whose last two axes are
 are all zero; they are left out of every average). The leading axes are kept, so the same
 function works on one head (n, n), one layer (heads, n, n) or a model (layers, heads, n, n):
 
-    >>> w = np.stack(model_attentions)          # (layers, heads, n, n)
-    >>> entropy(w).shape                        # (layers, heads)
-    >>> head_similarity(w).shape                # (layers, heads, heads)
+    >>> from mha.analysis import entropy, head_similarity
+    >>> w = np.full((6, 12, 5, 5), 0.2)          # (layers, heads, n, n)
+    >>> entropy(w).shape                         # (layers, heads)
+    (6, 12)
+    >>> head_similarity(w).shape                 # (layers, heads, heads)
+    (6, 12, 12)
 
 A batch axis is a leading axis like any other: average the result over it, or pass one
 example at a time. A list of per-layer arrays (e.g. Hugging Face ``outputs.attentions``,
@@ -34,9 +37,10 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 __all__ = [
     "head_similarity", "head_diversity", "head_distance", "entropy", "confidence",
@@ -94,12 +98,43 @@ def _mean_over_rows(values, live):
 
 # --- similarity between heads ----------------------------------------------------------------
 
-def head_similarity(weights):
-    """Pairwise cosine similarity between the heads' attention maps (seed 000's head_diversity).
+def head_similarity(weights: ArrayLike) -> np.ndarray:
+    """Compute the pairwise cosine similarity between the heads' attention maps.
 
-    weights: (..., heads, n_q, n_k). Each head's map is flattened to a vector; the result is
-    (..., heads, heads), 1 on the diagonal (0 for an all-zero map). Lower = more diverse.
-    To compare heads across layers, reshape (layers, heads, n, n) to (layers*heads, n, n).
+    This is seed 000's ``head_diversity``: each head's map is flattened to a vector and the
+    cosine of every pair is taken. Lower means more diverse heads. To compare heads across
+    layers, reshape (layers, heads, n, n) to (layers*heads, n, n).
+
+    Parameters
+    ----------
+    weights : array_like, shape (..., heads, n_q, n_k)
+        Attention weights, rows = queries; any real dtype (computed in float64). A list of
+        per-layer arrays is stacked on a new first axis.
+
+    Returns
+    -------
+    similarity : ndarray, shape (..., heads, heads)
+        Cosine similarities (float64), 1 on the diagonal (0 for an all-zero map).
+
+    Raises
+    ------
+    ValueError
+        Fewer than 3 axes.
+    TypeError
+        Non-real input.
+
+    See Also
+    --------
+    head_distance : The Jensen-Shannon distance between heads.
+
+    Examples
+    --------
+    >>> from mha.analysis import head_similarity
+    >>> w = np.stack([np.eye(3), np.eye(3), np.full((3, 3), 1 / 3)])   # 3 heads
+    >>> head_similarity(w).round(3)
+    array([[1.   , 1.   , 0.577],
+           [1.   , 1.   , 0.577],
+           [0.577, 0.577, 1.   ]])
     """
     weights = _as_weights(weights, 3)
     flat = weights.reshape(*weights.shape[:-2], -1)              # (..., H, n_q*n_k)
@@ -108,19 +143,48 @@ def head_similarity(weights):
     return flat @ np.swapaxes(flat, -1, -2)
 
 
-#: Seed 000's name for :func:`head_similarity`.
+# seed 000's name for head_similarity (the same function, documented there)
 head_diversity = head_similarity
 
 
-def head_distance(weights):
-    """Pairwise Jensen-Shannon distance between heads (Clark et al. 2019).
+def head_distance(weights: ArrayLike) -> np.ndarray:
+    """Compute the pairwise Jensen-Shannon distance between heads (Clark et al. 2019).
 
     For heads i and j: the Jensen-Shannon divergence (base 2, so in [0, 1]) between their
     attention distributions of each query row, averaged over the rows both heads attend from.
-    0 for identical heads, 1 for heads whose rows never share a key.
-    weights: (..., heads, n_q, n_k) -> (..., heads, heads), symmetric with a zero diagonal.
-    (Clark et al. sum over the tokens of a corpus; this is the per-token mean. Its square root
-    is a metric, if you need the triangle inequality.)
+    Clark et al. sum over the tokens of a corpus; this is the per-token mean. Its square root
+    is a metric, if you need the triangle inequality.
+
+    Parameters
+    ----------
+    weights : array_like, shape (..., heads, n_q, n_k)
+        Attention weights, rows = queries; any real dtype (computed in float64).
+
+    Returns
+    -------
+    distance : ndarray, shape (..., heads, heads)
+        Distances in [0, 1] (float64) with a zero diagonal: 0 for identical heads, 1 for heads
+        whose rows never share a key.
+
+    Raises
+    ------
+    ValueError
+        Fewer than 3 axes.
+    TypeError
+        Non-real input.
+
+    References
+    ----------
+    K. Clark, U. Khandelwal, O. Levy and C. D. Manning, "What Does BERT Look At? An Analysis
+    of BERT's Attention", BlackboxNLP 2019, https://arxiv.org/abs/1906.04341.
+
+    Examples
+    --------
+    >>> from mha.analysis import head_distance
+    >>> w = np.stack([np.eye(2), np.eye(2)[::-1]])      # two heads that never share a key
+    >>> head_distance(w)
+    array([[0., 1.],
+           [1., 0.]])
     """
     weights = _as_weights(weights, 3)
     total = weights.sum(axis=-1, keepdims=True)
@@ -149,12 +213,37 @@ def _kl_rows(p, m):
 
 # --- per-head statistics ---------------------------------------------------------------------
 
-def entropy(weights, *, per_query=False):
-    """Attention entropy in nats: -sum_j p_ij ln p_ij for each query row i.
+def entropy(weights: ArrayLike, *, per_query: bool = False) -> np.ndarray:
+    """Compute the attention entropy in nats, -sum_j p_ij ln p_ij, of each query row.
 
-    weights: (..., n_q, n_k) -> (...) averaged over the (non-masked) query rows, or
-    (..., n_q) with per_query=True. A uniform row over n keys has entropy ln n; a row that
-    puts all its weight on one key has entropy 0. Fully masked rows count as 0.
+    A uniform row over n keys has entropy ln n; a row that puts all its weight on one key has
+    entropy 0. Fully masked rows (all zero) count as 0 and are left out of the mean.
+
+    Parameters
+    ----------
+    weights : array_like, shape (..., n_q, n_k)
+        Attention weights, rows = queries; any real dtype (computed in float64).
+    per_query : bool, default False
+        Return each row's entropy instead of the mean over the rows.
+
+    Returns
+    -------
+    entropy : ndarray, shape (...) or (..., n_q) with ``per_query``
+        The entropy in nats (float64).
+
+    Raises
+    ------
+    ValueError
+        Fewer than 2 axes.
+    TypeError
+        Non-real input.
+
+    Examples
+    --------
+    >>> from mha.analysis import entropy
+    >>> w = np.stack([np.full((4, 4), 0.25), np.eye(4)])      # a uniform head, a one-hot head
+    >>> entropy(w)
+    array([1.38629436, 0.        ])
     """
     weights = _as_weights(weights)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -165,29 +254,81 @@ def entropy(weights, *, per_query=False):
     return _mean_over_rows(rows, _live_rows(weights))
 
 
-def confidence(weights):
-    """Mean over query rows of the largest attention weight (Voita et al. 2019).
+def confidence(weights: ArrayLike) -> np.ndarray:
+    """Compute the mean over query rows of the largest attention weight (Voita et al. 2019).
 
-    weights: (..., n_q, n_k) -> (...). 1 for a head that always attends to one key; 1/n_k for
-    uniform attention. Fully masked rows are left out.
+    Parameters
+    ----------
+    weights : array_like, shape (..., n_q, n_k)
+        Attention weights, rows = queries; any real dtype (computed in float64).
+
+    Returns
+    -------
+    confidence : ndarray, shape (...)
+        1 for a head that always attends to one key, 1/n_k for uniform attention (float64).
+        Fully masked rows are left out.
+
+    Raises
+    ------
+    ValueError
+        Fewer than 2 axes.
+    TypeError
+        Non-real input.
+
+    References
+    ----------
+    E. Voita, D. Talbot, F. Moiseev, R. Sennrich and I. Titov, "Analyzing Multi-Head
+    Self-Attention: Specialized Heads Do the Heavy Lifting, the Rest Can Be Pruned", ACL 2019,
+    https://arxiv.org/abs/1905.09418.
+
+    Examples
+    --------
+    >>> from mha.analysis import confidence
+    >>> confidence(np.stack([np.full((4, 4), 0.25), np.eye(4)]))
+    array([0.25, 1.  ])
     """
     weights = _as_weights(weights)
     return _mean_over_rows(weights.max(axis=-1), _live_rows(weights))
 
 
-def pattern_scores(weights):
-    """Seed 000's positional pattern scores, plus next token.
-
-    weights: (..., n_q, n_k) -> dict name -> array (...):
+def pattern_scores(weights: ArrayLike) -> dict[str, np.ndarray]:
+    """Compute seed 000's positional pattern scores of each head, plus next token.
 
     - ``previous_token``: mean over rows i >= 1 of w[i, i-1]
     - ``next_token``: mean over rows i < n-1 of w[i, i+1]
     - ``first_token``: mean over all rows of w[i, 0]
     - ``local``: mean over all rows of w[i, i-1] + w[i, i] (just w[0, 0] for row 0)
 
-    Each is 1 for a head that does exactly that. When n_q != n_k, query i sits at key
-    position i + n_k - n_q (bottom-right aligned, as ``causal=True``). See
-    :func:`dominant_pattern` for the winner.
+    Each is 1 for a head that does exactly that. When n_q != n_k, query i sits at key position
+    i + n_k - n_q (bottom-right aligned, as ``causal=True``).
+
+    Parameters
+    ----------
+    weights : array_like, shape (..., n_q, n_k)
+        Attention weights, rows = queries; any real dtype (computed in float64).
+
+    Returns
+    -------
+    scores : dict of str to ndarray, shape (...)
+        The four scores above, keyed by the names of :data:`PATTERNS`.
+
+    Raises
+    ------
+    ValueError
+        Fewer than 2 axes.
+    TypeError
+        Non-real input.
+
+    See Also
+    --------
+    dominant_pattern : The name of the highest score.
+
+    Examples
+    --------
+    >>> from mha.analysis import pattern_scores
+    >>> previous = np.eye(4, k=-1); previous[0, 0] = 1.0     # each token looks one back
+    >>> {name: float(s) for name, s in pattern_scores(previous).items()}
+    {'previous_token': 1.0, 'next_token': 0.0, 'first_token': 0.5, 'local': 1.0}
     """
     weights = _as_weights(weights)
     n_q, n_k = weights.shape[-2:]
@@ -210,15 +351,38 @@ def pattern_scores(weights):
     }
 
 
-def dominant_pattern(weights, rtol=0.02):
-    """Name of the highest pattern score of each head, as seed 000 prints it.
+def dominant_pattern(weights: ArrayLike, rtol: float = 0.02) -> str | np.ndarray:
+    """Name the highest pattern score of each head, as seed 000 prints it.
 
-    weights: (..., n_q, n_k) -> str array (...) (a plain str for one 2-D map). Scores within
-    `rtol` (relative) of the best count as ties, which go to the earlier (more specific) name
-    in :data:`PATTERNS`. Seed 000's ``local`` adds the weight on the token itself to the weight
-    on the previous token, so it is never below ``previous_token``: a pure previous-token head
-    scores 1 on both (MiniLM's layer 0, head 2 scores 1.000 on both, local ahead only by
-    float32 rounding) and is called previous_token. rtol=0 gives the seed's plain max.
+    Scores within `rtol` (relative) of the best count as ties, which go to the earlier (more
+    specific) name in :data:`PATTERNS`. Seed 000's ``local`` adds the weight on the token itself
+    to the weight on the previous token, so it is never below ``previous_token``: a pure
+    previous-token head scores 1 on both (MiniLM's layer 0, head 2 scores 1.000 on both, local
+    ahead only by float32 rounding) and is called previous_token.
+
+    Parameters
+    ----------
+    weights : array_like, shape (..., n_q, n_k)
+        Attention weights, rows = queries.
+    rtol : float, default 0.02
+        Relative tolerance of a tie; 0 gives the seed's plain maximum.
+
+    Returns
+    -------
+    str or ndarray of str, shape (...)
+        The winning names of :data:`PATTERNS`; a plain str for one 2-D map.
+
+    Raises
+    ------
+    ValueError
+        Fewer than 2 axes.
+
+    Examples
+    --------
+    >>> from mha.analysis import dominant_pattern
+    >>> previous = np.eye(4, k=-1); previous[0, 0] = 1.0
+    >>> dominant_pattern(previous), dominant_pattern(np.stack([previous, np.eye(4)[[0, 0, 0, 0]]]))
+    ('previous_token', array(['previous_token', 'first_token'], dtype='<U14'))
     """
     scores = pattern_scores(weights)
     stacked = np.stack([scores[name] for name in PATTERNS], axis=-1)   # (..., 4)
@@ -228,14 +392,42 @@ def dominant_pattern(weights, rtol=0.02):
     return str(names) if names.ndim == 0 else names
 
 
-def attention_mass(weights, keys, *, queries=None, normalize=False):
-    """Share of attention that lands on chosen keys (e.g. [CLS]/[SEP], or "doctor").
+def attention_mass(weights: ArrayLike, keys: ArrayLike, *, queries: ArrayLike | None = None,
+                   normalize: bool = False) -> np.ndarray:
+    """Compute the share of attention that lands on chosen keys (e.g. [CLS]/[SEP], or "doctor").
 
-    weights: (..., n_q, n_k). keys: an int, a sequence of ints, or a bool array (n_k,).
-    queries: optional rows to average over (same forms as keys); default all non-masked rows.
-    normalize: divide each row by its sum first, for values whose rows do not sum to 1 (the
-    value norms of :func:`value_norms`: the share of the norm that lands on the keys).
-    Returns (...): mean over the query rows of the summed weight on those keys.
+    Parameters
+    ----------
+    weights : array_like, shape (..., n_q, n_k)
+        Attention weights, rows = queries.
+    keys : int, sequence of int, or array_like of bool, shape (n_k,)
+        The keys whose weight is summed (negative ints count from the end).
+    queries : int, sequence of int, or array_like of bool, shape (n_q,), optional
+        The rows to average over; default all rows that are not fully masked.
+    normalize : bool, default False
+        Divide each row by its sum first, for values whose rows do not sum to 1 (the value norms
+        of :func:`value_norms`: the share of the norm that lands on the keys).
+
+    Returns
+    -------
+    mass : ndarray, shape (...)
+        The mean over the query rows of the summed weight on those keys (float64).
+
+    Raises
+    ------
+    ValueError
+        A bool selection of the wrong length.
+    IndexError
+        An index out of range.
+    TypeError
+        A selection that is neither ints nor bools.
+
+    Examples
+    --------
+    >>> from mha.analysis import attention_mass
+    >>> w = np.array([[0.5, 0.25, 0.25], [0.0, 0.5, 0.5], [1.0, 0.0, 0.0]])
+    >>> float(attention_mass(w, 0)), float(attention_mass(w, [0, -1], queries=[0, 1]))
+    (0.5, 0.625)
     """
     weights = _as_weights(weights)
     if normalize:
@@ -280,18 +472,43 @@ def _initial_mask(head_mask):
     return mask
 
 
-def head_importance_ablation(evaluate: Callable[[np.ndarray], float], head_mask, *,
-                             higher_is_better: bool = True):
-    """Importance of each head = how much the metric drops when that head alone is zeroed.
+def head_importance_ablation(evaluate: Callable[[np.ndarray], float],
+                             head_mask: int | tuple[int, ...] | ArrayLike, *,
+                             higher_is_better: bool = True) -> np.ndarray:
+    """Measure each head's importance as the metric's drop when that head alone is zeroed.
 
-    evaluate: ``evaluate(head_mask) -> float``, your metric (e.g. accuracy) with the model's
-        head multipliers set to head_mask (see :func:`use_head_mask`).
-    head_mask: the number of heads, a shape such as (layers, heads), or a current mask array
-        (heads already at 0 stay at 0 and get importance NaN).
-    higher_is_better: False for a loss: importance is then the rise of the metric.
+    Parameters
+    ----------
+    evaluate : callable
+        ``evaluate(head_mask) -> float``, your metric (e.g. accuracy) with the model's head
+        multipliers set to ``head_mask`` (see :func:`use_head_mask`).
+    head_mask : int, tuple of int, or array_like
+        The number of heads, a shape such as (layers, heads), or a current mask array (heads
+        already at 0 stay at 0 and get importance NaN).
+    higher_is_better : bool, default True
+        False for a loss: importance is then the rise of the metric.
 
-    Returns an array of head_mask's shape: ``metric(all kept) - metric(head h zeroed)``
-    (the drop; negative when removing the head helps). Calls evaluate 1 + (live heads) times.
+    Returns
+    -------
+    importance : ndarray of float64, shape of ``head_mask``
+        ``metric(all kept) - metric(head h zeroed)``: the drop, negative when removing the head
+        helps. ``evaluate`` is called 1 + (live heads) times.
+
+    Raises
+    ------
+    ValueError
+        A 0-d array as ``head_mask``.
+
+    See Also
+    --------
+    head_importance_gradient : The gradient estimate of Michel et al. (2019), one backward.
+
+    Examples
+    --------
+    >>> from mha.analysis import head_importance_ablation
+    >>> value = np.array([0.5, 0.1, 0.3])          # a toy metric: each kept head adds its value
+    >>> head_importance_ablation(lambda mask: float(mask @ value), 3)
+    array([0.5, 0.1, 0.3])
     """
     mask = _initial_mask(head_mask)
     sign = 1.0 if higher_is_better else -1.0
@@ -304,17 +521,42 @@ def head_importance_ablation(evaluate: Callable[[np.ndarray], float], head_mask,
     return importance
 
 
-def head_importance_gradient(grads: Iterable, *, normalize: bool = True):
-    """Gradient head importance of Michel et al. (2019): I_h = mean_x |dL/d xi_h|.
+def head_importance_gradient(grads: ArrayLike | Iterable[ArrayLike], *,
+                             normalize: bool = True) -> np.ndarray:
+    """Compute the gradient head importance of Michel et al. (2019), I_h = mean ``|dL/dxi_h|``.
 
-    grads: the gradients of the loss with respect to the head mask xi, one per example (or
-        per batch, as Michel et al.'s code does), each of shape (heads,) or (layers, heads):
-        an array (n_examples, ..., heads) or any iterable of arrays, e.g. a generator
+    Parameters
+    ----------
+    grads : array_like or iterable of array_like
+        The gradients of the loss with respect to the head mask xi, one per example (or per
+        batch, as Michel et al.'s code does), each of shape (heads,) or (layers, heads): an
+        array (n_examples, ..., heads) or any iterable of arrays, e.g. a generator
         ``(step(x, y) for x, y in data)`` where step runs forward + backward and returns
         ``head_mask_grads(layers)``.
-    normalize: divide each layer's scores by their l2 norm (as Michel et al. do).
+    normalize : bool, default True
+        Divide each layer's scores by their l2 norm (as Michel et al. do).
 
-    Returns (..., heads), e.g. (layers, heads).
+    Returns
+    -------
+    importance : ndarray of float64, shape (..., heads)
+        E.g. (layers, heads).
+
+    Raises
+    ------
+    ValueError
+        An array with fewer than 2 axes, examples of different shapes, or no example.
+
+    References
+    ----------
+    P. Michel, O. Levy and G. Neubig, "Are Sixteen Heads Really Better than One?", NeurIPS
+    2019, https://arxiv.org/abs/1905.10650.
+
+    Examples
+    --------
+    >>> from mha.analysis import head_importance_gradient
+    >>> grads = np.array([[3.0, -4.0], [-3.0, 4.0]])     # two examples, two heads
+    >>> head_importance_gradient(grads)
+    array([0.6, 0.8])
     """
     if isinstance(grads, np.ndarray):
         grads = np.asarray(grads, dtype=np.float64)
@@ -343,21 +585,64 @@ def _layer_list(layers):
     return list(layers) if isinstance(layers, (list, tuple)) else [layers]
 
 
-def head_mask_grads(layers):
-    """``layer.grads["head_mask"]`` after ``backward``: (heads,) for one layer, or
-    (layers, heads) for a list of layers (all with the same number of heads)."""
+def head_mask_grads(layers: Any) -> np.ndarray:
+    """Collect ``layer.grads["head_mask"]`` of one or more layers after ``backward``.
+
+    Parameters
+    ----------
+    layers : MultiHeadAttention or list of MultiHeadAttention
+        One layer, or a list of layers with the same number of heads, after ``backward``.
+
+    Returns
+    -------
+    grads : ndarray of float64, shape (heads,) or (layers, heads)
+        The gradients of the loss with respect to each layer's head mask.
+
+    Examples
+    --------
+    >>> from mha.analysis import head_mask_grads
+    >>> layer = mha.MultiHeadAttention(8, 2, seed=0)
+    >>> out, _ = layer(np.ones((1, 3, 8), np.float32))
+    >>> _ = layer.backward(np.ones_like(out))
+    >>> head_mask_grads([layer, layer]).shape
+    (2, 2)
+    """
     grads = [np.array(layer.grads["head_mask"], dtype=np.float64) for layer in _layer_list(layers)]
     return grads[0] if not isinstance(layers, (list, tuple)) else np.stack(grads)
 
 
 @contextlib.contextmanager
-def use_head_mask(layers, head_mask):
-    """Set ``layer.head_mask`` of one layer ((heads,) mask) or a list of layers
-    ((layers, heads) mask) inside a ``with`` block; the old masks come back afterwards.
+def use_head_mask(layers: Any, head_mask: ArrayLike) -> Iterator[None]:
+    """Set the head masks of one layer or a list of layers inside a ``with`` block.
 
-        def evaluate(mask):
-            with use_head_mask(layers, mask):
-                return accuracy(model, x_test, y_test)
+    The old masks come back when the block ends, also on an exception.
+
+    Parameters
+    ----------
+    layers : MultiHeadAttention or list of MultiHeadAttention
+        Anything with a ``head_mask`` attribute of shape (heads,).
+    head_mask : array_like, shape (heads,) or (layers, heads)
+        The multipliers of each head's output (1 keep, 0 prune); (heads,) for one layer.
+
+    Yields
+    ------
+    None
+        The layers carry ``head_mask`` inside the block.
+
+    Raises
+    ------
+    ValueError
+        A mask without one row per layer.
+
+    Examples
+    --------
+    >>> from mha.analysis import use_head_mask
+    >>> layer = mha.MultiHeadAttention(8, 2, seed=0)
+    >>> with use_head_mask(layer, [1.0, 0.0]):
+    ...     layer.head_mask.tolist()
+    [1.0, 0.0]
+    >>> layer.head_mask.tolist()
+    [1.0, 1.0]
     """
     layer_list = _layer_list(layers)
     mask = np.asarray(head_mask, dtype=np.float64)
@@ -388,12 +673,41 @@ def _set_mask(layer, row):
 
 @dataclass
 class PruningCurve:
-    """The result of :func:`pruning_curve`; step 0 is the unpruned model.
+    """Hold the result of :func:`pruning_curve`; step 0 is the unpruned model.
 
-    n_pruned[s], metric[s], masks[s]: heads removed, metric and head mask after step s.
-    removed[s]: indices (tuples into the mask) of the heads removed at step s (empty at 0).
-    prunable: how many heads can go before the metric drops by more than max_drop (the
-        n_pruned of the last step before the first such drop); prunable_mask is its mask.
+    Parameters
+    ----------
+    n_heads : int
+        The number of heads of the mask.
+    n_pruned : ndarray of int, shape (steps + 1,)
+        The number of heads removed after each step.
+    metric : ndarray of float64, shape (steps + 1,)
+        The metric after each step.
+    masks : list of ndarray
+        The head mask after each step.
+    removed : list of list of tuple
+        The indices (tuples into the mask) of the heads removed at each step (empty at 0).
+    baseline : float
+        The metric of the unpruned model.
+    max_drop, relative, higher_is_better : float, bool, bool
+        The arguments of :func:`pruning_curve`.
+    prunable : int
+        How many heads can go before the metric drops by more than ``max_drop`` (the n_pruned
+        of the last step before the first such drop).
+    prunable_mask : ndarray
+        The head mask of that step.
+
+    Attributes
+    ----------
+    fraction_pruned : ndarray of float64
+        ``n_pruned / n_heads``.
+
+    Examples
+    --------
+    >>> value = np.array([0.5, 0.1, 0.3, 0.1])
+    >>> curve = pruning_curve(lambda mask: float(mask @ value), 4, step=1, max_drop=0.25)
+    >>> curve.fraction_pruned.tolist(), curve.removed[1]
+    ([0.0, 0.25, 0.5, 0.75, 1.0], [(1,)])
     """
     n_heads: int
     n_pruned: np.ndarray
@@ -412,30 +726,68 @@ class PruningCurve:
         return self.n_pruned / self.n_heads
 
     def drop(self):
-        """The metric's drop from the baseline at each step (relative if relative=True)."""
+        """Compute the metric's drop from the baseline at each step.
+
+        Returns
+        -------
+        drop : ndarray of float64, shape (steps + 1,)
+            ``baseline - metric`` (the rise for a loss), divided by ``|baseline|`` when the curve
+            was computed with ``relative=True``.
+        """
         sign = 1.0 if self.higher_is_better else -1.0
         d = sign * (self.baseline - self.metric)
         return d / abs(self.baseline) if self.relative and self.baseline != 0 else d
 
 
-def pruning_curve(evaluate: Callable[[np.ndarray], float], head_mask, importance=None, *,
-                  step=0.1, max_drop: float = 0.01, relative: bool = False,
+def pruning_curve(evaluate: Callable[[np.ndarray], float],
+                  head_mask: int | tuple[int, ...] | ArrayLike,
+                  importance: ArrayLike | Callable[[np.ndarray], ArrayLike] | None = None, *,
+                  step: float = 0.1, max_drop: float = 0.01, relative: bool = False,
                   higher_is_better: bool = True, stop_early: bool = False) -> PruningCurve:
-    """Iteratively prune the least important heads, 10% at a time (seed 002, E12.3).
+    """Prune the least important heads iteratively, 10% at a time (seed 002, E12.3).
 
-    evaluate: ``evaluate(head_mask) -> float`` as in :func:`head_importance_ablation`.
-    head_mask: the number of heads, a shape such as (layers, heads), or a starting mask.
-    importance: how to rank the live heads before each step:
-        None  -> ablation importance, recomputed on the current mask at every step;
-        array -> a fixed ranking (e.g. from :func:`head_importance_gradient`);
-        callable ``importance(head_mask) -> array`` -> recomputed at every step.
-    step: a fraction of all heads (default 0.1; at least one head per step) or an int count.
-    max_drop: the tolerated drop from the unpruned metric, absolute (0.01 = one accuracy
-        point) or, with relative=True, a fraction of the unpruned metric.
-    stop_early: stop after the first step whose drop exceeds max_drop.
+    Parameters
+    ----------
+    evaluate : callable
+        ``evaluate(head_mask) -> float`` as in :func:`head_importance_ablation`.
+    head_mask : int, tuple of int, or array_like
+        The number of heads, a shape such as (layers, heads), or a starting mask.
+    importance : None, array_like or callable, optional
+        How to rank the live heads before each step: None for the ablation importance,
+        recomputed on the current mask at every step; an array of ``head_mask``'s shape for a
+        fixed ranking (e.g. from :func:`head_importance_gradient`); a callable
+        ``importance(head_mask) -> array``, called at every step.
+    step : float or int, default 0.1
+        A fraction of all heads (at least one head per step) or an int count.
+    max_drop : float, default 0.01
+        The tolerated drop from the unpruned metric, absolute (0.01 = one accuracy point) or,
+        with ``relative=True``, a fraction of the unpruned metric.
+    relative : bool, default False
+        Read ``max_drop`` as a fraction of the unpruned metric.
+    higher_is_better : bool, default True
+        False for a loss.
+    stop_early : bool, default False
+        Stop after the first step whose drop exceeds ``max_drop``.
 
-    Returns a :class:`PruningCurve`; ``curve.prunable`` answers "how many heads can go before
-    accuracy drops by more than 1%?".
+    Returns
+    -------
+    PruningCurve
+        ``curve.prunable`` answers "how many heads can go before accuracy drops by more than
+        1%?".
+
+    Raises
+    ------
+    ValueError
+        A ``step`` that is not a fraction in (0, 1] or a positive int, or an importance of the
+        wrong shape.
+
+    Examples
+    --------
+    >>> from mha.analysis import pruning_curve
+    >>> value = np.array([0.5, 0.1, 0.3, 0.1])
+    >>> curve = pruning_curve(lambda mask: float(mask @ value), 4, step=1, max_drop=0.25)
+    >>> curve.n_pruned.tolist(), curve.prunable
+    ([0, 1, 2, 3, 4], 2)
     """
     mask = _initial_mask(head_mask)
     n_heads = mask.size
@@ -527,9 +879,12 @@ def _fused_layers(attentions, head_fusion, residual, name="attentions"):
     return fused
 
 
-def attention_rollout(attentions, *, head_fusion="mean", residual=True):
-    r"""Attention rollout (Abnar & Zuidema 2020): how much of each position after layer l
-    comes from each input token, following the attention through all layers below.
+def attention_rollout(attentions: ArrayLike, *, head_fusion: str = "mean",
+                      residual: bool = True) -> np.ndarray:
+    r"""Compute attention rollout: the share of each layer's positions from each input token.
+
+    Attention rollout (Abnar & Zuidema 2020) follows the attention through all the layers
+    below layer l: how much of each position after layer l comes from each input token.
 
     Per layer the heads are fused, :math:`A_l = \mathrm{fuse}_h(\alpha_{l,h})` (mean, max or
     min over heads); with ``residual`` the skip connection is added as an identity and rows
@@ -585,9 +940,12 @@ def attention_rollout(attentions, *, head_fusion="mean", residual=True):
     return out
 
 
-def attention_flow(attentions, *, head_fusion="mean", residual=True, queries=None,
-                   normalize=True, progress=None):
-    r"""Attention flow (Abnar & Zuidema 2020): the maximum flow from each position after the
+def attention_flow(attentions: ArrayLike, *, head_fusion: str = "mean", residual: bool = True,
+                   queries: ArrayLike | None = None, normalize: bool = True,
+                   progress: bool | None = None) -> np.ndarray:
+    r"""Compute attention flow: the maximum flow from each last-layer position to each token.
+
+    Attention flow (Abnar & Zuidema 2020) is the maximum flow from each position after the
     last layer to each input token through the attention graph.
 
     The graph has a node per (layer boundary, position): input tokens at level 0, the output
@@ -608,6 +966,7 @@ def attention_flow(attentions, *, head_fusion="mean", residual=True, queries=Non
     attentions : array_like, shape (L, H, n, n)
         Attention weights of one text, rows = queries (as :func:`attention_rollout`).
     head_fusion : {"mean", "max", "min"}
+        How the heads of a layer are combined, as in :func:`attention_rollout`.
     residual : bool
         As in :func:`attention_rollout`.
     queries : int, sequence of int or bool array (n,), optional
@@ -685,9 +1044,12 @@ def attention_flow(attentions, *, head_fusion="mean", residual=True, queries=Non
     return flow.astype(fused.dtype, copy=False)
 
 
-def value_norms(weights, values, W_o, *, summed=False):
-    r"""Norm-based attention (Kobayashi et al. 2020): the length of what each key actually
-    adds to each query's output, :math:`\|\alpha_{ij} f_h(x_j)\|`, instead of the weight.
+def value_norms(weights: ArrayLike, values: ArrayLike, W_o: ArrayLike, *,
+                summed: bool = False) -> np.ndarray:
+    r"""Compute norm-based attention: the length of what each key adds to each query's output.
+
+    Norm-based attention (Kobayashi et al. 2020) measures
+    :math:`\|\alpha_{ij} f_h(x_j)\|` instead of the weight :math:`\alpha_{ij}`.
 
     A head's output for query i is :math:`\sum_j \alpha_{h,ij} v_{h,j}`, and after the output
     projection its contribution to the layer's output is
@@ -724,7 +1086,7 @@ def value_norms(weights, values, W_o, *, summed=False):
     Returns
     -------
     norms : ndarray, shape (..., H, n_q, n_k), or (..., n_q, n_k) with ``summed``
-        float32 if every input is float32, else float64.
+        The norms, float32 if every input is float32, else float64.
 
     Raises
     ------
@@ -810,7 +1172,8 @@ def _is_punctuation(token):
     return bool(core) and all(unicodedata.category(c).startswith("P") for c in core)
 
 
-def token_classes(tokens, n=None):
+def token_classes(tokens: Sequence[str] | Sequence[Sequence[str]],
+                  n: int | None = None) -> dict[str, np.ndarray]:
     """Which tokens are [CLS]-like, [SEP]-like and punctuation, as bool masks.
 
     [CLS]-like: ``[CLS]``, ``<s>``, ``<|begin_of_text|>``, ``<bos>``, ``<cls>``; [SEP]-like:
@@ -821,7 +1184,8 @@ def token_classes(tokens, n=None):
 
     Parameters
     ----------
-    tokens : list of str, or list of lists of str (a batch)
+    tokens : list of str, or list of lists of str
+        The tokens of one text, or of a batch of texts.
     n : int, optional
         Pad every mask to n positions with False (default: the longest list).
 
@@ -861,10 +1225,14 @@ def _batch_mask(mask, shape, name):
     return mask.astype(bool)
 
 
-def head_statistic_sums(weights, attention_mask=None, *, cls=None, sep=None, punct=None,
-                        causal=False):
-    r"""Per-head sums of Clark et al.'s statistics over the real tokens of a padded batch,
-    with the token counts to divide them by: the exact building block of corpus means.
+def head_statistic_sums(weights: ArrayLike, attention_mask: ArrayLike | None = None, *,
+                        cls: ArrayLike | None = None, sep: ArrayLike | None = None,
+                        punct: ArrayLike | None = None, causal: bool = False,
+                        ) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+    r"""Sum Clark et al.'s per-head statistics over the real tokens of a padded batch.
+
+    The sums come with the token counts to divide them by: the exact building block of
+    corpus means.
 
     For each layer l and head h, summed over every real query token i of every text (padding
     is left out as query and as key):
@@ -968,13 +1336,18 @@ def head_statistic_sums(weights, attention_mask=None, *, cls=None, sep=None, pun
     return sums, counts
 
 
-def clark_metrics(weights, tokens=None, *, attention_mask=None, causal=False):
-    """Clark et al. (2019)'s per-head statistics of one text (or a padded batch): the means
-    ``sums / counts`` of :func:`head_statistic_sums`.
+def clark_metrics(weights: ArrayLike,
+                  tokens: Sequence[str] | Sequence[Sequence[str]] | None = None, *,
+                  attention_mask: ArrayLike | None = None, causal: bool = False,
+                  ) -> dict[str, np.ndarray]:
+    """Compute Clark et al.'s (2019) per-head statistics of one text or a padded batch.
+
+    The statistics are the means ``sums / counts`` of :func:`head_statistic_sums`.
 
     Parameters
     ----------
     weights : array_like, shape (L, H, n, n) or (B, L, H, n, n)
+        Attention weights of one text, or of a padded batch, rows = queries.
     tokens : list of str or list of lists of str, optional
         The tokens, to find [CLS], [SEP] and punctuation (:func:`token_classes`); without
         them the masses on those are 0.
@@ -1012,8 +1385,8 @@ def clark_metrics(weights, tokens=None, *, attention_mask=None, causal=False):
     return {k: sums[k] / counts[k] if counts[k] else np.zeros_like(sums[k]) for k in sums}
 
 
-def broad_heads(metrics, *, fraction=0.75):
-    """Heads whose attention is broad: mean entropy at least ``fraction`` of uniform's.
+def broad_heads(metrics: Mapping[str, np.ndarray], *, fraction: float = 0.75) -> np.ndarray:
+    """Find the heads whose attention is broad: mean entropy >= ``fraction`` of uniform's.
 
     Clark et al. (2019) point out heads, mostly in the lowest layers, that spread their
     attention over the whole sentence ("bag of vectors" heads); this is an operational
@@ -1030,6 +1403,7 @@ def broad_heads(metrics, *, fraction=0.75):
     Returns
     -------
     broad : ndarray of bool, shape (L, H)
+        True for the broad heads.
 
     Examples
     --------
@@ -1041,9 +1415,10 @@ def broad_heads(metrics, *, fraction=0.75):
     return np.asarray(metrics["entropy"]) >= fraction * np.asarray(metrics["uniform_entropy"])
 
 
-def classical_mds(distances, n_components=2):
-    r"""Classical (Torgerson) multidimensional scaling: points whose Euclidean distances are
-    as close as possible to the given ones.
+def classical_mds(distances: ArrayLike, n_components: int = 2) -> np.ndarray:
+    r"""Place points whose Euclidean distances approximate the given ones (classical MDS).
+
+    This is classical (Torgerson) multidimensional scaling.
 
     With :math:`D^{(2)}` the squared distances and :math:`J = I - \frac{1}{N} 1 1^\top`, the
     Gram matrix :math:`B = -\frac12 J D^{(2)} J` is eigendecomposed and the points are the top
@@ -1089,9 +1464,10 @@ def classical_mds(distances, n_components=2):
     return points * np.where(flip == 0, 1, flip)
 
 
-def head_map(attentions):
-    """2-D coordinates of every head, placed by the Jensen-Shannon distance between their
-    attention (Clark et al. 2019's map of BERT's heads).
+def head_map(attentions: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+    """Place every head in the plane by the Jensen-Shannon distance between their attention.
+
+    This is Clark et al.'s (2019) map of BERT's heads.
 
     The distance between two heads is the square root of their mean Jensen-Shannon
     divergence (:func:`head_distance` over all L*H heads, a metric), mapped to the plane by
@@ -1105,7 +1481,9 @@ def head_map(attentions):
     Returns
     -------
     points : ndarray, shape (L, H, 2)
+        The 2-D coordinates of each head.
     distances : ndarray, shape (L*H, L*H)
+        The distances between the heads that the points approximate.
 
     Examples
     --------

@@ -20,8 +20,12 @@ dtypes
     Inputs are never modified. The forward reads views whose last axis is contiguous in place;
     other layouts are copied.
 """
+from __future__ import annotations
+
+from typing import Literal, overload
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from . import _C, checks
 
@@ -70,9 +74,21 @@ def _prepare(q, k, v, mask, scale, *also):
     return q, k, v, dtype, (B, H, H_kv, n_q, n_k, d_k, d_v), scores_shape, mask4, checks.scale(scale, d_k)
 
 
-def attention(q, k, v, mask=None, *, causal=False, scale=None, dropout=0.0, seed=None, need_weights=True,
-              return_lse=False):
-    """Scaled dot-product attention, softmax(scale * q k^T + mask) v, on the C core.
+@overload
+def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None = None, *,
+              causal: bool = False, scale: float | None = None, dropout: float = 0.0,
+              seed: int | None = None, need_weights: bool = True,
+              return_lse: Literal[False] = False) -> tuple[np.ndarray, np.ndarray | None]: ...
+@overload
+def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None = None, *,
+              causal: bool = False, scale: float | None = None, dropout: float = 0.0,
+              seed: int | None = None, need_weights: bool = True,
+              return_lse: Literal[True]) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]: ...
+def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None = None, *,
+              causal: bool = False, scale: float | None = None, dropout: float = 0.0,
+              seed: int | None = None, need_weights: bool = True, return_lse: bool = False,
+              ) -> tuple[np.ndarray, np.ndarray | None] | tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+    """Compute scaled dot-product attention, softmax(scale * q k^T + mask) v, on the C core.
 
     Parameters
     ----------
@@ -84,7 +100,7 @@ def attention(q, k, v, mask=None, *, causal=False, scale=None, dropout=0.0, seed
     v : array_like
         (..., n_k, d_v), k's leading shape.
     mask : array_like, optional
-        bool or integer (True = may attend) or float (added to the scores), broadcastable to
+        A bool or integer mask (True = may attend) or float (added to the scores), broadcastable to
         (..., n_q, n_k).
     causal : bool
         Query i may attend key j iff j <= i + (n_k - n_q) (bottom-right aligned).
@@ -150,9 +166,12 @@ def attention(q, k, v, mask=None, *, causal=False, scale=None, dropout=0.0, seed
     return (out, weights, res[2].reshape(q.shape[:-1])) if return_lse else (out, weights)
 
 
-def attention_backward(d_out, q, k, v, mask=None, *, causal=False, scale=None, dropout=0.0, seed=None,
-                       out=None, lse=None):
-    """Gradients of `attention` with respect to q, k and v, on the C core.
+def attention_backward(d_out: ArrayLike, q: ArrayLike, k: ArrayLike, v: ArrayLike,
+                       mask: ArrayLike | None = None, *, causal: bool = False,
+                       scale: float | None = None, dropout: float = 0.0, seed: int | None = None,
+                       out: ArrayLike | None = None, lse: ArrayLike | None = None,
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Compute the gradients of `attention` with respect to q, k and v, on the C core.
 
     Stateless: the probabilities are recomputed from q, k, v, tile by tile. Give the same
     mask, causal, scale, dropout and seed as the forward (with dropout > 0 the seed is
@@ -162,8 +181,22 @@ def attention_backward(d_out, q, k, v, mask=None, *, causal=False, scale=None, d
     ----------
     d_out : array_like
         (..., n_q, d_v), the gradient of the loss with respect to `out`.
-    q, k, v, mask, causal, scale, dropout, seed
+    q : array_like
+        (..., n_q, d_k), as for `attention`.
+    k : array_like
+        (..., n_k, d_k), as for `attention`.
+    v : array_like
+        (..., n_k, d_v), as for `attention`.
+    mask : array_like, optional
+        As for `attention`: bool or integer (True = may attend) or float (added to the scores).
+    causal : bool, default False
         As for `attention`.
+    scale : float, optional
+        As for `attention`; defaults to 1/sqrt(d_k).
+    dropout : float, default 0.0
+        As for `attention`.
+    seed : int, optional
+        The dropout seed the forward used; required when dropout > 0.
     out, lse : array_like, optional
         Both or neither: the forward's output and its log-sum-exp
         (``attention(..., return_lse=True)``) for the same inputs.

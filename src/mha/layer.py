@@ -6,7 +6,10 @@ and the backward as one call each into the C core (projections, every head's att
 mask and output projection), with the GIL released. The binding takes and returns named arrays
 (dicts keyed by parameter and buffer names), never positions.
 """
+from __future__ import annotations
+
 import numpy as np
+from numpy.typing import ArrayLike
 
 from . import _C, checks
 from .functional import core_mask
@@ -19,7 +22,7 @@ _SAVED = ("q_proj", "k_proj", "v_proj", "attn", "lse")
 
 
 class MultiHeadAttention(LayerBase):
-    """Multi-head attention layer on the C core, forward and backward.
+    """Run a multi-head attention layer on the C core, forward and backward.
 
     ::
 
@@ -41,11 +44,11 @@ class MultiHeadAttention(LayerBase):
         Width of each head; defaults to d_model // n_heads (any positive value is allowed).
     kdim, vdim : int, optional
         Widths of key and value (default d_model), for cross-attention.
-    bias : bool
+    bias : bool, default True
         Add biases to the four projections.
-    dropout : float
+    dropout : float, default 0.0
         Probability in [0, 1) on the attention weights, applied only while training.
-    dtype : float32 or float64
+    dtype : {numpy.float32, numpy.float64}, default numpy.float32
         Inputs of another float dtype are cast to it.
     seed : int, optional
         Seeds the generator of the initial weights (Xavier-uniform, like PyTorch) and of the
@@ -65,7 +68,7 @@ class MultiHeadAttention(LayerBase):
 
     See Also
     --------
-    mha.reference.MultiHeadAttention : the same layer in NumPy, the tests' oracle.
+    mha.reference.MultiHeadAttention : The same layer in NumPy, the tests' oracle.
 
     Notes
     -----
@@ -124,9 +127,11 @@ class MultiHeadAttention(LayerBase):
             value_is_key=not s["value_given"])
         return result["d_query"], result["d_key"], result["d_value"], result["grads"]
 
-    def attention_norms(self, query, key=None, value=None, *, mask=None, key_padding_mask=None,
-                        causal=False, summed=False):
-        """Norm-based attention (Kobayashi et al. 2020) of this layer: ||alpha_ij f_h(x_j)||.
+    def attention_norms(self, query: ArrayLike, key: ArrayLike | None = None,
+                        value: ArrayLike | None = None, *, mask: ArrayLike | None = None,
+                        key_padding_mask: ArrayLike | None = None, causal: bool = False,
+                        summed: bool = False) -> np.ndarray:
+        """Compute this layer's norm-based attention (Kobayashi et al. 2020), ||alpha_ij f_h(x_j)||.
 
         f_h(x_j) = (value_j W_v + b_v)_h (head_mask[h] W_o[rows of head h]), the vector key j
         adds to query i's output through head h, scaled by its weight alpha_ij; the output
@@ -135,19 +140,32 @@ class MultiHeadAttention(LayerBase):
 
         Parameters
         ----------
-        query, key, value, mask, key_padding_mask, causal
+        query : array_like, shape (B, n_q, d_model) or (n_q, d_model)
             As for calling the layer (no KV cache).
+        key, value : array_like, optional
+            As for calling the layer.
+        mask : array_like, optional
+            As for calling the layer.
+        key_padding_mask : array_like of bool, shape (B, n_k), optional
+            As for calling the layer.
+        causal : bool, default False
+            As for calling the layer.
         summed : bool
             The norm of the sum over heads instead of each head's.
 
         Returns
         -------
-        norms : ndarray, (B, n_heads, n_q, n_k), or (B, n_q, n_k) with ``summed``
+        norms : ndarray, shape (B, n_heads, n_q, n_k), or (B, n_q, n_k) with ``summed``
             The B axis is dropped for unbatched input; in the layer's dtype.
+
+        References
+        ----------
+        G. Kobayashi, T. Kuribayashi, S. Yokoi and K. Inui, "Attention is Not Only a Weight:
+        Analyzing Transformers with Vector Norms", EMNLP 2020, https://arxiv.org/abs/2004.10102.
 
         Examples
         --------
-        >>> layer = MultiHeadAttention(8, 2, seed=0)
+        >>> layer = mha.MultiHeadAttention(8, 2, seed=0)
         >>> x = np.ones((3, 8), np.float32)
         >>> layer.attention_norms(x).shape, layer.attention_norms(x, summed=True).shape
         ((2, 3, 3), (3, 3))

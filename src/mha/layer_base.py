@@ -12,12 +12,19 @@ Neither layer's arithmetic is here, and this module imports neither layer. A bug
 on both sides of every test that compares the two layers, so tests/test_layer_base.py tests it on
 its own (the initialisation and layout against PyTorch's).
 """
+from __future__ import annotations
+
 import math
 import operator
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 import numpy as np
+from numpy.typing import ArrayLike, DTypeLike
 
 from . import checks
+
+if TYPE_CHECKING:                        # typing.Self is Python 3.11+
+    from typing_extensions import Self
 
 __all__ = ["PARAMS", "init_params", "params_from_torch", "prune_params", "KVCache", "LayerBase"]
 
@@ -28,9 +35,11 @@ PARAMS = ("W_q", "W_k", "W_v", "W_o", "b_q", "b_k", "b_v", "b_o")
 _PARAMETER_BYTES_LIMIT = 1 << 40
 
 
-def init_params(d_model, n_heads, *, n_kv_heads=None, d_head=None, kdim=None, vdim=None,
-                bias=True, dtype=np.float32, rng):
-    """The layer's initial parameters, initialised like torch.nn.MultiheadAttention.
+def init_params(d_model: int, n_heads: int, *, n_kv_heads: int | None = None,
+                d_head: int | None = None, kdim: int | None = None, vdim: int | None = None,
+                bias: bool = True, dtype: DTypeLike = np.float32,
+                rng: np.random.Generator | int) -> dict[str, np.ndarray]:
+    """Draw a layer's initial parameters like torch.nn.MultiheadAttention.
 
     The distributions torch.nn.MultiheadAttention draws, generalised to grouped-query heads and
     any d_head: weights U(-a, a), drawn from `rng` in the order W_q, W_k, W_v, W_o (in float64,
@@ -51,7 +60,8 @@ def init_params(d_model, n_heads, *, n_kv_heads=None, d_head=None, kdim=None, vd
         As `mha.MultiHeadAttention` (checked by `mha.checks.layer_dims`).
     bias : bool
         Include the four biases.
-    dtype : float32 or float64
+    dtype : {numpy.float32, numpy.float64}, default numpy.float32
+        The dtype of the arrays.
     rng : numpy.random.Generator or int
         The generator (advanced in place) or a seed for ``np.random.default_rng``.
 
@@ -112,8 +122,8 @@ def init_params(d_model, n_heads, *, n_kv_heads=None, d_head=None, kdim=None, vd
     return params
 
 
-def params_from_torch(module):
-    """The configuration and weights of a torch.nn.MultiheadAttention.
+def params_from_torch(module: Any) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Read the configuration and weights of a torch.nn.MultiheadAttention.
 
     torch stores Linear weights (out, in); they are transposed here to (in, out). The result
     does not depend on module.batch_first (mha layers are always batch first).
@@ -121,6 +131,7 @@ def params_from_torch(module):
     Parameters
     ----------
     module : torch.nn.MultiheadAttention
+        The torch layer (torch is imported here only).
 
     Returns
     -------
@@ -176,8 +187,9 @@ def params_from_torch(module):
     return config, params
 
 
-def prune_params(params, heads, n_heads, n_kv_heads, d_head):
-    """A new params dict without the query heads `heads`.
+def prune_params(params: Mapping[str, np.ndarray], heads: Iterable[int], n_heads: int,
+                 n_kv_heads: int, d_head: int) -> dict[str, np.ndarray]:
+    """Return a new params dict without the query heads `heads`.
 
     Removes those heads' columns of W_q, b_q and rows of W_o, and, since n_kv_heads must equal
     n_heads, the same key/value heads' columns of W_k, b_k, W_v, b_v. The layer's outputs are
@@ -201,6 +213,12 @@ def prune_params(params, heads, n_heads, n_kv_heads, d_head):
     ------
     ValueError
         Grouped heads (n_kv_heads != n_heads), a head index out of range, or every head.
+
+    Examples
+    --------
+    >>> p = prune_params(init_params(8, 4, rng=0), [1, 3], n_heads=4, n_kv_heads=4, d_head=2)
+    >>> p["W_q"].shape, p["W_o"].shape
+    ((8, 4), (4, 8))
     """
     heads = sorted({operator.index(h) for h in heads})
     if not heads:
@@ -231,7 +249,7 @@ def prune_params(params, heads, n_heads, n_kv_heads, d_head):
 
 
 class KVCache:
-    """Keys and values of the tokens seen so far, for step-by-step decoding.
+    """Hold the keys and values of the tokens seen so far, for step-by-step decoding.
 
     Stored as the projections come out of the core, (batch_size, max_len, n_kv_heads*d_head),
     so that a step appends rows without copying heads apart. Both layers use this class.
@@ -240,7 +258,7 @@ class KVCache:
     ----------
     batch_size, n_kv_heads, max_len, d_head : int
         Positive sizes.
-    dtype : float32 or float64
+    dtype : {numpy.float32, numpy.float64}, default numpy.float32
         The layer's dtype.
 
     Attributes
@@ -258,9 +276,16 @@ class KVCache:
         Sizes that are not positive ints.
     MemoryError
         Buffers that cannot fit in memory.
+
+    Examples
+    --------
+    >>> cache = mha.KVCache(batch_size=1, n_kv_heads=2, max_len=16, d_head=4)
+    >>> cache.k.shape, cache.length
+    ((1, 2, 16, 4), 0)
     """
 
-    def __init__(self, batch_size, n_kv_heads, max_len, d_head, dtype=np.float32):
+    def __init__(self, batch_size: int, n_kv_heads: int, max_len: int, d_head: int,
+                 dtype: DTypeLike = np.float32) -> None:
         batch_size, max_len = checks.cache_sizes(batch_size, max_len)
         checks.fits("KV cache", (2, batch_size, max_len, n_kv_heads * d_head), dtype)
         self.n_kv_heads, self.d_head = int(n_kv_heads), int(d_head)
@@ -288,7 +313,7 @@ class KVCache:
     def max_len(self):
         return self.k_rows.shape[1]
 
-    def reset(self):
+    def reset(self) -> None:
         """Forget the cached tokens (the buffers are reused)."""
         self.length = 0
 
@@ -312,8 +337,10 @@ class LayerBase:
     The constructor's parameters are those of `mha.MultiHeadAttention`.
     """
 
-    def __init__(self, d_model, n_heads, *, n_kv_heads=None, d_head=None, kdim=None, vdim=None,
-                 bias=True, dropout=0.0, dtype=np.float32, seed=None):
+    def __init__(self, d_model: int, n_heads: int, *, n_kv_heads: int | None = None,
+                 d_head: int | None = None, kdim: int | None = None, vdim: int | None = None,
+                 bias: bool = True, dropout: float = 0.0, dtype: DTypeLike = np.float32,
+                 seed: int | None = None) -> None:
         (self.d_model, self.n_heads, self.n_kv_heads, self.d_head, self.kdim,
          self.vdim) = checks.layer_dims(d_model, n_heads, n_kv_heads, d_head, kdim, vdim)
         self.bias = bool(bias)
@@ -334,21 +361,69 @@ class LayerBase:
         """The softmax temperature, 1 / sqrt(d_head)."""
         return 1.0 / math.sqrt(self.d_head)
 
-    def train(self, mode=True):
-        """Switch dropout on (mode=True) or off; returns self."""
+    def train(self, mode: bool = True) -> Self:
+        """Switch dropout on or off.
+
+        Parameters
+        ----------
+        mode : bool, default True
+            True: dropout on (training); False: off.
+
+        Returns
+        -------
+        self
+            The layer, for chaining.
+        """
         self.training = bool(mode)
         return self
 
-    def eval(self):
-        """Switch dropout off; returns self."""
+    def eval(self) -> Self:
+        """Switch dropout off.
+
+        Returns
+        -------
+        self
+            The layer, for chaining.
+        """
         return self.train(False)
 
-    def num_parameters(self):
-        """Number of trainable scalars (weights and biases; head_mask is not a parameter)."""
+    def num_parameters(self) -> int:
+        """Count the trainable scalars (weights and biases; head_mask is not a parameter).
+
+        Returns
+        -------
+        int
+            The total size of ``params``.
+        """
         return sum(a.size for a in self.params.values())
 
-    def new_cache(self, batch_size, max_len):
-        """An empty `KVCache` for `batch_size` sequences of up to `max_len` tokens."""
+    def new_cache(self, batch_size: int, max_len: int) -> KVCache:
+        """Make an empty KV cache for step-by-step decoding.
+
+        Calling the layer with ``cache=cache`` appends the new keys and values and attends over
+        everything cached; step-by-step decoding equals the full causal forward, row for row.
+
+        Parameters
+        ----------
+        batch_size : int
+            The number of sequences.
+        max_len : int
+            The most tokens each sequence may hold.
+
+        Returns
+        -------
+        KVCache
+            Empty (``length == 0``), in the layer's dtype.
+
+        Examples
+        --------
+        >>> layer = mha.MultiHeadAttention(8, 2, seed=0).eval()
+        >>> x = np.random.default_rng(0).standard_normal((1, 4, 8)).astype(np.float32)
+        >>> cache = layer.new_cache(1, 4)
+        >>> steps = [layer(x[:, i:i + 1], causal=True, cache=cache)[0] for i in range(4)]
+        >>> bool(np.allclose(np.concatenate(steps, axis=1), layer(x, causal=True)[0], atol=1e-6))
+        True
+        """
         return KVCache(batch_size, self.n_kv_heads, max_len, self.d_head, self.dtype)
 
     def _zero_grads(self):
@@ -356,50 +431,51 @@ class LayerBase:
         grads["head_mask"] = np.zeros(self.n_heads, self.dtype)
         return grads
 
-    def __call__(self, query, key=None, value=None, *, mask=None, key_padding_mask=None,
-                 causal=False, need_weights=True, average_weights=False, cache=None):
-        """Attend from query to key/value.
+    def __call__(self, query: ArrayLike, key: ArrayLike | None = None,
+                 value: ArrayLike | None = None, *, mask: ArrayLike | None = None,
+                 key_padding_mask: ArrayLike | None = None, causal: bool = False,
+                 need_weights: bool = True, average_weights: bool = False,
+                 cache: KVCache | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+        """Attend from query to key and value.
 
         Parameters
         ----------
-        query : array_like
-            (B, n_q, d_model), or unbatched (n_q, d_model); floating, cast to the layer's dtype.
-        key : array_like, optional
-            (B, n_k, kdim); defaults to query (self-attention).
-        value : array_like, optional
-            (B, n_k, vdim); defaults to key.
+        query : array_like, shape (B, n_q, d_model) or (n_q, d_model)
+            Floating; unbatched input drops the B axis of the results.
+        key : array_like, shape (B, n_k, kdim), optional
+            Defaults to ``query`` (self-attention).
+        value : array_like, shape (B, n_k, vdim), optional
+            Defaults to ``key``.
         mask : array_like, optional
-            bool (True = may attend, the opposite of torch.nn.MultiheadAttention) or float
-            (added to the scores), broadcasting to (B, n_heads, n_q, n_k).
-        key_padding_mask : array_like, optional
-            bool (B, n_k), True = real token, False = padding.
-        causal : bool
-            Query i attends key j iff j <= i + (n_k - n_q) (bottom-right aligned).
-        need_weights : bool
-            Return the attention weights; False allocates no n_q x n_k buffer in the C layer.
-        average_weights : bool
-            Average the weights over the heads.
+            Bool (True = may attend, the OPPOSITE of torch.nn.MultiheadAttention) or float (added
+            to the scores), broadcasting to (B, n_heads, n_q, n_k).
+        key_padding_mask : array_like of bool, shape (B, n_k), optional
+            True = real token, False = padding.
+        causal : bool, default False
+            Query i may attend key j iff j <= i + (n_k - n_q) (bottom-right aligned).
+        need_weights : bool, default True
+            Return the attention weights (False allocates no n_q x n_k buffer).
+        average_weights : bool, default False
+            Return the weights averaged over the heads, (B, n_q, n_k).
         cache : KVCache, optional
-            From `new_cache`: the new keys/values are appended to it and the query attends
-            over everything cached (n_k = cache.length after the call).
+            From :meth:`new_cache`: the new keys and values are appended to it and every cached
+            position is attended.
 
         Returns
         -------
-        out : ndarray
-            (B, n_q, d_model), the layer's dtype.
-        weights : ndarray or None
-            (B, n_heads, n_q, n_k) softmax probabilities before dropout, (B, n_q, n_k) with
-            average_weights, or None. Unbatched input drops the B axis of both.
+        out : ndarray, shape (B, n_q, d_model)
+            In the layer's dtype.
+        weights : ndarray, shape (B, n_heads, n_q, n_k) or (B, n_q, n_k), or None
+            The softmax probabilities before dropout; None with ``need_weights=False``.
 
         Raises
         ------
         TypeError
-            Non-floating inputs, a mask or key_padding_mask of another dtype, a cache that
-            does not come from `new_cache`.
+            Non-floating inputs or masks of the wrong dtype.
         ValueError
-            Shapes that do not fit the layer (the message gives them), a full cache.
+            Shapes that do not fit (the message names the argument), or a full cache.
         MemoryError
-            Weights that cannot fit in memory (pass need_weights=False).
+            Outputs that cannot fit in memory.
         """
         key_given, value_given = key is not None, value is not None
         query, key, value, unbatched = checks.layer_inputs(
@@ -438,28 +514,31 @@ class LayerBase:
             weights = None if weights is None else weights[0]
         return out, weights
 
-    def backward(self, d_out):
-        """Backpropagate d_out through the last forward call; fills ``self.grads``.
+    def backward(self, d_out: ArrayLike
+                 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """Backpropagate a gradient through the last forward call; fill ``self.grads``.
 
         Parameters
         ----------
-        d_out : array_like
-            Gradient of the loss with respect to the output, the output's shape.
+        d_out : array_like, shape of the last output
+            The gradient of the loss with respect to ``out``.
 
         Returns
         -------
-        d_query, d_key, d_value : ndarray or None
-            Shaped like the inputs. An input that defaulted to another one adds its gradient to
-            that one: self-attention gives (d_query_total, None, None); key given, value omitted
-            gives (d_query, d_key_total, None); value given, key omitted gives
-            (d_query_total, None, d_value).
+        d_query : ndarray
+            The gradient with respect to ``query`` (in self-attention, the whole input gradient).
+        d_key, d_value : ndarray or None
+            The gradients with respect to ``key`` and ``value``; None for one that was omitted (its
+            gradient is added to the query's, or the key's).
 
         Raises
         ------
         RuntimeError
-            No forward call yet, or the last one used a KV cache.
-        TypeError, ValueError
-            A non-floating d_out or one of another shape.
+            No forward call to backpropagate through (or one made with a KV cache).
+        TypeError
+            A non-floating ``d_out``.
+        ValueError
+            ``d_out`` of the wrong shape.
         """
         s = self._saved
         if s is None:
@@ -472,20 +551,31 @@ class LayerBase:
             d_query, d_key, d_value = (None if d is None else d[0] for d in (d_query, d_key, d_value))
         return d_query, d_key, d_value
 
-    def prune_heads(self, heads):
-        """Remove the query heads `heads` (current indices) for real.
+    def prune_heads(self, heads: Iterable[int]) -> None:
+        """Remove query heads for real: smaller W matrices, the outputs of ``head_mask[heads] = 0``.
 
-        Smaller W matrices, the same outputs as setting ``head_mask[heads] = 0``. With
-        n_kv_heads == n_heads the same key/value heads go too. Existing caches become invalid.
+        With n_kv_heads == n_heads the same key/value heads go too. Existing caches become invalid.
 
         Parameters
         ----------
         heads : iterable of int
+            Current head indices in [0, n_heads).
 
         Raises
         ------
         ValueError
             Grouped heads, an index out of range, or every head.
+
+        Examples
+        --------
+        >>> layer = mha.MultiHeadAttention(8, 4, seed=0)
+        >>> x = np.ones((1, 3, 8), np.float32)
+        >>> layer.head_mask[[1, 2]] = 0
+        >>> masked, _ = layer(x)
+        >>> layer.head_mask[:] = 1
+        >>> layer.prune_heads([1, 2])
+        >>> layer.n_heads, bool(np.allclose(layer(x)[0], masked, atol=1e-6))
+        (2, True)
         """
         heads = sorted({operator.index(h) for h in heads})
         if not heads:
@@ -498,25 +588,28 @@ class LayerBase:
         self._saved = None
 
     @classmethod
-    def from_torch(cls, module):
-        """A layer with the weights, configuration and train/eval mode of a torch module.
+    def from_torch(cls, module: Any) -> Self:
+        """Build a layer with the weights, configuration and train/eval mode of a torch module.
 
-        The layer is batch first whatever module.batch_first says. torch's bool masks mean
+        The layer is batch first whatever ``module.batch_first`` says. torch's bool masks mean
         True = masked: pass ``~mask`` here, and ``~key_padding_mask``.
 
         Parameters
         ----------
         module : torch.nn.MultiheadAttention
+            The torch layer (torch is imported here only).
 
         Returns
         -------
         layer
-            An instance of this class.
+            A layer of this class (``mha.MultiHeadAttention`` or the reference one).
 
         Raises
         ------
-        TypeError, ValueError
-            As `params_from_torch`.
+        TypeError
+            Not a torch.nn.MultiheadAttention.
+        ValueError
+            Options mha does not have (add_bias_kv, add_zero_attn, biases on some projections only).
         """
         config, params = params_from_torch(module)
         layer = cls(**config)

@@ -28,12 +28,20 @@ from __future__ import annotations
 import base64
 import io
 import os
-from typing import Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from . import analysis
 from .headview import HeadView, ModelView, NeuronView, head_view, model_view, neuron_view
+
+if TYPE_CHECKING:                        # matplotlib is imported when a figure is drawn
+    from matplotlib.axes import Axes
+    from matplotlib.colors import Colormap
+    from matplotlib.figure import Figure
+
+    from .models import TransformerModel
 
 __all__ = [
     "heatmap", "head_grid", "similarity_matrices", "mask_heatmap", "concat_projection",
@@ -149,15 +157,56 @@ def _matrix(ax, values, *, x_labels, y_labels, cmap, vmin, vmax, annot, fmt, col
 
 # --- attention matrices ----------------------------------------------------------------------
 
-def heatmap(weights, tokens=None, key_tokens=None, *, title="Attention Weights", ax=None,
-            annot=None, fmt=".2f", cmap="Blues", vmin=0.0, vmax=1.0, colorbar=True,
-            xlabel="Key (attending to)", ylabel="Query (attending from)", figsize=(8, 6)):
-    """One attention matrix as an annotated heatmap (seed 000's ``visualize_attention``).
+def heatmap(weights: ArrayLike, tokens: Sequence[str] | None = None, key_tokens: Sequence[str] | None = None, *,
+            title: str = "Attention Weights", ax: Axes | None = None, annot: bool | None = None,
+            fmt: str = ".2f", cmap: str | Colormap = "Blues", vmin: float = 0.0,
+            vmax: float | None = 1.0, colorbar: bool = True, xlabel: str = "Key (attending to)",
+            ylabel: str = "Query (attending from)", figsize: tuple[float, float] = (8, 6),
+            ) -> Figure:
+    """Draw one attention matrix as an annotated heatmap (seed 000's ``visualize_attention``).
 
-    weights: (n_q, n_k) (leading axes of length 1 are dropped). tokens: query labels, also
-    used for the keys unless key_tokens is given (cross-attention). annot: write the values
-    in the cells; by default when the matrix has at most 20 x 20 cells. vmax=None scales to
-    the largest weight. Returns the Figure.
+    Parameters
+    ----------
+    weights : array_like, shape (n_q, n_k)
+        Attention weights, rows = queries (leading axes of length 1 are dropped).
+    tokens : sequence of str, optional
+        The query labels, also used for the keys unless ``key_tokens`` is given.
+    key_tokens : sequence of str, optional
+        The key labels, for cross-attention.
+    title : str, default "Attention Weights"
+        The axes' title.
+    ax : matplotlib.axes.Axes, optional
+        Draw into these axes instead of a new figure (the figure returned is then ``ax.figure``).
+    annot : bool, optional
+        Write the values in the cells; by default when the matrix has at most 20 x 20 cells.
+    fmt : str, default ".2f"
+        The format of the cell values.
+    cmap : str or matplotlib.colors.Colormap, default "Blues"
+        The colour map.
+    vmin, vmax : float or None, default 0.0 and 1.0
+        The colour scale; ``vmax=None`` scales to the largest weight.
+    colorbar : bool, default True
+        Draw a colour bar.
+    xlabel, ylabel : str
+        The axis labels.
+    figsize : tuple of float, default (8, 6)
+        The size of a new figure, in inches.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        The figure (built without pyplot: ``fig.savefig(path)`` writes it, Jupyter shows it).
+
+    Raises
+    ------
+    ValueError
+        A matrix that is not 2-D once axes of length 1 are dropped, or labels of the wrong length.
+
+    Examples
+    --------
+    >>> fig = heatmap(np.eye(3), ["the", "cat", "sat"])
+    >>> fig.axes[0].get_title()
+    'Attention Weights'
     """
     values = _squeeze_to(_array(weights), 2, "weights", "(n_q, n_k)")
     n_q, n_k = values.shape
@@ -173,14 +222,55 @@ def heatmap(weights, tokens=None, key_tokens=None, *, title="Attention Weights",
     return fig
 
 
-def head_grid(weights, tokens=None, *, n_cols=4, layer=None, heads=None,
-              title="Attention Patterns per Head", cmap="Blues", vmin=0.0, vmax=None,
-              annot=False, fmt=".2f", colorbar=True, panel_size=4.0):
-    """Every head of one layer side by side (seed 002's ``visualize_heads``).
+def head_grid(weights: ArrayLike, tokens: Sequence[str] | None = None, *, n_cols: int = 4,
+              layer: int | None = None, heads: Sequence[int] | None = None,
+              title: str = "Attention Patterns per Head", cmap: str | Colormap = "Blues",
+              vmin: float = 0.0, vmax: float | None = None, annot: bool = False,
+              fmt: str = ".2f", colorbar: bool = True, panel_size: float = 4.0) -> Figure:
+    """Draw every head of one layer side by side (seed 002's ``visualize_heads``).
 
-    weights: (heads, n, n), or (layers, heads, n, n) with ``layer=`` choosing the layer.
-    heads: which heads to show (default all). n_cols: panels per row. vmax=None scales all
-    panels to the largest weight shown. One shared colorbar when colorbar=True.
+    Parameters
+    ----------
+    weights : array_like, shape (heads, n_q, n_k) or (layers, heads, n_q, n_k)
+        Attention weights, rows = queries.
+    tokens : sequence of str, optional
+        The query labels (also the keys' when n_q == n_k).
+    n_cols : int, default 4
+        Panels per row.
+    layer : int, optional
+        The layer to show when ``weights`` has a layer axis longer than 1.
+    heads : sequence of int, optional
+        The heads to show (default all).
+    title : str, default "Attention Patterns per Head"
+        The figure's title.
+    cmap : str or matplotlib.colors.Colormap, default "Blues"
+        The colour map.
+    vmin, vmax : float or None, default 0.0 and None
+        The colour scale shared by the panels; ``vmax=None`` is the largest weight shown.
+    annot : bool, default False
+        Write the values in the cells.
+    fmt : str, default ".2f"
+        The format of the cell values.
+    colorbar : bool, default True
+        One colour bar shared by the panels.
+    panel_size : float, default 4.0
+        The size of each panel, in inches.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        One panel per head.
+
+    Raises
+    ------
+    ValueError
+        A 4-D array with several layers and no ``layer``, or a shape that is not 3-D.
+
+    Examples
+    --------
+    >>> w = np.random.default_rng(0).random((4, 5, 5))
+    >>> len(head_grid(w / w.sum(-1, keepdims=True), n_cols=2).axes)      # 4 panels + colour bar
+    5
     """
     values = _array(weights)
     if values.ndim == 4:
@@ -216,14 +306,46 @@ def head_grid(weights, tokens=None, *, n_cols=4, layer=None, heads=None,
     return fig
 
 
-def similarity_matrices(weights, *, layers=None, metric="cosine", n_cols=3, annot=True,
-                        title=None, cmap="RdYlGn_r", panel_size=3.6):
-    """Head-by-head similarity of each layer (seed 000's head-diversity figure).
+def similarity_matrices(weights: ArrayLike, *, layers: Sequence[int] | None = None,
+                        metric: str = "cosine", n_cols: int = 3, annot: bool = True,
+                        title: str | None = None, cmap: str = "RdYlGn_r",
+                        panel_size: float = 3.6) -> Figure:
+    """Draw the head-by-head similarity of each layer (seed 000's head-diversity figure).
 
-    weights: attention (layers, heads, n, n) or one layer (heads, n, n).
-    layers: which layers to show (default all). metric: "cosine" (seed 000's head_diversity,
-    :func:`mha.analysis.head_similarity`) or "js" (Jensen-Shannon distance,
-    :func:`mha.analysis.head_distance`). Both are drawn on a 0..1 scale.
+    Parameters
+    ----------
+    weights : array_like, shape (layers, heads, n, n) or (heads, n, n)
+        Attention weights, rows = queries.
+    layers : sequence of int, optional
+        The layers to show (default all).
+    metric : {"cosine", "js"}, default "cosine"
+        Cosine similarity (seed 000's head_diversity, :func:`mha.analysis.head_similarity`) or
+        Jensen-Shannon distance (:func:`mha.analysis.head_distance`); both on a 0..1 scale.
+    n_cols : int, default 3
+        Panels per row.
+    annot : bool, default True
+        Write the values in the cells (for at most 16 heads).
+    title : str, optional
+        The figure's title (default: one that names the metric).
+    cmap : str, default "RdYlGn_r"
+        The colour map.
+    panel_size : float, default 3.6
+        The size of each panel, in inches.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        One panel per layer.
+
+    Raises
+    ------
+    ValueError
+        An unknown ``metric`` or a shape that is not 3-D or 4-D.
+
+    Examples
+    --------
+    >>> w = np.random.default_rng(0).random((2, 3, 4, 4))
+    >>> fig = similarity_matrices(w / w.sum(-1, keepdims=True), metric="js")
     """
     values = _array(weights)
     if values.ndim == 3:
@@ -261,12 +383,37 @@ def similarity_matrices(weights, *, layers=None, metric="cosine", n_cols=3, anno
     return fig
 
 
-def mask_heatmap(mask, tokens=None, *, title="Causal Attention Mask", ax=None, cmap="Blues",
-                 annot=None, figsize=(6, 5)):
-    """A mask as seed 001 draws it: 1 = may attend, 0 = masked.
+def mask_heatmap(mask: int | ArrayLike, tokens: Sequence[str] | None = None, *,
+                 title: str = "Causal Attention Mask", ax: Axes | None = None, cmap: str = "Blues",
+                 annot: bool | None = None, figsize: tuple[float, float] = (6, 5)) -> Figure:
+    """Draw a mask as seed 001 does: 1 = may attend, 0 = masked.
 
-    mask: an int n (draws the causal mask ``tril(ones(n, n))``), a bool/0-1 array (n_q, n_k)
-    with True = may attend (mha's convention), or a float additive mask (-inf = masked).
+    Parameters
+    ----------
+    mask : int or array_like, shape (n_q, n_k)
+        An int n draws the causal mask ``tril(ones(n, n))``; a bool or 0/1 array has True = may
+        attend (mha's convention); a float array is an additive mask (-inf = masked).
+    tokens : sequence of str, optional
+        The query labels (also the keys' when n_q == n_k); default the positions.
+    title : str, default "Causal Attention Mask"
+        The axes' title.
+    ax : matplotlib.axes.Axes, optional
+        Draw into these axes instead of a new figure (the figure returned is then ``ax.figure``).
+    cmap : str, default "Blues"
+        The colour map.
+    annot : bool, optional
+        Write 0/1 in the cells; by default for at most 24 x 24 cells.
+    figsize : tuple of float, default (6, 5)
+        The size of a new figure, in inches.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        The figure (built without pyplot: ``fig.savefig(path)`` writes it, Jupyter shows it).
+
+    Examples
+    --------
+    >>> fig = mask_heatmap(4)
     """
     if isinstance(mask, (int, np.integer)):
         allowed = np.tril(np.ones((int(mask), int(mask))))
@@ -291,13 +438,38 @@ def mask_heatmap(mask, tokens=None, *, title="Causal Attention Mask", ax=None, c
     return fig
 
 
-def concat_projection(head_outputs=None, W_o=None, *, n_heads=4, d_head=2, seed=None,
-                      title="Multi-Head Attention: Concat + Project"):
-    """Seed 000's picture: per-head outputs -> concatenation -> mixed by W_o.
+def concat_projection(head_outputs: ArrayLike | None = None, W_o: ArrayLike | None = None, *,
+                      n_heads: int = 4, d_head: int = 2, seed: int | None = None,
+                      title: str = "Multi-Head Attention: Concat + Project") -> Figure:
+    """Draw seed 000's picture: per-head outputs, their concatenation, and W_o's mix.
 
-    head_outputs: (heads, d_head), one token's output of every head (e.g. ``O[b, :, i, :]``);
-    W_o: (heads * d_head, d_model). Both default to random values like the seed
-    (n_heads x d_head, seeded by ``seed``).
+    Parameters
+    ----------
+    head_outputs : array_like, shape (heads, d_head), optional
+        One token's output of every head (e.g. ``O[b, :, i, :]``); default random values like
+        the seed's.
+    W_o : array_like, shape (heads * d_head, d_model), optional
+        The output projection; default random.
+    n_heads, d_head : int, default 4 and 2
+        The sizes of the random ``head_outputs``.
+    seed : int, optional
+        Seed of the random values.
+    title : str
+        The figure's title.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        Three panels.
+
+    Raises
+    ------
+    ValueError
+        ``W_o`` without heads * d_head rows.
+
+    Examples
+    --------
+    >>> fig = concat_projection(seed=0)
     """
     rng = np.random.default_rng(seed)
     if head_outputs is None:
@@ -350,9 +522,36 @@ def _named(values):
     return [str(i) for i in range(len(values))], values
 
 
-def training_curves(losses, *, ax=None, title="Training Loss: Single vs Multi-Head",
-                    xlabel="Epoch", ylabel="Loss", log=False, figsize=(8, 5)):
-    """Loss curves, one line per model: losses = {"1 Head": [...], "4 Heads": [...], ...}."""
+def training_curves(losses: Mapping[str, Sequence[float]] | Sequence[Sequence[float]], *,
+                    ax: Axes | None = None, title: str = "Training Loss: Single vs Multi-Head",
+                    xlabel: str = "Epoch", ylabel: str = "Loss", log: bool = False,
+                    figsize: tuple[float, float] = (8, 5)) -> Figure:
+    """Draw loss curves, one line per model.
+
+    Parameters
+    ----------
+    losses : mapping of str to sequence of float, or sequence of sequences
+        E.g. ``{"1 Head": [...], "4 Heads": [...]}``; a sequence is labelled by position.
+    ax : matplotlib.axes.Axes, optional
+        Draw into these axes instead of a new figure (the figure returned is then ``ax.figure``).
+    title : str
+        The axes' title.
+    xlabel, ylabel : str, default "Epoch" and "Loss"
+        The axis labels.
+    log : bool, default False
+        A logarithmic y axis.
+    figsize : tuple of float, default (8, 5)
+        The size of a new figure, in inches.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        The figure (built without pyplot: ``fig.savefig(path)`` writes it, Jupyter shows it).
+
+    Examples
+    --------
+    >>> fig = training_curves({"1 Head": [1.0, 0.5, 0.3], "4 Heads": [1.0, 0.3, 0.1]})
+    """
     names, curves = _named(losses)
     fig, ax = _figure_and_ax(ax, figsize)
     for name, curve, color in zip(names, curves, _cycle(len(names))):
@@ -384,9 +583,33 @@ def _bars(ax, names, values, labels, ylabel, title):
     return bars
 
 
-def accuracy_bars(accuracies, *, ax=None, title="Test Accuracy Comparison",
-                  ylabel="Test Accuracy", figsize=(8, 5)):
-    """Accuracy (0..1) per model as labelled bars: {"1 Head": 0.71, "4 Heads": 0.98}."""
+def accuracy_bars(accuracies: Mapping[str, float] | Sequence[float], *, ax: Axes | None = None,
+                  title: str = "Test Accuracy Comparison", ylabel: str = "Test Accuracy",
+                  figsize: tuple[float, float] = (8, 5)) -> Figure:
+    """Draw accuracy (0..1) per model as labelled bars.
+
+    Parameters
+    ----------
+    accuracies : mapping of str to float, or sequence of float
+        E.g. ``{"1 Head": 0.71, "4 Heads": 0.98}``.
+    ax : matplotlib.axes.Axes, optional
+        Draw into these axes instead of a new figure (the figure returned is then ``ax.figure``).
+    title : str
+        The axes' title.
+    ylabel : str, default "Test Accuracy"
+        The y axis label.
+    figsize : tuple of float, default (8, 5)
+        The size of a new figure, in inches.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        The figure (built without pyplot: ``fig.savefig(path)`` writes it, Jupyter shows it).
+
+    Examples
+    --------
+    >>> fig = accuracy_bars({"1 Head": 0.71, "4 Heads": 0.98})
+    """
     names, values = _named(accuracies)
     values = [float(v) for v in values]
     fig, ax = _figure_and_ax(ax, figsize)
@@ -395,8 +618,28 @@ def accuracy_bars(accuracies, *, ax=None, title="Test Accuracy Comparison",
     return fig
 
 
-def training_summary(losses, accuracies, *, figsize=(16, 5)):
-    """Seed 000's two panels: loss curves and test-accuracy bars."""
+def training_summary(losses: Mapping[str, Sequence[float]], accuracies: Mapping[str, float], *,
+                     figsize: tuple[float, float] = (16, 5)) -> Figure:
+    """Draw seed 000's two panels: loss curves and test-accuracy bars.
+
+    Parameters
+    ----------
+    losses : mapping of str to sequence of float
+        As in :func:`training_curves`.
+    accuracies : mapping of str to float
+        As in :func:`accuracy_bars`.
+    figsize : tuple of float, default (16, 5)
+        The size of the figure, in inches.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        Two panels.
+
+    Examples
+    --------
+    >>> fig = training_summary({"1 Head": [1.0, 0.4]}, {"1 Head": 0.9})
+    """
     fig = _figure(figsize)
     ax_loss, ax_acc = fig.subplots(1, 2)
     training_curves(losses, ax=ax_loss)
@@ -404,10 +647,34 @@ def training_summary(losses, accuracies, *, figsize=(16, 5)):
     return fig
 
 
-def speed_bars(times, *, ax=None, unit="ms",
-               title="Inference Time: Single vs Multi-Head Attention\n"
-                     "(Same parameters, similar speed)", figsize=(10, 5)):
-    """Time per configuration as labelled bars: {"1 Head": 3.1, "4 Heads": 3.3, ...} (in unit)."""
+def speed_bars(times: Mapping[str, float] | Sequence[float], *, ax: Axes | None = None, unit: str = "ms",
+               title: str = "Inference Time: Single vs Multi-Head Attention\n"
+                            "(Same parameters, similar speed)",
+               figsize: tuple[float, float] = (10, 5)) -> Figure:
+    """Draw the time per configuration as labelled bars.
+
+    Parameters
+    ----------
+    times : mapping of str to float, or sequence of float
+        E.g. ``{"1 Head": 3.1, "4 Heads": 3.3}``, in ``unit``.
+    ax : matplotlib.axes.Axes, optional
+        Draw into these axes instead of a new figure (the figure returned is then ``ax.figure``).
+    unit : str, default "ms"
+        The unit of the times, written on the bars and the axis.
+    title : str
+        The axes' title.
+    figsize : tuple of float, default (10, 5)
+        The size of a new figure, in inches.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        The figure (built without pyplot: ``fig.savefig(path)`` writes it, Jupyter shows it).
+
+    Examples
+    --------
+    >>> fig = speed_bars({"1 Head": 3.1, "4 Heads": 3.3})
+    """
     names, values = _named(times)
     values = [float(v) for v in values]
     fig, ax = _figure_and_ax(ax, figsize)
@@ -416,11 +683,32 @@ def speed_bars(times, *, ax=None, unit="ms",
     return fig
 
 
-def pruning_plot(curve, *, ax=None, title="Iterative Head Pruning", metric_name="Accuracy",
-                 figsize=(8, 5)):
-    """Metric against the fraction of heads pruned, with the tolerated drop and the answer.
+def pruning_plot(curve: analysis.PruningCurve, *, ax: Axes | None = None, title: str = "Iterative Head Pruning",
+                 metric_name: str = "Accuracy", figsize: tuple[float, float] = (8, 5)) -> Figure:
+    """Draw the metric against the fraction of heads pruned, with the tolerated drop.
 
-    curve: a :class:`mha.analysis.PruningCurve` (from :func:`mha.analysis.pruning_curve`).
+    Parameters
+    ----------
+    curve : mha.analysis.PruningCurve
+        From :func:`mha.analysis.pruning_curve`.
+    ax : matplotlib.axes.Axes, optional
+        Draw into these axes instead of a new figure (the figure returned is then ``ax.figure``).
+    title : str, default "Iterative Head Pruning"
+        The axes' title.
+    metric_name : str, default "Accuracy"
+        The y axis label and legend entry.
+    figsize : tuple of float, default (8, 5)
+        The size of a new figure, in inches.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        The figure (built without pyplot: ``fig.savefig(path)`` writes it, Jupyter shows it).
+
+    Examples
+    --------
+    >>> value = np.array([0.5, 0.1, 0.3, 0.1])
+    >>> fig = pruning_plot(mha.analysis.pruning_curve(lambda m: float(m @ value), 4, step=1))
     """
     fig, ax = _figure_and_ax(ax, figsize)
     x = 100.0 * curve.n_pruned / curve.n_heads
@@ -443,13 +731,40 @@ def pruning_plot(curve, *, ax=None, title="Iterative Head Pruning", metric_name=
 # --- animation -------------------------------------------------------------------------------
 
 class AnimatedGIF:
-    """GIF bytes with a Jupyter display: ``gif.save(path)``, ``gif.data``, ``gif.n_frames``."""
+    """Hold GIF bytes with a Jupyter display.
+
+    Parameters
+    ----------
+    data : bytes
+        The GIF file's bytes.
+    n_frames : int
+        The number of frames.
+
+    Examples
+    --------
+    >>> w = np.full((2, 1, 3, 3), 1 / 3)
+    >>> gif = attention_gif(w)
+    >>> gif.n_frames, gif.data[:6]
+    (2, b'GIF89a')
+    """
 
     def __init__(self, data: bytes, n_frames: int):
         self.data = data
         self.n_frames = n_frames
 
-    def save(self, path):
+    def save(self, path: str | os.PathLike[str]) -> str:
+        """Write the GIF to a file.
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+            Where to write.
+
+        Returns
+        -------
+        str
+            The path written.
+        """
         path = os.fspath(path)
         with open(path, "wb") as f:
             f.write(self.data)
@@ -463,14 +778,52 @@ class AnimatedGIF:
         return f"<AnimatedGIF: {self.n_frames} frames, {len(self.data)} bytes>"
 
 
-def attention_gif(attentions, tokens=None, path=None, *, head=0, fps=2.0, cmap="Blues",
-                  vmax=None, annot=None, figsize=(7, 6), dpi=80):
-    """Animate one head (or the sum/mean of heads) across layers, one frame per layer.
+def attention_gif(attentions: ArrayLike, tokens: Sequence[str] | None = None,
+                  path: str | os.PathLike[str] | None = None, *, head: int | str = 0,
+                  fps: float = 2.0, cmap: str | Colormap = "Blues", vmax: float | None = None,
+                  annot: bool | None = None, figsize: tuple[float, float] = (7, 6),
+                  dpi: int = 80) -> AnimatedGIF:
+    """Animate one head (or the sum or mean of heads) across layers, one frame per layer.
 
-    attentions: (layers, heads, n, n) or a list of per-layer arrays (Hugging Face
-    ``outputs.attentions`` works). head: an int, "sum" or "mean". fps: frames per second.
-    The colour scale is shared by all frames (vmax=None: the largest value shown).
-    Writes the GIF to path when given; returns an :class:`AnimatedGIF` (shown in Jupyter).
+    Parameters
+    ----------
+    attentions : array_like, shape (layers, heads, n, n), or list of arrays
+        Attention weights of every layer, rows = queries; a list of per-layer arrays (Hugging
+        Face's ``outputs.attentions`` works) is stacked.
+    tokens : sequence of str, optional
+        The token labels.
+    path : str or os.PathLike, optional
+        Also write the GIF there.
+    head : int or {"sum", "mean"}, default 0
+        The head to show, or the sum or mean of the heads.
+    fps : float, default 2.0
+        Frames per second.
+    cmap : str, default "Blues"
+        The colour map.
+    vmax : float, optional
+        The top of the colour scale shared by all frames (default: the largest value shown).
+    annot : bool, optional
+        Write the values in the cells; by default for at most 12 tokens.
+    figsize : tuple of float, default (7, 6)
+        The size of a frame, in inches.
+    dpi : int, default 80
+        The resolution of a frame.
+
+    Returns
+    -------
+    AnimatedGIF
+        The GIF, shown inline in Jupyter.
+
+    Raises
+    ------
+    ValueError
+        A shape that is not (layers, heads, n, n).
+
+    Examples
+    --------
+    >>> w = np.random.default_rng(0).random((3, 2, 4, 4))
+    >>> attention_gif(w / w.sum(-1, keepdims=True), head="mean").n_frames
+    3
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from PIL import Image
@@ -525,9 +878,10 @@ def attention_gif(attentions, tokens=None, path=None, *, head=0, fps=2.0, cmap="
 
 # --- beyond raw attention: head map and the tour's figures -------------------------------------
 
-def head_map(attentions=None, *, points=None, color=None, color_label=None, labels=True,
-             ax=None, title="Heads by Jensen-Shannon distance (MDS)", cmap="viridis",
-             figsize=(7.5, 6.5)):
+def head_map(attentions: ArrayLike | None = None, *, points: ArrayLike | None = None,
+             color: ArrayLike | None = None, color_label: str | None = None, labels: bool = True,
+             ax: Axes | None = None, title: str = "Heads by Jensen-Shannon distance (MDS)", cmap: str = "viridis",
+             figsize: tuple[float, float] = (7.5, 6.5)) -> Figure:
     """Every head of a model as a point, close to the heads that attend alike (Clark et al. 2019).
 
     Parameters
@@ -545,14 +899,19 @@ def head_map(attentions=None, *, points=None, color=None, color_label=None, labe
         The colour bar's label.
     labels : bool
         Write "layer-head" next to each point.
-    ax : matplotlib Axes, optional
+    ax : matplotlib.axes.Axes, optional
+        Draw into these axes instead of a new figure.
     title : str
+        The axes' title.
     cmap : str
-    figsize : tuple
+        The colour map of ``color``.
+    figsize : tuple of float
+        The size of a new figure, in inches.
 
     Returns
     -------
     matplotlib.figure.Figure
+        The map (``ax.figure`` when ``ax`` is given).
 
     Examples
     --------
@@ -607,22 +966,33 @@ def _special_keys(tokens):
     return classes["cls"] | classes["sep"]
 
 
-def beyond_attention_figure(model, text=BEYOND_TEXT, *, layer=-1, figsize=(17, 4.8)):
-    """Four views of what the last layer's positions draw on, side by side: raw attention
-    (mean over heads), attention rollout, attention flow and the value norms summed over
-    heads (Abnar & Zuidema 2020; Kobayashi et al. 2020), for one text.
+def beyond_attention_figure(model: TransformerModel, text: str = BEYOND_TEXT, *, layer: int = -1,
+                            figsize: tuple[float, float] = (17, 4.8)) -> Figure:
+    """Draw four views of what a layer's positions draw on, side by side, for one text.
+
+    The views are raw attention (mean over heads), attention rollout, attention flow and the
+    value norms summed over heads (Abnar & Zuidema 2020; Kobayashi et al. 2020).
 
     Parameters
     ----------
     model : mha.models.TransformerModel
+        A loaded model, e.g. ``mha.models.load("minilm")``.
     text : str
-    layer : int
+        The text (default a sentence of the tour).
+    layer : int, default -1
         The layer shown for raw weights and value norms (rollout and flow end there too).
-    figsize : tuple
+    figsize : tuple of float, default (17, 4.8)
+        The size of the figure, in inches.
 
     Returns
     -------
     matplotlib.figure.Figure
+        Four panels.
+
+    Examples
+    --------
+    >>> model = mha.models.load("minilm")
+    >>> fig = beyond_attention_figure(model, "The cat sat on the mat.")
     """
     tokens, att = model.attentions(text)
     _, norms = model.attention_norms(text, summed=True)
@@ -647,9 +1017,19 @@ def beyond_attention_figure(model, text=BEYOND_TEXT, *, layer=-1, figsize=(17, 4
     return fig
 
 
-def special_token_shares(model, texts=CLARK_TEXTS):
-    """Kobayashi et al. (2020)'s comparison: per layer, the share of attention weight and the
-    share of value norm that go to [CLS]/[SEP] (mean over queries, heads and texts).
+def special_token_shares(model: TransformerModel, texts: str | Sequence[str] = CLARK_TEXTS,
+                         ) -> dict[str, Any]:
+    """Compare, per layer, the attention weight and the value norm that go to [CLS]/[SEP].
+
+    This is Kobayashi et al.'s (2020) comparison: the shares are means over queries, heads and
+    texts.
+
+    Parameters
+    ----------
+    model : mha.models.TransformerModel
+        A loaded model.
+    texts : str or sequence of str
+        The texts (default the tour's).
 
     Returns
     -------
@@ -657,6 +1037,12 @@ def special_token_shares(model, texts=CLARK_TEXTS):
         ``"weight"``, ``"norm"``: (L,) shares per layer (heads averaged; norm shares of each
         head's own norms); ``"norm_summed"``: (L,) the same for the norm summed over heads;
         ``"overall"``: dict of the three averaged over layers.
+
+    Examples
+    --------
+    >>> shares = special_token_shares(mha.models.load("minilm"), ["The cat sat on the mat."])
+    >>> shares["weight"].shape
+    (6,)
     """
     weight, norm, summed = [], [], []
     for text in ([texts] if isinstance(texts, str) else texts):
@@ -675,10 +1061,33 @@ def special_token_shares(model, texts=CLARK_TEXTS):
     return out
 
 
-def kobayashi_figure(model, texts=CLARK_TEXTS, *, shares=None, figsize=(8, 4.8)):
-    """Bars per layer: the share of attention weight on [CLS]/[SEP] against the share of value
-    norm (Kobayashi et al. 2020: much weight, little norm). ``shares``: from
-    :func:`special_token_shares` (computed when None). Returns the Figure."""
+def kobayashi_figure(model: TransformerModel, texts: str | Sequence[str] = CLARK_TEXTS, *,
+                     shares: Mapping[str, Any] | None = None,
+                     figsize: tuple[float, float] = (8, 4.8)) -> Figure:
+    """Draw per layer the share of weight and of value norm on [CLS]/[SEP] as bars.
+
+    Kobayashi et al. (2020) find much weight but little norm on these tokens.
+
+    Parameters
+    ----------
+    model : mha.models.TransformerModel
+        A loaded model.
+    texts : str or sequence of str
+        The texts (default the tour's).
+    shares : dict, optional
+        From :func:`special_token_shares` (computed on ``texts`` when None).
+    figsize : tuple of float, default (8, 4.8)
+        The size of the figure, in inches.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        The bars.
+
+    Examples
+    --------
+    >>> fig = kobayashi_figure(mha.models.load("minilm"), ["The cat sat on the mat."])
+    """
     shares = special_token_shares(model, texts) if shares is None else shares
     L = len(shares["weight"])
     fig, ax = _figure_and_ax(None, figsize)
@@ -696,10 +1105,34 @@ def kobayashi_figure(model, texts=CLARK_TEXTS, *, shares=None, figsize=(8, 4.8))
     return fig
 
 
-def clark_metrics_figure(model, texts=CLARK_TEXTS, *, metrics=None, figsize=(16, 6.4)):
-    """Clark et al. (2019)'s statistics of every head, as (layer x head) heatmaps: attention to
-    [CLS], [SEP], punctuation, the previous and the next token, and entropy. ``metrics``: from
-    :func:`mha.analysis.clark_metrics` of a batch (computed on ``texts`` when None)."""
+def clark_metrics_figure(model: TransformerModel, texts: str | Sequence[str] = CLARK_TEXTS, *,
+                         metrics: Mapping[str, np.ndarray] | None = None,
+                         figsize: tuple[float, float] = (16, 6.4)) -> Figure:
+    """Draw Clark et al.'s (2019) statistics of every head as (layer x head) heatmaps.
+
+    The panels are the attention to [CLS], [SEP], punctuation, the previous and the next token,
+    and the entropy.
+
+    Parameters
+    ----------
+    model : mha.models.TransformerModel
+        A loaded model.
+    texts : str or sequence of str
+        The texts (default the tour's).
+    metrics : dict, optional
+        From :func:`mha.analysis.clark_metrics` of a batch (computed on ``texts`` when None).
+    figsize : tuple of float, default (16, 6.4)
+        The size of the figure, in inches.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        Six panels.
+
+    Examples
+    --------
+    >>> fig = clark_metrics_figure(mha.models.load("minilm"), ["The cat sat on the mat."])
+    """
     if metrics is None:
         enc = model.encode(list(texts))
         metrics = analysis.clark_metrics(enc.attentions, enc.tokens, attention_mask=enc.attention_mask,
@@ -727,8 +1160,28 @@ def clark_metrics_figure(model, texts=CLARK_TEXTS, *, metrics=None, figsize=(16,
     return fig
 
 
-def head_map_figure(model, texts=CLARK_TEXTS, *, figsize=(7.5, 6.5)):
-    """:func:`head_map` of a model's heads over a few texts, coloured by mean entropy."""
+def head_map_figure(model: TransformerModel, texts: str | Sequence[str] = CLARK_TEXTS, *,
+                    figsize: tuple[float, float] = (7.5, 6.5)) -> Figure:
+    """Draw :func:`head_map` of a model's heads over a few texts, coloured by mean entropy.
+
+    Parameters
+    ----------
+    model : mha.models.TransformerModel
+        A loaded model.
+    texts : str or sequence of str
+        The texts (default the tour's).
+    figsize : tuple of float, default (7.5, 6.5)
+        The size of the figure, in inches.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        The map.
+
+    Examples
+    --------
+    >>> fig = head_map_figure(mha.models.load("minilm"), ["The cat sat.", "A dog ran."])
+    """
     enc = model.encode(list(texts))
     metrics = analysis.clark_metrics(enc.attentions, enc.tokens, attention_mask=enc.attention_mask,
                                      causal=model.causal)

@@ -126,8 +126,27 @@ def _labels(tokens, n, name):
 
 
 class HTMLView:
-    """A rendered view: ``html`` is the whole page; ``save(path)`` writes it; Jupyter displays
-    it through ``_repr_html_`` (a sandboxed iframe, so views do not collide)."""
+    """Hold a rendered view: one self-contained HTML page.
+
+    ``save(path)`` writes it; Jupyter displays it through ``_repr_html_`` (a sandboxed iframe,
+    so views do not collide).
+
+    Parameters
+    ----------
+    page : str
+        The whole standalone HTML page.
+    height : int
+        The height of the iframe in Jupyter, in pixels.
+    payload_bytes : int
+        The base64 characters of the data in the page.
+    **info
+        The view's sizes, kept as attributes (``n_layers``, ``n_heads``, ``n_tokens``, ...).
+
+    Attributes
+    ----------
+    html : str
+        The whole page.
+    """
     kind = "view"
 
     def __init__(self, page: str, *, height: int, payload_bytes: int, **info):
@@ -138,7 +157,18 @@ class HTMLView:
             setattr(self, key, value)
 
     def save(self, path):
-        """Write the standalone HTML page to path; returns the path (str)."""
+        """Write the standalone HTML page to a file.
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+            Where to write (UTF-8).
+
+        Returns
+        -------
+        str
+            The path written.
+        """
         path = os.fspath(path)
         with open(path, "w", encoding="utf-8") as f:
             f.write(self.html)
@@ -158,17 +188,74 @@ class HTMLView:
 
 
 class HeadView(HTMLView):
-    """A rendered head view (see :func:`head_view`)."""
+    """Hold a rendered head view (see :func:`head_view`).
+
+    Parameters
+    ----------
+    page : str
+        The whole standalone HTML page.
+    height : int
+        The height of the iframe in Jupyter, in pixels.
+    payload_bytes : int
+        The base64 characters of the data in the page.
+    **info
+        The view's sizes, kept as attributes (``n_layers``, ``n_heads``, ``n_tokens``, ...).
+
+    Attributes
+    ----------
+    html : str
+        The whole page.
+
+    Examples
+    --------
+    >>> view = head_view(np.full((1, 2, 3, 3), 1 / 3), ["a", "b", "c"])
+    >>> view.html.startswith("<!DOCTYPE html>"), view.n_heads
+    (True, 2)
+    """
     kind = "head view"
 
 
 class ModelView(HTMLView):
-    """A rendered model view (see :func:`model_view`)."""
+    """Hold a rendered model view (see :func:`model_view`).
+
+    Parameters
+    ----------
+    page : str
+        The whole standalone HTML page.
+    height : int
+        The height of the iframe in Jupyter, in pixels.
+    payload_bytes : int
+        The base64 characters of the data in the page.
+    **info
+        The view's sizes, kept as attributes (``n_layers``, ``n_heads``, ``n_tokens``, ...).
+
+    Attributes
+    ----------
+    html : str
+        The whole page.
+    """
     kind = "model view"
 
 
 class NeuronView(HTMLView):
-    """A rendered neuron view (see :func:`neuron_view`)."""
+    """Hold a rendered neuron view (see :func:`neuron_view`).
+
+    Parameters
+    ----------
+    page : str
+        The whole standalone HTML page.
+    height : int
+        The height of the iframe in Jupyter, in pixels.
+    payload_bytes : int
+        The base64 characters of the data in the page.
+    **info
+        The view's sizes, kept as attributes (``n_layers``, ``n_heads``, ``n_tokens``, ...).
+
+    Attributes
+    ----------
+    html : str
+        The whole page.
+    """
     kind = "neuron view"
 
     def _shape(self):
@@ -255,7 +342,7 @@ def head_view(attention, tokens, key_tokens=None, *, sentence_b_start=None, roll
     path : str or path-like, optional
         Also save the page there.
     compression : int
-        zlib level of the data.
+        The zlib level of the data (0 to 9).
 
     Returns
     -------
@@ -335,16 +422,18 @@ def model_view(attention, tokens, key_tokens=None, *, rollout=None, norms=None, 
     rollout, norms : optional
         Extra pictures to switch to, as for :func:`head_view`.
     title : str, optional
+        Shown above the picture (and in exported images).
     path : str or path-like, optional
         Also save the page there.
     thumbnail : int
         The largest thumbnail side, in cells.
     compression : int
-        zlib level.
+        The zlib level of the data (0 to 9).
 
     Returns
     -------
     ModelView
+        Jupyter displays it inline; ``.save(path)``; ``.html``.
 
     Raises
     ------
@@ -395,23 +484,27 @@ def neuron_view(model, text, *, layer=0, head=0, pair=None, layers=None, truncat
     model : mha.models.TransformerModel
         A loaded model (``mha.models.load(...)``).
     text : str
-        One text (``pair``: the second text of a sentence pair).
+        One text.
     layer, head : int
         Shown first; the page switches between the layers it holds and all heads.
+    pair : str, optional
+        The second text of a sentence pair.
     layers : sequence of int or "all", optional
         The layers whose q and k go into the page (float32). Default: all layers when that is
         at most 4 million numbers (MiniLM: up to 868 tokens), else only ``layer``.
     truncation : bool
         Cut a text longer than the model's positions instead of raising.
     title : str, optional
+        Shown above the picture (and in exported images).
     path : str or path-like, optional
         Also save the page there.
     compression : int
-        zlib level.
+        The zlib level of the data (0 to 9).
 
     Returns
     -------
     NeuronView
+        Jupyter displays it inline; ``.save(path)``; ``.html``.
 
     Raises
     ------

@@ -7,12 +7,14 @@
     (6, 12, 11, 11)
 
 Supported, by config.json's ``model_type``:
+
 - the BERT family: "bert" (BERT, MiniLM), "roberta", "distilbert" (post-LN encoders, exact
   GELU, padding mask; BERT's token types);
 - "gpt2" (pre-LN causal decoder, Conv1D weights);
 - the LLaMA family: "llama", "qwen2", "mistral" (RMSNorm, rotary positions with the "linear"
   and "llama3" scalings, grouped-query attention, SwiGLU, tied or untied embeddings, sliding
   windows).
+
 Causal models also give ``logits`` and ``generate`` (on a KV cache, with the attention of every
 generated token). A model is a local Hugging Face folder with config.json, model.safetensors
 (float32, float64, float16 or bfloat16; read without torch) and tokenizer.json (read with the
@@ -21,10 +23,14 @@ tokenizers library). Nothing is downloaded, ever; torch and transformers are not
 The seed experiments (head pattern classification, the coreference probe, the ambiguous
 sentences) are in :mod:`mha.models.probes`.
 """
+from __future__ import annotations
+
 import dataclasses
 import json
+import os
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from .base import Encoding, TransformerModel
 from .bench import benchmark_encode
@@ -51,7 +57,8 @@ assert set(_CLASSES) == set(READERS)
 SUPPORTED_TYPES = tuple(sorted(_CLASSES))
 
 
-def load(name_or_path="minilm", *, dtype=np.float32):
+def load(name_or_path: str | os.PathLike[str] = "minilm", *,
+         dtype: DTypeLike = np.float32) -> TransformerModel:
     """Load a pretrained transformer from a local folder, or the embedded MiniLM.
 
     Parameters

@@ -1,8 +1,12 @@
 """TransformerModel: what every family shares (tokenize, batch, encode, read attentions, the
 q/k/v and output projection that each attention layer used)."""
+from __future__ import annotations
+
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 import mha
 
@@ -12,18 +16,42 @@ from .words import aggregate_to_words, group_words
 
 @dataclass
 class Encoding:
-    """The result of a forward pass.
+    """Hold the result of a forward pass: tokens, hidden states and attentions.
 
-    One text (``model.encode("...")``), with n tokens, L layers, H heads, width d:
-      tokens: list of n str; input_ids: (n,) int64; attention_mask: (n,) bool (all True);
-      token_type_ids: (n,) int64 (BERT segments: 1 on the second text of a pair);
-      hidden_states: (L + 1, n, d), the embeddings then the output of each layer
-      (exactly ``output_hidden_states`` of transformers); attentions: (L, H, n, n) softmax
-      weights, rows = queries, or None with ``need_weights=False``.
-    A list of B texts: the same with a leading batch axis, padded on the right to the longest
-    text; ``attention_mask`` is False on padding and ``tokens`` lists each text's real tokens.
-    ``tokenized`` holds the TokenizedText(s) (word boundaries, offsets), or None when the
-    model was called on ids.
+    One text (``model.encode("...")``) has n tokens, L layers, H heads, width d; a list of B
+    texts has a leading batch axis, padded on the right to the longest text.
+
+    Parameters
+    ----------
+    tokens : list of str, or list of list of str
+        The tokens of the text (of each text in a batch: its real tokens only).
+    input_ids : ndarray of int64, shape (n,) or (B, n)
+        The token ids, padded on the right in a batch.
+    attention_mask : ndarray of bool, shape (n,) or (B, n)
+        True = real token, False = padding.
+    hidden_states : ndarray, shape (L + 1, n, d) or (B, L + 1, n, d)
+        The embeddings, then the output of each layer (exactly ``output_hidden_states`` of
+        transformers), in the model's dtype.
+    attentions : ndarray, shape (L, H, n, n) or (B, L, H, n, n), optional
+        The softmax weights of every layer and head, rows = queries; None with
+        ``need_weights=False``.
+    tokenized : TokenizedText or list of TokenizedText, optional
+        Word boundaries and offsets, or None when the model was called on ids.
+    token_type_ids : ndarray of int64, shape (n,) or (B, n), optional
+        BERT segments: 1 on the second text of a pair.
+
+    Attributes
+    ----------
+    last_hidden_state : ndarray, shape (n, d) or (B, n, d)
+        The last entry of ``hidden_states``.
+    n_tokens : int
+        The number of token positions (padding included).
+
+    Examples
+    --------
+    >>> enc = mha.models.load("minilm").encode("The cat sat")
+    >>> enc.tokens, enc.hidden_states.shape, enc.attentions.shape
+    (['[CLS]', 'the', 'cat', 'sat', '[SEP]'], (7, 5, 384), (6, 12, 5, 5))
     """
     tokens: list
     input_ids: np.ndarray
@@ -42,8 +70,26 @@ class Encoding:
     def n_tokens(self):
         return self.input_ids.shape[-1]
 
-    def words(self, index=None):
-        """(word strings, token-index groups) of the text (or of text ``index`` in a batch)."""
+    def words(self, index: int | None = None) -> tuple[list[str], list[list[int]]]:
+        """Group the tokens into words.
+
+        Parameters
+        ----------
+        index : int, optional
+            The text of a batch (None for an encoding of one text).
+
+        Returns
+        -------
+        words : list of str
+            The words.
+        groups : list of list of int
+            The token indices of each word.
+
+        Raises
+        ------
+        ValueError
+            An encoding made from ids (no word boundaries), or a batch without ``index``.
+        """
         tokenized = self.tokenized if index is None else self.tokenized[index]
         if tokenized is None or isinstance(tokenized, list):
             raise ValueError("word boundaries need a tokenized text: use model.encode(text)"
@@ -51,8 +97,28 @@ class Encoding:
         groups = group_words(tokenized)
         return [w for w, _ in groups], [g for _, g in groups]
 
-    def word_attentions(self, index=None):
-        """(words, weights (L, H, W, W)): attentions aggregated to words (Clark et al. 2019)."""
+    def word_attentions(self, index: int | None = None) -> tuple[list[str], np.ndarray]:
+        """Aggregate the attentions to words (Clark et al. 2019).
+
+        The attention to a word is the sum over its tokens, the attention from a word the mean.
+
+        Parameters
+        ----------
+        index : int, optional
+            The text of a batch (None for an encoding of one text).
+
+        Returns
+        -------
+        words : list of str
+            The W words.
+        weights : ndarray, shape (L, H, W, W)
+            The word-level attention, rows = queries.
+
+        Raises
+        ------
+        ValueError
+            An encoding without attentions or without word boundaries.
+        """
         if self.attentions is None:
             raise ValueError("this encoding has no attentions (need_weights=False)")
         words, groups = self.words(index)
@@ -62,17 +128,47 @@ class Encoding:
 
 
 class TransformerModel:
-    """A pretrained transformer run in NumPy, with mha's C kernels in every attention layer.
+    """Run a pretrained transformer in NumPy, with mha's C kernels in every attention layer.
 
-    Build one with :func:`mha.models.load`. Attributes: ``config`` (a ModelConfig; the
-    config.json is ``config.raw``), ``tokenizer``, ``dtype``, ``n_layers``, ``n_heads``,
-    ``n_kv_heads``, ``d_model``, ``d_head``, ``name``, ``folder``, ``layers`` (one dict of
-    weights per layer, dense weights stored (in, out); its ``W_o`` and ``b_o`` are the
-    attention's output projection).
-
-    A family implements ``_load(read)`` (read: a :class:`~mha.models.hub.TensorReader`),
+    Build one with :func:`mha.models.load`. A family implements ``_load(read)``,
     ``parameters()`` and ``_forward(ids, mask, type_ids, need_weights, head_mask, capture)``,
-    calling :meth:`_attention` for the attention of every layer.
+    calling ``_attention`` for the attention of every layer.
+
+    Parameters
+    ----------
+    config : ModelConfig
+        The sizes and options read from config.json.
+    checkpoint : mapping of str to array
+        The tensors of the safetensors files, by name.
+    tokenizer : Tokenizer, optional
+        Without one the model runs on ids only.
+    dtype : {numpy.float32, numpy.float64}, default numpy.float32
+        What the model computes in (the weights are converted once).
+    name : str, optional
+        A name for ``repr``.
+    folder : path, optional
+        Where the model was read from.
+
+    Attributes
+    ----------
+    config : ModelConfig
+        ``config.raw`` is the config.json.
+    layers : list of dict
+        One dict of weights per layer, dense weights stored (in, out); its ``W_o`` and ``b_o``
+        are the attention's output projection.
+    n_layers, n_heads, n_kv_heads, d_model, d_head : int
+        The sizes.
+
+    Raises
+    ------
+    TypeError
+        A dtype other than float32 or float64.
+
+    Examples
+    --------
+    >>> model = mha.models.load("minilm")
+    >>> model
+    BertModel(name='minilm', n_layers=6, n_heads=12, d_model=384, dtype=float32)
     """
     causal = False
     #: the checkpoint name that locates the head-model prefix ("bert.", "model.", ...)
@@ -113,8 +209,14 @@ class TransformerModel:
     def d_head(self):
         return self.config.d_head
 
-    def num_parameters(self):
-        """Number of weights (embeddings included)."""
+    def num_parameters(self) -> int:
+        """Count the weights (embeddings included).
+
+        Returns
+        -------
+        int
+            The total size of ``parameters()``.
+        """
         return int(sum(a.size for a in self.parameters().values()))
 
     def __repr__(self):
@@ -129,19 +231,71 @@ class TransformerModel:
             raise ValueError(f"{self.name or 'this model'} has no tokenizer; call it on ids")
         return self.tokenizer
 
-    def tokenize(self, text, pair=None, *, truncation=False):
-        """The tokens of ``text`` (special tokens included), e.g. ['[CLS]', 'the', ..., '[SEP]']."""
+    def tokenize(self, text: str, pair: str | None = None, *, truncation: bool = False) -> list[str]:
+        """Tokenize a text, special tokens included.
+
+        Parameters
+        ----------
+        text : str
+            The text.
+        pair : str, optional
+            The second text of a sentence pair (BERT segments).
+        truncation : bool, default False
+            Cut a text longer than the model's positions instead of raising.
+
+        Returns
+        -------
+        list of str
+            E.g. ``['[CLS]', 'the', ..., '[SEP]']``.
+
+        Raises
+        ------
+        ValueError
+            A model without tokenizer, or a text longer than the model's positions without
+            ``truncation``.
+
+        Examples
+        --------
+        >>> mha.models.load("minilm").tokenize("Attention!")
+        ['[CLS]', 'attention', '!', '[SEP]']
+        """
         return self._need_tokenizer()(text, pair, truncation=truncation).tokens
 
-    def encode(self, text, pair=None, *, need_weights=True, truncation=False, head_mask=None):
-        """Tokenize and run the model -> :class:`Encoding`.
+    def encode(self, text: str | Sequence[str], pair: str | Sequence[str] | None = None, *,
+               need_weights: bool = True, truncation: bool = False,
+               head_mask: ArrayLike | None = None) -> Encoding:
+        """Tokenize and run the model.
 
-        text: a str, or a list of str (a batch, padded on the right).
-        pair: the second text of a BERT sentence pair (str, or list matching ``text``).
-        need_weights: compute and keep the attention weights (L, H, n, n) of every layer.
-        truncation: cut texts longer than the model's positions instead of raising.
-        head_mask: optional (n_layers, n_heads) multipliers on each head's output (1 keep,
-        0 prune), for ablation studies.
+        Parameters
+        ----------
+        text : str or list of str
+            A text, or a batch (padded on the right).
+        pair : str or list of str, optional
+            The second text of a sentence pair (a list matching ``text``).
+        need_weights : bool, default True
+            Compute and keep the attention weights (L, H, n, n) of every layer.
+        truncation : bool, default False
+            Cut texts longer than the model's positions instead of raising.
+        head_mask : array_like, shape (n_layers, n_heads), optional
+            Multipliers on each head's output (1 keep, 0 prune), for ablation studies.
+
+        Returns
+        -------
+        Encoding
+            Tokens, ids, hidden states and attentions (a leading batch axis for a list).
+
+        Raises
+        ------
+        ValueError
+            No tokenizer, an empty list, a ``pair`` list of another length, a text too long without
+            ``truncation``, or a ``head_mask`` of the wrong shape.
+
+        Examples
+        --------
+        >>> model = mha.models.load("minilm")
+        >>> enc = model.encode(["A short text", "A slightly longer text"])
+        >>> enc.attention_mask.tolist()
+        [[True, True, True, True, True, False], [True, True, True, True, True, True]]
         """
         tok = self._need_tokenizer()
         single = isinstance(text, str)
@@ -170,12 +324,35 @@ class TransformerModel:
             enc = _unbatch(enc)
         return enc
 
-    def __call__(self, input_ids, attention_mask=None, token_type_ids=None, *, need_weights=True,
-                 head_mask=None):
-        """Run the model on token ids -> :class:`Encoding` (its ``tokens`` from the vocabulary).
+    def __call__(self, input_ids: ArrayLike, attention_mask: ArrayLike | None = None,
+                 token_type_ids: ArrayLike | None = None, *, need_weights: bool = True,
+                 head_mask: ArrayLike | None = None) -> Encoding:
+        """Run the model on token ids.
 
-        input_ids: (n,) or (B, n) integers. attention_mask: same shape, True / 1 = real token,
-        False / 0 = padding (padding keys get no attention). token_type_ids: BERT segment ids.
+        Parameters
+        ----------
+        input_ids : array_like of int, shape (n,) or (B, n)
+            Token ids in [0, vocab_size).
+        attention_mask : array_like of bool, shape of ``input_ids``, optional
+            True / 1 = real token, False / 0 = padding (padding keys get no attention).
+        token_type_ids : array_like of int, shape of ``input_ids``, optional
+            BERT segment ids.
+        need_weights : bool, default True
+            Compute and keep the attention weights.
+        head_mask : array_like, shape (n_layers, n_heads), optional
+            Multipliers on each head's output.
+
+        Returns
+        -------
+        Encoding
+            Its ``tokens`` are read from the vocabulary.
+
+        Raises
+        ------
+        TypeError
+            Ids that are not integers.
+        ValueError
+            Ids out of range, more tokens than positions, or a ``head_mask`` of the wrong shape.
         """
         ids = np.asarray(input_ids)
         single = ids.ndim == 1
@@ -203,25 +380,82 @@ class TransformerModel:
         return _unbatch(enc) if single else enc
 
     # --- shortcuts for notebooks ----------------------------------------------------------------
-    def attentions(self, text, pair=None, *, words=False, truncation=False):
-        """(tokens, weights): weights (n_layers, n_heads, n, n), rows = queries.
+    def attentions(self, text: str, pair: str | None = None, *, words: bool = False,
+                   truncation: bool = False) -> tuple[list[str], np.ndarray]:
+        """Compute the attention weights of every layer and head for one text.
 
-        words=True aggregates subword tokens to words (sum of the attention to a word, mean of
-        the attention from it) and returns (words, weights (n_layers, n_heads, W, W)).
+        Parameters
+        ----------
+        text : str
+            The text.
+        pair : str, optional
+            The second text of a sentence pair.
+        words : bool, default False
+            Aggregate subword tokens to words (sum of the attention to a word, mean of the
+            attention from it).
+        truncation : bool, default False
+            Cut a text longer than the model's positions instead of raising.
+
+        Returns
+        -------
+        tokens : list of str
+            The n tokens (the W words with ``words=True``).
+        weights : ndarray, shape (n_layers, n_heads, n, n)
+            Softmax weights, rows = queries ((n_layers, n_heads, W, W) with ``words=True``).
+
+        Raises
+        ------
+        ValueError
+            A model without tokenizer, or a text longer than the model's positions without
+            ``truncation``.
+
+        Examples
+        --------
+        >>> tokens, weights = mha.models.load("minilm").attentions("The cat sat on the mat")
+        >>> len(tokens), weights.shape
+        (8, (6, 12, 8, 8))
         """
         enc = self.encode(text, pair, truncation=truncation)
         if words:
             return enc.word_attentions()
         return enc.tokens, enc.attentions
 
-    def attention_norms(self, text, pair=None, *, summed=False, truncation=False):
-        """(tokens, norms): Kobayashi et al. (2020)'s norm-based attention of every layer.
+    def attention_norms(self, text: str, pair: str | None = None, *, summed: bool = False,
+                        truncation: bool = False) -> tuple[list[str], np.ndarray]:
+        """Compute Kobayashi et al.'s (2020) norm-based attention of every layer.
 
-        norms[l, h, i, j] = ||alpha_ij f_h(x_j)||, the length of what key j adds to query i's
-        output through head h (value vector times the head's rows of W_o, output bias left
-        out), (n_layers, n_heads, n, n); with ``summed=True`` the length of the sum over the
-        heads, (n_layers, n, n). The sibling of :meth:`attentions`; see
-        :func:`mha.analysis.value_norms` for the formulas.
+        ``norms[l, h, i, j] = ||alpha_ij f_h(x_j)||``, the length of what key j adds to query i's
+        output through head h (value vector times the head's rows of W_o, output bias left out).
+        The sibling of :meth:`attentions`; see :func:`mha.analysis.value_norms` for the formulas.
+
+        Parameters
+        ----------
+        text : str
+            The text.
+        pair : str, optional
+            The second text of a sentence pair (BERT segments).
+        summed : bool, default False
+            The length of the sum over the heads instead of each head's.
+        truncation : bool, default False
+            Cut a text longer than the model's positions instead of raising.
+
+        Returns
+        -------
+        tokens : list of str
+            The n tokens.
+        norms : ndarray, shape (n_layers, n_heads, n, n), or (n_layers, n, n) with ``summed``
+            The norms, in the model's dtype.
+
+        References
+        ----------
+        G. Kobayashi, T. Kuribayashi, S. Yokoi and K. Inui, "Attention is Not Only a Weight:
+        Analyzing Transformers with Vector Norms", EMNLP 2020, https://arxiv.org/abs/2004.10102.
+
+        Examples
+        --------
+        >>> tokens, norms = mha.models.load("minilm").attention_norms("The cat sat", summed=True)
+        >>> norms.shape
+        (6, 5, 5)
         """
         from ..analysis import value_norms
 
@@ -231,16 +465,66 @@ class TransformerModel:
                                       summed=summed) for l in range(self.n_layers)])
         return tokens, norms
 
-    def hidden_states(self, text, pair=None, *, truncation=False):
-        """(tokens, hidden states (n_layers + 1, n, d_model))."""
+    def hidden_states(self, text: str, pair: str | None = None, *, truncation: bool = False
+                      ) -> tuple[list[str], np.ndarray]:
+        """Compute the hidden states of one text: the embeddings, then each layer's output.
+
+        Parameters
+        ----------
+        text : str
+            The text.
+        pair : str, optional
+            The second text of a sentence pair (BERT segments).
+        truncation : bool, default False
+            Cut a text longer than the model's positions instead of raising.
+
+        Returns
+        -------
+        tokens : list of str
+            The n tokens.
+        hidden_states : ndarray, shape (n_layers + 1, n, d_model)
+            In the model's dtype.
+
+        Raises
+        ------
+        ValueError
+            A model without tokenizer, or a text longer than the model's positions without
+            ``truncation``.
+        """
         enc = self.encode(text, pair, need_weights=False, truncation=truncation)
         return enc.tokens, enc.hidden_states
 
-    def embed(self, texts, *, normalize=True, pooling="mean", truncation=True):
-        """Sentence embeddings: the last hidden states pooled over real tokens.
+    def embed(self, texts: str | Sequence[str], *, normalize: bool = True, pooling: str = "mean",
+              truncation: bool = True) -> np.ndarray:
+        """Compute sentence embeddings: the last hidden states pooled over the real tokens.
 
-        pooling "mean" (what all-MiniLM-L6-v2 is trained for, with normalize=True) or "first"
-        (the [CLS] vector). Returns (d_model,) for a str, (B, d_model) for a list.
+        Parameters
+        ----------
+        texts : str or list of str
+            One text or a batch.
+        normalize : bool, default True
+            Scale each embedding to unit length.
+        pooling : {"mean", "first"}, default "mean"
+            The mean over the tokens (what all-MiniLM-L6-v2 is trained for, with
+            ``normalize=True``) or the first token's vector ([CLS]).
+        truncation : bool, default True
+            Cut texts longer than the model's positions instead of raising.
+
+        Returns
+        -------
+        ndarray, shape (d_model,) or (B, d_model)
+            One row per text.
+
+        Raises
+        ------
+        ValueError
+            An unknown ``pooling``.
+
+        Examples
+        --------
+        >>> e = mha.models.load("minilm").embed(["a cat", "a kitten", "stock prices"])
+        >>> bool(e[0] @ e[1] > e[0] @ e[2])                       # cosine similarities
+        True
         """
         single = isinstance(texts, str)
         enc = self.encode([texts] if single else list(texts), need_weights=False,
@@ -258,12 +542,14 @@ class TransformerModel:
         return out[0] if single else out
 
     # --- what each attention layer computed ------------------------------------------------------
-    def qkv(self, text, pair=None, *, truncation=False):
+    def qkv(self, text: str, pair: str | None = None, *, truncation: bool = False
+            ) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
         """The queries, keys and values that each layer's attention kernel received.
 
         Parameters
         ----------
         text : str
+            The text.
         pair : str, optional
             The second text of a BERT sentence pair.
         truncation : bool
@@ -271,10 +557,13 @@ class TransformerModel:
 
         Returns
         -------
-        tokens : list of n str
-        q : (n_layers, n_heads, n, d_head) array of the model's dtype
-        k, v : (n_layers, n_kv_heads, n, d_head) arrays of the model's dtype
-            Exactly what ``mha.attention`` got: after the rotary embedding for the LLaMA
+        tokens : list of str
+            The n tokens.
+        q : ndarray, shape (n_layers, n_heads, n, d_head)
+            The queries, in the model's dtype.
+        k, v : ndarray, shape (n_layers, n_kv_heads, n, d_head)
+            The keys and values, in the model's dtype:
+            exactly what ``mha.attention`` got: after the rotary embedding for the LLaMA
             family, before the ``attention_scale(layer)`` factor. With grouped-query attention
             query head h reads key/value head ``h // (n_heads // n_kv_heads)``, so that
             ``softmax(q k^T * attention_scale(layer) + log attention_mask(layer, n))`` is
@@ -297,22 +586,74 @@ class TransformerModel:
         q, k, v = (np.stack([c[part][0] for c in captured]) for part in range(3))
         return tokenized.tokens, q, k, v
 
-    def output_projection(self, layer):
-        """(W_o, b_o) of one layer's attention: ``W_o`` (n_heads * d_head, d_model) stored
-        (in, out), so that the attention's output is ``heads @ W_o + b_o`` with the heads side
-        by side per token; ``b_o`` (d_model,) or None when the model has no such bias."""
+    def output_projection(self, layer: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """Return one layer's attention output projection.
+
+        Parameters
+        ----------
+        layer : int
+            The layer (negative counts from the end).
+
+        Returns
+        -------
+        W_o : ndarray, shape (n_heads * d_head, d_model)
+            Stored (in, out): the attention's output is ``heads @ W_o + b_o`` with the heads side
+            by side per token.
+        b_o : ndarray, shape (d_model,), or None
+            None when the model has no such bias.
+
+        Raises
+        ------
+        IndexError
+            A layer out of range.
+        """
         p = self.layers[self._layer_index(layer)]
         return p["W_o"], p.get("b_o")
 
-    def attention_scale(self, layer):
-        """The factor on q k^T in ``layer`` (1 / sqrt(d_head) unless the family says else)."""
+    def attention_scale(self, layer: int) -> float:
+        """Return the factor on q k^T in a layer (1 / sqrt(d_head) unless the family says else).
+
+        Parameters
+        ----------
+        layer : int
+            The layer (negative counts from the end).
+
+        Returns
+        -------
+        float
+            The scale.
+
+        Raises
+        ------
+        IndexError
+            A layer out of range.
+        """
         self._layer_index(layer)
         return 1.0 / np.sqrt(self.d_head)
 
-    def attention_mask(self, layer, n):
-        """(n, n) bool, True where query i may attend key j in ``layer`` on n tokens without
-        padding: all True for an encoder, j <= i for a causal model, and i - W < j <= i in a
-        layer with a sliding window of W tokens."""
+    def attention_mask(self, layer: int, n: int) -> np.ndarray:
+        """Return which keys each query may attend in a layer, on n tokens without padding.
+
+        All True for an encoder, j <= i for a causal model, and i - W < j <= i in a layer with a
+        sliding window of W tokens.
+
+        Parameters
+        ----------
+        layer : int
+            The layer (negative counts from the end).
+        n : int
+            The number of tokens.
+
+        Returns
+        -------
+        ndarray of bool, shape (n, n)
+            True where query i may attend key j.
+
+        Raises
+        ------
+        IndexError
+            A layer out of range.
+        """
         self._layer_index(layer)
         i, j = np.arange(n)[:, None], np.arange(n)[None, :]
         allowed = np.ones((n, n), bool) if not self.causal else j <= i
@@ -347,8 +688,14 @@ class TransformerModel:
     def _load(self, read):
         raise NotImplementedError
 
-    def parameters(self):
-        """dict name -> array of every weight, stored (in, out) for dense layers."""
+    def parameters(self) -> dict[str, np.ndarray]:
+        """Return every weight by name.
+
+        Returns
+        -------
+        dict of str to ndarray
+            Dense weights stored (in, out).
+        """
         raise NotImplementedError
 
     def _forward(self, ids, mask, type_ids, need_weights, head_mask, capture=None):

@@ -39,23 +39,49 @@ def _best_ms(fn, repeats, warmup):
 
 def benchmark_encode(model=None, n_tokens=128, repeats=10, *, threads=None, warmup=2,
                      compare_torch=True):
-    """Encode one ``n_tokens``-token sentence through all layers; best wall time of ``repeats``.
-
-    model: a loaded model (default: ``mha.models.load("minilm")``).
-    threads: thread count for mha and torch (default: mha's current count; NumPy's BLAS
-    keeps its own, which is the number of cores unless OPENBLAS_NUM_THREADS says otherwise).
-    compare_torch: also time transformers on torch (eager attention returning the attentions,
-    and its default SDPA attention without them), from the same folder, with the same threads.
-
-    Returns a dict: n_tokens, threads, mha_ms (with attention
-    weights), mha_no_weights_ms, and when torch is compared: torch_eager_ms, torch_sdpa_ms,
-    speedup_eager = torch_eager_ms / mha_ms, speedup_sdpa = torch_sdpa_ms / mha_no_weights_ms
-    (> 1 means mha is faster). torch is timed after mha, so their thread pools do not overlap.
+    """Time one ``n_tokens``-token sentence through all layers: best wall time of ``repeats``.
 
     On a machine with few cores, OpenMP threads that spin long after each attention call (GNU
     libgomp's default, 300,000 spins) compete with NumPy's BLAS threads (measured 2x slower on 2
     cores); ``import mha`` therefore sets a short spin (GOMP_SPINCOUNT=3000) unless
     OMP_WAIT_POLICY or GOMP_SPINCOUNT is already set.
+
+    Parameters
+    ----------
+    model : TransformerModel, optional
+        A loaded model (default: ``mha.models.load("minilm")``).
+    n_tokens : int, default 128
+        The length of the sentence.
+    repeats : int, default 10
+        Timed calls; the best is kept.
+    threads : int, optional
+        Thread count for mha (set with ``mha.set_num_threads``, and left so) and torch (default:
+        mha's current count; NumPy's BLAS keeps its own).
+    warmup : int, default 2
+        Untimed calls first.
+    compare_torch : bool, default True
+        Also time transformers on torch (eager attention returning the attentions, and its
+        default SDPA attention without them), from the same folder, with the same threads.
+        torch is timed after mha, so their thread pools do not overlap.
+
+    Returns
+    -------
+    dict
+        "model", "n_tokens", "threads", "mha_ms" (with attention weights),
+        "mha_no_weights_ms", and when torch is compared: "torch_eager_ms", "torch_sdpa_ms",
+        "speedup_eager" = torch_eager_ms / mha_ms, "speedup_sdpa" = torch_sdpa_ms /
+        mha_no_weights_ms (> 1 means mha is faster).
+
+    Raises
+    ------
+    ImportError
+        ``compare_torch`` without torch and transformers installed.
+
+    Examples
+    --------
+    >>> r = benchmark_encode(n_tokens=16, repeats=1, warmup=0, compare_torch=False)
+    >>> r["n_tokens"], r["mha_ms"] > 0
+    (16, True)
     """
     if model is None:
         from . import load

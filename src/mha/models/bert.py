@@ -22,7 +22,38 @@ from .base import TransformerModel
 
 
 class BertModel(TransformerModel):
-    """A BERT-family encoder (model_type "bert") in NumPy on mha's C attention kernels."""
+    """Run a BERT-family encoder (model_type "bert") in NumPy on mha's C kernels.
+
+    Parameters
+    ----------
+    config : ModelConfig
+        The sizes and options read from config.json.
+    checkpoint : mapping of str to array
+        The tensors of the safetensors files, by name.
+    tokenizer : Tokenizer, optional
+        Without one the model runs on ids only.
+    dtype : {numpy.float32, numpy.float64}, default numpy.float32
+        What the model computes in.
+    name : str, optional
+        A name for ``repr``.
+    folder : path, optional
+        Where the model was read from.
+
+    Raises
+    ------
+    CheckpointError
+        A missing or wrongly shaped tensor (the message names the file and the tensor).
+
+    See Also
+    --------
+    mha.models.load : Builds the right class from a folder.
+
+    Examples
+    --------
+    >>> model = mha.models.load("minilm")           # a BertModel
+    >>> type(model).__name__, model.n_layers, model.n_heads
+    ('BertModel', 6, 12)
+    """
     causal = False
     anchor = "embeddings.word_embeddings.weight"
     # checkpoint names: the embeddings, then one layer's, with {i} its index
@@ -72,6 +103,13 @@ class BertModel(TransformerModel):
         self._act = ops.activation(cfg.activation)
 
     def parameters(self):
+        """Return every weight by name.
+
+        Returns
+        -------
+        dict of str to ndarray
+            Dense weights stored (in, out).
+        """
         params = {"word_embeddings": self.word_embeddings,
                   "position_embeddings": self.position_embeddings,
                   "ln_emb_weight": self.ln_emb[0], "ln_emb_bias": self.ln_emb[1]}
@@ -125,7 +163,32 @@ class BertModel(TransformerModel):
 
 
 class RobertaModel(BertModel):
-    """RoBERTa (model_type "roberta"): BERT's layers; positions count from padding_idx + 1."""
+    """Run RoBERTa (model_type "roberta"): BERT's layers; positions count from padding_idx + 1.
+
+    Parameters
+    ----------
+    config : ModelConfig
+        The sizes and options read from config.json.
+    checkpoint : mapping of str to array
+        The tensors of the safetensors files, by name.
+    tokenizer : Tokenizer, optional
+        Without one the model runs on ids only.
+    dtype : {numpy.float32, numpy.float64}, default numpy.float32
+        What the model computes in.
+    name : str, optional
+        A name for ``repr``.
+    folder : path, optional
+        Where the model was read from.
+
+    Raises
+    ------
+    CheckpointError
+        A missing or wrongly shaped tensor (the message names the file and the tensor).
+
+    See Also
+    --------
+    mha.models.load : Builds the right class from a folder.
+    """
 
     def _positions(self, ids):
         pad = self.config.pad_token_id
@@ -134,7 +197,32 @@ class RobertaModel(BertModel):
 
 
 class DistilBertModel(BertModel):
-    """DistilBERT (model_type "distilbert"): BERT's layers under other names, no segments."""
+    """Run DistilBERT (model_type "distilbert"): BERT's layers under other names, no segments.
+
+    Parameters
+    ----------
+    config : ModelConfig
+        The sizes and options read from config.json.
+    checkpoint : mapping of str to array
+        The tensors of the safetensors files, by name.
+    tokenizer : Tokenizer, optional
+        Without one the model runs on ids only.
+    dtype : {numpy.float32, numpy.float64}, default numpy.float32
+        What the model computes in.
+    name : str, optional
+        A name for ``repr``.
+    folder : path, optional
+        Where the model was read from.
+
+    Raises
+    ------
+    CheckpointError
+        A missing or wrongly shaped tensor (the message names the file and the tensor).
+
+    See Also
+    --------
+    mha.models.load : Builds the right class from a folder.
+    """
     names = dict(
         positions="embeddings.position_embeddings.weight", token_types=None,
         ln_emb="embeddings.LayerNorm",

@@ -9,9 +9,13 @@ live in one (B, H_kv, max_len, d_head) array per cache, so the keys of one head 
 contiguous rows and a step hands the kernel the view ``[:, :, :length]`` (last axis
 contiguous) without gathering anything.
 """
+from __future__ import annotations
+
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from . import ops
 from .base import Encoding
@@ -53,19 +57,41 @@ class KVCache:
 
 @dataclass
 class Generation(Encoding):
-    """The result of ``model.generate``: an :class:`Encoding` of the whole sequence (the
-    prompt, then the new tokens), so every view and metric that takes attentions (L, H, n, n)
-    and tokens takes it as it is.
+    """Hold the result of ``model.generate``: an :class:`Encoding` of prompt and new tokens.
 
-    tokens : n_total str; input_ids : (n_total,) int64; attention_mask : (n_total,) all True
-    hidden_states : (L + 1, n_total, d_model), as ``model(input_ids).hidden_states``
-    attentions : (L, H, n_total, n_total), lower-triangular, or None (need_weights=False).
-        Row i is the attention of token i (the query) over tokens 0..i, computed when token i
-        was fed to the model: rows [0, n_prompt) by the prefill, row n_prompt + t by the decode
-        step of new token t. Every new token is fed once, the last one too, so every row is
-        filled; each equals the row the full forward ``model(input_ids)`` computes.
-    n_prompt : number of prompt tokens; ``new_ids``, ``new_tokens``: the generated part;
-    text : the new tokens decoded to a str.
+    Every view and metric that takes attentions (L, H, n, n) and tokens takes it as it is.
+
+    Parameters
+    ----------
+    tokens : list of str
+        The n_total tokens, prompt first.
+    input_ids : ndarray of int64, shape (n_total,)
+        Their ids.
+    attention_mask : ndarray of bool, shape (n_total,)
+        All True.
+    hidden_states : ndarray, shape (L + 1, n_total, d_model)
+        As ``model(input_ids).hidden_states``.
+    attentions : ndarray, shape (L, H, n_total, n_total), optional
+        Lower-triangular, or None (``need_weights=False``). Row i is the attention of token i
+        (the query) over tokens 0..i, computed when token i was fed to the model: rows
+        [0, n_prompt) by the prefill, row n_prompt + t by the decode step of new token t.
+        Every new token is fed once, the last one too, so every row is filled; each equals the
+        row the full forward ``model(input_ids)`` computes.
+    tokenized : None
+        Generations carry no word boundaries.
+    token_type_ids : ndarray of int64, shape (n_total,)
+        All 0.
+    n_prompt : int
+        The number of prompt tokens.
+    text : str
+        The new tokens decoded to a str.
+
+    Attributes
+    ----------
+    new_ids : ndarray of int64
+        The generated ids.
+    new_tokens : list of str
+        The generated tokens.
     """
     n_prompt: int = 0
     text: str = None
@@ -96,16 +122,35 @@ class CausalLM:
     def _vocab_matrix(self):
         raise NotImplementedError
 
-    def logits(self, text_or_ids):
-        """Next-token logits (n, vocab) of one text or id sequence: the last hidden states
-        times the LM head's weight (tied to the token embeddings when config.json says so)."""
+    def logits(self, text_or_ids: str | ArrayLike) -> np.ndarray:
+        """Compute the next-token logits of one text or id sequence.
+
+        The logits are the last hidden states times the LM head's weight (tied to the token
+        embeddings when config.json says so).
+
+        Parameters
+        ----------
+        text_or_ids : str or array_like of int, shape (n,)
+            A text (tokenized with the model's special tokens) or its ids.
+
+        Returns
+        -------
+        ndarray, shape (n, vocab_size)
+            Row i scores the token after position i.
+
+        Examples
+        --------
+        >>> model = mha.models.load("path/to/a/gpt2/folder")             # doctest: +SKIP
+        >>> int(model.logits("The cat")[-1].argmax())                    # doctest: +SKIP
+        """
         enc = (self.encode(text_or_ids, need_weights=False) if isinstance(text_or_ids, str)
                else self(np.asarray(text_or_ids), need_weights=False))
         return ops.unembed(enc.last_hidden_state, self._vocab_matrix())
 
-    def generate(self, text, max_new_tokens=20, *, greedy=True, temperature=1.0, top_k=None,
-                 seed=None, stop_at_eos=True, need_weights=True, progress=None,
-                 callback=None):
+    def generate(self, text: str | ArrayLike, max_new_tokens: int = 20, *, greedy: bool = True,
+                 temperature: float = 1.0, top_k: int | None = None, seed: int | None = None,
+                 stop_at_eos: bool = True, need_weights: bool = True, progress: bool | None = None,
+                 callback: Callable[[int], object] | None = None) -> Generation:
         """Continue a text token by token on a KV cache; keep every attention map.
 
         The prompt runs once (prefill), then each new token is one step that attends over the
@@ -115,14 +160,18 @@ class CausalLM:
         ----------
         text : str or 1-D int array
             The prompt (tokenized with the model's special tokens, e.g. LLaMA's BOS), or its ids.
-        max_new_tokens : int >= 1
+        max_new_tokens : int, default 20
+            The most tokens to add (>= 1).
         greedy : bool
             True: the most likely token each step (transformers' ``do_sample=False``; ties go
             to the lowest id). False: sample from ``softmax(logits / temperature)``, restricted
             to the ``top_k`` most likely tokens when given, with ``numpy.random.default_rng(seed)``.
-        temperature : float > 0
+        temperature : float, default 1.0
+            Divides the logits when sampling (> 0).
         top_k : int, optional
+            Sample only among the ``top_k`` most likely tokens.
         seed : int, optional
+            Seeds the sampling.
         stop_at_eos : bool
             Stop after a token of ``config.eos_token_ids`` (from generation_config.json when
             the folder has one); it is kept, as transformers keeps it.
@@ -148,10 +197,10 @@ class CausalLM:
 
         Examples
         --------
-        >>> model = mha.models.load("path/to/a/gpt2/or/llama/folder")
-        >>> out = model.generate("The cat", max_new_tokens=5)
-        >>> out.attentions.shape          # (layers, heads, n_prompt + 5, n_prompt + 5)
-        >>> mha.viz.head_view(out.attentions, out.tokens)
+        >>> model = mha.models.load("path/to/a/gpt2/or/llama/folder")   # doctest: +SKIP
+        >>> out = model.generate("The cat", max_new_tokens=5)            # doctest: +SKIP
+        >>> out.attentions.shape    # (layers, heads, n_prompt + 5, n_prompt + 5)  # doctest: +SKIP
+        >>> view = mha.viz.head_view(out.attentions, out.tokens)         # doctest: +SKIP
         """
         from tqdm.auto import tqdm
 

@@ -11,22 +11,64 @@ from .hub import CheckpointError
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Architecture hyper-parameters, with mha's names; ``raw`` keeps the whole config.json.
+    """Hold a model's architecture hyper-parameters with mha's names.
 
-    Every family:
-      model_type ("bert", "roberta", "distilbert", "gpt2", "llama", "qwen2", "mistral"),
-      n_layers, n_heads, d_model, d_head (the width of one head: d_model // n_heads unless
-      config.json sets head_dim), d_ff (the MLP width), vocab_size, max_positions (the longest
-      input in tokens), norm_eps (of LayerNorm or RMSNorm), activation (the Hugging Face name,
-      e.g. "gelu", "gelu_new", "silu"), pad_token_id, bos_token_id, eos_token_ids (a tuple).
-    BERT family: type_vocab_size (0 when there are no segments); position_offset (RoBERTa's
-      positions start after its padding index: padding_idx + 1).
-    GPT-2: scale_attn_weights, scale_attn_by_inverse_layer_idx.
-    LLaMA family: n_kv_heads (grouped-query attention; = n_heads without it), rope_theta,
-      rope_scaling (None, or a dict with "rope_type" "linear" or "llama3" and its numbers),
-      attention_bias (q, k, v biases), attention_out_bias (o_proj bias), mlp_bias,
-      tie_word_embeddings, sliding_windows (one entry per layer: None for full causal
-      attention, or W: query i sees keys j with i - W < j <= i).
+    Build one with :meth:`from_dict`; ``raw`` keeps the whole config.json.
+
+    Parameters
+    ----------
+    model_type : str
+        "bert", "roberta", "distilbert", "gpt2", "llama", "qwen2" or "mistral".
+    n_layers, n_heads, d_model : int
+        The sizes.
+    d_ff : int
+        The MLP width.
+    vocab_size : int
+        The vocabulary.
+    max_positions : int
+        The longest input, in tokens.
+    norm_eps : float
+        The epsilon of LayerNorm or RMSNorm.
+    activation : str
+        The Hugging Face name, e.g. "gelu", "gelu_new", "silu".
+    d_head : int
+        The width of one head: d_model // n_heads unless config.json sets head_dim.
+    n_kv_heads : int
+        Key/value heads (grouped-query attention; = n_heads without it).
+    type_vocab_size : int
+        BERT segments (0 when there are none).
+    pad_token_id, bos_token_id : int
+        Special ids.
+    eos_token_ids : tuple of int
+        The ids that end a generation.
+    position_offset : int
+        RoBERTa's positions start after its padding index (padding_idx + 1).
+    scale_attn_weights, scale_attn_by_inverse_layer_idx : bool
+        GPT-2's attention scaling options.
+    rope_theta : float
+        The base of the rotary embedding (LLaMA family).
+    rope_scaling : dict, optional
+        None, or a dict with "rope_type" "linear" or "llama3" and its numbers.
+    attention_bias, attention_out_bias, mlp_bias : bool
+        Biases of q, k, v; of o_proj; of the MLP (LLaMA family).
+    tie_word_embeddings : bool
+        The LM head shares the token embeddings.
+    sliding_windows : tuple
+        One entry per layer: None for full causal attention, or W: query i sees keys j with
+        i - W < j <= i.
+    raw : dict
+        The whole config.json.
+
+    Raises
+    ------
+    ValueError
+        d_model not divisible by n_heads without an explicit d_head.
+
+    Examples
+    --------
+    >>> config = mha.models.load("minilm").config
+    >>> config.model_type, config.n_layers, config.d_head, config.max_positions
+    ('bert', 6, 32, 512)
     """
     model_type: str
     n_layers: int
@@ -71,11 +113,34 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, raw, source="config.json"):
-        """Build from a parsed config.json; ``source`` (its path) names it in errors.
+        """Build a config from a parsed config.json.
 
-        Raises NotImplementedError for a model_type (or an option, such as a RoPE scaling
-        type) that mha does not run, naming the supported ones; CheckpointError for a missing
-        size.
+        Parameters
+        ----------
+        raw : dict
+            The parsed config.json.
+        source : str, default "config.json"
+            Its path, named in errors.
+
+        Returns
+        -------
+        ModelConfig
+            With mha's names and transformers' defaults for missing optional keys.
+
+        Raises
+        ------
+        NotImplementedError
+            A model_type (or an option, such as a RoPE scaling type) that mha does not run;
+            the message names the supported ones.
+        CheckpointError
+            A missing size.
+
+        Examples
+        --------
+        >>> cfg = mha.models.ModelConfig.from_dict({"model_type": "gpt2", "n_layer": 2,
+        ...     "n_head": 4, "n_embd": 64, "vocab_size": 100, "n_positions": 32})
+        >>> cfg.d_head, cfg.d_ff, cfg.activation
+        (16, 256, 'gelu_new')
         """
         model_type = str(raw.get("model_type", "")).lower()
         if not model_type:          # old configs: guess from the class names

@@ -21,7 +21,32 @@ from .causal import CausalLM
 
 
 class GPT2Model(CausalLM, TransformerModel):
-    """GPT-2 (model_type "gpt2") in NumPy on mha's C attention kernels."""
+    """Run GPT-2 (model_type "gpt2") in NumPy on mha's C attention kernels.
+
+    Parameters
+    ----------
+    config : ModelConfig
+        The sizes and options read from config.json.
+    checkpoint : mapping of str to array
+        The tensors of the safetensors files, by name.
+    tokenizer : Tokenizer, optional
+        Without one the model runs on ids only.
+    dtype : {numpy.float32, numpy.float64}, default numpy.float32
+        What the model computes in.
+    name : str, optional
+        A name for ``repr``.
+    folder : path, optional
+        Where the model was read from.
+
+    Raises
+    ------
+    CheckpointError
+        A missing or wrongly shaped tensor (the message names the file and the tensor).
+
+    See Also
+    --------
+    mha.models.load : Builds the right class from a folder.
+    """
     anchor = "wte.weight"
 
     def _load(self, read):
@@ -53,6 +78,13 @@ class GPT2Model(CausalLM, TransformerModel):
         self._act = ops.activation(cfg.activation)
 
     def parameters(self):
+        """Return every weight by name.
+
+        Returns
+        -------
+        dict of str to ndarray
+            Dense weights stored (in, out).
+        """
         params = {"wte": self.wte, "wpe": self.wpe,
                   "ln_f_weight": self.ln_f[0], "ln_f_bias": self.ln_f[1]}
         for i, layer in enumerate(self.layers):
@@ -60,6 +92,26 @@ class GPT2Model(CausalLM, TransformerModel):
         return params
 
     def attention_scale(self, layer):
+        """Return the factor on q k^T in a layer, following config.json's GPT-2 options.
+
+        1 / sqrt(d_head) with ``scale_attn_weights`` (else 1), further divided by layer + 1 with
+        ``scale_attn_by_inverse_layer_idx``.
+
+        Parameters
+        ----------
+        layer : int
+            The layer (negative counts from the end).
+
+        Returns
+        -------
+        float
+            The scale.
+
+        Raises
+        ------
+        IndexError
+            A layer out of range.
+        """
         layer = self._layer_index(layer)
         s = 1.0 / np.sqrt(self.config.d_head) if self.config.scale_attn_weights else 1.0
         if self.config.scale_attn_by_inverse_layer_idx:

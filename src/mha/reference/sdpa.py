@@ -10,7 +10,10 @@ Shapes
        (grouped-query attention: query head h reads key/value head h // (H // H_kv))
     v: (..., n_k, d_v), with k's leading shape
 """
+from __future__ import annotations
+
 import numpy as np
+from numpy.typing import ArrayLike
 
 from .. import checks
 from .dropout import dropout_keep
@@ -106,8 +109,10 @@ def _inputs(q, k, v, mask, scale, dropout, seed, *others, backward=False):
     return q, k, v, rest, dtype, mask, checks.scale(scale, q.shape[-1]), p, seed
 
 
-def attention(q, k, v, mask=None, *, causal=False, scale=None, dropout=0.0, seed=None,
-              need_weights=True):
+def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None = None, *,
+              causal: bool = False, scale: float | None = None, dropout: float = 0.0,
+              seed: int | None = None, need_weights: bool = True,
+              ) -> tuple[np.ndarray, np.ndarray | None]:
     """Scaled dot-product attention, softmax(scale * q k^T + mask) v, in NumPy.
 
     Parameters
@@ -119,7 +124,7 @@ def attention(q, k, v, mask=None, *, causal=False, scale=None, dropout=0.0, seed
     v : array_like
         (..., n_k, d_v), k's leading shape.
     mask : array_like, optional
-        bool or integer (True = may attend) or float (added to the scores), broadcasting to
+        A bool or integer mask (True = may attend) or float (added to the scores), broadcasting to
         the scores' shape (..., n_q, n_k). torch.nn.MultiheadAttention's bool masks mean the
         opposite (True = masked).
     causal : bool
@@ -171,28 +176,53 @@ def attention(q, k, v, mask=None, *, causal=False, scale=None, dropout=0.0, seed
     return out, (P if need_weights else None)
 
 
-def attention_backward(d_out, q, k, v, mask=None, *, causal=False, scale=None, dropout=0.0,
-                       seed=None):
-    """Gradients of `attention` with respect to q, k and v (stateless: P is recomputed).
+def attention_backward(d_out: ArrayLike, q: ArrayLike, k: ArrayLike, v: ArrayLike,
+                       mask: ArrayLike | None = None, *, causal: bool = False,
+                       scale: float | None = None, dropout: float = 0.0, seed: int | None = None,
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Compute the gradients of `attention` with respect to q, k and v, in NumPy.
+
+    Stateless: the probabilities P are recomputed.
 
     Parameters
     ----------
     d_out : array_like
         (..., n_q, d_v), the gradient of the loss with respect to attention's output.
-    q, k, v, mask, causal, scale, dropout : as given to `attention`
-    seed : int
+    q : array_like
+        (..., n_q, d_k), as for `attention`.
+    k : array_like
+        (..., n_k, d_k), as for `attention`.
+    v : array_like
+        (..., n_k, d_v), as for `attention`.
+    mask : array_like, optional
+        As for `attention`: bool or integer (True = may attend) or float (added to the scores).
+    causal : bool, default False
+        As for `attention`.
+    scale : float, optional
+        As for `attention`; defaults to 1/sqrt(d_k).
+    dropout : float, default 0.0
+        As for `attention`.
+    seed : int, optional
         The dropout seed the forward used; required when dropout > 0.
 
     Returns
     -------
     dq, dk, dv : ndarray
-        q's, k's and v's shapes (with GQA, a key/value head's gradient sums over the query
+        The gradients, of q's, k's and v's shapes (with GQA, a key/value head's gradient sums over the query
         heads that read it). Masked positions and fully masked rows get 0.
 
     Raises
     ------
     TypeError, ValueError
         As `mha.attention_backward`.
+
+    Examples
+    --------
+    >>> q = k = v = np.random.default_rng(0).random((5, 4))
+    >>> dq, dk, dv = attention_backward(np.ones((5, 4)), q, k, v, causal=True)
+    >>> c_dq, c_dk, c_dv = mha.attention_backward(np.ones((5, 4)), q, k, v, causal=True)
+    >>> bool(np.allclose(dq, c_dq) and np.allclose(dk, c_dk) and np.allclose(dv, c_dv))
+    True
     """
     q, k, v, (d_out,), dtype, mask, scale, dropout, seed = _inputs(
         q, k, v, mask, scale, dropout, seed, (d_out, "d_out"), backward=True)

@@ -7,9 +7,13 @@ E12.1 in `mha.train.tables`, the speed of an epoch in `mha.train.speed`.
 - `prune_experiment`: E12.3, ablation, importance ranking, iterative pruning
 - `offset_profile`, `period_mass`: where a head of the task looks
 """
+from __future__ import annotations
+
 import copy
+from typing import Any, Sequence
 
 import numpy as np
+from numpy.typing import ArrayLike, DTypeLike
 
 from .. import analysis
 from .data import pattern_ceiling, pattern_data, pattern_min_loss
@@ -24,7 +28,9 @@ def _seeds(seed, n):
     return [int(s) for s in np.random.default_rng(seed).integers(0, 2**63, size=n)]
 
 
-def experiment_data(n_train=500, n_test=100, *, seq_len=12, vocab_size=5, period=3, seed=0):
+def experiment_data(n_train: int = 500, n_test: int = 100, *, seq_len: int = 12,
+                    vocab_size: int = 5, period: int = 3, seed: int | None = 0,
+                    ) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray], int]:
     """The training and test sets the experiments of this module use for a given `seed`.
 
     Parameters
@@ -82,9 +88,10 @@ def _train_one(n_heads, train, test, *, d_model, epochs, lr, batch_size, dtype, 
 
 # --- seed 000, part 7 ------------------------------------------------------------------------
 
-def compare_heads(head_counts=(1, 4, 8), *, d_model=32, epochs=100, lr=0.005, n_train=500,
-                  n_test=100, seq_len=12, vocab_size=5, period=3, batch_size=None,
-                  dtype=np.float32, seed=0, progress=True):
+def compare_heads(head_counts: Sequence[int] = (1, 4, 8), *, d_model: int = 32, epochs: int = 100,
+                  lr: float = 0.005, n_train: int = 500, n_test: int = 100, seq_len: int = 12,
+                  vocab_size: int = 5, period: int = 3, batch_size: int | None = None,
+                  dtype: DTypeLike = np.float32, seed: int = 0, progress: bool = True) -> dict[int, dict[str, Any]]:
     """Seed 000's single-head vs multi-head comparison on the period-3 pattern task.
 
     Every model sees the same data and starts from the same seed (the seed's
@@ -94,13 +101,16 @@ def compare_heads(head_counts=(1, 4, 8), *, d_model=32, epochs=100, lr=0.005, n_
     ----------
     head_counts : sequence of int
         One model per head count, d_head = d_model // n_heads.
-    d_model, epochs, n_train, n_test, seq_len, vocab_size, period : int
-        The model, the training length and the data (`mha.train.pattern_data`).
+    d_model, epochs : int
+        The model's width and the training length.
     lr : float
         Adam's learning rate.
+    n_train, n_test, seq_len, vocab_size, period : int
+        The data (`mha.train.pattern_data`).
     batch_size : int, optional
         None: full batch, one step per epoch (the seed).
-    dtype : float32 or float64
+    dtype : {numpy.float32, numpy.float64}
+        What the models compute in.
     seed : int
         Seeds the training set, the test set and the models (`experiment_data`).
     progress : bool
@@ -113,6 +123,12 @@ def compare_heads(head_counts=(1, 4, 8), *, d_model=32, epochs=100, lr=0.005, n_
         final_loss, final_test_accuracy, seconds) plus "attention" (n_heads, seq_len, seq_len),
         the learned weights on one test sequence (the first with the most distinct tokens in
         its first `period` positions), "tokens", that sequence, "n_parameters" and "model".
+
+    Examples
+    --------
+    >>> results = compare_heads((1, 2), d_model=16, epochs=3, n_train=32, n_test=16, progress=False)
+    >>> sorted(results), results[2]["loss"].shape, results[2]["attention"].shape
+    ([1, 2], (3,), (2, 12, 12))
     """
     train, test, model_seed = experiment_data(n_train, n_test, seq_len=seq_len, vocab_size=vocab_size,
                                               period=period, seed=seed)
@@ -125,18 +141,23 @@ def compare_heads(head_counts=(1, 4, 8), *, d_model=32, epochs=100, lr=0.005, n_
 
 # --- E12.2: how many heads? ------------------------------------------------------------------
 
-def offset_profile(weights):
-    """Mean attention a head pays to the key `k` positions back, for k = 0 .. n-1.
+def offset_profile(weights: ArrayLike) -> np.ndarray:
+    """Compute the mean attention a head pays to the key `k` positions back, k = 0 .. n-1.
 
     Parameters
     ----------
-    weights : array_like
-        (..., n, n) causal attention.
+    weights : array_like, shape (..., n, n)
+        Causal attention weights, rows = queries.
 
     Returns
     -------
-    ndarray
-        (..., n): entry k averages ``weights[..., i, i - k]`` over the rows i >= k.
+    ndarray of float64, shape (..., n)
+        Entry k averages ``weights[..., i, i - k]`` over the rows i >= k.
+
+    Examples
+    --------
+    >>> offset_profile(np.eye(3, k=-1))
+    array([0., 1., 0.])
     """
     w = np.asarray(weights, dtype=np.float64)
     n = w.shape[-1]
@@ -144,22 +165,29 @@ def offset_profile(weights):
                      for k in range(n)], axis=-1)
 
 
-def period_mass(weights, period=3):
-    """Attention mass a head puts on the tokens that equal the next one in a periodic sequence.
+def period_mass(weights: ArrayLike, period: int = 3) -> np.ndarray:
+    """Compute the attention a head puts on the tokens that equal the next one (periodic data).
 
     Parameters
     ----------
-    weights : array_like
-        (..., n, n) causal attention over a sequence of period `period`.
-    period : int
+    weights : array_like, shape (..., n, n)
+        Causal attention over a sequence of period `period`, rows = queries.
+    period : int, default 3
+        The period of the sequence.
 
     Returns
     -------
-    ndarray
-        (...): for each row i >= period - 1, the weight on keys j with
+    ndarray of float64, shape (...)
+        For each row i >= period - 1, the weight on keys j with
         (i - j) % period == period - 1 (the tokens i-2, i-5, ... for period 3: attending to any
         of them solves the task), averaged over those rows. 1 for a head that only looks at
         copies of the answer.
+
+    Examples
+    --------
+    >>> w = np.eye(6, k=-2); w[:2, 0] = 1.0          # each token looks two back
+    >>> float(period_mass(w, period=3))
+    1.0
     """
     w = np.asarray(weights, dtype=np.float64)
     n = w.shape[-1]
@@ -169,9 +197,11 @@ def period_mass(weights, period=3):
     return rows.mean(axis=-1)
 
 
-def heads_sweep(head_counts=(1, 2, 4, 8, 16), *, d_model=256, epochs=30, lr=0.002,
-                n_train=200, n_test=200, seq_len=12, vocab_size=5, period=3, batch_size=None,
-                target=0.97, loss_margin=0.1, dtype=np.float32, seed=0, progress=True):
+def heads_sweep(head_counts: Sequence[int] = (1, 2, 4, 8, 16), *, d_model: int = 256,
+                epochs: int = 30, lr: float = 0.002, n_train: int = 200, n_test: int = 200,
+                seq_len: int = 12, vocab_size: int = 5, period: int = 3,
+                batch_size: int | None = None, target: float = 0.97, loss_margin: float = 0.1,
+                dtype: DTypeLike = np.float32, seed: int = 0, progress: bool = True) -> dict[int, dict[str, Any]]:
     """E12.2: the same task at a fixed d_model with more and more heads.
 
     Trains one model per head count on the period-3 task (same data, same seed) and measures
@@ -179,15 +209,29 @@ def heads_sweep(head_counts=(1, 2, 4, 8, 16), *, d_model=256, epochs=30, lr=0.00
 
     Parameters
     ----------
-    head_counts, d_model, epochs, lr, n_train, n_test, seq_len, vocab_size, period, batch_size, dtype, seed, progress
-        As `compare_heads` (other defaults: 200 sequences, 30 full-batch epochs at d_model
-        256, which converge).
+    head_counts : sequence of int
+        One model per head count, d_head = d_model // n_heads.
+    d_model, epochs : int
+        As `compare_heads` (other defaults: 30 full-batch epochs at d_model 256, which
+        converge).
+    lr : float
+        Adam's learning rate.
+    n_train, n_test, seq_len, vocab_size, period : int
+        The data (200 sequences each by default).
+    batch_size : int, optional
+        None: full batch, one step per epoch.
     target : float
         Fraction of the task's ceiling (`mha.train.pattern_ceiling`: 0.867 at the seed's
         sizes) that counts as converged.
     loss_margin : float
         Nats above `mha.train.pattern_min_loss` (0.268 at the seed's sizes, the loss of a
         perfect model) that count as converged.
+    dtype : {numpy.float32, numpy.float64}
+        What the models compute in.
+    seed : int
+        Seeds the training set, the test set and the models (`experiment_data`).
+    progress : bool
+        A tqdm bar per model.
 
     Returns
     -------
@@ -199,6 +243,12 @@ def heads_sweep(head_counts=(1, 2, 4, 8, 16), *, d_model=256, epochs=30, lr=0.00
         (nats) of each head over the test set, "entropy_uniform" (uniform causal attention's,
         a ceiling), "offsets" (n_heads, seq_len) and "period_mass" (n_heads,) over the test
         set (`offset_profile`, `period_mass`).
+
+    Examples
+    --------
+    >>> sweep = heads_sweep((1, 2), d_model=16, epochs=3, n_train=32, n_test=16, progress=False)
+    >>> sweep[2]["entropy"].shape, sweep[2]["offsets"].shape
+    ((2,), (2, 12))
     """
     train, test, model_seed = experiment_data(n_train, n_test, seq_len=seq_len, vocab_size=vocab_size,
                                               period=period, seed=seed)
@@ -225,16 +275,18 @@ def heads_sweep(head_counts=(1, 2, 4, 8, 16), *, d_model=256, epochs=30, lr=0.00
 
 # --- E12.3: head importance and pruning -------------------------------------------------------
 
-def prune_experiment(n_heads=8, *, d_model=32, epochs=100, lr=0.005, n_train=500, n_test=500,
-                     seq_len=12, vocab_size=5, period=3, max_drop=0.01, step=1,
-                     dtype=np.float32, seed=0, progress=True, model=None, test_data=None):
+def prune_experiment(n_heads: int = 8, *, d_model: int = 32, epochs: int = 100, lr: float = 0.005,
+                     n_train: int = 500, n_test: int = 500, seq_len: int = 12, vocab_size: int = 5,
+                     period: int = 3, max_drop: float = 0.01, step: int | float = 1,
+                     dtype: DTypeLike = np.float32, seed: int = 0, progress: bool = True, model: Any = None,
+                     test_data: tuple[ArrayLike, ArrayLike] | None = None) -> dict[str, Any]:
     """E12.3: zero one head at a time, rank heads, prune until accuracy drops > max_drop.
 
     Trains a model on the period-3 task (or takes `model` and `test_data`), then, on the test
     set:
 
     1. ablation importance: the accuracy drop when each head alone is zeroed (head_mask);
-    2. gradient importance: the mean |dL/d head_mask| over test batches (Michel et al. 2019);
+    2. gradient importance: the mean ``|dL/d head_mask|`` over test batches (Michel et al. 2019);
     3. iterative pruning, `step` heads at a time, the least important first by ablation
        recomputed on the pruned model, until the end; ``prunable`` = heads removed before the
        accuracy drops by more than max_drop.
@@ -244,12 +296,24 @@ def prune_experiment(n_heads=8, *, d_model=32, epochs=100, lr=0.005, n_train=500
 
     Parameters
     ----------
-    n_heads, d_model, epochs, lr, n_train, n_test, seq_len, vocab_size, period, dtype, seed, progress
-        The model to train, as `compare_heads` (full batch).
+    n_heads : int
+        The heads of the model to train.
+    d_model, epochs : int
+        The model's width and the training length (full batch), as `compare_heads`.
+    lr : float
+        Adam's learning rate.
+    n_train, n_test, seq_len, vocab_size, period : int
+        The data (`mha.train.pattern_data`).
     max_drop : float
         Absolute accuracy drop allowed (0.01 = one point).
     step : int or float
         Heads pruned at a time, or a fraction of the heads.
+    dtype : {numpy.float32, numpy.float64}
+        What the models compute in.
+    seed : int
+        Seeds the training set, the test set and the models (`experiment_data`).
+    progress : bool
+        A tqdm bar per model.
     model : SimpleAttentionModel, optional
         A trained model to prune instead of training one.
     test_data : (tokens, targets), optional
@@ -274,6 +338,12 @@ def prune_experiment(n_heads=8, *, d_model=32, epochs=100, lr=0.005, n_train=500
     ----------
     P. Michel, O. Levy and G. Neubig, "Are sixteen heads really better than one?",
     NeurIPS 2019.
+
+    Examples
+    --------
+    >>> result = prune_experiment(4, d_model=16, epochs=3, n_train=32, n_test=32, progress=False)
+    >>> result["ablation"].shape, len(result["ranking"])
+    ((4,), 4)
     """
     history = None
     if model is None:

@@ -1,14 +1,22 @@
 """Figures of the training experiments (matplotlib, drawn with `mha.viz`): each function takes an
 experiment's result (`mha.train.experiments`) and returns a dict of named figures."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping
+
 import numpy as np
 
 from .experiments import head_label
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
 __all__ = ["compare_heads_figures", "heads_sweep_figures", "prune_figures"]
 
 
-def compare_heads_figures(results, *, pattern_heads=None):
-    """Seed 000's figures of a `compare_heads` result.
+def compare_heads_figures(results: Mapping[int, Mapping[str, Any]], *,
+                          pattern_heads: int | None = None) -> dict[str, Figure]:
+    """Draw seed 000's figures of a `compare_heads` result.
 
     Parameters
     ----------
@@ -22,6 +30,12 @@ def compare_heads_figures(results, *, pattern_heads=None):
     dict of matplotlib.figure.Figure
         "summary": loss curves and test-accuracy bars; "patterns": heatmaps of every head of
         the `pattern_heads`-head model on its example test sequence.
+
+    Examples
+    --------
+    >>> results = compare_heads((1, 2), d_model=16, epochs=3, n_train=32, n_test=16, progress=False)
+    >>> sorted(compare_heads_figures(results))
+    ['patterns', 'summary']
     """
     from .. import viz
 
@@ -39,8 +53,8 @@ def compare_heads_figures(results, *, pattern_heads=None):
     return {"summary": viz.training_summary(losses, accuracies), "patterns": patterns}
 
 
-def heads_sweep_figures(results):
-    """E12.2's figures of a `heads_sweep` result.
+def heads_sweep_figures(results: Mapping[int, Mapping[str, Any]]) -> dict[str, Figure]:
+    """Draw E12.2's figures of a `heads_sweep` result.
 
     Parameters
     ----------
@@ -52,6 +66,12 @@ def heads_sweep_figures(results):
     dict of matplotlib.figure.Figure
         "summary": loss curves and accuracy bars; "entropy": the attention entropy of every
         head per head count, with the ceiling of uniform causal attention.
+
+    Examples
+    --------
+    >>> sweep = heads_sweep((1, 2), d_model=16, epochs=3, n_train=32, n_test=16, progress=False)
+    >>> sorted(heads_sweep_figures(sweep))
+    ['entropy', 'summary']
     """
     from matplotlib.figure import Figure
 
@@ -77,8 +97,8 @@ def heads_sweep_figures(results):
     return {"summary": summary, "entropy": fig}
 
 
-def prune_figures(result):
-    """E12.3's figures of a `prune_experiment` result.
+def prune_figures(result: Mapping[str, Any]) -> dict[str, Figure]:
+    """Draw E12.3's figures of a `prune_experiment` result.
 
     Parameters
     ----------
@@ -90,6 +110,12 @@ def prune_figures(result):
     dict of matplotlib.figure.Figure
         "importance": ablation and gradient importance per head (surviving heads green);
         "pruning": accuracy against heads pruned; "surviving": heatmaps of the surviving heads.
+
+    Examples
+    --------
+    >>> result = prune_experiment(4, d_model=16, epochs=3, n_train=32, n_test=32, progress=False)
+    >>> sorted(prune_figures(result))
+    ['importance', 'pruning', 'surviving']
     """
     from matplotlib.figure import Figure
 

@@ -8,22 +8,46 @@
 The attention layer (forward and backward) runs on mha's C kernels; the embeddings, the output
 projection, the loss and Adam are a few lines of NumPy each.
 """
+from __future__ import annotations
+
 import time
+from typing import Any, Mapping
 
 import numpy as np
+from numpy.typing import ArrayLike, DTypeLike
 
 from ..layer import MultiHeadAttention
 
 __all__ = ["SimpleAttentionModel", "cross_entropy", "Adam", "fit"]
 
 
-def cross_entropy(logits, targets):
-    """Mean softmax cross-entropy over every token, and its gradient.
+def cross_entropy(logits: ArrayLike, targets: ArrayLike) -> tuple[float, np.ndarray]:
+    """Compute the mean softmax cross-entropy over every token, and its gradient.
 
-    logits: (..., vocab) floats; targets: (...) ints in [0, vocab).
-    Returns (loss, d_logits): loss a Python float (like torch.nn.CrossEntropyLoss with the
-    default reduction="mean"), d_logits = (softmax(logits) - onehot(targets)) / n_tokens with
-    the logits' shape and dtype.
+    Parameters
+    ----------
+    logits : array_like of float, shape (..., vocab)
+        Unnormalised scores.
+    targets : array_like of int, shape (...)
+        Class ids in [0, vocab).
+
+    Returns
+    -------
+    loss : float
+        The mean over tokens (like ``torch.nn.CrossEntropyLoss`` with ``reduction="mean"``).
+    d_logits : ndarray, shape and dtype of ``logits``
+        ``(softmax(logits) - onehot(targets)) / n_tokens``.
+
+    Raises
+    ------
+    ValueError
+        Targets whose shape is not ``logits.shape[:-1]``.
+
+    Examples
+    --------
+    >>> loss, d = cross_entropy(np.zeros((2, 4)), np.array([0, 3]))
+    >>> round(loss, 4), d[0]                               # ln 4
+    (1.3863, array([-0.375,  0.125,  0.125,  0.125]))
     """
     logits = np.asarray(logits)
     targets = np.asarray(targets)
@@ -46,32 +70,57 @@ def cross_entropy(logits, targets):
 
 
 class SimpleAttentionModel:
-    """Seed 000's ``SimpleAttentionModel``: embedding -> causal attention -> linear.
-
-    Args:
-        vocab_size: number of token ids
-        d_model: embedding width
-        n_heads: attention heads (d_head = d_model // n_heads; with one head this is the
-            seed's ``SingleHeadAttention``, scale 1/sqrt(d_model))
-        seq_len: longest sequence (rows of the position embedding)
-        bias: biases on the attention's four projections (the seed has none: False)
-        dtype: float32 (default, like the seed's torch model) or float64
-        seed: seeds every initial weight (reproducible)
+    """Build seed 000's ``SimpleAttentionModel``: embedding, causal attention, linear.
 
     Initialisation follows PyTorch's defaults for the seed's modules: embeddings N(0, 1);
     output layer U(-1/sqrt(d_model), 1/sqrt(d_model)) for weight and bias; the attention layer
-    initialises itself (Xavier-uniform weights, zero biases, docs/semantics.md).
+    initialises itself (docs/semantics.md).
 
-    Attributes:
-        attention: the :class:`mha.MultiHeadAttention` layer (its ``head_mask`` prunes heads)
-        params: dict name -> array, the arrays themselves (an optimizer updates them in place):
-            token_embedding (vocab, d), pos_embedding (seq_len, d), W_q, W_k, W_v, W_o
-            (+ b_q, b_k, b_v, b_o with bias=True), W_out (d, vocab), b_out (vocab,)
-        grads: same keys plus "head_mask", filled by :meth:`backward`
+    Parameters
+    ----------
+    vocab_size : int, default 5
+        The number of token ids.
+    d_model : int, default 32
+        The embedding width.
+    n_heads : int, default 4
+        Attention heads (d_head = d_model // n_heads; with one head this is the seed's
+        ``SingleHeadAttention``, scale 1/sqrt(d_model)).
+    seq_len : int, default 12
+        The longest sequence (rows of the position embedding).
+    bias : bool, default False
+        Biases on the attention's four projections (the seed has none).
+    dtype : {numpy.float32, numpy.float64}, default numpy.float32
+        What the model computes in (float32 like the seed's torch model).
+    seed : int, optional
+        Seeds every initial weight (reproducible).
+
+    Attributes
+    ----------
+    attention : mha.MultiHeadAttention
+        The attention layer (its ``head_mask`` prunes heads).
+    params : dict of str to ndarray
+        The arrays themselves (an optimizer updates them in place): token_embedding (vocab, d),
+        pos_embedding (seq_len, d), W_q, W_k, W_v, W_o (+ b_q, b_k, b_v, b_o with bias=True),
+        W_out (d, vocab), b_out (vocab,).
+    grads : dict of str to ndarray
+        The same keys plus "head_mask", filled by :meth:`backward`.
+
+    Raises
+    ------
+    ValueError
+        Sizes that are not positive.
+
+    Examples
+    --------
+    >>> model = SimpleAttentionModel(vocab_size=5, d_model=8, n_heads=2, seq_len=6, seed=0)
+    >>> logits, weights = model(np.array([[0, 1, 2, 0, 1, 2]]))
+    >>> logits.shape, weights.shape
+    ((1, 6, 5), (1, 2, 6, 6))
     """
 
-    def __init__(self, vocab_size=5, d_model=32, n_heads=4, seq_len=12, *, bias=False,
-                 dtype=np.float32, seed=None):
+    def __init__(self, vocab_size: int = 5, d_model: int = 32, n_heads: int = 4, seq_len: int = 12,
+                 *, bias: bool = False, dtype: DTypeLike = np.float32, seed: int | None = None,
+                 ) -> None:
         self.vocab_size, self.d_model, self.seq_len = int(vocab_size), int(d_model), int(seq_len)
         if min(self.vocab_size, self.seq_len) < 1:
             raise ValueError(f"vocab_size and seq_len must be positive, got {vocab_size}, "
@@ -101,8 +150,14 @@ class SimpleAttentionModel:
         return {"token_embedding": own["token_embedding"], "pos_embedding": own["pos_embedding"],
                 **self.attention.params, "W_out": own["W_out"], "b_out": own["b_out"]}
 
-    def num_parameters(self):
-        """Number of trainable scalars."""
+    def num_parameters(self) -> int:
+        """Count the trainable scalars.
+
+        Returns
+        -------
+        int
+            The total size of ``params``.
+        """
         return sum(a.size for a in self.params.values())
 
     def _tokens(self, tokens, name="tokens"):
@@ -119,11 +174,32 @@ class SimpleAttentionModel:
             raise ValueError(f"{name} holds ids outside [0, {self.vocab_size})")
         return tokens
 
-    def forward(self, tokens, *, need_weights=True):
-        """tokens (B, n) or (n,) ints -> (logits (B, n, vocab), weights (B, n_heads, n, n)).
+    def forward(self, tokens: ArrayLike, *, need_weights: bool = True
+                ) -> tuple[np.ndarray, np.ndarray | None]:
+        """Run the model: embeddings, causal attention, output layer.
 
-        weights are the attention probabilities (None with need_weights=False); an unbatched
-        input drops the batch axis of both. Saves what :meth:`backward` needs.
+        Saves what :meth:`backward` needs.
+
+        Parameters
+        ----------
+        tokens : array_like of int, shape (B, n) or (n,)
+            Token ids in [0, vocab_size), n <= seq_len.
+        need_weights : bool, default True
+            Also return the attention probabilities.
+
+        Returns
+        -------
+        logits : ndarray, shape (B, n, vocab_size)
+            The next-token scores (the batch axis dropped for an unbatched input).
+        weights : ndarray, shape (B, n_heads, n, n), or None
+            The attention probabilities (None with ``need_weights=False``).
+
+        Raises
+        ------
+        TypeError
+            Token ids that are not integers.
+        ValueError
+            Ids out of range, or sequences longer than ``seq_len``.
         """
         tokens = self._tokens(tokens)
         unbatched = tokens.ndim == 1
@@ -141,10 +217,25 @@ class SimpleAttentionModel:
 
     __call__ = forward
 
-    def backward(self, d_logits):
-        """Gradients of a scalar loss given d_logits = dL/dlogits (the last forward's shape).
+    def backward(self, d_logits: ArrayLike) -> dict[str, np.ndarray]:
+        """Compute the gradients of a scalar loss from the gradient of the last forward's logits.
 
-        Fills and returns ``self.grads`` (keys of ``params``, plus "head_mask").
+        Parameters
+        ----------
+        d_logits : array_like, shape of the last forward's logits
+            The gradient dL/dlogits.
+
+        Returns
+        -------
+        dict of str to ndarray
+            ``self.grads``: the keys of ``params``, plus "head_mask".
+
+        Raises
+        ------
+        RuntimeError
+            No forward call before.
+        ValueError
+            ``d_logits`` of the wrong shape.
         """
         if self._saved is None:
             raise RuntimeError("backward() needs a forward call first")
@@ -176,24 +267,77 @@ class SimpleAttentionModel:
                       "W_out": d_W_out, "b_out": d_b_out, "head_mask": att["head_mask"]}
         return self.grads
 
-    def loss(self, tokens, targets):
-        """Mean cross-entropy of the next-token predictions (no gradient)."""
+    def loss(self, tokens: ArrayLike, targets: ArrayLike) -> float:
+        """Compute the mean cross-entropy of the next-token predictions (no gradient).
+
+        Parameters
+        ----------
+        tokens : array_like of int, shape (B, n) or (n,)
+            Token ids in [0, vocab_size), n <= seq_len.
+        targets : array_like of int, shape of ``tokens``
+            The next token of each position.
+
+        Returns
+        -------
+        float
+            The loss in nats per token.
+        """
         logits, _ = self.forward(tokens, need_weights=False)
         return cross_entropy(logits, self._tokens(targets, "targets"))[0]
 
-    def loss_and_grads(self, tokens, targets):
-        """Forward, cross-entropy and backward: returns (loss, grads)."""
+    def loss_and_grads(self, tokens: ArrayLike, targets: ArrayLike
+                       ) -> tuple[float, dict[str, np.ndarray]]:
+        """Run forward, cross-entropy and backward.
+
+        Parameters
+        ----------
+        tokens : array_like of int, shape (B, n) or (n,)
+            Token ids in [0, vocab_size), n <= seq_len.
+        targets : array_like of int, shape of ``tokens``
+            The next token of each position.
+
+        Returns
+        -------
+        loss : float
+            The loss in nats per token.
+        grads : dict of str to ndarray
+            As returned by :meth:`backward`.
+        """
         logits, _ = self.forward(tokens, need_weights=False)
         loss, d_logits = cross_entropy(logits, self._tokens(targets, "targets"))
         return loss, self.backward(d_logits)
 
-    def predict(self, tokens):
-        """The most likely next token at every position: (B, n) ints."""
+    def predict(self, tokens: ArrayLike) -> np.ndarray:
+        """Predict the most likely next token at every position.
+
+        Parameters
+        ----------
+        tokens : array_like of int, shape (B, n) or (n,)
+            Token ids in [0, vocab_size), n <= seq_len.
+
+        Returns
+        -------
+        ndarray of int, shape of ``tokens``
+            The argmax of the logits.
+        """
         logits, _ = self.forward(tokens, need_weights=False)
         return logits.argmax(axis=-1)
 
-    def accuracy(self, tokens, targets):
-        """Fraction of positions whose predicted next token equals the target."""
+    def accuracy(self, tokens: ArrayLike, targets: ArrayLike) -> float:
+        """Compute the fraction of positions whose predicted next token equals the target.
+
+        Parameters
+        ----------
+        tokens : array_like of int, shape (B, n) or (n,)
+            Token ids in [0, vocab_size), n <= seq_len.
+        targets : array_like of int, shape of ``tokens``
+            The next token of each position.
+
+        Returns
+        -------
+        float
+            In [0, 1].
+        """
         return float(np.mean(self.predict(tokens) == np.asarray(targets)))
 
     def __repr__(self):
@@ -203,16 +347,46 @@ class SimpleAttentionModel:
 
 
 class Adam:
-    """Adam (Kingma & Ba), step for step the same arithmetic as ``torch.optim.Adam``.
+    """Optimise with Adam (Kingma & Ba), step for step the arithmetic of ``torch.optim.Adam``.
 
-        m = b1 m + (1 - b1) g;   v = b2 v + (1 - b2) g^2
-        p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+    Each step computes ``m = b1 m + (1 - b1) g``, ``v = b2 v + (1 - b2) g^2`` and
+    ``p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)``.
 
-    params: dict name -> array, updated in place (e.g. ``model.params``). weight_decay adds
-    ``weight_decay * p`` to the gradient (L2, like torch.optim.Adam, not AdamW).
+    Parameters
+    ----------
+    params : dict of str to ndarray
+        The arrays to update in place (e.g. ``model.params``).
+    lr : float, default 1e-3
+        The learning rate.
+    betas : tuple of float, default (0.9, 0.999)
+        The decay rates of the first and second moments.
+    eps : float, default 1e-8
+        Added to the denominator.
+    weight_decay : float, default 0.0
+        Adds ``weight_decay * p`` to the gradient (L2, like torch.optim.Adam, not AdamW).
+
+    Raises
+    ------
+    ValueError
+        A learning rate that is not positive.
+
+    References
+    ----------
+    D. P. Kingma and J. Ba, "Adam: A Method for Stochastic Optimization", ICLR 2015,
+    https://arxiv.org/abs/1412.6980.
+
+    Examples
+    --------
+    >>> p = {"w": np.array([1.0, -1.0])}
+    >>> opt = Adam(p, lr=0.1)
+    >>> opt.step({"w": np.array([0.5, -2.0])})
+    >>> p["w"]                                     # each moved by lr against its gradient's sign
+    array([ 0.9, -0.9])
     """
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
+    def __init__(self, params: Mapping[str, np.ndarray], lr: float = 1e-3,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.0) -> None:
         if lr <= 0:
             raise ValueError(f"lr must be positive, got {lr}")
         self.params = dict(params)
@@ -222,8 +396,14 @@ class Adam:
         self.v = {name: np.zeros_like(p) for name, p in self.params.items()}
         self.t = 0
 
-    def step(self, grads):
-        """One update from grads (dict with at least the keys of params)."""
+    def step(self, grads: Mapping[str, np.ndarray]) -> None:
+        """Update the parameters in place by one Adam step.
+
+        Parameters
+        ----------
+        grads : dict of str to ndarray
+            The gradients, with at least the keys of ``params``.
+        """
         b1, b2 = self.betas
         self.t += 1
         step_size = self.lr / (1.0 - b1 ** self.t)
@@ -252,23 +432,60 @@ def _progress(iterable, enabled, desc):
     return tqdm(iterable, desc=desc, leave=True)
 
 
-def fit(model, tokens, targets, test_tokens=None, test_targets=None, *, epochs=100, lr=0.005,
-        batch_size=None, optimizer=None, eval_every=1, seed=None, progress=True, desc=None):
-    """Train `model` with Adam (seed 000's ``train_model``) and return its history.
+def fit(model: Any, tokens: ArrayLike, targets: ArrayLike, test_tokens: ArrayLike | None = None,
+        test_targets: ArrayLike | None = None, *, epochs: int = 100, lr: float = 0.005,
+        batch_size: int | None = None, optimizer: Any = None, eval_every: int = 1,
+        seed: int | None = None, progress: bool = True, desc: str | None = None,
+        ) -> dict[str, Any]:
+    """Train a model with Adam (seed 000's ``train_model``) and return its history.
 
-    tokens, targets: (N, n) training set; test_tokens, test_targets: optional test set whose
-    accuracy is measured every `eval_every` epochs (and after the last).
-    batch_size: None = full batch, one step per epoch (the seed); else shuffled mini-batches
-    (shuffling seeded by `seed`). optimizer: any object with ``step(grads)``; default
-    ``Adam(model.params, lr=lr)``. progress: show a tqdm bar (loss and test accuracy).
+    Parameters
+    ----------
+    model : SimpleAttentionModel
+        Or anything with ``params``, ``loss_and_grads``, ``loss`` and ``accuracy``.
+    tokens, targets : array_like of int, shape (N, n)
+        The training set.
+    test_tokens, test_targets : array_like of int, shape (N_test, n), optional
+        A test set whose accuracy is measured every `eval_every` epochs (and after the last).
+    epochs : int, default 100
+        The number of passes over the training set.
+    lr : float, default 0.005
+        The learning rate of the default optimizer.
+    batch_size : int, optional
+        None: full batch, one step per epoch (the seed); else shuffled mini-batches.
+    optimizer : object, optional
+        Anything with ``step(grads)``; default ``Adam(model.params, lr=lr)``.
+    eval_every : int, default 1
+        Epochs between test measurements.
+    seed : int, optional
+        Seeds the shuffling of mini-batches.
+    progress : bool, default True
+        Show a tqdm bar (loss and test accuracy).
+    desc : str, optional
+        The bar's label.
 
-    Returns a dict of plain values:
-        loss: (epochs,) mean training loss of each epoch, measured before each step (the seed)
-        test_epochs: (k,) 1-based epochs at which the test accuracy was measured
-        test_accuracy: (k,) accuracy on the test set at those epochs (empty without a test set)
-        final_loss: training loss of the trained model (after the last step)
-        final_test_accuracy: test accuracy after the last epoch (nan without a test set)
-        seconds: wall time of the training loop
+    Returns
+    -------
+    dict
+        ``loss`` (epochs,): mean training loss of each epoch, measured before each step (the
+        seed); ``test_epochs`` (k,): 1-based epochs at which the test accuracy was measured;
+        ``test_accuracy`` (k,) (empty without a test set); ``final_loss``: training loss after
+        the last step; ``final_test_accuracy`` (nan without a test set); ``seconds``: wall time
+        of the training loop.
+
+    Raises
+    ------
+    ValueError
+        Training arrays that are not both (N, n), only one of the test arrays, or negative
+        epochs.
+
+    Examples
+    --------
+    >>> x, y = pattern_data(64, seed=0)
+    >>> model = SimpleAttentionModel(d_model=16, n_heads=2, seed=0)
+    >>> history = fit(model, x, y, epochs=5, progress=False)
+    >>> history["loss"].shape
+    (5,)
     """
     tokens, targets = np.asarray(tokens), np.asarray(targets)
     if tokens.shape != targets.shape or tokens.ndim != 2:

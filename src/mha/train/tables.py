@@ -1,12 +1,17 @@
 """Parameter counts (seed 002's exercise E12.1): one attention layer, a whole Transformer, and a
 Markdown table of them."""
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
 import numpy as np
 
 __all__ = ["parameter_count", "transformer_parameters", "parameter_table", "format_table"]
 
 
-def parameter_count(d_model=512, n_heads=8, *, bias=True, d_head=None):
-    """Parameters of one multi-head attention layer: W_q, W_k, W_v, W_o and optional biases.
+def parameter_count(d_model: int = 512, n_heads: int = 8, *, bias: bool = True,
+                    d_head: int | None = None) -> dict[str, int]:
+    """Count the parameters of one multi-head attention layer: W_q, W_k, W_v, W_o and optional biases.
 
     Parameters
     ----------
@@ -50,9 +55,10 @@ def parameter_count(d_model=512, n_heads=8, *, bias=True, d_head=None):
     return counts
 
 
-def transformer_parameters(d_model=512, n_heads=8, d_ff=None, *, n_layers=6, vocab_size=37000,
-                           bias=True, decoder=True, shared_embeddings=True):
-    """Where a Transformer's parameters are.
+def transformer_parameters(d_model: int = 512, n_heads: int = 8, d_ff: int | None = None, *,
+                           n_layers: int = 6, vocab_size: int = 37000, bias: bool = True,
+                           decoder: bool = True, shared_embeddings: bool = True) -> dict[str, Any]:
+    """Count where a Transformer's parameters are.
 
     A block is post-LN: self-attention, [cross-attention in the decoder], a two-layer FFN
     (d_model -> d_ff -> d_model, biases with bias=True), and one LayerNorm (2 d_model) per
@@ -68,18 +74,30 @@ def transformer_parameters(d_model=512, n_heads=8, d_ff=None, *, n_layers=6, voc
     n_layers : int
         Encoder layers, and decoder layers with decoder=True.
     vocab_size : int
-    bias, decoder, shared_embeddings : bool
+        The vocabulary (37000 in the base model).
+    bias : bool
+        Biases in the attention and feed-forward layers.
+    decoder : bool
+        Count a decoder as well as the encoder.
+    shared_embeddings : bool
+        One embedding matrix for the encoder, the decoder and the output projection.
 
     Returns
     -------
     dict
-        "mha", "ffn", "layer_norm", "embedding", "total" (whole model) and their "*_share" of
+        "mha", "ffn", "layer_norm", "embedding", "total" (whole model) and their ``"*_share"`` of
         the total; "block": the same for one encoder block (mha, ffn, layer_norm, total,
         mha_share, ffn_share).
 
     References
     ----------
     A. Vaswani et al., "Attention is all you need", NeurIPS 2017.
+
+    Examples
+    --------
+    >>> base = transformer_parameters()            # the base model of Vaswani et al.
+    >>> base["total"], round(base["mha_share"], 3)
+    (63082496, 0.3)
     """
     d_model = int(d_model)
     d_ff = 4 * d_model if d_ff is None else int(d_ff)
@@ -103,22 +121,33 @@ def transformer_parameters(d_model=512, n_heads=8, d_ff=None, *, n_layers=6, voc
     return totals
 
 
-def parameter_table(d_model=512, n_heads_list=(1, 8), *, bias=(False, True), d_ff=None):
-    """E12.1 as rows: one per (n_heads, bias), d_head = d_model // n_heads.
+def parameter_table(d_model: int = 512, n_heads_list: Sequence[int] = (1, 8), *,
+                    bias: bool | Sequence[bool] = (False, True), d_ff: int | None = None,
+                    ) -> list[dict[str, Any]]:
+    """Tabulate E12.1: one row per (n_heads, bias), d_head = d_model // n_heads.
 
     Parameters
     ----------
     d_model : int
+        The model width.
     n_heads_list : sequence of int
+        The head counts, one row each.
     bias : bool or sequence of bool
+        With and/or without biases, one row each.
     d_ff : int, optional
         As `transformer_parameters`.
 
     Returns
     -------
     list of dict
-        d_model, n_heads, d_head, bias, W_q, W_k, W_v, W_o, biases, mha (attention total),
+        The keys d_model, n_heads, d_head, bias, W_q, W_k, W_v, W_o, biases, mha (attention total),
         ffn, block (one encoder block), mha_share, ffn_share. Print it with `format_table`.
+
+    Examples
+    --------
+    >>> rows = parameter_table(64, (1, 8), bias=True)
+    >>> [(r["n_heads"], r["mha"]) for r in rows]       # the head count does not change the size
+    [(1, 16640), (8, 16640)]
     """
     rows = []
     for b in ((bias,) if isinstance(bias, (bool, np.bool_)) else tuple(bias)):
@@ -133,12 +162,13 @@ def parameter_table(d_model=512, n_heads_list=(1, 8), *, bias=(False, True), d_f
     return rows
 
 
-def format_table(rows, columns=None):
-    """A list of dicts as a Markdown table.
+def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:
+    """Format a list of dicts as a Markdown table.
 
     Parameters
     ----------
     rows : list of dict
+        One dict per row, e.g. from `parameter_table`.
     columns : sequence of str, optional
         The keys to show, in order; default: the first row's.
 
@@ -147,6 +177,14 @@ def format_table(rows, columns=None):
     str
         Ints with thousands separators, bools as yes/no, floats as % when the column name ends
         in "share", else with 4 significant digits; "" for no rows.
+
+    Examples
+    --------
+    >>> print(format_table(parameter_table(64, (1, 8), bias=True), ["n_heads", "d_head", "mha"]))
+    | n_heads | d_head | mha |
+    |---|---|---|
+    | 1 | 64 | 16,640 |
+    | 8 | 8 | 16,640 |
     """
     if not rows:
         return ""

@@ -3,9 +3,15 @@
 The peer of the speed comparison (:func:`mha.train.benchmark_epoch`). torch is optional: it is
 imported only when :func:`torch_model` is called.
 """
+from __future__ import annotations
+
 import functools
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from .model import SimpleAttentionModel
 
 __all__ = ["torch_model"]
 
@@ -92,12 +98,37 @@ def _classes():
     return SimpleAttentionModel
 
 
-def torch_model(model):
-    """Seed 000's torch ``SimpleAttentionModel`` holding a copy of `model`'s weights.
+def torch_model(model: SimpleAttentionModel) -> Any:
+    """Build seed 000's torch ``SimpleAttentionModel`` holding a copy of `model`'s weights.
 
-    model: a :class:`mha.train.SimpleAttentionModel` with d_head = d_model // n_heads. The torch
-    model has the model's dtype (float32 or float64); nn.Linear stores weights (out, in), so
-    each W is transposed. Returns the nn.Module (train mode).
+    The torch model has the model's dtype (float32 or float64); nn.Linear stores weights
+    (out, in), so each W is transposed. torch is imported here only.
+
+    Parameters
+    ----------
+    model : mha.train.SimpleAttentionModel
+        A model with d_head = d_model // n_heads, no grouped heads and no head mask.
+
+    Returns
+    -------
+    torch.nn.Module
+        The seed's model with the same weights, in train mode.
+
+    Raises
+    ------
+    ValueError
+        A model the seed's torch model cannot hold.
+    ImportError
+        torch is not installed.
+
+    Examples
+    --------
+    >>> model = SimpleAttentionModel(d_model=16, n_heads=2, seed=0)
+    >>> module = torch_model(model)                                  # doctest: +SKIP
+    >>> import torch                                                 # doctest: +SKIP
+    >>> x = np.array([[0, 1, 2, 0, 1, 2]])
+    >>> bool(np.allclose(module(torch.from_numpy(x))[0].detach().numpy(), model(x)[0], atol=1e-5))  # doctest: +SKIP
+    True
     """
     import torch
 

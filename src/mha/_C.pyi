@@ -1,0 +1,72 @@
+"""Type stubs of mha._C, the private CPython binding of the C core (csrc/module.c).
+
+Every function of module.c's method table, with the keywords of its kwlist and the defaults of
+its C locals. Arrays are float32 or float64 (one dtype per call, taken from the first array);
+the binding raises TypeError for other dtypes and ValueError for shapes that do not match.
+The public, documented API is mha.attention, mha.attention_backward and mha.MultiHeadAttention.
+"""
+from typing import Any, Literal, overload
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+_Float = np.float32 | np.float64
+_Array = NDArray[Any]
+
+# attention: q (B, H, n_q, d_k), k (B, H_kv, n_k, d_k), v (B, H_kv, n_k, d_v), already 4-D;
+# mask broadcasts to (B, H, n_q, n_k) (bool: True = may attend; float: added to the scores);
+# key_padding_mask (B, n_k) bool, True = real token.
+@overload
+def attention_forward(
+    q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None = None,
+    key_padding_mask: ArrayLike | None = None, causal: bool = False, scale: float | None = None,
+    dropout: float = 0.0, seed: int = 0, need_weights: bool = True,
+    return_lse: Literal[False] = False,
+) -> tuple[_Array, _Array | None]: ...
+@overload
+def attention_forward(
+    q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None = None,
+    key_padding_mask: ArrayLike | None = None, causal: bool = False, scale: float | None = None,
+    dropout: float = 0.0, seed: int = 0, need_weights: bool = True, *,
+    return_lse: Literal[True],
+) -> tuple[_Array, _Array | None, _Array]: ...
+def attention_backward(
+    d_out: ArrayLike, q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None = None,
+    key_padding_mask: ArrayLike | None = None, causal: bool = False, scale: float | None = None,
+    dropout: float = 0.0, seed: int = 0, out: ArrayLike | None = None,
+    lse: ArrayLike | None = None,
+) -> tuple[_Array, _Array, _Array]: ...
+
+# the layer: query (B, n_q, d_model), key (B, n_k, kdim), value (B, n_k, vdim); params maps
+# "W_q", "W_k", "W_v", "W_o" (and optionally "b_q", "b_k", "b_v", "b_o", "head_mask") to arrays.
+# -> {"out", "weights" (or None), "q_proj", "k_proj", "v_proj", "attn", "lse"}
+def layer_forward(
+    query: ArrayLike, key: ArrayLike, value: ArrayLike, params: dict[str, _Array], heads: int,
+    kv_heads: int, d_head: int, mask: ArrayLike | None = None,
+    key_padding_mask: ArrayLike | None = None, causal: bool = False, dropout: float = 0.0,
+    seed: int = 0, need_weights: bool = True, k_cache: _Array | None = None,
+    v_cache: _Array | None = None, cache_length: int = 0,
+) -> dict[str, _Array | None]: ...
+
+# -> {"d_query", "d_key" (or None), "d_value" (or None), "grads": {name: gradient}}
+def layer_backward(
+    d_out: ArrayLike, saved: dict[str, _Array | None], query: ArrayLike, key: ArrayLike,
+    value: ArrayLike, params: dict[str, _Array], heads: int, kv_heads: int, d_head: int,
+    mask: ArrayLike | None = None, key_padding_mask: ArrayLike | None = None,
+    causal: bool = False, dropout: float = 0.0, seed: int = 0, key_is_query: bool = False,
+    value_is_key: bool = False,
+) -> dict[str, Any]: ...
+
+# op(a) @ op(b) on 2-D arrays of one float dtype: the core's GEMM
+def matmul(a: ArrayLike, b: ArrayLike, trans_a: bool = False, trans_b: bool = False) -> _Array: ...
+
+# weights (L, n, n) float64, finite, >= 0; sources int64 (n_sources,) or None (all positions)
+def attention_flow(
+    weights: NDArray[np.float64], sources: NDArray[np.int64] | None = None,
+) -> NDArray[np.float64]: ...
+
+# the counter-based dropout RNG: a uniform number in [0, 1) for (seed, batch, head, query, key)
+def dropout_uniform(seed: int, b: int, h: int, i: int, j: int, /) -> float: ...
+def set_num_threads(n: int, /) -> None: ...
+def get_num_threads() -> int: ...
+def build_info() -> str: ...
