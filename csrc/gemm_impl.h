@@ -256,6 +256,41 @@ static void FN(scale_c)(int64_t M, int64_t N, real beta, const real *bias, real 
             C[i * ldc + j] = (beta == 0 ? 0 : beta * C[i * ldc + j]) + (bias ? bias[j] : 0);
 }
 
+/* y = act(x) on one row of n (enum mha_activation); gated: x holds 2n (the gate, then the
+ * up) and y[j] = act(x[j]) * x[n + j]. y may be x; otherwise they do not overlap. */
+#define ACT_CHUNK 256
+static void FN(act_apply_row)(real *y, const real *x, int64_t n, int act) {
+    const int kind = act & ~MHA_ACT_GATED;
+    if (!(act & MHA_ACT_GATED)) {
+        if (y != x) memcpy(y, x, (size_t)n * sizeof(real));
+        VN(mha_act_row)(y, n, kind);
+        return;
+    }
+    real gate[ACT_CHUNK]; /* x's gate, activated a chunk at a time: y may be x */
+    for (int64_t j0 = 0; j0 < n; j0 += ACT_CHUNK) {
+        const int64_t m = MHA_MIN(ACT_CHUNK, n - j0);
+        memcpy(gate, x + j0, (size_t)m * sizeof(real));
+        VN(mha_act_row)(gate, m, kind);
+        const real *up = x + n + j0;
+        for (int64_t j = 0; j < m; j++) y[j0 + j] = gate[j] * up[j];
+    }
+}
+
+/* What a product does to each finished row of its first output C before it returns:
+ * dst row i = act_apply_row(C row i) (dst may be C itself when act is not gated). */
+typedef struct {
+    int act;
+    int64_t n;     /* the activation's width (half of C's when gated) */
+    real *dst;
+    int64_t ld_dst;
+} FN(gemm_epilogue);
+
+static void FN(epilogue_rows)(const FN(gemm_epilogue) *ep, const TY(mha_gemm_out) *out,
+                              int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; i++)
+        FN(act_apply_row)(ep->dst + i * ep->ld_dst, out->C + i * out->ldc, ep->n, ep->act);
+}
+
 /* Panels of NR columns: the outputs' columns side by side, each output padded to whole panels.
  * first[o] is output o's first panel, first[n_out] the total. */
 #define GEMM_MAX_OUTS 3
@@ -271,13 +306,14 @@ static int64_t FN(gemm_panels)(const TY(mha_gemm_out) *outs, int n_out, int64_t 
  * output is bitwise what its own mha_gemm_ws call gives. */
 static int FN(gemm_shared_a)(int trans_a, int trans_b, int64_t M, int64_t K, real alpha,
                              const real *A, int64_t lda, real beta, const TY(mha_gemm_out) *outs,
-                             int n_out, real *workspace, int threads) {
+                             int n_out, real *workspace, int threads, const FN(gemm_epilogue) *ep) {
     int64_t first[GEMM_MAX_OUTS + 1] = {0}; /* = {0}: GCC -O3 serial sees a false "maybe uninitialized" */
     const int64_t P = FN(gemm_panels)(outs, n_out, first);
     if (M <= 0 || P == 0) return MHA_OK;
     if (K <= 0 || alpha == 0) {
         for (int o = 0; o < n_out; o++)
             FN(scale_c)(M, outs[o].N, beta, outs[o].bias, outs[o].C, outs[o].ldc);
+        if (ep) FN(epilogue_rows)(ep, outs, 0, M);
         return MHA_OK;
     }
     /* products too small to repay packing: plain loops, one output at a time */
@@ -287,7 +323,7 @@ static int FN(gemm_shared_a)(int trans_a, int trans_b, int64_t M, int64_t K, rea
     if (small && n_out > 1) {
         for (int o = 0; o < n_out; o++) {
             int err = FN(gemm_shared_a)(trans_a, trans_b, M, K, alpha, A, lda, beta, &outs[o], 1,
-                                        workspace, threads);
+                                        workspace, threads, o == 0 ? ep : NULL);
             if (err) return err;
         }
         return MHA_OK;
@@ -296,6 +332,7 @@ static int FN(gemm_shared_a)(int trans_a, int trans_b, int64_t M, int64_t K, rea
         FN(gemm_small)(trans_a, trans_b, M, outs->N, K, alpha, A, lda, outs->B, outs->ldb, beta,
                        outs->C, outs->ldc);
         if (outs->bias) FN(scale_c)(M, outs->N, 1, outs->bias, outs->C, outs->ldc);
+        if (ep) FN(epilogue_rows)(ep, outs, 0, M);
         return MHA_OK;
     }
     if (threads < 1) threads = 1;
@@ -371,6 +408,12 @@ static int FN(gemm_shared_a)(int trans_a, int trans_b, int64_t M, int64_t K, rea
                 } /* implied barrier: b_pack may be overwritten */
             }
         }
+        if (ep) { /* every row of C is done (the barrier above): the epilogue, row by row */
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+            for (int64_t i = 0; i < M; i++) FN(epilogue_rows)(ep, outs, i, i + 1);
+        }
     }
     mha_free(owned);
     return MHA_OK;
@@ -380,7 +423,8 @@ static int FN(mha_gemm_ws)(int trans_a, int trans_b, int64_t M, int64_t N, int64
                            const real *A, int64_t lda, const real *B, int64_t ldb, real beta,
                            const real *bias, real *C, int64_t ldc, real *workspace, int threads) {
     const TY(mha_gemm_out) out = {B, ldb, bias, C, ldc, N};
-    return FN(gemm_shared_a)(trans_a, trans_b, M, K, alpha, A, lda, beta, &out, 1, workspace, threads);
+    return FN(gemm_shared_a)(trans_a, trans_b, M, K, alpha, A, lda, beta, &out, 1, workspace, threads,
+                             NULL);
 }
 
 /* Pre-packed B, for attention's tiles: op(B) (K x N) packed once into NR-column panels with
@@ -408,12 +452,12 @@ static void FN(mha_gemm_packed)(int trans_a, int64_t M, int64_t N, int64_t K, re
  * (one slice of the shared axis, every output), not by the whole product. */
 static int FN(gemm_auto)(int trans_a, int trans_b, int64_t M, int64_t K, real alpha,
                          const real *A, int64_t lda, real beta, const TY(mha_gemm_out) *outs,
-                         int n_out) {
+                         int n_out, const FN(gemm_epilogue) *ep) {
     double cols = 0;
     for (int o = 0; o < n_out; o++) cols += (double)MHA_MAX(outs[o].N, 0);
     const double slice = 2.0 * (double)M * cols * (double)FN(gemm_kc)(K);
     return FN(gemm_shared_a)(trans_a, trans_b, M, K, alpha, A, lda, beta, outs, n_out, NULL,
-                             mha_threads_for(slice));
+                             mha_threads_for(slice), ep);
 }
 
 /* C = op(A) @ op(B) + bias on every row (bias may be NULL). */
@@ -421,20 +465,20 @@ static int FN(mha_gemm_bias)(int trans_a, int trans_b, int64_t M, int64_t N, int
                              int64_t lda, const real *B, int64_t ldb, const real *bias, real *C,
                              int64_t ldc) {
     const TY(mha_gemm_out) out = {B, ldb, bias, C, ldc, N};
-    return FN(gemm_auto)(trans_a, trans_b, M, K, 1, A, lda, 0, &out, 1);
+    return FN(gemm_auto)(trans_a, trans_b, M, K, 1, A, lda, 0, &out, 1, NULL);
 }
 
 static int FN(mha_gemm)(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, real alpha,
                         const real *A, int64_t lda, const real *B, int64_t ldb, real beta, real *C,
                         int64_t ldc) {
     const TY(mha_gemm_out) out = {B, ldb, NULL, C, ldc, N};
-    return FN(gemm_auto)(trans_a, trans_b, M, K, alpha, A, lda, beta, &out, 1);
+    return FN(gemm_auto)(trans_a, trans_b, M, K, alpha, A, lda, beta, &out, 1, NULL);
 }
 
 static int FN(mha_gemm_shared_a)(int64_t M, int64_t K, const real *A, int64_t lda,
                                  const TY(mha_gemm_out) *outs, int n_out) {
     if (n_out < 1 || n_out > GEMM_MAX_OUTS) return MHA_EINVAL;
-    return FN(gemm_auto)(0, 0, M, K, 1, A, lda, 0, outs, n_out);
+    return FN(gemm_auto)(0, 0, M, K, 1, A, lda, 0, outs, n_out, NULL);
 }
 
 #if MHA_GNU_C
@@ -452,3 +496,4 @@ static int FN(mha_gemm_shared_a)(int64_t M, int64_t K, const real *A, int64_t ld
 #undef DIRECT_A_PANELS
 #undef SMALL_GEMM_MNK
 #undef GEMM_MAX_OUTS
+#undef ACT_CHUNK

@@ -499,16 +499,19 @@ def test_unsupported_architecture(tmp_path):
 
 
 def test_erf_and_gelu_accuracy():
+    from mha import _C
+    from mha.reference import block
     x = np.linspace(-9, 9, 20001)
     exact_erf = np.array([math.erf(v) for v in x])
-    assert max_diff(ops.erf(x), exact_erf) < 1e-14
-    assert max_diff(ops.erf(x.astype(np.float32)), exact_erf) < 1e-6
+    assert max_diff(block.erf(x), exact_erf) < 1e-14
+    assert max_diff(block.erf(x.astype(np.float32)), exact_erf) < 1e-6
     exact = np.array([0.5 * v * (1 + math.erf(v / math.sqrt(2))) for v in x])
-    g64 = ops.gelu_(x.copy())
-    g32 = ops.gelu_(x.astype(np.float32))
-    assert max_diff(g64, exact) < 1e-14
-    assert max_diff(g32, exact) < 2e-6
-    assert max_diff(ops.gelu_tanh_(x.copy()), exact) < 1e-3          # the tanh approximation
+    assert max_diff(block.gelu_(x.copy()), exact) < 1e-14
+    assert max_diff(block.gelu_(x.astype(np.float32)), exact) < 2e-6
+    assert max_diff(block.gelu_tanh_(x.copy()), exact) < 1e-3          # the tanh approximation
+    # the C kernels (code 1: GELU)
+    assert max_diff(_C.activation(x[None], 1)[0], exact) < 1e-14
+    assert max_diff(_C.activation(x[None].astype(np.float32), 1)[0], exact) < 2e-6
 
 
 @needs_minilm

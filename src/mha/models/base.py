@@ -367,24 +367,26 @@ class TransformerModel:
         return np.arange(n_k)[None, :] > i - window
 
     def _self_attention(self, layer, h, p, B, n, pad_mask, need_weights, head_mask, capture,
-                        rope=None, cache=None):
+                        rope=None, cache=None, residual=None):
         """The attention of one block: h (B*n, d_model), the block's input (normalized in a
         pre-norm model) -> (the attention's output projected, (B*n, d_model); weights).
 
         p: the layer's weights (W_qkv, b_qkv, W_o, b_o; the biases optional). rope: (cos, sin)
         of the tokens' positions, applied to q and k (LLaMA family); cache: a KVCache the new
         keys and values are appended to, attended with all earlier ones (causal models).
+        residual: (B*n, d_model) C-contiguous, or None: the projected output is added to it in
+        place (inside the product) and it is returned.
         """
         H, H_kv = self.n_heads, self.n_kv_heads
         qkv = ops.linear(h, p["W_qkv"], p.get("b_qkv"))         # (B*n, (H + 2 H_kv) d_head)
+        if rope is not None:                                     # q and k turned in place
+            ops.rope_(qkv, H + H_kv, self.d_head, *rope)
         q, k, v = ops.split_heads(qkv, B, n, (H, H_kv, H_kv), self.d_head)
-        if rope is not None:
-            q, k = ops.rope(q, *rope), ops.rope(k, *rope)
         if cache is not None:
             k, v = cache.append(layer, k, v)
         heads, weights = self._attention(layer, q, k, v, pad_mask, need_weights, head_mask,
                                          capture)
-        return ops.linear(heads, p["W_o"], p.get("b_o")), weights
+        return ops.linear(heads, p["W_o"], p.get("b_o"), out=residual), weights
 
     def _attention(self, layer, q, k, v, pad_mask, need_weights, head_mask, capture):
         """One layer's multi-head attention on the C kernels -> (heads (B*n_q, H*d_head),

@@ -114,14 +114,14 @@ class LlamaModel(CausalLM, TransformerModel):
 
         for i, p in enumerate(self.layers):
             h = ops.rms_norm(x, p["input_norm"], eps)
-            a, weights = self._self_attention(i, h, p, B, n, pad_mask, need_weights, head_mask,
-                                              capture, rope=(cos, sin), cache=cache)
+            _, weights = self._self_attention(i, h, p, B, n, pad_mask, need_weights, head_mask,
+                                              capture, rope=(cos, sin), cache=cache,
+                                              residual=x)                 # x += attention
             if need_weights:
                 attn[:, i] = weights
-            x += a
             h = ops.rms_norm(x, p["post_attention_norm"], eps)
-            gate = ops.swiglu(ops.linear(h, p["W_gate_up"], p.get("b_gate_up")), self._act)
-            x += ops.linear(gate, p["W_down"], p.get("b_down"))
+            gate = ops.linear(h, p["W_gate_up"], p.get("b_gate_up"), act=self._act | ops.GATED)
+            ops.linear(gate, p["W_down"], p.get("b_down"), out=x)           # x += MLP(x)
             if i < L - 1:
                 hidden[:, i + 1] = x.reshape(B, n, d)
         hidden[:, L] = ops.rms_norm(x, self.norm, eps).reshape(B, n, d)
