@@ -40,15 +40,24 @@ static int FN(mha_linear)(int64_t M, int64_t N, int64_t K, const real *A, int64_
     return err;
 }
 
+typedef struct {
+    real *y;
+    const real *x;
+    int64_t ldy, ldx, n;
+    int act;
+} FN(act_job);
+
+static void FN(act_task)(void *ctx, int64_t i, int thread) {
+    const FN(act_job) *j = ctx;
+    (void)thread;
+    FN(act_apply_row)(j->y + i * j->ldy, j->x + i * j->ldx, j->n, j->act);
+}
+
 static int FN(mha_activation)(real *y, int64_t ldy, const real *x, int64_t ldx, int64_t rows,
                               int64_t n, int act) {
     if (rows < 0 || n < 0 || !FN(act_valid)(act)) return MHA_EINVAL;
-    const int threads = mha_threads_for(20.0 * (double)rows * (double)n);
-#ifdef _OPENMP
-#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
-#endif
-    for (int64_t i = 0; i < rows; i++) FN(act_apply_row)(y + i * ldy, x + i * ldx, n, act);
-    (void)threads;
+    FN(act_job) job = {y, x, ldy, ldx, n, act};
+    mha_parallel_for(mha_threads_for(20.0 * (double)rows * (double)n), rows, 4, FN(act_task), &job);
     return MHA_OK;
 }
 
@@ -85,34 +94,43 @@ static void FN(row_moments)(const real *x, int64_t n, real shift, real *sum, rea
     *sum_sq = q;
 }
 
-/* LayerNorm (rms = 0) or RMSNorm (rms = 1) of rows; two passes over each row (the mean, then
- * the variance about it). */
+/* LayerNorm (rms = 0) or RMSNorm (rms = 1) of one row of d; two passes over it (the mean,
+ * then the variance about it). */
+typedef struct {
+    real *y;
+    const real *x, *gain, *bias;
+    int64_t ldy, ldx, d;
+    double eps;
+    int rms;
+} FN(norm_job);
+
+static void FN(norm_task)(void *ctx, int64_t i, int thread) {
+    const FN(norm_job) *j = ctx;
+    (void)thread;
+    const int64_t d = j->d;
+    const real *xi = j->x + i * j->ldx, *gain = j->gain, *bias = j->bias;
+    real *yi = j->y + i * j->ldy;
+    real sum, sq, mean = 0;
+    if (!j->rms) {
+        FN(row_moments)(xi, d, 0, &sum, &sq);
+        mean = sum / (real)d;
+    }
+    FN(row_moments)(xi, d, mean, &sum, &sq);
+    const real inv = (real)(1.0 / sqrt((double)(sq / (real)d) + j->eps));
+    if (gain && bias)
+        for (int64_t c = 0; c < d; c++) yi[c] = (xi[c] - mean) * inv * gain[c] + bias[c];
+    else if (gain)
+        for (int64_t c = 0; c < d; c++) yi[c] = (xi[c] - mean) * inv * gain[c];
+    else
+        for (int64_t c = 0; c < d; c++) yi[c] = (xi[c] - mean) * inv + (bias ? bias[c] : 0);
+}
+
 static int FN(norm_rows)(real *y, int64_t ldy, const real *x, int64_t ldx, int64_t rows,
                          int64_t d, const real *gain, const real *bias, double eps, int rms) {
     if (rows < 0 || d < 0 || !(eps >= 0)) return MHA_EINVAL;
     if (d == 0) return MHA_OK;
-    const int threads = mha_threads_for(8.0 * (double)rows * (double)d);
-#ifdef _OPENMP
-#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
-#endif
-    for (int64_t i = 0; i < rows; i++) {
-        const real *xi = x + i * ldx;
-        real *yi = y + i * ldy;
-        real sum, sq, mean = 0;
-        if (!rms) {
-            FN(row_moments)(xi, d, 0, &sum, &sq);
-            mean = sum / (real)d;
-        }
-        FN(row_moments)(xi, d, mean, &sum, &sq);
-        const real inv = (real)(1.0 / sqrt((double)(sq / (real)d) + eps));
-        if (gain && bias)
-            for (int64_t j = 0; j < d; j++) yi[j] = (xi[j] - mean) * inv * gain[j] + bias[j];
-        else if (gain)
-            for (int64_t j = 0; j < d; j++) yi[j] = (xi[j] - mean) * inv * gain[j];
-        else
-            for (int64_t j = 0; j < d; j++) yi[j] = (xi[j] - mean) * inv + (bias ? bias[j] : 0);
-    }
-    (void)threads;
+    FN(norm_job) job = {y, x, gain, bias, ldy, ldx, d, eps, rms};
+    mha_parallel_for(mha_threads_for(8.0 * (double)rows * (double)d), rows, 8, FN(norm_task), &job);
     return MHA_OK;
 }
 
