@@ -226,19 +226,24 @@ static int attention_args(mha_attention_desc *d, int typenum, int views, PyObjec
 /* ---- attention ---------------------------------------------------------------------------- */
 
 static char *attention_kw[] = {"q", "k", "v", "mask", "key_padding_mask", "causal", "scale",
-                               "dropout", "seed", "need_weights", "return_lse", NULL};
+                               "dropout", "seed", "need_weights", "return_lse", "out",
+                               "weights_out", NULL};
 
 /* -> (out, weights|None), or (out, weights|None, lse (B, H, n_q)) with return_lse.
- * q, k, v: strided views are read in place (get_view). */
+ * q, k, v: strided views are read in place (get_view). out: None, or a writable (B, H, n_q,
+ * d_v) view to write into (get_view: e.g. the heads of a (B, n_q, H * d_v) buffer, so that
+ * they need no merging); weights_out: None, or a C-contiguous (B, H, n_q, n_k) array for the
+ * weights (with need_weights). What is written into is what is returned. */
 static PyObject *py_attention_forward(PyObject *self, PyObject *args, PyObject *kwargs) {
     (void)self;
     PyObject *q_obj, *k_obj, *v_obj, *mask_obj = Py_None, *kp_obj = Py_None, *scale_obj = NULL;
+    PyObject *out_obj = Py_None, *w_obj = Py_None;
     int causal = 0, need_weights = 1, return_lse = 0;
     double dropout = 0;
     unsigned long long seed = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|OOpOdKpp", attention_kw, &q_obj, &k_obj,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|OOpOdKppOO", attention_kw, &q_obj, &k_obj,
                                      &v_obj, &mask_obj, &kp_obj, &causal, &scale_obj, &dropout,
-                                     &seed, &need_weights, &return_lse))
+                                     &seed, &need_weights, &return_lse, &out_obj, &w_obj))
         return NULL;
     int typenum = float_type(q_obj, "q");
     if (typenum < 0) return NULL;
@@ -250,8 +255,23 @@ static PyObject *py_attention_forward(PyObject *self, PyObject *args, PyObject *
     if (fill_masks(&d, typenum, mask_obj, kp_obj, causal, scale, dropout, seed)) return NULL;
     npy_intp out_shape[4] = {d.batch, d.heads, d.n_q, d.d_v};
     npy_intp w_shape[4] = {d.batch, d.heads, d.n_q, d.n_k};
-    if (!(out = new_array(4, out_shape, typenum, 0))) goto fail;
-    if (need_weights && !(weights = new_array(4, w_shape, typenum, 0))) goto fail;
+    if (out_obj != Py_None) {
+        PyArrayObject *o = get_view(out_obj, "out", typenum, 4);
+        if (!o || check_shape(o, "out", 4, out_shape)) return NULL;
+        if (!PyArray_ISWRITEABLE(o)) {
+            PyErr_SetString(PyExc_ValueError, "out is read-only, but the core writes into it");
+            return NULL;
+        }
+        Py_INCREF(o);
+        out = o;
+        if (PyArray_SIZE(o)) d.out = view_of(o);
+    } else if (!(out = new_array(4, out_shape, typenum, 0))) goto fail;
+    if (need_weights && w_obj != Py_None) {
+        PyArrayObject *w = get_output_array(w_obj, "weights_out", typenum, 4);
+        if (!w || check_shape(w, "weights_out", 4, w_shape)) goto fail;
+        Py_INCREF(w);
+        weights = w;
+    } else if (need_weights && !(weights = new_array(4, w_shape, typenum, 0))) goto fail;
     if (return_lse && !(lse = new_array(3, out_shape, typenum, 0))) goto fail; /* (B, H, n_q) */
     int err;
     Py_BEGIN_ALLOW_THREADS

@@ -142,3 +142,29 @@ def test_embedding_against_reference(dtype):
     np.testing.assert_array_equal(out, before)                       # nothing written
     with pytest.raises(ValueError, match="accumulate needs out"):
         _C.embedding(table, ids, None, True)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_attention_forward_writes_into_given_arrays(dtype):
+    """_C.attention_forward's out (a strided view: heads side by side per token) and
+    weights_out: what the models hand it, filled with what it would return."""
+    rng = np.random.default_rng(6)
+    B, H, H_kv, n, d = 2, 4, 2, 9, 8
+    q = rng.standard_normal((B, H, n, d)).astype(dtype)
+    k, v = (rng.standard_normal((B, H_kv, n, d)).astype(dtype) for _ in range(2))
+    pad = np.ones((B, n), bool)
+    pad[1, 6:] = False
+    out, w = _C.attention_forward(q, k, v, None, pad, True, 0.3, 0.0, 0, True, False)
+    heads = np.full((B * n, H * d), np.nan, dtype)
+    view = heads.reshape(B, n, H, d).transpose(0, 2, 1, 3)
+    w_buf = np.empty((B, H, n, n), dtype)
+    out2, w2 = _C.attention_forward(q, k, v, None, pad, True, 0.3, 0.0, 0, True, False, view,
+                                    w_buf)
+    assert out2 is view and w2 is w_buf
+    np.testing.assert_array_equal(view, out)
+    np.testing.assert_array_equal(w_buf, w)
+    with pytest.raises(ValueError, match="out"):
+        _C.attention_forward(q, k, v, None, None, False, None, 0.0, 0, False, False, view[:, :2])
+    with pytest.raises(ValueError, match="weights_out"):
+        _C.attention_forward(q, k, v, None, None, False, None, 0.0, 0, True, False, None,
+                             w_buf.transpose(0, 1, 3, 2))

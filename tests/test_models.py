@@ -186,15 +186,15 @@ def test_minilm_float64_matches_transformers_float64(hf_minilm):
 
 
 @needs_minilm
-def test_every_attention_layer_calls_mha_attention(minilm, monkeypatch):
+def test_every_attention_layer_calls_the_attention_kernel(minilm, monkeypatch):
     calls = []
-    real = mha.attention
+    real = mha._C.attention_forward
 
-    def spy(q, k, v, mask=None, **kw):
-        calls.append((q.shape, kw.get("causal")))
-        return real(q, k, v, mask, **kw)
+    def spy(q, k, v, mask, key_padding_mask, causal, *args):
+        calls.append((q.shape, causal))
+        return real(q, k, v, mask, key_padding_mask, causal, *args)
 
-    monkeypatch.setattr(mha, "attention", spy)
+    monkeypatch.setattr(mha._C, "attention_forward", spy)
     enc = minilm.encode("Every head runs on the kernels.", need_weights=False)
     assert enc.attentions is None
     n = enc.n_tokens

@@ -106,12 +106,14 @@ class BertModel(TransformerModel):
         hidden[:, 0] = x.reshape(B, n, d)
         attn = np.empty((B, L, H, n, n), dtype=self.dtype) if need_weights else None
         # key padding: (B, 1, 1, n), True = real token; None when nothing is padded
-        pad_mask = None if mask.all() else mask[:, None, None, :]
+        pad_mask = None if mask.all() else np.ascontiguousarray(mask, dtype=bool)
 
         for i, p in enumerate(self.layers):
+            w_out = attn[:, i] if need_weights else None
             _, weights = self._self_attention(i, x, p, B, n, pad_mask, need_weights, head_mask,
-                                              capture, residual=x)         # x += attention
-            if need_weights:
+                                              capture, residual=x,            # x += attention
+                                              weights_out=w_out)
+            if need_weights and weights is not w_out:
                 attn[:, i] = weights
             ops.layer_norm_(x, p["ln_1_weight"], p["ln_1_bias"], eps)
             h = ops.linear(x, p["W_1"], p["b_1"], act=self._act)

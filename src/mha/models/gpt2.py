@@ -83,13 +83,15 @@ class GPT2Model(CausalLM, TransformerModel):
         hidden = np.empty((B, L + 1, n, d), dtype=self.dtype)
         hidden[:, 0] = x.reshape(B, n, d)
         attn = np.empty((B, L, H, n, n_k), dtype=self.dtype) if need_weights else None
-        pad_mask = None if mask.all() else mask[:, None, None, :]
+        pad_mask = None if mask.all() else np.ascontiguousarray(mask, dtype=bool)
 
         for i, p in enumerate(self.layers):
             h = ops.layer_norm(x, p["ln_1_weight"], p["ln_1_bias"], eps)
+            w_out = attn[:, i] if need_weights else None
             _, weights = self._self_attention(i, h, p, B, n, pad_mask, need_weights, head_mask,
-                                              capture, cache=cache, residual=x)
-            if need_weights:
+                                              capture, cache=cache, residual=x,
+                                              weights_out=w_out)
+            if need_weights and weights is not w_out:
                 attn[:, i] = weights
             h = ops.layer_norm(x, p["ln_2_weight"], p["ln_2_bias"], eps)
             h = ops.linear(h, p["W_fc"], p["b_fc"], act=self._act)
