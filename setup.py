@@ -6,15 +6,15 @@ instruction set, and the extension picks one at run time: every x86-64 machine g
 kernels when its CPU has them, whatever the compiler. A unit whose flags the compiler refuses
 (another architecture) is built empty and the baseline kernels serve alone.
 
-OpenMP is used where the compiler has it (probed by compiling and linking a tiny program): GCC
-and clang with -fopenmp; on macOS, Apple's clang with Homebrew's libomp (`brew install libomp`;
-MHA_LIBOMP_PREFIX=/path/to/libomp names another installation); MSVC with /openmp. Otherwise the
-core builds serial and says so. Environment: MHA_NO_OPENMP=1 builds serial; MHA_PORTABLE=1
-builds the kernels in plain C11 without GNU vector extensions (what MSVC gets).
+Threads: on POSIX systems (Linux, macOS) the kernels run on mha's own thread pool over POSIX
+threads (csrc/core.c), so no OpenMP runtime is linked there. On Windows OpenMP is used where the
+compiler has it (probed by compiling and linking a tiny program): MinGW's GCC or clang with
+-fopenmp (or a separate libomp that MHA_LIBOMP_PREFIX=/path/to/libomp names), MSVC with
+/openmp; otherwise the core builds serial and says so. Environment: MHA_NO_OPENMP=1 builds
+serial everywhere; MHA_PORTABLE=1 builds the kernels in plain C11 without GNU vector
+extensions (what MSVC gets).
 """
 import os
-import shutil
-import subprocess
 import sys
 import tempfile
 
@@ -24,7 +24,7 @@ from setuptools.command.build_ext import build_ext
 
 CORE = ["csrc/module.c", "csrc/core.c", "csrc/dispatch.c", "csrc/kernels_baseline.c", "csrc/flow.c"]
 HEADERS = ["csrc/mha.h", "csrc/common.h", "csrc/dispatch.h", "csrc/kernels.h", "csrc/vec.h",
-           "csrc/gemm_impl.h", "csrc/attention_impl.h", "csrc/multihead_impl.h"]
+           "csrc/gemm_impl.h", "csrc/attention_impl.h", "csrc/multihead_impl.h", "csrc/block_impl.h"]
 # Kernel units compiled with their own flags, per compiler type ("unix": GCC and clang).
 KERNEL_UNITS = {
     "csrc/kernels_avx2.c": {"unix": ["-mavx2", "-mfma"], "msvc": ["/arch:AVX2"]},
@@ -53,19 +53,10 @@ def compiler_accepts(compiler, compile_flags, link_flags=(), source="int main(vo
 
 
 def libomp_prefixes():
-    """Where an LLVM libomp may be installed for a clang without its own OpenMP (macOS)."""
+    """Where an LLVM libomp may be installed for a clang without its own OpenMP (Windows)."""
     prefixes = []
     if os.environ.get("MHA_LIBOMP_PREFIX"):
         prefixes.append(os.environ["MHA_LIBOMP_PREFIX"])
-    if sys.platform == "darwin":
-        if shutil.which("brew"):
-            try:
-                brew = subprocess.run(["brew", "--prefix", "libomp"], capture_output=True, text=True, timeout=30)
-                if brew.returncode == 0 and brew.stdout.strip():
-                    prefixes.append(brew.stdout.strip())
-            except (OSError, subprocess.SubprocessError):
-                pass
-        prefixes += ["/opt/homebrew/opt/libomp", "/usr/local/opt/libomp"]
     return [p for i, p in enumerate(prefixes) if os.path.isdir(p) and p not in prefixes[:i]]
 
 
@@ -94,20 +85,26 @@ class BuildExt(build_ext):
             flags = ["-std=c11", "-O3", "-Wall", "-Wextra", "-ffp-contract=fast"]
         else:  # MSVC: C11 where it knows /std:c11 (VS 2019 16.8 and later)
             flags = ["/O2"] + (["/std:c11"] if compiler_accepts(self.compiler, ["/std:c11"]) else [])
-        link = []
+        # POSIX: the kernels' threads are mha's own pool (csrc/core.c) on pthreads
+        posix = unix and sys.platform != "win32"
+        link = ["-pthread"] if posix else []
+        if posix:
+            flags.append("-pthread")
         if os.environ.get("MHA_PORTABLE"):
             flags.append("-DMHA_PORTABLE" if unix else "/DMHA_PORTABLE")
             say("MHA_PORTABLE: the kernels in plain C11, without vector extensions")
-        omp = None if os.environ.get("MHA_NO_OPENMP") else openmp_flags(self.compiler, unix)
-        if omp:
+        omp = None if os.environ.get("MHA_NO_OPENMP") or posix else openmp_flags(self.compiler, unix)
+        if posix and not os.environ.get("MHA_NO_OPENMP"):
+            say("threads: mha's own pool (POSIX threads)")
+        elif omp:
             flags += omp[0]
             link += omp[1]
             say(f"OpenMP: {omp[2]}")
         elif os.environ.get("MHA_NO_OPENMP"):
+            flags.append("-DMHA_SERIAL" if unix else "/DMHA_SERIAL")
             say("OpenMP disabled by MHA_NO_OPENMP; building the serial core")
         else:
-            hint = " (on macOS: brew install libomp, then install mha again)" if sys.platform == "darwin" else ""
-            say(f"the compiler has no OpenMP{hint}; building the serial core")
+            say("the compiler has no OpenMP; building the serial core")
         # each kernel unit with its instruction set's flags, where the compiler targets it
         self.unit_flags = {}
         for unit, isa_flags in KERNEL_UNITS.items():

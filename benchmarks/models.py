@@ -29,8 +29,8 @@ times its peers in turns, rotating which goes first. A turn is one untimed call,
 the rounds, and the spread: the lowest and highest median of one turn.
 
 The profile (``--profile``) runs mha's side of each case under cProfile and sums the time by
-operation (attention kernel, products, norms, activations, RoPE, ...; NumPy and C calls are
-charged to the mha.models.ops function that made them); it is stage two's plan.
+operation (attention kernel, products with their fused activation and residual, norms, RoPE,
+...; NumPy and C calls are charged to the mha.models.ops function that made them).
 """
 import argparse
 import json
@@ -310,24 +310,21 @@ def print_table(table):
 # --- the profile ----------------------------------------------------------------------------------
 
 # mha function -> operation; NumPy and C functions are charged to their callers (so the C core's
-# GEMM, _C.matmul, counts as "products" when ops.linear calls it and "LM head" from ops.unembed)
+# GEMM, _C.linear, counts as "products" when ops.linear calls it and "LM head" from ops.unembed)
 KERNEL = "attention kernel (C)"
 CATEGORIES = {
-    "attention": "attention wrapper (checks, copies of q/k/v views)",
-    "c_array": "attention wrapper (checks, copies of q/k/v views)",
-    "linear": "products + bias (mha GEMM; einsum at <= 3 rows)",
+    "linear": "products + bias + activation + residual (mha GEMM; einsum at <= 3 rows)",
     "unembed": "LM head (mha GEMM; einsum at <= 3 rows)",
-    "layer_norm_": "norms", "layer_norm": "norms", "rms_norm": "norms",
-    "gelu_": "activations", "_gelu_erf32_chunk": "activations", "gelu_tanh_": "activations",
-    "silu_": "activations", "swiglu": "activations",
-    "rope": "RoPE", "rope_table": "RoPE", "_rope": "RoPE",
-    "embedding": "embedding gather",
-    "merge_heads": "head merge (copy)", "split_heads": "head split (views)",
+    "layer_norm_": "norms (C)", "layer_norm": "norms (C)", "rms_norm": "norms (C)",
+    "rope_": "RoPE (C)", "rope_table": "RoPE (C)", "_rope": "RoPE (C)",
+    "embedding": "embedding gather (C)",
+    "split_heads": "head split (views)",
     "append": "KV cache append",
     "generate": "generate's loop (argmax, bookkeeping)",
     "feed": "generate's loop (argmax, bookkeeping)",
-    "_forward": "block glue (residual adds, hidden-state copies, Python)",
-    "_attention": "block glue (residual adds, hidden-state copies, Python)",
+    "_forward": "block glue (hidden-state copies, Python)",
+    "_self_attention": "block glue (hidden-state copies, Python)",
+    "_attention": "attention call (buffers, masks, Python)",
 }
 
 

@@ -242,6 +242,27 @@ static void FN(fused_task)(real *out, real *lse, const real *q, const real *k,
     }
 }
 
+/* fused_forward's tasks: (batch, kv head, chunk of query blocks). */
+typedef struct {
+    real *out, *lse;
+    const real *q, *k, *v;
+    const mha_attention_desc *d;
+    int64_t q_blocks, chunks, chunk_rows;
+    char *scratch;
+    size_t per_thread;
+    const size_t *part;
+} FN(fused_job);
+
+static void FN(fused_forward_task)(void *ctx, int64_t task, int thread) {
+    const FN(fused_job) *j = ctx;
+    const int64_t H_kv = j->d->kv_heads, chunks = j->chunks, n_q = j->d->n_q;
+    const int64_t b = task / (H_kv * chunks), g = task / chunks % H_kv, c = task % chunks;
+    const int64_t r0 = MHA_MIN(n_q, j->q_blocks * c / chunks * BQF);
+    const int64_t r1 = MHA_MIN(n_q, j->q_blocks * (c + 1) / chunks * BQF);
+    FN(fused_task)(j->out, j->lse, j->q, j->k, j->v, j->d, b, g, r0, r1, j->chunk_rows,
+                   (real *)(j->scratch + (size_t)thread * j->per_thread), j->part);
+}
+
 /* out (by d->out) without weights; lse (B, H, n_q) contiguous or NULL receives m + log(l)
  * (-inf for fully masked rows). */
 static int FN(fused_forward)(real *out, real *lse, const real *q, const real *k, const real *v,
@@ -271,19 +292,51 @@ static int FN(fused_forward)(real *out, real *lse, const real *q, const real *k,
     size_t per_thread;
     char *scratch = FN(thread_scratch)(part, 6, nt, &per_thread);
     if (!scratch) return MHA_ENOMEM;
-
-#ifdef _OPENMP
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (nt > 1)
-#endif
-    for (int64_t task = 0; task < tasks; task++) {
-        const int64_t b = task / (H_kv * chunks), g = task / chunks % H_kv, c = task % chunks;
-        const int64_t r0 = MHA_MIN(d->n_q, q_blocks * c / chunks * BQF);
-        const int64_t r1 = MHA_MIN(d->n_q, q_blocks * (c + 1) / chunks * BQF);
-        FN(fused_task)(out, lse, q, k, v, d, b, g, r0, r1, chunk_rows,
-                       (real *)(scratch + (size_t)mha_thread_num() * per_thread), part);
-    }
+    FN(fused_job) job = {out, lse, q, k, v, d, q_blocks, chunks, chunk_rows, scratch, per_thread, part};
+    mha_parallel_for(nt, tasks, 1, FN(fused_forward_task), &job);
     mha_free(scratch);
     return MHA_OK;
+}
+
+/* The forward with weights: tasks (batch, head, block of query rows). */
+typedef struct {
+    real *out, *weights, *lse;
+    const real *q, *k, *v;
+    const mha_attention_desc *d;
+    int64_t bq, q_blocks;
+    char *scratch;
+    size_t per_thread;
+    const size_t *part;
+} FN(weights_job);
+
+static void FN(weights_forward_task)(void *ctx, int64_t task, int thread) {
+    const FN(weights_job) *j = ctx;
+    const mha_attention_desc *d = j->d;
+    real *out = j->out, *weights = j->weights, *lse = j->lse;
+    const real *q = j->q, *k = j->k, *v = j->v;
+    const int64_t H = d->heads, group = d->heads / d->kv_heads, bq = j->bq, q_blocks = j->q_blocks;
+    const int64_t ld = d->n_k;
+    real *A = (real *)(j->scratch + (size_t)thread * j->per_thread), *gemm_ws = A + j->part[0];
+    const int64_t b = task / (H * q_blocks), h = task / q_blocks % H;
+    const int64_t i0 = task % q_blocks * bq, rows = MHA_MIN(bq, d->n_q - i0);
+    const real *q_bh = AT(q, d->q, b, h);
+    const real *k_bh = AT(k, d->k, b, h / group), *v_bh = AT(v, d->v, b, h / group);
+    real *o_blk = AT(out, d->out, b, h) + i0 * d->out.row;
+    real *lse_blk = lse ? lse + (b * H + h) * d->n_q + i0 : NULL;
+
+    // 1. P = softmax(scale * q k^T + masks), block (rows, n_vis), written in weights
+    uint8_t dead[BQ_MAX];
+    real *P = weights + ((b * H + h) * d->n_q + i0) * d->n_k;
+    int64_t n_vis = FN(block_probs)(P, dead, lse_blk, ld, gemm_ws, q_bh, k_bh, b, h, i0, rows, d);
+    for (int64_t r = 0; r < rows; r++) /* keys past a causal block's last row */
+        memset(P + r * ld + n_vis, 0, (size_t)(d->n_k - n_vis) * sizeof(real));
+    // 2. A = dropout(P), or P itself
+    if (d->dropout > 0) FN(dropout_rows)(A, P, ld, rows, n_vis, b, h, i0, 0, d);
+    else A = P;
+    // 3. O = A v
+    FN(mha_gemm_ws)(0, 0, rows, d->d_v, n_vis, 1, A, ld, v_bh, d->v.row, 0, NULL, o_blk,
+                    d->out.row, gemm_ws, 1);
+    FN(zero_dead_rows)(o_blk, d->out.row, d->d_v, dead, rows);
 }
 
 /* Forward
@@ -301,14 +354,12 @@ static int FN(mha_attention_forward_lse)(real *out, real *weights, real *lse, co
         (!lse || NONE(B, H, d->n_q, 1)))
         return MHA_OK;
     if (!weights) return FN(fused_forward)(out, lse, q, k, v, d);
-    const int64_t group = d->heads / d->kv_heads;
     const int64_t bq = FN(block_rows)(d->n_k), ld = d->n_k; /* weights row stride */
     const int64_t q_blocks = (d->n_q + bq - 1) / bq;
     const int64_t tasks = B * H * q_blocks;
     const double flops = 2.0 * B * H * d->n_q * d->n_k * (double)(d->d_k + d->d_v);
     const int nt = (int)MHA_MIN((int64_t)mha_threads_for(flops), tasks);
     const int64_t chunk = MHA_MAX(1, tasks / (8 * nt)); /* tasks per fetch when they are tiny */
-    (void)chunk;                                        /* serial builds have no schedule */
     int ok = 1;
     /* the probabilities are computed in place in weights; dropout's A goes to scratch */
     size_t part[2] = {d->dropout > 0 ? mha_mul_size((size_t)bq, (size_t)ld, &ok) : 0,
@@ -318,33 +369,8 @@ static int FN(mha_attention_forward_lse)(real *out, real *weights, real *lse, co
     char *scratch = FN(thread_scratch)(part, 2, nt, &per_thread); /* A, GEMM workspace */
     if (!scratch) return MHA_ENOMEM;
 
-#ifdef _OPENMP
-#pragma omp parallel for num_threads(nt) schedule(dynamic, chunk) if (nt > 1)
-#endif
-    for (int64_t task = 0; task < tasks; task++) {
-        const int t = mha_thread_num();
-        real *A = (real *)(scratch + (size_t)t * per_thread), *gemm_ws = A + part[0];
-        const int64_t b = task / (H * q_blocks), h = task / q_blocks % H;
-        const int64_t i0 = task % q_blocks * bq, rows = MHA_MIN(bq, d->n_q - i0);
-        const real *q_bh = AT(q, d->q, b, h);
-        const real *k_bh = AT(k, d->k, b, h / group), *v_bh = AT(v, d->v, b, h / group);
-        real *o_blk = AT(out, d->out, b, h) + i0 * d->out.row;
-        real *lse_blk = lse ? lse + (b * H + h) * d->n_q + i0 : NULL;
-
-        // 1. P = softmax(scale * q k^T + masks), block (rows, n_vis), written in weights
-        uint8_t dead[BQ_MAX];
-        real *P = weights + ((b * H + h) * d->n_q + i0) * d->n_k;
-        int64_t n_vis = FN(block_probs)(P, dead, lse_blk, ld, gemm_ws, q_bh, k_bh, b, h, i0, rows, d);
-        for (int64_t r = 0; r < rows; r++) /* keys past a causal block's last row */
-            memset(P + r * ld + n_vis, 0, (size_t)(d->n_k - n_vis) * sizeof(real));
-        // 2. A = dropout(P), or P itself
-        if (d->dropout > 0) FN(dropout_rows)(A, P, ld, rows, n_vis, b, h, i0, 0, d);
-        else A = P;
-        // 3. O = A v
-        FN(mha_gemm_ws)(0, 0, rows, d->d_v, n_vis, 1, A, ld, v_bh, d->v.row, 0, NULL, o_blk,
-                        d->out.row, gemm_ws, 1);
-        FN(zero_dead_rows)(o_blk, d->out.row, d->d_v, dead, rows);
-    }
+    FN(weights_job) job = {out, weights, lse, q, k, v, d, bq, q_blocks, scratch, per_thread, part};
+    mha_parallel_for(nt, tasks, chunk, FN(weights_forward_task), &job);
     mha_free(scratch);
     return MHA_OK;
 }
@@ -497,6 +523,26 @@ static void FN(backward_task)(real *dq, real *dk, real *dv, const real *d_out,
     }
 }
 
+typedef struct {
+    real *dq, *dk, *dv;
+    const real *d_out, *q, *k, *v, *o;
+    mha_view o_view;
+    const real *lse;
+    const mha_attention_desc *d;
+    char *scratch;
+    size_t per_thread;
+    const size_t *part;
+} FN(backward_job);
+
+/* fused_backward's tasks: (batch, kv head). */
+static void FN(backward_job_task)(void *ctx, int64_t task, int thread) {
+    const FN(backward_job) *j = ctx;
+    const int64_t H_kv = j->d->kv_heads;
+    FN(backward_task)(j->dq, j->dk, j->dv, j->d_out, j->q, j->k, j->v, j->o, j->o_view, j->lse, j->d,
+                      task / H_kv, task % H_kv, (real *)(j->scratch + (size_t)thread * j->per_thread),
+                      j->part);
+}
+
 static int FN(fused_backward)(real *dq, real *dk, real *dv, const real *d_out, const real *q,
                               const real *k, const real *v, const real *o, mha_view o_view,
                               const real *lse, const mha_attention_desc *d) {
@@ -517,12 +563,8 @@ static int FN(fused_backward)(real *dq, real *dk, real *dv, const real *d_out, c
     char *scratch = FN(thread_scratch)(part, 11, nt, &per_thread);
     if (!scratch) return MHA_ENOMEM;
 
-#ifdef _OPENMP
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (nt > 1)
-#endif
-    for (int64_t task = 0; task < tasks; task++)
-        FN(backward_task)(dq, dk, dv, d_out, q, k, v, o, o_view, lse, d, task / H_kv, task % H_kv,
-                          (real *)(scratch + (size_t)mha_thread_num() * per_thread), part);
+    FN(backward_job) job = {dq, dk, dv, d_out, q, k, v, o, o_view, lse, d, scratch, per_thread, part};
+    mha_parallel_for(nt, tasks, 1, FN(backward_job_task), &job);
     mha_free(scratch);
     return MHA_OK;
 }

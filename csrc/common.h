@@ -10,10 +10,6 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
 #if (defined(__GNUC__) || defined(__clang__)) && !defined(MHA_PORTABLE)
 #define MHA_GNU_C 1
 #else
@@ -74,20 +70,21 @@ static inline void mha_free(void *p) {
     if (p) free(((void **)p)[-1]);
 }
 
-/* Threads for a parallel region doing about `flops` of work started here: 1 inside another
- * region, and no more than one per MHA_FLOPS_PER_THREAD so that small calls do not pay for
+/* Threads (core.c): mha's own pool on POSIX systems, OpenMP or serial elsewhere.
+ * mha_parallel_for runs fn(ctx, i, thread) for every i in [0, n) on up to `threads` threads
+ * and returns when all are done; tasks are handed out in order, `chunk` at a time, to
+ * whichever thread is free; `thread` < threads numbers the thread running the task (the
+ * caller is 0), for per-thread scratch. Called from inside a task it runs serially. */
+typedef void (*mha_task_fn)(void *ctx, int64_t task, int thread);
+void mha_parallel_for(int threads, int64_t n, int64_t chunk, mha_task_fn fn, void *ctx);
+/* What runs the threads, for mha_build_info: "mha pool (...)", "OpenMP <version>", "serial". */
+const char *mha_thread_runtime(void);
+
+/* Threads for a parallel job doing about `flops` of work started here: 1 inside another
+ * job, and no more than one per MHA_FLOPS_PER_THREAD so that small calls do not pay for
  * waking threads (tens of microseconds, far more on a busy machine). */
 #define MHA_FLOPS_PER_THREAD 4e6
 int mha_threads_for(double flops);
-
-/* The calling thread's number in the innermost parallel region (0 outside one, or serial). */
-static inline int mha_thread_num(void) {
-#ifdef _OPENMP
-    return omp_get_thread_num();
-#else
-    return 0;
-#endif
-}
 
 /* The counter-based RNG of the dropout mask (docs/semantics.md). */
 static inline uint64_t mha_splitmix64(uint64_t x) {

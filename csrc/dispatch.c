@@ -120,12 +120,6 @@ static int same_name(const char *a, const char *b) { /* ASCII, ignoring case */
 #define MHA_COMPILER "unknown compiler"
 #endif
 
-#ifdef _OPENMP
-#define MHA_OPENMP "OpenMP " MHA_STR(_OPENMP)
-#else
-#define MHA_OPENMP "no OpenMP (serial)"
-#endif
-
 static void choose(void) {
     int runs[N_PATHS], best = N_PATHS - 1;
     chosen.paths_here[0] = 0;
@@ -172,7 +166,7 @@ static void choose(void) {
              "compiler=%s; simd=%s; simd_isa=%s; simd_paths=%s; simd_choice=%s; kernels=%s; "
              "threads=%s",
              MHA_COMPILER, chosen.path, chosen.table->isa, chosen.paths_here, chosen.choice,
-             chosen.table->code, MHA_OPENMP);
+             chosen.table->code, mha_thread_runtime());
 }
 
 static void ensure_chosen(void) {

@@ -37,6 +37,29 @@
       (int64_t M, int64_t K, const T *A, int64_t lda, const mha_gemm_out_##SFX *outs,          \
        int n_out),                                                                             \
       (M, K, A, lda, outs, n_out))                                                             \
+    X(mha_linear_##SFX,                                                                        \
+      (int64_t M, int64_t N, int64_t K, const T *A, int64_t lda, const T *B, int64_t ldb,      \
+       int trans_b, const T *bias, int act, T beta, T *C, int64_t ldc),                        \
+      (M, N, K, A, lda, B, ldb, trans_b, bias, act, beta, C, ldc))                             \
+    X(mha_activation_##SFX,                                                                    \
+      (T *y, int64_t ldy, const T *x, int64_t ldx, int64_t rows, int64_t n, int act),          \
+      (y, ldy, x, ldx, rows, n, act))                                                          \
+    X(mha_layer_norm_##SFX,                                                                    \
+      (T *y, int64_t ldy, const T *x, int64_t ldx, int64_t rows, int64_t d, const T *gain,     \
+       const T *bias, double eps),                                                             \
+      (y, ldy, x, ldx, rows, d, gain, bias, eps))                                              \
+    X(mha_rms_norm_##SFX,                                                                      \
+      (T *y, int64_t ldy, const T *x, int64_t ldx, int64_t rows, int64_t d, const T *gain,     \
+       double eps),                                                                            \
+      (y, ldy, x, ldx, rows, d, gain, eps))                                                    \
+    X(mha_rope_##SFX,                                                                          \
+      (T *x, int64_t ldx, int64_t rows, int64_t heads, int64_t d_head, const T *cos,           \
+       const T *sin, int64_t period),                                                          \
+      (x, ldx, rows, heads, d_head, cos, sin, period))                                         \
+    X(mha_embedding_##SFX,                                                                     \
+      (T *out, int64_t ldo, const T *table, int64_t vocab, int64_t d, const int64_t *ids,      \
+       int64_t n, int accumulate),                                                             \
+      (out, ldo, table, vocab, d, ids, n, accumulate))                                         \
     X(mha_attention_forward_lse_##SFX,                                                         \
       (T *out, T *weights, T *lse, const T *q, const T *k, const T *v,                         \
        const mha_attention_desc *desc),                                                        \

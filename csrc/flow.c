@@ -249,6 +249,24 @@ static void flow_state_init(flow_state *st, int64_t *p, int64_t L, int64_t n) {
     st->bfs = p;
 }
 
+/* The flows from each source, one task per source, on per-thread search state. */
+typedef struct {
+    int64_t *rows;
+    unsigned char *mem;
+    size_t state;
+    int64_t L, n;
+    const flow_graph *g;
+    const int64_t *sources;
+    const int64_t *into;
+} flow_job;
+
+static void flow_task(void *ctx, int64_t i, int thread) {
+    const flow_job *j = ctx;
+    flow_state st;
+    flow_state_init(&st, (int64_t *)(j->mem + (size_t)thread * j->state), j->L, j->n);
+    flows_from(j->rows + i * j->n, &st, j->g, j->sources ? j->sources[i] : i, j->into);
+}
+
 int mha_attention_flow_f64(double *out, const double *weights, int64_t layers, int64_t n,
                            const int64_t *sources, int64_t n_sources) {
     if (layers < 1 || n < 1 || n_sources < 0) return MHA_EINVAL;
@@ -296,14 +314,8 @@ int mha_attention_flow_f64(double *out, const double *weights, int64_t layers, i
     for (int64_t a = 0; a < n; a++)
         for (int64_t t = 0; t < n; t++) into[t] += C[a * n + t];
     const flow_graph g = {L, n, (L - 1) * n, C};
-#ifdef _OPENMP
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
-#endif
-    for (int64_t i = 0; i < n_sources; i++) {
-        flow_state st;
-        flow_state_init(&st, (int64_t *)(mem + (size_t)mha_thread_num() * state), L, n);
-        flows_from(rows + i * n, &st, &g, sources ? sources[i] : i, into);
-    }
+    flow_job job = {rows, mem, state, L, n, &g, sources, into};
+    mha_parallel_for(threads, n_sources, 1, flow_task, &job);
     for (int64_t i = 0; i < n_sources * n; i++) out[i] = (double)rows[i] / unit;
     mha_free(rows), mha_free(C), mha_free(mem);
     return MHA_OK;

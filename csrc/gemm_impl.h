@@ -256,6 +256,41 @@ static void FN(scale_c)(int64_t M, int64_t N, real beta, const real *bias, real 
             C[i * ldc + j] = (beta == 0 ? 0 : beta * C[i * ldc + j]) + (bias ? bias[j] : 0);
 }
 
+/* y = act(x) on one row of n (enum mha_activation); gated: x holds 2n (the gate, then the
+ * up) and y[j] = act(x[j]) * x[n + j]. y may be x; otherwise they do not overlap. */
+#define ACT_CHUNK 256
+static void FN(act_apply_row)(real *y, const real *x, int64_t n, int act) {
+    const int kind = act & ~MHA_ACT_GATED;
+    if (!(act & MHA_ACT_GATED)) {
+        if (y != x) memcpy(y, x, (size_t)n * sizeof(real));
+        VN(mha_act_row)(y, n, kind);
+        return;
+    }
+    real gate[ACT_CHUNK]; /* x's gate, activated a chunk at a time: y may be x */
+    for (int64_t j0 = 0; j0 < n; j0 += ACT_CHUNK) {
+        const int64_t m = MHA_MIN(ACT_CHUNK, n - j0);
+        memcpy(gate, x + j0, (size_t)m * sizeof(real));
+        VN(mha_act_row)(gate, m, kind);
+        const real *up = x + n + j0;
+        for (int64_t j = 0; j < m; j++) y[j0 + j] = gate[j] * up[j];
+    }
+}
+
+/* What a product does to each finished row of its first output C before it returns:
+ * dst row i = act_apply_row(C row i) (dst may be C itself when act is not gated). */
+typedef struct {
+    int act;
+    int64_t n;     /* the activation's width (half of C's when gated) */
+    real *dst;
+    int64_t ld_dst;
+} FN(gemm_epilogue);
+
+static void FN(epilogue_rows)(const FN(gemm_epilogue) *ep, const TY(mha_gemm_out) *out,
+                              int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; i++)
+        FN(act_apply_row)(ep->dst + i * ep->ld_dst, out->C + i * out->ldc, ep->n, ep->act);
+}
+
 /* Panels of NR columns: the outputs' columns side by side, each output padded to whole panels.
  * first[o] is output o's first panel, first[n_out] the total. */
 #define GEMM_MAX_OUTS 3
@@ -265,19 +300,87 @@ static int64_t FN(gemm_panels)(const TY(mha_gemm_out) *outs, int n_out, int64_t 
     return first[n_out];
 }
 
-/* The products of several outputs with one A (at most GEMM_MAX_OUTS), in one parallel region:
- * each block of A is packed once and multiplied into every output's B (the layer's Q, K and V
- * projections of one input). Panel by panel the arithmetic is that of one product, so each
- * output is bitwise what its own mha_gemm_ws call gives. */
+/* One product in flight (gemm_shared_a), shared by its tasks: the current block of panels
+ * [q0, q0 + panels) and shared-axis slice [pc, pc + kc). */
+typedef struct {
+    int trans_a, trans_b, n_out;
+    int64_t M, K, lda, mc_block, n_chunks, a_elems;
+    real alpha, beta;
+    const real *A;
+    const TY(mha_gemm_out) *outs;
+    const int64_t *first;
+    const FN(gemm_epilogue) *ep;
+    real *b_pack, *a_packs;
+    int64_t q0, panels, pc, kc;
+} FN(gemm_job);
+
+/* Task: pack panel `panel` of the current block of op(B). */
+static void FN(gemm_pack_b_task)(void *ctx, int64_t panel, int thread) {
+    const FN(gemm_job) *g = ctx;
+    (void)thread;
+    int o = 0;
+    while (g->q0 + panel >= g->first[o + 1]) o++;
+    const TY(mha_gemm_out) *u = &g->outs[o];
+    const int64_t j0 = (g->q0 + panel - g->first[o]) * NR;
+    const real *b = g->trans_b ? u->B + j0 * u->ldb + g->pc : u->B + g->pc * u->ldb + j0;
+    FN(pack_b)(g->b_pack + panel * NR * g->kc, b, u->ldb, g->trans_b, g->kc, MHA_MIN(NR, u->N - j0));
+}
+
+/* Task: one block of rows of A (packed into the thread's own buffer) times one chunk of the
+ * packed panels, into every output the chunk covers. */
+static void FN(gemm_block_task)(void *ctx, int64_t task, int thread) {
+    const FN(gemm_job) *g = ctx;
+    const int64_t blk = task / g->n_chunks, chunk = task % g->n_chunks;
+    const int64_t ic = blk * g->mc_block, mc = MHA_MIN(g->mc_block, g->M - ic);
+    const int64_t p0 = g->q0 + g->panels * chunk / g->n_chunks;
+    const int64_t p1 = g->q0 + g->panels * (chunk + 1) / g->n_chunks;
+    if (p0 == p1) return;
+    const int64_t kc = g->kc, pc = g->pc, lda = g->lda;
+    const real *a = g->trans_a ? g->A + pc * lda + ic : g->A + ic * lda + pc;
+    const real beta_block = pc == 0 ? g->beta : 1;
+    real *a_pack = g->a_packs + (size_t)thread * (size_t)g->a_elems;
+    const int direct = p1 - p0 <= DIRECT_A_PANELS;
+    if (!direct) FN(pack_a)(a_pack, a, lda, g->trans_a, mc, kc);
+    for (int o = 0; o < g->n_out; o++) { /* the outputs' panels in [p0, p1) */
+        const int64_t s0 = MHA_MAX(p0, g->first[o]), s1 = MHA_MIN(p1, g->first[o + 1]);
+        if (s0 >= s1) continue;
+        const TY(mha_gemm_out) *u = &g->outs[o];
+        const int64_t j0 = (s0 - g->first[o]) * NR;
+        const int64_t cols = MHA_MIN(u->N, (s1 - g->first[o]) * NR) - j0;
+        real *c = u->C + ic * u->ldc + j0;
+        const real *bias_c = pc == 0 && u->bias ? u->bias + j0 : NULL;
+        const real *bp = g->b_pack + (s0 - g->q0) * NR * kc;
+        if (direct)
+            FN(macro_kernel_direct)(mc, cols, kc, a, g->trans_a ? 1 : lda, g->trans_a ? lda : 1,
+                                    bp, c, u->ldc, g->alpha, beta_block, bias_c);
+        else
+            FN(macro_kernel)(mc, cols, kc, a_pack, bp, c, u->ldc, g->alpha, beta_block, bias_c);
+    }
+}
+
+/* Task: the epilogue of a block of EPILOGUE_ROWS finished rows. */
+#define EPILOGUE_ROWS 8
+static void FN(gemm_epilogue_task)(void *ctx, int64_t task, int thread) {
+    const FN(gemm_job) *g = ctx;
+    (void)thread;
+    FN(epilogue_rows)(g->ep, g->outs, task * EPILOGUE_ROWS, MHA_MIN(g->M, (task + 1) * EPILOGUE_ROWS));
+}
+
+/* The products of several outputs with one A (at most GEMM_MAX_OUTS): each block of A is
+ * packed once and multiplied into every output's B (the layer's Q, K and V projections of
+ * one input). Panel by panel the arithmetic is that of one product, so each output is
+ * bitwise what its own mha_gemm_ws call gives. ep (or NULL): applied to each row of the first
+ * output once the product is done. */
 static int FN(gemm_shared_a)(int trans_a, int trans_b, int64_t M, int64_t K, real alpha,
                              const real *A, int64_t lda, real beta, const TY(mha_gemm_out) *outs,
-                             int n_out, real *workspace, int threads) {
+                             int n_out, real *workspace, int threads, const FN(gemm_epilogue) *ep) {
     int64_t first[GEMM_MAX_OUTS + 1] = {0}; /* = {0}: GCC -O3 serial sees a false "maybe uninitialized" */
     const int64_t P = FN(gemm_panels)(outs, n_out, first);
     if (M <= 0 || P == 0) return MHA_OK;
     if (K <= 0 || alpha == 0) {
         for (int o = 0; o < n_out; o++)
             FN(scale_c)(M, outs[o].N, beta, outs[o].bias, outs[o].C, outs[o].ldc);
+        if (ep) FN(epilogue_rows)(ep, outs, 0, M);
         return MHA_OK;
     }
     /* products too small to repay packing: plain loops, one output at a time */
@@ -287,7 +390,7 @@ static int FN(gemm_shared_a)(int trans_a, int trans_b, int64_t M, int64_t K, rea
     if (small && n_out > 1) {
         for (int o = 0; o < n_out; o++) {
             int err = FN(gemm_shared_a)(trans_a, trans_b, M, K, alpha, A, lda, beta, &outs[o], 1,
-                                        workspace, threads);
+                                        workspace, threads, o == 0 ? ep : NULL);
             if (err) return err;
         }
         return MHA_OK;
@@ -296,6 +399,7 @@ static int FN(gemm_shared_a)(int trans_a, int trans_b, int64_t M, int64_t K, rea
         FN(gemm_small)(trans_a, trans_b, M, outs->N, K, alpha, A, lda, outs->B, outs->ldb, beta,
                        outs->C, outs->ldc);
         if (outs->bias) FN(scale_c)(M, outs->N, 1, outs->bias, outs->C, outs->ldc);
+        if (ep) FN(epilogue_rows)(ep, outs, 0, M);
         return MHA_OK;
     }
     if (threads < 1) threads = 1;
@@ -315,63 +419,21 @@ static int FN(gemm_shared_a)(int trans_a, int trans_b, int64_t M, int64_t K, rea
     const int64_t kc_block = FN(gemm_kc)(K), nc_panels = NC / NR;
     size_t b_elems, a_elems;
     FN(gemm_parts)(P * NR, K, mc_block, &b_elems, &a_elems);
-    real *b_pack = workspace;
-
-    /* One parallel region for the whole product: the threads pack B's panels together, wait,
-     * then each packs its own blocks of A and runs the micro-kernels on them. */
-#ifdef _OPENMP
-#pragma omp parallel num_threads(threads) if (threads > 1)
-#endif
-    {
-        const int t = mha_thread_num();
-        real *a_pack = workspace + b_elems + (size_t)t * a_elems;
-        for (int64_t q0 = 0; q0 < P; q0 += nc_panels) { /* panels [q0, q0 + panels) */
-            const int64_t panels = MHA_MIN(nc_panels, P - q0);
-            for (int64_t pc = 0; pc < K; pc += kc_block) {
-                const int64_t kc = MHA_MIN(kc_block, K - pc);
-                const real beta_block = pc == 0 ? beta : 1;
-#ifdef _OPENMP
-#pragma omp for schedule(dynamic, 1)
-#endif
-                for (int64_t panel = 0; panel < panels; panel++) {
-                    int o = 0;
-                    while (q0 + panel >= first[o + 1]) o++;
-                    const TY(mha_gemm_out) *u = &outs[o];
-                    const int64_t j0 = (q0 + panel - first[o]) * NR;
-                    const real *b = trans_b ? u->B + j0 * u->ldb + pc : u->B + pc * u->ldb + j0;
-                    FN(pack_b)(b_pack + panel * NR * kc, b, u->ldb, trans_b, kc, MHA_MIN(NR, u->N - j0));
-                } /* implied barrier: B is packed */
-#ifdef _OPENMP
-#pragma omp for schedule(dynamic, 1)
-#endif
-                for (int64_t task = 0; task < tasks; task++) {
-                    const int64_t blk = task / n_chunks, chunk = task % n_chunks;
-                    const int64_t ic = blk * mc_block, mc = MHA_MIN(mc_block, M - ic);
-                    const int64_t p0 = q0 + panels * chunk / n_chunks;
-                    const int64_t p1 = q0 + panels * (chunk + 1) / n_chunks;
-                    if (p0 == p1) continue;
-                    const real *a = trans_a ? A + pc * lda + ic : A + ic * lda + pc;
-                    const int direct = p1 - p0 <= DIRECT_A_PANELS;
-                    if (!direct) FN(pack_a)(a_pack, a, lda, trans_a, mc, kc);
-                    for (int o = 0; o < n_out; o++) { /* the outputs' panels in [p0, p1) */
-                        const int64_t s0 = MHA_MAX(p0, first[o]), s1 = MHA_MIN(p1, first[o + 1]);
-                        if (s0 >= s1) continue;
-                        const TY(mha_gemm_out) *u = &outs[o];
-                        const int64_t j0 = (s0 - first[o]) * NR;
-                        const int64_t cols = MHA_MIN(u->N, (s1 - first[o]) * NR) - j0;
-                        real *c = u->C + ic * u->ldc + j0;
-                        const real *bias_c = pc == 0 && u->bias ? u->bias + j0 : NULL;
-                        const real *bp = b_pack + (s0 - q0) * NR * kc;
-                        if (direct)
-                            FN(macro_kernel_direct)(mc, cols, kc, a, trans_a ? 1 : lda, trans_a ? lda : 1,
-                                                    bp, c, u->ldc, alpha, beta_block, bias_c);
-                        else
-                            FN(macro_kernel)(mc, cols, kc, a_pack, bp, c, u->ldc, alpha, beta_block, bias_c);
-                    }
-                } /* implied barrier: b_pack may be overwritten */
-            }
+    /* Per block of panels and slice of the shared axis: the threads pack B's panels
+     * together, then each packs its own blocks of A and runs the micro-kernels on them. */
+    FN(gemm_job) g = {trans_a, trans_b, n_out, M, K, lda, mc_block, n_chunks, (int64_t)a_elems,
+                      alpha, beta, A, outs, first, ep, workspace, workspace + b_elems,
+                      0, 0, 0, 0};
+    for (g.q0 = 0; g.q0 < P; g.q0 += nc_panels) {
+        g.panels = MHA_MIN(nc_panels, P - g.q0);
+        for (g.pc = 0; g.pc < K; g.pc += kc_block) {
+            g.kc = MHA_MIN(kc_block, K - g.pc);
+            mha_parallel_for(threads, g.panels, 1, FN(gemm_pack_b_task), &g);
+            mha_parallel_for(threads, tasks, 1, FN(gemm_block_task), &g);
         }
     }
+    if (ep) /* every row of C is done: the epilogue, by blocks of rows */
+        mha_parallel_for(threads, (M + EPILOGUE_ROWS - 1) / EPILOGUE_ROWS, 1, FN(gemm_epilogue_task), &g);
     mha_free(owned);
     return MHA_OK;
 }
@@ -380,7 +442,8 @@ static int FN(mha_gemm_ws)(int trans_a, int trans_b, int64_t M, int64_t N, int64
                            const real *A, int64_t lda, const real *B, int64_t ldb, real beta,
                            const real *bias, real *C, int64_t ldc, real *workspace, int threads) {
     const TY(mha_gemm_out) out = {B, ldb, bias, C, ldc, N};
-    return FN(gemm_shared_a)(trans_a, trans_b, M, K, alpha, A, lda, beta, &out, 1, workspace, threads);
+    return FN(gemm_shared_a)(trans_a, trans_b, M, K, alpha, A, lda, beta, &out, 1, workspace, threads,
+                             NULL);
 }
 
 /* Pre-packed B, for attention's tiles: op(B) (K x N) packed once into NR-column panels with
@@ -408,12 +471,12 @@ static void FN(mha_gemm_packed)(int trans_a, int64_t M, int64_t N, int64_t K, re
  * (one slice of the shared axis, every output), not by the whole product. */
 static int FN(gemm_auto)(int trans_a, int trans_b, int64_t M, int64_t K, real alpha,
                          const real *A, int64_t lda, real beta, const TY(mha_gemm_out) *outs,
-                         int n_out) {
+                         int n_out, const FN(gemm_epilogue) *ep) {
     double cols = 0;
     for (int o = 0; o < n_out; o++) cols += (double)MHA_MAX(outs[o].N, 0);
     const double slice = 2.0 * (double)M * cols * (double)FN(gemm_kc)(K);
     return FN(gemm_shared_a)(trans_a, trans_b, M, K, alpha, A, lda, beta, outs, n_out, NULL,
-                             mha_threads_for(slice));
+                             mha_threads_for(slice), ep);
 }
 
 /* C = op(A) @ op(B) + bias on every row (bias may be NULL). */
@@ -421,20 +484,20 @@ static int FN(mha_gemm_bias)(int trans_a, int trans_b, int64_t M, int64_t N, int
                              int64_t lda, const real *B, int64_t ldb, const real *bias, real *C,
                              int64_t ldc) {
     const TY(mha_gemm_out) out = {B, ldb, bias, C, ldc, N};
-    return FN(gemm_auto)(trans_a, trans_b, M, K, 1, A, lda, 0, &out, 1);
+    return FN(gemm_auto)(trans_a, trans_b, M, K, 1, A, lda, 0, &out, 1, NULL);
 }
 
 static int FN(mha_gemm)(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, real alpha,
                         const real *A, int64_t lda, const real *B, int64_t ldb, real beta, real *C,
                         int64_t ldc) {
     const TY(mha_gemm_out) out = {B, ldb, NULL, C, ldc, N};
-    return FN(gemm_auto)(trans_a, trans_b, M, K, alpha, A, lda, beta, &out, 1);
+    return FN(gemm_auto)(trans_a, trans_b, M, K, alpha, A, lda, beta, &out, 1, NULL);
 }
 
 static int FN(mha_gemm_shared_a)(int64_t M, int64_t K, const real *A, int64_t lda,
                                  const TY(mha_gemm_out) *outs, int n_out) {
     if (n_out < 1 || n_out > GEMM_MAX_OUTS) return MHA_EINVAL;
-    return FN(gemm_auto)(0, 0, M, K, 1, A, lda, 0, outs, n_out);
+    return FN(gemm_auto)(0, 0, M, K, 1, A, lda, 0, outs, n_out, NULL);
 }
 
 #if MHA_GNU_C
@@ -452,3 +515,5 @@ static int FN(mha_gemm_shared_a)(int64_t M, int64_t K, const real *A, int64_t ld
 #undef DIRECT_A_PANELS
 #undef SMALL_GEMM_MNK
 #undef GEMM_MAX_OUTS
+#undef ACT_CHUNK
+#undef EPILOGUE_ROWS

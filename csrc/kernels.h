@@ -1,4 +1,5 @@
-/* kernels.h: the body of a kernel unit (dispatch.h): the GEMM, attention and the layer for
+/* kernels.h: the body of a kernel unit (dispatch.h): the GEMM, attention, the layer and the
+ * rest of a transformer block (block_impl.h) for
  * float and double, compiled for the instruction set of the file that includes this one
  * (kernels_<isa>.c, which defines MHA_ISA as <isa>), and the unit's table of entry points.
  *
@@ -24,6 +25,7 @@
 #include "gemm_impl.h"
 #include "attention_impl.h"
 #include "multihead_impl.h"
+#include "block_impl.h"
 #undef real
 #undef SFX
 #undef EXP
@@ -34,6 +36,7 @@
 #include "gemm_impl.h"
 #include "attention_impl.h"
 #include "multihead_impl.h"
+#include "block_impl.h"
 #undef real
 #undef SFX
 #undef EXP

@@ -174,6 +174,59 @@ int mha_gemm_f64(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, doub
                  const double *A, int64_t lda, const double *B, int64_t ldb, double beta,
                  double *C, int64_t ldc);
 
+/* The rest of a transformer block (block_impl.h). Rows are row-major with the given leading
+ * dimensions (elements between the starts of consecutive rows); every function returns
+ * MHA_EINVAL, having written nothing, for negative sizes or an unknown activation.
+ *
+ * Activations, elementwise. float32 uses vectorised formulas (vec.h: erf within 4e-7, the
+ * sigmoid within 3e-7 relative), float64 libm's erf, tanh and exp. */
+enum mha_activation {
+    MHA_ACT_NONE = 0,
+    MHA_ACT_GELU = 1,       /* x Phi(x) = 0.5 x (1 + erf(x / sqrt 2)): BERT's "gelu"            */
+    MHA_ACT_GELU_TANH = 2,  /* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))): GPT-2's          */
+    MHA_ACT_SILU = 3,       /* x sigmoid(x): LLaMA's "silu"                                     */
+    MHA_ACT_QUICK_GELU = 4, /* x sigmoid(1.702 x)                                               */
+    MHA_ACT_RELU = 5        /* max(x, 0); a NaN stays NaN                                        */
+};
+/* Or'ed into an activation: gated, y[j] = act(x[j]) * x[n + j] over rows of 2n (SwiGLU with
+ * MHA_ACT_SILU; Shazeer 2020). */
+#define MHA_ACT_GATED 16
+
+#define MHA_DECLARE_BLOCK(T, SFX)                                                              \
+    /* C = act(A @ op(B) + bias) + beta * C: A (M, K), op(B) (K, N') where N' = N, or 2N      \
+     * when act is gated (the gate's columns, then the up's); bias (N') or NULL. The         \
+     * activation runs on each row when its product is done, inside the product's parallel   \
+     * region. beta must be 0 when act is not MHA_ACT_NONE (beta = 1: a residual added in    \
+     * place). Threads as mha_gemm. */                                                        \
+    int mha_linear_##SFX(int64_t M, int64_t N, int64_t K, const T *A, int64_t lda,            \
+                         const T *B, int64_t ldb, int trans_b, const T *bias, int act,         \
+                         T beta, T *C, int64_t ldc);                                           \
+    /* y = act(x) on rows of n (gated: x rows of 2n, y = act(gate) * up). y may be x (same    \
+     * leading dimension); otherwise they must not overlap. */                                 \
+    int mha_activation_##SFX(T *y, int64_t ldy, const T *x, int64_t ldx, int64_t rows,        \
+                             int64_t n, int act);                                              \
+    /* LayerNorm over each row of d: y = (x - mean) / sqrt(var + eps) * gain + bias (biased     \
+     * variance, like torch); gain, bias may be NULL (1 and 0). y may be x. */                 \
+    int mha_layer_norm_##SFX(T *y, int64_t ldy, const T *x, int64_t ldx, int64_t rows,        \
+                             int64_t d, const T *gain, const T *bias, double eps);             \
+    /* RMSNorm (Zhang and Sennrich 2019): y = x / sqrt(mean(x^2) + eps) * gain (gain may be     \
+     * NULL). y may be x. */                                                                   \
+    int mha_rms_norm_##SFX(T *y, int64_t ldy, const T *x, int64_t ldx, int64_t rows,          \
+                           int64_t d, const T *gain, double eps);                              \
+    /* Rotary position embedding in place, the half-split form of Hugging Face's LLaMA         \
+     * (Su et al. 2021): in each of `heads` consecutive d_head-wide slices of a row, the pair \
+     * (x_i, x_{i + d_head/2}) becomes (x_i c - x_{i+h} s, x_{i+h} c + x_i s) with c, s row    \
+     * r % period of cos and sin ((period, d_head / 2) each). d_head must be even. */           \
+    int mha_rope_##SFX(T *x, int64_t ldx, int64_t rows, int64_t heads, int64_t d_head,        \
+                       const T *cos, const T *sin, int64_t period);                            \
+    /* Rows of an embedding table (vocab, d) for n ids: out[i] = table[ids[i]], or += when    \
+     * accumulate; MHA_EINVAL, with nothing written, when an id is outside [0, vocab). */      \
+    int mha_embedding_##SFX(T *out, int64_t ldo, const T *table, int64_t vocab, int64_t d,    \
+                            const int64_t *ids, int64_t n, int accumulate);
+
+MHA_DECLARE_BLOCK(float, f32)
+MHA_DECLARE_BLOCK(double, f64)
+
 /* The dropout RNG: a uniform double in [0, 1) for (seed, b, h, i, j); position (i, j) is
  * dropped iff the value is < p. */
 double mha_dropout_uniform(uint64_t seed, uint64_t b, uint64_t h, uint64_t i, uint64_t j);

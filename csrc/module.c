@@ -226,19 +226,24 @@ static int attention_args(mha_attention_desc *d, int typenum, int views, PyObjec
 /* ---- attention ---------------------------------------------------------------------------- */
 
 static char *attention_kw[] = {"q", "k", "v", "mask", "key_padding_mask", "causal", "scale",
-                               "dropout", "seed", "need_weights", "return_lse", NULL};
+                               "dropout", "seed", "need_weights", "return_lse", "out",
+                               "weights_out", NULL};
 
 /* -> (out, weights|None), or (out, weights|None, lse (B, H, n_q)) with return_lse.
- * q, k, v: strided views are read in place (get_view). */
+ * q, k, v: strided views are read in place (get_view). out: None, or a writable (B, H, n_q,
+ * d_v) view to write into (get_view: e.g. the heads of a (B, n_q, H * d_v) buffer, so that
+ * they need no merging); weights_out: None, or a C-contiguous (B, H, n_q, n_k) array for the
+ * weights (with need_weights). What is written into is what is returned. */
 static PyObject *py_attention_forward(PyObject *self, PyObject *args, PyObject *kwargs) {
     (void)self;
     PyObject *q_obj, *k_obj, *v_obj, *mask_obj = Py_None, *kp_obj = Py_None, *scale_obj = NULL;
+    PyObject *out_obj = Py_None, *w_obj = Py_None;
     int causal = 0, need_weights = 1, return_lse = 0;
     double dropout = 0;
     unsigned long long seed = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|OOpOdKpp", attention_kw, &q_obj, &k_obj,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|OOpOdKppOO", attention_kw, &q_obj, &k_obj,
                                      &v_obj, &mask_obj, &kp_obj, &causal, &scale_obj, &dropout,
-                                     &seed, &need_weights, &return_lse))
+                                     &seed, &need_weights, &return_lse, &out_obj, &w_obj))
         return NULL;
     int typenum = float_type(q_obj, "q");
     if (typenum < 0) return NULL;
@@ -250,8 +255,23 @@ static PyObject *py_attention_forward(PyObject *self, PyObject *args, PyObject *
     if (fill_masks(&d, typenum, mask_obj, kp_obj, causal, scale, dropout, seed)) return NULL;
     npy_intp out_shape[4] = {d.batch, d.heads, d.n_q, d.d_v};
     npy_intp w_shape[4] = {d.batch, d.heads, d.n_q, d.n_k};
-    if (!(out = new_array(4, out_shape, typenum, 0))) goto fail;
-    if (need_weights && !(weights = new_array(4, w_shape, typenum, 0))) goto fail;
+    if (out_obj != Py_None) {
+        PyArrayObject *o = get_view(out_obj, "out", typenum, 4);
+        if (!o || check_shape(o, "out", 4, out_shape)) return NULL;
+        if (!PyArray_ISWRITEABLE(o)) {
+            PyErr_SetString(PyExc_ValueError, "out is read-only, but the core writes into it");
+            return NULL;
+        }
+        Py_INCREF(o);
+        out = o;
+        if (PyArray_SIZE(o)) d.out = view_of(o);
+    } else if (!(out = new_array(4, out_shape, typenum, 0))) goto fail;
+    if (need_weights && w_obj != Py_None) {
+        PyArrayObject *w = get_output_array(w_obj, "weights_out", typenum, 4);
+        if (!w || check_shape(w, "weights_out", 4, w_shape)) goto fail;
+        Py_INCREF(w);
+        weights = w;
+    } else if (need_weights && !(weights = new_array(4, w_shape, typenum, 0))) goto fail;
     if (return_lse && !(lse = new_array(3, out_shape, typenum, 0))) goto fail; /* (B, H, n_q) */
     int err;
     Py_BEGIN_ALLOW_THREADS
@@ -723,6 +743,260 @@ static PyObject *py_matmul(PyObject *self, PyObject *args, PyObject *kwargs) {
     return (PyObject *)c;
 }
 
+/* An optional 1-D float array of n elements: *out = NULL for None; -1 on a bad one. */
+static int get_opt_vector(PyObject *obj, const char *name, int typenum, npy_intp n, PyArrayObject **out) {
+    *out = NULL;
+    if (!obj || obj == Py_None) return 0;
+    if (!(*out = get_array(obj, name, typenum, 1))) return -1;
+    return check_dim(*out, name, 0, n, "size");
+}
+
+/* The array to write: `out` when given (checked for dtype, shape, layout, writability; a new
+ * reference), else a new one. */
+static PyArrayObject *get_or_new(PyObject *out_obj, int ndim, const npy_intp *shape, int typenum) {
+    if (!out_obj || out_obj == Py_None) return new_array(ndim, shape, typenum, 0);
+    PyArrayObject *o = get_output_array(out_obj, "out", typenum, ndim);
+    if (!o || check_shape(o, "out", ndim, shape)) return NULL;
+    Py_INCREF(o);
+    return o;
+}
+
+/* Calls the f32 or f64 form of a core function, the GIL released: err = f_SFX(args...). */
+#define CALL_TYPED(typenum, err, fn, ...)                                                       \
+    do {                                                                                        \
+        Py_BEGIN_ALLOW_THREADS                                                                  \
+        if ((typenum) == NPY_FLOAT32) err = fn##_f32(__VA_ARGS__);                              \
+        else err = fn##_f64(__VA_ARGS__);                                                       \
+        Py_END_ALLOW_THREADS                                                                    \
+    } while (0)
+#define DPTR(a) ((void *)((a) ? PyArray_DATA(a) : NULL))
+
+static int check_act(int act) {
+    int kind = act & ~MHA_ACT_GATED;
+    if ((act & ~(MHA_ACT_GATED | 15)) || kind < MHA_ACT_NONE || kind > MHA_ACT_RELU) {
+        PyErr_Format(PyExc_ValueError, "act must be an activation code in [0, %d], or'ed with %d "
+                     "(gated), got %d", MHA_ACT_RELU, MHA_ACT_GATED, act);
+        return -1;
+    }
+    return 0;
+}
+
+static char *linear_kw[] = {"a", "b", "bias", "act", "trans_b", "out", NULL};
+
+/* linear(a (M, K), b (K, N') or (N', K) with trans_b, bias (N') or None, act=0, trans_b=False,
+ * out=None) -> act(a @ op(b) + bias) (M, N), N = N' / 2 when act is gated; with out (M, N):
+ * out += a @ op(b) + bias in place (act must be 0), and out is returned. */
+static PyObject *py_linear(PyObject *self, PyObject *args, PyObject *kwargs) {
+    (void)self;
+    PyObject *a_obj, *b_obj, *bias_obj = Py_None, *out_obj = Py_None;
+    int act = 0, tb = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|OipO", linear_kw, &a_obj, &b_obj, &bias_obj,
+                                     &act, &tb, &out_obj))
+        return NULL;
+    int typenum = float_type(a_obj, "a");
+    if (typenum < 0 || check_act(act)) return NULL;
+    PyArrayObject *a = get_array(a_obj, "a", typenum, 2), *b, *bias;
+    if (!a || !(b = get_array(b_obj, "b", typenum, 2))) return NULL;
+    npy_intp M = PyArray_DIM(a, 0), K = PyArray_DIM(a, 1);
+    npy_intp Kb = PyArray_DIM(b, tb ? 1 : 0), Nb = PyArray_DIM(b, tb ? 0 : 1);
+    if (K != Kb) {
+        PyErr_Format(PyExc_ValueError, "a has %zd columns but op(b) has %zd rows", (Py_ssize_t)K, (Py_ssize_t)Kb);
+        return NULL;
+    }
+    int gated = (act & MHA_ACT_GATED) != 0;
+    if (gated && Nb % 2) {
+        PyErr_Format(PyExc_ValueError, "a gated activation needs an even number of columns in op(b), got %zd",
+                     (Py_ssize_t)Nb);
+        return NULL;
+    }
+    if (out_obj != Py_None && act != MHA_ACT_NONE) {
+        PyErr_SetString(PyExc_ValueError, "out (accumulate into it) needs act=0");
+        return NULL;
+    }
+    if (get_opt_vector(bias_obj, "bias", typenum, Nb, &bias)) return NULL;
+    npy_intp shape[2] = {M, gated ? Nb / 2 : Nb};
+    PyArrayObject *c = get_or_new(out_obj, 2, shape, typenum);
+    if (!c) return NULL;
+    int err;
+    npy_intp ldb = PyArray_DIM(b, 1);
+    if (typenum == NPY_FLOAT32) {
+        Py_BEGIN_ALLOW_THREADS
+        err = mha_linear_f32(M, shape[1], K, PyArray_DATA(a), K, PyArray_DATA(b), ldb, tb, DPTR(bias), act,
+                             out_obj != Py_None ? 1.0f : 0.0f, PyArray_DATA(c), shape[1]);
+        Py_END_ALLOW_THREADS
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        err = mha_linear_f64(M, shape[1], K, PyArray_DATA(a), K, PyArray_DATA(b), ldb, tb, DPTR(bias), act,
+                             out_obj != Py_None ? 1.0 : 0.0, PyArray_DATA(c), shape[1]);
+        Py_END_ALLOW_THREADS
+    }
+    if (raise_core_error(err)) {
+        Py_DECREF(c);
+        return NULL;
+    }
+    return (PyObject *)c;
+}
+
+static char *activation_kw[] = {"x", "act", "out", NULL};
+
+/* activation(x (rows, n) [or (rows, 2n) gated], act, out=None) -> act(x) (rows, n); out may be
+ * x itself (in place). */
+static PyObject *py_activation(PyObject *self, PyObject *args, PyObject *kwargs) {
+    (void)self;
+    PyObject *x_obj, *out_obj = Py_None;
+    int act;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "Oi|O", activation_kw, &x_obj, &act, &out_obj)) return NULL;
+    int typenum = float_type(x_obj, "x");
+    if (typenum < 0 || check_act(act)) return NULL;
+    PyArrayObject *x = get_array(x_obj, "x", typenum, 2);
+    if (!x) return NULL;
+    int gated = (act & MHA_ACT_GATED) != 0;
+    npy_intp rows = PyArray_DIM(x, 0), cols = PyArray_DIM(x, 1);
+    if (gated && cols % 2) {
+        PyErr_Format(PyExc_ValueError, "a gated activation needs an even number of columns, got %zd", (Py_ssize_t)cols);
+        return NULL;
+    }
+    npy_intp shape[2] = {rows, gated ? cols / 2 : cols};
+    if (gated && out_obj == x_obj) {
+        PyErr_SetString(PyExc_ValueError, "a gated activation cannot write into x");
+        return NULL;
+    }
+    PyArrayObject *y = get_or_new(out_obj, 2, shape, typenum);
+    if (!y) return NULL;
+    if (y != x && PyArray_SIZE(y) && PyArray_SIZE(x) &&
+        (char *)PyArray_DATA(y) < (char *)PyArray_DATA(x) + PyArray_NBYTES(x) &&
+        (char *)PyArray_DATA(x) < (char *)PyArray_DATA(y) + PyArray_NBYTES(y)) {
+        Py_DECREF(y);
+        PyErr_SetString(PyExc_ValueError, "out overlaps x without being x");
+        return NULL;
+    }
+    int err;
+    CALL_TYPED(typenum, err, mha_activation, PyArray_DATA(y), shape[1], PyArray_DATA(x), cols, rows,
+               shape[1], act);
+    if (raise_core_error(err)) {
+        Py_DECREF(y);
+        return NULL;
+    }
+    return (PyObject *)y;
+}
+
+static char *norm_kw[] = {"x", "gain", "bias", "eps", "out", NULL};
+static char *rms_norm_kw[] = {"x", "gain", "eps", "out", NULL};
+
+/* layer_norm(x (rows, d), gain (d) or None, bias (d) or None, eps, out=None) -> (rows, d);
+ * rms_norm(x, gain, eps, out=None) the same without bias. out may be x itself. */
+static PyObject *norm(PyObject *args, PyObject *kwargs, int rms) {
+    PyObject *x_obj, *g_obj, *b_obj = Py_None, *out_obj = Py_None;
+    double eps;
+    int parsed = rms ? PyArg_ParseTupleAndKeywords(args, kwargs, "OOd|O", rms_norm_kw, &x_obj, &g_obj, &eps, &out_obj)
+                     : PyArg_ParseTupleAndKeywords(args, kwargs, "OOOd|O", norm_kw, &x_obj, &g_obj, &b_obj, &eps, &out_obj);
+    if (!parsed) return NULL;
+    int typenum = float_type(x_obj, "x");
+    if (typenum < 0) return NULL;
+    if (!(eps >= 0)) {
+        PyErr_SetString(PyExc_ValueError, "eps must be >= 0");
+        return NULL;
+    }
+    PyArrayObject *x = get_array(x_obj, "x", typenum, 2), *g, *b;
+    if (!x) return NULL;
+    npy_intp rows = PyArray_DIM(x, 0), d = PyArray_DIM(x, 1);
+    if (get_opt_vector(g_obj, "gain", typenum, d, &g) || get_opt_vector(b_obj, "bias", typenum, d, &b)) return NULL;
+    npy_intp shape[2] = {rows, d};
+    PyArrayObject *y = get_or_new(out_obj, 2, shape, typenum);
+    if (!y) return NULL;
+    int err;
+    if (rms)
+        CALL_TYPED(typenum, err, mha_rms_norm, PyArray_DATA(y), d, PyArray_DATA(x), d, rows, d, DPTR(g), eps);
+    else
+        CALL_TYPED(typenum, err, mha_layer_norm, PyArray_DATA(y), d, PyArray_DATA(x), d, rows, d, DPTR(g),
+                   DPTR(b), eps);
+    if (raise_core_error(err)) {
+        Py_DECREF(y);
+        return NULL;
+    }
+    return (PyObject *)y;
+}
+
+static PyObject *py_layer_norm(PyObject *self, PyObject *args, PyObject *kwargs) {
+    (void)self;
+    return norm(args, kwargs, 0);
+}
+
+static PyObject *py_rms_norm(PyObject *self, PyObject *args, PyObject *kwargs) {
+    (void)self;
+    return norm(args, kwargs, 1);
+}
+
+static char *rope_kw[] = {"x", "heads", "d_head", "cos", "sin", NULL};
+
+/* rope(x (rows, width), heads, d_head, cos (period, d_head / 2), sin (same)) -> None: rotates
+ * the first heads * d_head columns of every row in place, row r by row r % period of cos, sin. */
+static PyObject *py_rope(PyObject *self, PyObject *args, PyObject *kwargs) {
+    (void)self;
+    PyObject *x_obj, *c_obj, *s_obj;
+    Py_ssize_t heads, d_head;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OnnOO", rope_kw, &x_obj, &heads, &d_head, &c_obj, &s_obj))
+        return NULL;
+    int typenum = float_type(x_obj, "x");
+    if (typenum < 0) return NULL;
+    PyArrayObject *x = get_output_array(x_obj, "x", typenum, 2), *c, *s;
+    if (!x || !(c = get_array(c_obj, "cos", typenum, 2)) || !(s = get_array(s_obj, "sin", typenum, 2))) return NULL;
+    if (heads < 0 || d_head < 0 || d_head % 2 || heads * d_head > PyArray_DIM(x, 1)) {
+        PyErr_Format(PyExc_ValueError, "heads=%zd and d_head=%zd (even) must fit x's %zd columns", heads, d_head,
+                     (Py_ssize_t)PyArray_DIM(x, 1));
+        return NULL;
+    }
+    npy_intp period = PyArray_DIM(c, 0), rows = PyArray_DIM(x, 0);
+    npy_intp shape[2] = {period, d_head / 2};
+    if (check_shape(c, "cos", 2, shape) || check_shape(s, "sin", 2, shape)) return NULL;
+    if (rows > 0 && period < 1) {
+        PyErr_SetString(PyExc_ValueError, "cos and sin have no rows");
+        return NULL;
+    }
+    int err;
+    CALL_TYPED(typenum, err, mha_rope, PyArray_DATA(x), PyArray_DIM(x, 1), rows, heads, d_head, PyArray_DATA(c),
+               PyArray_DATA(s), period);
+    if (raise_core_error(err)) return NULL;
+    Py_RETURN_NONE;
+}
+
+static char *embedding_kw[] = {"table", "ids", "out", "accumulate", NULL};
+
+/* embedding(table (vocab, d), ids int64 (n,), out=None, accumulate=False) -> (n, d): rows of
+ * table; with accumulate, added to out (required). */
+static PyObject *py_embedding(PyObject *self, PyObject *args, PyObject *kwargs) {
+    (void)self;
+    PyObject *t_obj, *ids_obj, *out_obj = Py_None;
+    int accumulate = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|Op", embedding_kw, &t_obj, &ids_obj, &out_obj, &accumulate))
+        return NULL;
+    int typenum = float_type(t_obj, "table");
+    if (typenum < 0) return NULL;
+    PyArrayObject *t = get_array(t_obj, "table", typenum, 2), *ids;
+    if (!t || !(ids = get_array(ids_obj, "ids", NPY_INT64, 1))) return NULL;
+    if (accumulate && out_obj == Py_None) {
+        PyErr_SetString(PyExc_ValueError, "accumulate needs out");
+        return NULL;
+    }
+    npy_intp vocab = PyArray_DIM(t, 0), d = PyArray_DIM(t, 1), n = PyArray_DIM(ids, 0);
+    npy_intp shape[2] = {n, d};
+    PyArrayObject *o = get_or_new(out_obj, 2, shape, typenum);
+    if (!o) return NULL;
+    int err;
+    CALL_TYPED(typenum, err, mha_embedding, PyArray_DATA(o), d, PyArray_DATA(t), vocab, d,
+               (const int64_t *)PyArray_DATA(ids), n, accumulate);
+    if (err == MHA_EINVAL) {
+        Py_DECREF(o);
+        PyErr_Format(PyExc_ValueError, "ids must lie in [0, %zd) (the table's rows)", (Py_ssize_t)vocab);
+        return NULL;
+    }
+    if (raise_core_error(err)) {
+        Py_DECREF(o);
+        return NULL;
+    }
+    return (PyObject *)o;
+}
+
 /* attention_flow(weights, sources=None) -> (n_sources, n): weights (L, n, n) float64,
  * C-contiguous, finite, >= 0; sources int64 (n_sources,) or None for all positions
  * (mha.analysis.attention_flow fuses the heads, adds the residual and checks the values). */
@@ -816,6 +1090,18 @@ static PyMethodDef methods[] = {
      "d_value, grads}; saved: {q_proj, k_proj, v_proj, attn[, lse]} from layer_forward"},
     {"matmul", (PyCFunction)(void (*)(void))py_matmul, METH_VARARGS | METH_KEYWORDS,
      "matmul(a, b, trans_a=False, trans_b=False): the core's GEMM on 2-D C-contiguous arrays"},
+    {"linear", (PyCFunction)(void (*)(void))py_linear, METH_VARARGS | METH_KEYWORDS,
+     "linear(a, b, bias=None, act=0, trans_b=False, out=None) -> act(a @ op(b) + bias), or out += a @ op(b) + bias"},
+    {"activation", (PyCFunction)(void (*)(void))py_activation, METH_VARARGS | METH_KEYWORDS,
+     "activation(x, act, out=None) -> act(x) (gated: act(x[:, :n]) * x[:, n:])"},
+    {"layer_norm", (PyCFunction)(void (*)(void))py_layer_norm, METH_VARARGS | METH_KEYWORDS,
+     "layer_norm(x, gain, bias, eps, out=None) -> LayerNorm of the rows of x"},
+    {"rms_norm", (PyCFunction)(void (*)(void))py_rms_norm, METH_VARARGS | METH_KEYWORDS,
+     "rms_norm(x, gain, eps, out=None) -> RMSNorm of the rows of x"},
+    {"rope", (PyCFunction)(void (*)(void))py_rope, METH_VARARGS | METH_KEYWORDS,
+     "rope(x, heads, d_head, cos, sin) -> None: rotary embedding in place"},
+    {"embedding", (PyCFunction)(void (*)(void))py_embedding, METH_VARARGS | METH_KEYWORDS,
+     "embedding(table, ids, out=None, accumulate=False) -> rows of table"},
     {"attention_flow", (PyCFunction)(void (*)(void))py_attention_flow, METH_VARARGS | METH_KEYWORDS,
      "attention_flow(weights (L, n, n) float64, sources=None) -> (n_sources, n) maximum flows"},
     {"dropout_uniform", py_dropout_uniform, METH_VARARGS, "dropout_uniform(seed, b, h, i, j) -> float in [0, 1)"},

@@ -536,6 +536,181 @@ static void test_attention_flow(void) {
 /* `test_core --paths` prints the SIMD paths this build runs here (the Makefile runs the tests
  * once per path, with MHA_SIMD set); a run with MHA_SIMD set fails unless that path is used.
  * `test_core --quick` samples fewer finite differences (fd_samples). */
+/* ---- the rest of the block (block_impl.h) ------------------------------------------------- */
+
+/* Naive twins in double: the activations by their definitions (libm). */
+static double act_naive(int act, double x) {
+    switch (act) {
+    case MHA_ACT_GELU: return 0.5 * x * (1 + erf(x / sqrt(2.0)));
+    case MHA_ACT_GELU_TANH: return 0.5 * x * (1 + tanh(sqrt(2 / 3.141592653589793) * (x + 0.044715 * x * x * x)));
+    case MHA_ACT_SILU: return x / (1 + exp(-x));
+    case MHA_ACT_QUICK_GELU: return x / (1 + exp(-1.702 * x));
+    case MHA_ACT_RELU: return x < 0 ? 0 : x;
+    default: return x;
+    }
+}
+
+static void test_block(void) {
+    char what[96];
+    /* mha_linear: every activation, plain and gated, float and double, against
+     * act(A @ B + bias) in double; M spans the small path, one block and several blocks */
+    const int64_t Ms[] = {2, 37, 300}, K = 70, N = 45;
+    for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++)
+        for (int act = MHA_ACT_NONE; act <= MHA_ACT_RELU; act++)
+            for (int gated = 0; gated <= 1; gated++) {
+                const int64_t M = Ms[mi], NB = gated ? 2 * N : N;
+                const int code = act | (gated ? MHA_ACT_GATED : 0);
+                double *A = random_array((size_t)(M * K)), *B = random_array((size_t)(K * NB));
+                double *bias = random_array((size_t)NB), *want = malloc(sizeof(double) * (size_t)(M * N));
+                double *C = malloc(sizeof(double) * (size_t)(M * N));
+                float *Af = malloc(sizeof(float) * (size_t)(M * K)), *Bf = malloc(sizeof(float) * (size_t)(K * NB));
+                float *biasf = malloc(sizeof(float) * (size_t)NB), *Cf = malloc(sizeof(float) * (size_t)(M * N));
+                for (int64_t i = 0; i < M * K; i++) Af[i] = (float)A[i];
+                for (int64_t i = 0; i < K * NB; i++) Bf[i] = (float)(B[i] /= sqrt((double)K));
+                for (int64_t i = 0; i < NB; i++) biasf[i] = (float)bias[i];
+                for (int64_t i = 0; i < M; i++)
+                    for (int64_t j = 0; j < N; j++) {
+                        double g = bias[j], u = gated ? bias[N + j] : 0;
+                        for (int64_t p = 0; p < K; p++) {
+                            g += (double)Af[i * K + p] * (double)Bf[p * NB + j];
+                            if (gated) u += (double)Af[i * K + p] * (double)Bf[p * NB + N + j];
+                        }
+                        want[i * N + j] = gated ? act_naive(act, g) * u : act_naive(act, g);
+                    }
+                double scale = 1;
+                for (int64_t i = 0; i < M * N; i++) scale = MHA_MAX(scale, fabs(want[i]));
+                for (int64_t i = 0; i < M * K; i++) A[i] = Af[i];
+                for (int64_t i = 0; i < K * NB; i++) B[i] = Bf[i];
+                int err = mha_linear_f64(M, N, K, A, K, B, NB, 0, bias, code, 0, C, N);
+                snprintf(what, sizeof what, "linear f64 M=%lld act=%d gated=%d", (long long)M, act, gated);
+                double e = err ? INFINITY : max_abs_diff(C, want, (size_t)(M * N)) / scale;
+                expect(e <= 1e-12, what, e, 1e-12);
+                err = mha_linear_f32(M, N, K, Af, K, Bf, NB, 0, biasf, code, 0, Cf, N);
+                for (int64_t i = 0; i < M * N; i++) C[i] = Cf[i];
+                snprintf(what, sizeof what, "linear f32 M=%lld act=%d gated=%d", (long long)M, act, gated);
+                e = err ? INFINITY : max_abs_diff(C, want, (size_t)(M * N)) / scale;
+                expect(e <= 2e-5, what, e, 2e-5);
+                free(A), free(B), free(bias), free(want), free(C), free(Af), free(Bf), free(biasf), free(Cf);
+            }
+    /* a residual added in place (beta = 1), B read transposed; act with beta != 0 refused */
+    {
+        const int64_t M = 50, Kr = 64, Nr = 33;
+        double *A = random_array((size_t)(M * Kr)), *Bt = random_array((size_t)(Nr * Kr));
+        double *bias = random_array((size_t)Nr), *C = random_array((size_t)(M * Nr));
+        double *want = malloc(sizeof(double) * (size_t)(M * Nr));
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < Nr; j++) {
+                double s = C[i * Nr + j] + bias[j];
+                for (int64_t p = 0; p < Kr; p++) s += A[i * Kr + p] * Bt[j * Kr + p];
+                want[i * Nr + j] = s;
+            }
+        int err = mha_linear_f64(M, Nr, Kr, A, Kr, Bt, Kr, 1, bias, MHA_ACT_NONE, 1, C, Nr);
+        double e = err ? INFINITY : max_abs_diff(C, want, (size_t)(M * Nr));
+        expect(e <= 1e-12, "linear f64: residual in place, B transposed", e, 1e-12);
+        err = mha_linear_f64(M, Nr, Kr, A, Kr, Bt, Kr, 1, bias, MHA_ACT_GELU, 1, C, Nr);
+        expect(err == MHA_EINVAL, "linear: an activation with beta != 0 is refused", err, 0);
+        expect(mha_linear_f64(M, Nr, Kr, A, Kr, Bt, Kr, 1, bias, 9, 0, C, Nr) == MHA_EINVAL,
+               "linear: an unknown activation is refused", 0, 0);
+        free(A), free(Bt), free(bias), free(C), free(want);
+    }
+    /* mha_activation in place, float (edge values included) */
+    {
+        enum { n = 203 };
+        float x[n], y[n];
+        for (int i = 0; i < n; i++) x[i] = (float)(12.0 * randn());
+        x[0] = -100, x[1] = 100, x[2] = 0, x[3] = -88.5f;
+        for (int act = MHA_ACT_GELU; act <= MHA_ACT_RELU; act++) {
+            memcpy(y, x, sizeof x);
+            int err = mha_activation_f32(y, n, y, n, 1, n, act);
+            double e = err ? INFINITY : 0;
+            for (int i = 0; i < n; i++) {
+                double w = act_naive(act, x[i]);
+                e = MHA_MAX(e, fabs(y[i] - w) / MHA_MAX(1.0, fabs(w)));
+            }
+            snprintf(what, sizeof what, "activation f32 act=%d", act);
+            expect(e <= 2e-6, what, e, 2e-6);
+        }
+    }
+    /* LayerNorm and RMSNorm against two-pass double loops; y == x allowed */
+    {
+        const int64_t rows = 9, d = 77;
+        double *x = random_array((size_t)(rows * d)), *g = random_array((size_t)d), *c = random_array((size_t)d);
+        double *y = malloc(sizeof(double) * (size_t)(rows * d)), *want = malloc(sizeof(double) * (size_t)(rows * d));
+        float *xf = malloc(sizeof(float) * (size_t)(rows * d)), *gf = malloc(sizeof(float) * (size_t)d);
+        float *cf = malloc(sizeof(float) * (size_t)d);
+        for (int64_t i = 0; i < rows * d; i++) xf[i] = (float)(x[i] = 3 + 2 * x[i]);
+        for (int64_t j = 0; j < d; j++) gf[j] = (float)g[j], cf[j] = (float)c[j];
+        for (int rms = 0; rms <= 1; rms++) {
+            for (int64_t i = 0; i < rows; i++) {
+                double mean = 0, var = 0;
+                if (!rms) {
+                    for (int64_t j = 0; j < d; j++) mean += x[i * d + j];
+                    mean /= (double)d;
+                }
+                for (int64_t j = 0; j < d; j++) var += (x[i * d + j] - mean) * (x[i * d + j] - mean);
+                double inv = 1 / sqrt(var / (double)d + 1e-5);
+                for (int64_t j = 0; j < d; j++)
+                    want[i * d + j] = (x[i * d + j] - mean) * inv * g[j] + (rms ? 0 : c[j]);
+            }
+            int err = rms ? mha_rms_norm_f64(y, d, x, d, rows, d, g, 1e-5)
+                          : mha_layer_norm_f64(y, d, x, d, rows, d, g, c, 1e-5);
+            double e = err ? INFINITY : max_abs_diff(y, want, (size_t)(rows * d));
+            expect(e <= 1e-12, rms ? "rms_norm f64" : "layer_norm f64", e, 1e-12);
+            float *yf = malloc(sizeof(float) * (size_t)(rows * d));
+            memcpy(yf, xf, sizeof(float) * (size_t)(rows * d));
+            err = rms ? mha_rms_norm_f32(yf, d, yf, d, rows, d, gf, 1e-5)
+                      : mha_layer_norm_f32(yf, d, yf, d, rows, d, gf, cf, 1e-5);
+            for (int64_t i = 0; i < rows * d; i++) y[i] = yf[i];
+            e = err ? INFINITY : max_abs_diff(y, want, (size_t)(rows * d));
+            expect(e <= 1e-4, rms ? "rms_norm f32 in place" : "layer_norm f32 in place", e, 1e-4);
+            free(yf);
+        }
+        expect(mha_layer_norm_f64(y, d, x, d, rows, d, g, c, -1) == MHA_EINVAL, "layer_norm: eps < 0 refused", 0, 0);
+        free(x), free(g), free(c), free(y), free(want), free(xf), free(gf), free(cf);
+    }
+    /* RoPE: rows of 2 heads of 6 and 3 more columns, period 4; norms kept, pairs turned */
+    {
+        enum { rows = 8, heads = 2, dh = 6, width = heads * dh + 3, period = 4 };
+        double x[rows * width], y[rows * width], cs[period * dh / 2], sn[period * dh / 2];
+        for (int i = 0; i < rows * width; i++) x[i] = randn();
+        for (int p = 0; p < period; p++)
+            for (int i = 0; i < dh / 2; i++) {
+                double angle = p * pow(10000.0, -2.0 * i / dh);
+                cs[p * dh / 2 + i] = cos(angle), sn[p * dh / 2 + i] = sin(angle);
+            }
+        memcpy(y, x, sizeof x);
+        int err = mha_rope_f64(y, width, rows, heads, dh, cs, sn, period);
+        double e = err ? INFINITY : 0;
+        for (int r = 0; r < rows; r++) {
+            for (int h = 0; h < heads; h++)
+                for (int i = 0; i < dh / 2; i++) {
+                    const double c = cs[(r % period) * dh / 2 + i], s = sn[(r % period) * dh / 2 + i];
+                    const double a = x[r * width + h * dh + i], b = x[r * width + h * dh + dh / 2 + i];
+                    e = MHA_MAX(e, fabs(y[r * width + h * dh + i] - (a * c - b * s)));
+                    e = MHA_MAX(e, fabs(y[r * width + h * dh + dh / 2 + i] - (b * c + a * s)));
+                }
+            for (int j = heads * dh; j < width; j++) e = MHA_MAX(e, fabs(y[r * width + j] - x[r * width + j]));
+        }
+        expect(e <= 1e-14, "rope f64", e, 1e-14);
+        expect(mha_rope_f64(y, width, rows, heads, 5, cs, sn, period) == MHA_EINVAL, "rope: odd d_head refused", 0, 0);
+    }
+    /* embedding gather and accumulate; an id out of range writes nothing */
+    {
+        float table[5 * 3], out[4 * 3], before[4 * 3];
+        for (int i = 0; i < 15; i++) table[i] = (float)i;
+        const int64_t ids[4] = {4, 0, 2, 4}, bad[4] = {1, 2, 5, 0};
+        int err = mha_embedding_f32(out, 3, table, 5, 3, ids, 4, 0);
+        err |= mha_embedding_f32(out, 3, table, 5, 3, ids, 4, 1);
+        double e = err ? INFINITY : 0;
+        for (int i = 0; i < 4; i++)
+            for (int j = 0; j < 3; j++) e = MHA_MAX(e, fabs(out[i * 3 + j] - 2.0 * table[ids[i] * 3 + j]));
+        expect(e == 0, "embedding f32 gather + accumulate", e, 0);
+        memcpy(before, out, sizeof out);
+        err = mha_embedding_f32(out, 3, table, 5, 3, bad, 4, 1);
+        expect(err == MHA_EINVAL && memcmp(before, out, sizeof out) == 0, "embedding: an id out of range writes nothing", err, 0);
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "--paths") == 0) {
         puts(mha_simd_paths());
@@ -565,6 +740,7 @@ int main(int argc, char **argv) {
     test_exp_f32();
     test_nan_scores();
     test_attention_flow();
+    test_block();
     printf("%d passed, %d failed\n", checks - failures, failures);
     return failures != 0;
 }

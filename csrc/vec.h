@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "common.h"
+#include "mha.h"
 
 #if defined(__AVX__)
 #define MHA_VEC_BYTES 32
@@ -191,6 +192,139 @@ MHA_INLINE double mha_exp_sum_f64(double *x, int64_t n, double shift) {
         s += x[j];
     }
     return s;
+}
+
+/* ---- activations, elementwise in place (block_impl.h applies them after a product) ---- */
+
+/* Lanes of a where m is set, else of b (m: a compare's result, all bits set or clear). */
+#define MHA_VSEL(m, a, b) ((mha_vf32)(((mha_vi32)(a) & (m)) | ((mha_vi32)(b) & ~(m))))
+#define MHA_SSEL(m, a, b) ((m) ? (a) : (b))
+
+/* float32 formulas on a float or a float vector T (SEL, MAX, POW2 the matching spellings).
+ *
+ * sigmoid(t) from e = exp(-|t|) (MHA_EXP_NONPOS, never overflows): 1 / (1 + e) for t >= 0,
+ * e / (1 + e) below; relative error about 3e-7; a NaN t gives NaN.
+ * erf(u), |u| clamped to 4 (erf(4) rounds to 1 in float): u P(u^2) / Q(u^2), the rational
+ * fit of degree 13/8 that Eigen and XLA use for float erf, max abs error 6.5e-8 in exact
+ * arithmetic, about 4e-7 in float (mha.models.ops measured the same coefficients). */
+#define MHA_SIGMOID_F32(out, t_in, T, SEL, MAX, POW2)                                           \
+    do {                                                                                        \
+        T st_ = (t_in);                                                                         \
+        T sneg_ = SEL(st_ > (T){0}, (T){0} - st_, st_);        /* -|t| (NaN stays NaN) */            \
+        T se_;                                                                                  \
+        MHA_EXP_NONPOS(se_, sneg_, T, MAX, POW2);                                               \
+        T sden_ = 1.0f / (1.0f + se_);                                                          \
+        (out) = SEL(st_ >= (T){0}, sden_, se_ * sden_);                                              \
+    } while (0)
+
+#define MHA_ERF_F32(out, u_in, T, SEL)                                                          \
+    do {                                                                                        \
+        T eu_ = (u_in);                                                                         \
+        eu_ = SEL(eu_ > (T){0} + 4.0f, (T){0} + 4.0f, eu_);                                              \
+        eu_ = SEL(eu_ < (T){0} - 4.0f, (T){0} - 4.0f, eu_);                                             \
+        T eu2_ = eu_ * eu_;                                                                     \
+        T ep_ = -2.72614225801306e-10f * eu2_ + 2.77068142495902e-08f;                          \
+        ep_ = ep_ * eu2_ - 2.10102402082508e-06f;                                               \
+        ep_ = ep_ * eu2_ - 5.69250639462346e-05f;                                               \
+        ep_ = ep_ * eu2_ - 7.34990630326855e-04f;                                               \
+        ep_ = ep_ * eu2_ - 2.95459980854025e-03f;                                               \
+        ep_ = ep_ * eu2_ - 1.60960333262415e-02f;                                               \
+        T eq_ = -1.45660718464996e-05f * eu2_ - 2.13374055278905e-04f;                          \
+        eq_ = eq_ * eu2_ - 1.68282697438203e-03f;                                               \
+        eq_ = eq_ * eu2_ - 7.37332916720468e-03f;                                               \
+        eq_ = eq_ * eu2_ - 1.42647390514189e-02f;                                               \
+        (out) = eu_ * ep_ / eq_;                                                                \
+    } while (0)
+
+/* One activation (enum mha_activation) of x, float32: the same formulas for a vector or a
+ * float. relu keeps a NaN (x < 0 is false for it). */
+#define MHA_ACT_F32(out, x_in, act, T, SEL, MAX, POW2)                                          \
+    do {                                                                                        \
+        T ax_ = (x_in), ay_;                                                                    \
+        switch (act) {                                                                          \
+        case MHA_ACT_GELU:                                                                      \
+            MHA_ERF_F32(ay_, ax_ * 0.70710678118654752f, T, SEL);                               \
+            ay_ = ax_ * (0.5f + 0.5f * ay_);                                                    \
+            break;                                                                              \
+        case MHA_ACT_GELU_TANH: /* 0.5 (1 + tanh(u)) = sigmoid(2 u) */                          \
+            MHA_SIGMOID_F32(ay_, (1.5957691216057308f * ax_) * (1.0f + 0.044715f * ax_ * ax_),  \
+                            T, SEL, MAX, POW2);                                                 \
+            ay_ = ax_ * ay_;                                                                    \
+            break;                                                                              \
+        case MHA_ACT_SILU:                                                                      \
+            MHA_SIGMOID_F32(ay_, ax_, T, SEL, MAX, POW2);                                       \
+            ay_ = ax_ * ay_;                                                                    \
+            break;                                                                              \
+        case MHA_ACT_QUICK_GELU:                                                                \
+            MHA_SIGMOID_F32(ay_, 1.702f * ax_, T, SEL, MAX, POW2);                              \
+            ay_ = ax_ * ay_;                                                                    \
+            break;                                                                              \
+        case MHA_ACT_RELU:                                                                      \
+            ay_ = SEL(ax_ < (T){0}, (T){0}, ax_);                                                    \
+            break;                                                                              \
+        default:                                                                                \
+            ay_ = ax_;                                                                          \
+        }                                                                                       \
+        (out) = ay_;                                                                            \
+    } while (0)
+
+/* x[j] = act(x[j]) for j < n, float32 (formulas above); one loop per activation, so that
+ * the switch inside MHA_ACT_F32 folds away. */
+#if MHA_GNU_C
+#define MHA_ACT_LOOP_F32(x, n, act)                                                             \
+    do {                                                                                        \
+        int64_t j_ = 0;                                                                         \
+        for (; j_ + MHA_VL_F32 <= (n); j_ += MHA_VL_F32) {                                      \
+            mha_vf32 v_, y_;                                                                    \
+            MHA_VLOAD(v_, (x) + j_);                                                            \
+            MHA_ACT_F32(y_, v_, act, mha_vf32, MHA_VSEL, MHA_VMAX, MHA_VPOW2_BITS);             \
+            MHA_VSTORE((x) + j_, y_);                                                           \
+        }                                                                                       \
+        for (; j_ < (n); j_++)                                                                  \
+            MHA_ACT_F32((x)[j_], (x)[j_], act, float, MHA_SSEL, MHA_SMAX, mha_pow2_bits_f32);   \
+    } while (0)
+#else
+#define MHA_ACT_LOOP_F32(x, n, act)                                                             \
+    do {                                                                                        \
+        for (int64_t j_ = 0; j_ < (n); j_++)                                                    \
+            MHA_ACT_F32((x)[j_], (x)[j_], act, float, MHA_SSEL, MHA_SMAX, mha_pow2_bits_f32);   \
+    } while (0)
+#endif
+
+MHA_INLINE void mha_act_row_f32(float *x, int64_t n, int act) {
+    switch (act) {
+    case MHA_ACT_GELU: MHA_ACT_LOOP_F32(x, n, MHA_ACT_GELU); break;
+    case MHA_ACT_GELU_TANH: MHA_ACT_LOOP_F32(x, n, MHA_ACT_GELU_TANH); break;
+    case MHA_ACT_SILU: MHA_ACT_LOOP_F32(x, n, MHA_ACT_SILU); break;
+    case MHA_ACT_QUICK_GELU: MHA_ACT_LOOP_F32(x, n, MHA_ACT_QUICK_GELU); break;
+    case MHA_ACT_RELU: MHA_ACT_LOOP_F32(x, n, MHA_ACT_RELU); break;
+    default: break;
+    }
+}
+
+/* x[j] = act(x[j]) for j < n, float64, on libm's erf, exp and tanh (within a few ulp of the
+ * formulas: what torch computes in float64). */
+MHA_INLINE void mha_act_row_f64(double *x, int64_t n, int act) {
+    switch (act) {
+    case MHA_ACT_GELU:
+        for (int64_t j = 0; j < n; j++) x[j] = 0.5 * x[j] * (1.0 + erf(x[j] * 0.70710678118654752));
+        break;
+    case MHA_ACT_GELU_TANH:
+        for (int64_t j = 0; j < n; j++)
+            x[j] = 0.5 * x[j] * (1.0 + tanh(0.79788456080286536 * (x[j] + 0.044715 * x[j] * x[j] * x[j])));
+        break;
+    case MHA_ACT_SILU:
+        for (int64_t j = 0; j < n; j++) x[j] = x[j] / (1.0 + exp(-x[j]));
+        break;
+    case MHA_ACT_QUICK_GELU:
+        for (int64_t j = 0; j < n; j++) x[j] = x[j] / (1.0 + exp(-1.702 * x[j]));
+        break;
+    case MHA_ACT_RELU:
+        for (int64_t j = 0; j < n; j++) x[j] = x[j] < 0 ? 0.0 : x[j];
+        break;
+    default:
+        break;
+    }
 }
 
 MHA_INLINE void mha_scale_f32(float *x, int64_t n, float a) {

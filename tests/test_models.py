@@ -186,15 +186,15 @@ def test_minilm_float64_matches_transformers_float64(hf_minilm):
 
 
 @needs_minilm
-def test_every_attention_layer_calls_mha_attention(minilm, monkeypatch):
+def test_every_attention_layer_calls_the_attention_kernel(minilm, monkeypatch):
     calls = []
-    real = mha.attention
+    real = mha._C.attention_forward
 
-    def spy(q, k, v, mask=None, **kw):
-        calls.append((q.shape, kw.get("causal")))
-        return real(q, k, v, mask, **kw)
+    def spy(q, k, v, mask, key_padding_mask, causal, *args):
+        calls.append((q.shape, causal))
+        return real(q, k, v, mask, key_padding_mask, causal, *args)
 
-    monkeypatch.setattr(mha, "attention", spy)
+    monkeypatch.setattr(mha._C, "attention_forward", spy)
     enc = minilm.encode("Every head runs on the kernels.", need_weights=False)
     assert enc.attentions is None
     n = enc.n_tokens
@@ -499,16 +499,19 @@ def test_unsupported_architecture(tmp_path):
 
 
 def test_erf_and_gelu_accuracy():
+    from mha import _C
+    from mha.reference import block
     x = np.linspace(-9, 9, 20001)
     exact_erf = np.array([math.erf(v) for v in x])
-    assert max_diff(ops.erf(x), exact_erf) < 1e-14
-    assert max_diff(ops.erf(x.astype(np.float32)), exact_erf) < 1e-6
+    assert max_diff(block.erf(x), exact_erf) < 1e-14
+    assert max_diff(block.erf(x.astype(np.float32)), exact_erf) < 1e-6
     exact = np.array([0.5 * v * (1 + math.erf(v / math.sqrt(2))) for v in x])
-    g64 = ops.gelu_(x.copy())
-    g32 = ops.gelu_(x.astype(np.float32))
-    assert max_diff(g64, exact) < 1e-14
-    assert max_diff(g32, exact) < 2e-6
-    assert max_diff(ops.gelu_tanh_(x.copy()), exact) < 1e-3          # the tanh approximation
+    assert max_diff(block.gelu_(x.copy()), exact) < 1e-14
+    assert max_diff(block.gelu_(x.astype(np.float32)), exact) < 2e-6
+    assert max_diff(block.gelu_tanh_(x.copy()), exact) < 1e-3          # the tanh approximation
+    # the C kernels (code 1: GELU)
+    assert max_diff(_C.activation(x[None], 1)[0], exact) < 1e-14
+    assert max_diff(_C.activation(x[None].astype(np.float32), 1)[0], exact) < 2e-6
 
 
 @needs_minilm

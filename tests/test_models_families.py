@@ -381,22 +381,31 @@ def test_rope_frequencies_match_transformers(scaling):
 
 
 def test_rope_rotates_half_split_pairs():
+    from mha import _C
     from mha.models import ops
+    from mha.reference import block
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((2, 3, 5, 8))
+    x = rng.standard_normal((10, 3 * 8 + 5))            # 2 texts x 5 tokens, 3 heads + 5 more
     f = ops.rope_frequencies(8, 10000.0)
     cos, sin = ops.rope_table(0, 5, f, np.float64)
-    out = ops.rope(x[:, :, :, :], cos, sin)
-    # position p, pair i: (x_i, x_{i+4}) rotated by p * f_i; norms kept
+    out = block.rope(x, 3, 8, cos, sin)
+    # token p of text t (row 5 t + p), head h, pair i: (x_i, x_{i+4}) turned by p * f_i
     p, i = 3, 1
     c, s = np.cos(p * f[i]), np.sin(p * f[i])
-    a, b = x[..., p, i], x[..., p, i + 4]
-    np.testing.assert_allclose(out[..., p, i], a * c - b * s, rtol=1e-13)
-    np.testing.assert_allclose(out[..., p, i + 4], b * c + a * s, rtol=1e-13)
-    np.testing.assert_allclose(np.linalg.norm(out, axis=-1), np.linalg.norm(x, axis=-1))
-    np.testing.assert_array_equal(out[..., 0, :], x[..., 0, :])     # position 0: no turn
-    view = x.transpose(0, 2, 1, 3).copy().transpose(0, 2, 1, 3)     # strided input
-    np.testing.assert_array_equal(ops.rope(view, cos, sin), out)
+    for row in (p, 5 + p):
+        for h in range(3):
+            a, b = x[row, 8 * h + i], x[row, 8 * h + i + 4]
+            np.testing.assert_allclose(out[row, 8 * h + i], a * c - b * s, rtol=1e-13)
+            np.testing.assert_allclose(out[row, 8 * h + i + 4], b * c + a * s, rtol=1e-13)
+    heads = out[:, :24].reshape(10, 3, 8)
+    np.testing.assert_allclose(np.linalg.norm(heads, axis=-1),
+                               np.linalg.norm(x[:, :24].reshape(10, 3, 8), axis=-1))
+    np.testing.assert_array_equal(out[[0, 5]], x[[0, 5]])          # position 0: no turn
+    np.testing.assert_array_equal(out[:, 24:], x[:, 24:])          # past the heads: untouched
+    for dtype, tol in ((np.float64, 1e-14), (np.float32, 1e-6)):   # the C kernel, in place
+        ours = x.astype(dtype)
+        assert ops.rope_(ours, 3, 8, cos.astype(dtype), sin.astype(dtype)) is ours
+        np.testing.assert_allclose(ours, out, atol=tol)
 
 
 def test_safetensors_reader_against_the_library(tmp_path):

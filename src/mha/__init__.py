@@ -11,13 +11,13 @@ everything, the oracle of the tests. See docs/semantics.md for the exact numeric
 """
 import os as _os
 
-# OpenMP threads that finish their share spin for GOMP_SPINCOUNT iterations, then sleep. A short
-# spin bridges the gaps between the parallel regions and barriers of one call (waking a sleeping
-# thread costs tens of microseconds per region) without starving NumPy's own BLAS threads between
-# calls, which libgomp's default spin (300,000) does on machines with few cores. It must be set
-# before the extension loads the OpenMP runtime; a value the user set (OMP_WAIT_POLICY or
-# GOMP_SPINCOUNT) wins.
-if "OMP_WAIT_POLICY" not in _os.environ and "GOMP_SPINCOUNT" not in _os.environ:
+# On POSIX systems the kernels run on mha's own thread pool (csrc/core.c), whose idle threads
+# spin 0.1 ms and then sleep, whatever else the process loaded. Windows builds use OpenMP,
+# whose threads spin for GOMP_SPINCOUNT iterations after each region: a short spin bridges the
+# gaps between the regions of one call without starving other threads between calls, which
+# libgomp's default (300,000) does on machines with few cores. It must be set before the
+# extension loads the runtime; a value the user set (OMP_WAIT_POLICY or GOMP_SPINCOUNT) wins.
+if _os.name == "nt" and "OMP_WAIT_POLICY" not in _os.environ and "GOMP_SPINCOUNT" not in _os.environ:
     _os.environ["GOMP_SPINCOUNT"] = "3000"
 
 try:
@@ -119,9 +119,12 @@ def build_info() -> dict[str, str | int | bool | tuple[str, ...]]:
         ``simd_paths`` (tuple of str): the paths this build runs on this CPU, best first.
         ``simd_choice`` (str): how the path was chosen (``"auto ..."`` or ``"MHA_SIMD=..."``).
         ``kernels`` (str): ``"vector extensions"`` (GCC, clang) or ``"portable C"``.
-        ``threads`` (str) and ``openmp`` (bool): OpenMP, or the serial core.
+        ``threads`` (str): what runs the kernels' threads and how idle ones wait: mha's own
+        pool (POSIX systems), OpenMP (Windows), or the serial core.
+        ``openmp`` (bool): whether that is OpenMP.
         ``num_threads`` (int): the threads the kernels use.
-        ``omp_wait_policy``, ``gomp_spincount`` (str): the OpenMP waiting settings in force.
+        ``omp_wait_policy``, ``gomp_spincount`` (str): with OpenMP only, its waiting settings
+        as the environment gives them.
 
     Examples
     --------
@@ -134,6 +137,7 @@ def build_info() -> dict[str, str | int | bool | tuple[str, ...]]:
     info["simd_paths"] = tuple(info.get("simd_paths", "").split())
     info["openmp"] = info["threads"].startswith("OpenMP")
     info["num_threads"] = get_num_threads()
-    info["omp_wait_policy"] = _os.environ.get("OMP_WAIT_POLICY", "default")
-    info["gomp_spincount"] = _os.environ.get("GOMP_SPINCOUNT", "default")
+    if info["openmp"]:
+        info["omp_wait_policy"] = _os.environ.get("OMP_WAIT_POLICY", "default")
+        info["gomp_spincount"] = _os.environ.get("GOMP_SPINCOUNT", "default")
     return info

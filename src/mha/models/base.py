@@ -9,6 +9,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 import mha
+from mha import _C
 
 from . import ops
 from .words import aggregate_to_words, group_words
@@ -714,46 +715,58 @@ class TransformerModel:
         return np.arange(n_k)[None, :] > i - window
 
     def _self_attention(self, layer, h, p, B, n, pad_mask, need_weights, head_mask, capture,
-                        rope=None, cache=None):
+                        rope=None, cache=None, residual=None, weights_out=None):
         """The attention of one block: h (B*n, d_model), the block's input (normalized in a
         pre-norm model) -> (the attention's output projected, (B*n, d_model); weights).
 
         p: the layer's weights (W_qkv, b_qkv, W_o, b_o; the biases optional). rope: (cos, sin)
         of the tokens' positions, applied to q and k (LLaMA family); cache: a KVCache the new
         keys and values are appended to, attended with all earlier ones (causal models).
+        residual: (B*n, d_model) C-contiguous, or None: the projected output is added to it in
+        place (inside the product) and it is returned. weights_out: where the kernel may
+        write the weights (B, H, n, n_k) when it is C-contiguous (the layer's slice of the
+        model's attentions), or None.
         """
         H, H_kv = self.n_heads, self.n_kv_heads
         qkv = ops.linear(h, p["W_qkv"], p.get("b_qkv"))         # (B*n, (H + 2 H_kv) d_head)
+        if rope is not None:                                     # q and k turned in place
+            ops.rope_(qkv, H + H_kv, self.d_head, *rope)
         q, k, v = ops.split_heads(qkv, B, n, (H, H_kv, H_kv), self.d_head)
-        if rope is not None:
-            q, k = ops.rope(q, *rope), ops.rope(k, *rope)
         if cache is not None:
             k, v = cache.append(layer, k, v)
         heads, weights = self._attention(layer, q, k, v, pad_mask, need_weights, head_mask,
-                                         capture)
-        return ops.linear(heads, p["W_o"], p.get("b_o")), weights
+                                         capture, weights_out)
+        return ops.linear(heads, p["W_o"], p.get("b_o"), out=residual), weights
 
-    def _attention(self, layer, q, k, v, pad_mask, need_weights, head_mask, capture):
+    def _attention(self, layer, q, k, v, pad_mask, need_weights, head_mask, capture,
+                   weights_out=None):
         """One layer's multi-head attention on the C kernels -> (heads (B*n_q, H*d_head),
         weights (B, H, n_q, n_k) or None).
 
-        q: (B, H, n_q, d_head); k, v: (B, H_kv, n_k, d_head): any views with a contiguous last
-        axis (mha.attention reads them as they are). pad_mask: (B, 1, 1, n_k) bool, True =
-        real key, or None. Causal models attend bottom-right aligned (a KV-cache step sees
-        every earlier key); sliding windows and head_mask[layer] (multipliers on each head's
-        output) are applied here.
+        q: (B, H, n_q, d_head); k, v: (B, H_kv, n_k, d_head): views with a contiguous last
+        axis, of the model's dtype (the kernel reads them as they are). pad_mask: (B, n_k)
+        bool, True = real key, or None. Causal models attend bottom-right aligned (a KV-cache
+        step sees every earlier key); sliding windows and head_mask[layer] (multipliers on
+        each head's output) are applied here. The kernel is called directly, without
+        mha.attention's checks (the model made these arrays) and writes the heads side by
+        side per token, as the output projection reads them.
         """
-        mask = pad_mask
-        band = self._band(layer, q.shape[2], k.shape[2])
-        if band is not None:
-            mask = band if mask is None else mask & band
-        out, weights = mha.attention(q, k, v, mask, causal=self.causal,
-                                     scale=self.attention_scale(layer), need_weights=need_weights)
+        B, H, n_q, d_head = q.shape
+        n_k = k.shape[2]
+        band = self._band(layer, n_q, n_k)
+        mask = None if band is None else np.broadcast_to(band, (B, H, n_q, n_k))
+        heads = np.empty((B * n_q, H * d_head), dtype=self.dtype)
+        out = heads.reshape(B, n_q, H, d_head).transpose(0, 2, 1, 3)     # a view: no merging
+        if weights_out is not None and not weights_out.flags.c_contiguous:
+            weights_out = None
+        _, weights = _C.attention_forward(q, k, v, mask, pad_mask, self.causal,
+                                          self.attention_scale(layer), 0.0, 0, need_weights,
+                                          False, out, weights_out)
         if capture is not None:
             capture.append((q, k, v))
         if head_mask is not None:
             out *= head_mask[layer][None, :, None, None]
-        return ops.merge_heads(out), weights
+        return heads, weights
 
 
 def _unbatch(enc):

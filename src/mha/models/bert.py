@@ -125,12 +125,12 @@ class BertModel(TransformerModel):
 
     def _embed(self, ids, type_ids):
         x = ops.embedding(self.word_embeddings, ids)                     # (B*n, d)
-        x += ops.embedding(self.position_embeddings, self._positions(ids))
+        ops.embedding(self.position_embeddings, self._positions(ids), out=x)
         if self.token_type_embeddings is not None:
             if type_ids.max() >= len(self.token_type_embeddings):
                 raise ValueError(f"token_type_ids must lie in [0, "
                                  f"{len(self.token_type_embeddings)}), got {type_ids.max()}")
-            x += ops.embedding(self.token_type_embeddings, type_ids)
+            ops.embedding(self.token_type_embeddings, type_ids, out=x)
         return ops.layer_norm_(x, *self.ln_emb, self.config.norm_eps)
 
     def _forward(self, ids, mask, type_ids, need_weights, head_mask, capture=None):
@@ -144,20 +144,19 @@ class BertModel(TransformerModel):
         hidden[:, 0] = x.reshape(B, n, d)
         attn = np.empty((B, L, H, n, n), dtype=self.dtype) if need_weights else None
         # key padding: (B, 1, 1, n), True = real token; None when nothing is padded
-        pad_mask = None if mask.all() else mask[:, None, None, :]
+        pad_mask = None if mask.all() else np.ascontiguousarray(mask, dtype=bool)
 
         for i, p in enumerate(self.layers):
-            a, weights = self._self_attention(i, x, p, B, n, pad_mask, need_weights, head_mask,
-                                              capture)
-            if need_weights:
+            w_out = attn[:, i] if need_weights else None
+            _, weights = self._self_attention(i, x, p, B, n, pad_mask, need_weights, head_mask,
+                                              capture, residual=x,            # x += attention
+                                              weights_out=w_out)
+            if need_weights and weights is not w_out:
                 attn[:, i] = weights
-            a += x
-            x = ops.layer_norm_(a, p["ln_1_weight"], p["ln_1_bias"], eps)
-            h = ops.linear(x, p["W_1"], p["b_1"])
-            self._act(h)
-            y = ops.linear(h, p["W_2"], p["b_2"])
-            y += x
-            x = ops.layer_norm_(y, p["ln_2_weight"], p["ln_2_bias"], eps)
+            ops.layer_norm_(x, p["ln_1_weight"], p["ln_1_bias"], eps)
+            h = ops.linear(x, p["W_1"], p["b_1"], act=self._act)
+            ops.linear(h, p["W_2"], p["b_2"], out=x)                        # x += FFN(x)
+            ops.layer_norm_(x, p["ln_2_weight"], p["ln_2_bias"], eps)
             hidden[:, i + 1] = x.reshape(B, n, d)
         return hidden, attn
 

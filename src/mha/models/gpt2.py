@@ -130,24 +130,24 @@ class GPT2Model(CausalLM, TransformerModel):
         n_k = start + n
 
         x = ops.embedding(self.wte, ids)                                # (B*n, d)
-        x.reshape(B, n, d)[...] += self.wpe[start:n_k]
+        ops.embedding(self.wpe, np.broadcast_to(np.arange(start, n_k), (B, n)), out=x)
 
         hidden = np.empty((B, L + 1, n, d), dtype=self.dtype)
         hidden[:, 0] = x.reshape(B, n, d)
         attn = np.empty((B, L, H, n, n_k), dtype=self.dtype) if need_weights else None
-        pad_mask = None if mask.all() else mask[:, None, None, :]
+        pad_mask = None if mask.all() else np.ascontiguousarray(mask, dtype=bool)
 
         for i, p in enumerate(self.layers):
             h = ops.layer_norm(x, p["ln_1_weight"], p["ln_1_bias"], eps)
-            a, weights = self._self_attention(i, h, p, B, n, pad_mask, need_weights, head_mask,
-                                              capture, cache=cache)
-            if need_weights:
+            w_out = attn[:, i] if need_weights else None
+            _, weights = self._self_attention(i, h, p, B, n, pad_mask, need_weights, head_mask,
+                                              capture, cache=cache, residual=x,
+                                              weights_out=w_out)
+            if need_weights and weights is not w_out:
                 attn[:, i] = weights
-            x += a
             h = ops.layer_norm(x, p["ln_2_weight"], p["ln_2_bias"], eps)
-            h = ops.linear(h, p["W_fc"], p["b_fc"])
-            self._act(h)
-            x += ops.linear(h, p["W_proj"], p["b_proj"])
+            h = ops.linear(h, p["W_fc"], p["b_fc"], act=self._act)
+            ops.linear(h, p["W_proj"], p["b_proj"], out=x)
             if i < L - 1:
                 hidden[:, i + 1] = x.reshape(B, n, d)
         hidden[:, L] = ops.layer_norm_(x, *self.ln_f, eps).reshape(B, n, d)

@@ -143,18 +143,20 @@ class LlamaModel(CausalLM, TransformerModel):
         hidden = np.empty((B, L + 1, n, d), dtype=self.dtype)
         hidden[:, 0] = x.reshape(B, n, d)
         attn = np.empty((B, L, H, n, start + n), dtype=self.dtype) if need_weights else None
-        pad_mask = None if mask.all() else mask[:, None, None, :]
+        pad_mask = None if mask.all() else np.ascontiguousarray(mask, dtype=bool)
 
         for i, p in enumerate(self.layers):
             h = ops.rms_norm(x, p["input_norm"], eps)
-            a, weights = self._self_attention(i, h, p, B, n, pad_mask, need_weights, head_mask,
-                                              capture, rope=(cos, sin), cache=cache)
-            if need_weights:
+            w_out = attn[:, i] if need_weights else None
+            _, weights = self._self_attention(i, h, p, B, n, pad_mask, need_weights, head_mask,
+                                              capture, rope=(cos, sin), cache=cache,
+                                              residual=x,             # x += attention
+                                              weights_out=w_out)
+            if need_weights and weights is not w_out:
                 attn[:, i] = weights
-            x += a
             h = ops.rms_norm(x, p["post_attention_norm"], eps)
-            gate = ops.swiglu(ops.linear(h, p["W_gate_up"], p.get("b_gate_up")), self._act)
-            x += ops.linear(gate, p["W_down"], p.get("b_down"))
+            gate = ops.linear(h, p["W_gate_up"], p.get("b_gate_up"), act=self._act | ops.GATED)
+            ops.linear(gate, p["W_down"], p.get("b_down"), out=x)           # x += MLP(x)
             if i < L - 1:
                 hidden[:, i + 1] = x.reshape(B, n, d)
         hidden[:, L] = ops.rms_norm(x, self.norm, eps).reshape(B, n, d)
