@@ -21,14 +21,15 @@ def attention_forward(
     q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None = None,
     key_padding_mask: ArrayLike | None = None, causal: bool = False, scale: float | None = None,
     dropout: float = 0.0, seed: int = 0, need_weights: bool = True,
-    return_lse: Literal[False] = False,
+    return_lse: Literal[False] = False, out: _Array | None = None,
+    weights_out: _Array | None = None,
 ) -> tuple[_Array, _Array | None]: ...
 @overload
 def attention_forward(
     q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None = None,
     key_padding_mask: ArrayLike | None = None, causal: bool = False, scale: float | None = None,
     dropout: float = 0.0, seed: int = 0, need_weights: bool = True, *,
-    return_lse: Literal[True],
+    return_lse: Literal[True], out: _Array | None = None, weights_out: _Array | None = None,
 ) -> tuple[_Array, _Array | None, _Array]: ...
 def attention_backward(
     d_out: ArrayLike, q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None = None,
@@ -59,6 +60,26 @@ def layer_backward(
 
 # op(a) @ op(b) on 2-D arrays of one float dtype: the core's GEMM
 def matmul(a: ArrayLike, b: ArrayLike, trans_a: bool = False, trans_b: bool = False) -> _Array: ...
+
+# the block kernels (mha.reference.block has their twins). act: 0 none, 1 GELU (erf), 2 GELU
+# (tanh), 3 SiLU, 4 quick GELU, 5 ReLU; | 16 for the gated form act(x[:, :N]) * x[:, N:].
+# linear: act(a @ op(b) + bias); with out, out += a @ op(b) + bias in place (act must be 0)
+def linear(
+    a: ArrayLike, b: ArrayLike, bias: ArrayLike | None = None, act: int = 0,
+    trans_b: bool = False, out: _Array | None = None,
+) -> _Array: ...
+def activation(x: ArrayLike, act: int, out: _Array | None = None) -> _Array: ...
+def layer_norm(
+    x: ArrayLike, gain: ArrayLike, bias: ArrayLike, eps: float, out: _Array | None = None,
+) -> _Array: ...
+def rms_norm(x: ArrayLike, gain: ArrayLike, eps: float, out: _Array | None = None) -> _Array: ...
+# half-split rotary embedding in place on the first heads * d_head columns of x (rows, width),
+# row r by row r % period of cos, sin (period, d_head // 2)
+def rope(x: _Array, heads: int, d_head: int, cos: ArrayLike, sin: ArrayLike) -> None: ...
+# table (vocab, d) gathered at ids into (len(ids), d), or added into out with accumulate
+def embedding(
+    table: ArrayLike, ids: ArrayLike, out: _Array | None = None, accumulate: bool = False,
+) -> _Array: ...
 
 # weights (L, n, n) float64, finite, >= 0; sources int64 (n_sources,) or None (all positions)
 def attention_flow(
