@@ -22,16 +22,28 @@ A round runs every case once, in a rotated order; the figures are the median ove
 of tokens per second (real tokens / wall seconds of the whole call, tokenization included) and
 the spread (lowest and highest round). The ratios are per round (same round, same load), then
 the median and spread of those. NumPy's own BLAS threads keep their default.
+
+CPU seconds per 1,000 tokens (user + system, of every thread: this process, and for the
+cluster also its worker processes; a LocalCluster's scheduler runs in this process) are reported beside: on a machine shared with other
+work, wall-clock throughput measures the share of the cores a configuration obtained as much
+as its efficiency, and CPU time tells the two apart.
 """
 import argparse
 import json
 import logging
 import os
+import resource
 import time
 
 import numpy as np
 
 CASES = ("loop", "local", "local-norms", "local-1x2", "cluster")
+
+
+def cpu_seconds():
+    """User + system CPU seconds of every thread of this process so far."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def main(argv=None):
@@ -92,27 +104,39 @@ def main(argv=None):
         run["cluster"] = lambda: mha.corpus.head_statistics(
             model, texts, batch_size=args.batch_size, client=client, progress=False, norms=False)
 
+    def cpu_total(case):
+        total = cpu_seconds()
+        if case == "cluster":
+            total += sum(client.run(cpu_seconds).values())   # the scheduler runs in this process
+        return total
+
     seconds = {case: [] for case in cases}
+    cpu = {case: [] for case in cases}
     try:
         for r in range(args.rounds):
             order = cases[r % len(cases):] + cases[:r % len(cases)]
             for case in order:
+                cpu_start = cpu_total(case)
                 start = time.perf_counter()
                 run[case]()
                 seconds[case].append(time.perf_counter() - start)
+                cpu[case].append(cpu_total(case) - cpu_start)
                 print(f"round {r + 1} {case:12s} {seconds[case][-1]:7.1f} s "
-                      f"{tokens / seconds[case][-1]:8.0f} tokens/s  (load {os.getloadavg()[0]:.2f})",
-                      flush=True)
+                      f"{tokens / seconds[case][-1]:8.0f} tokens/s "
+                      f"{1000 * cpu[case][-1] / tokens:6.2f} CPU s / 1k tokens "
+                      f"(load {os.getloadavg()[0]:.2f})", flush=True)
     finally:
         if client is not None:
             client.close()
             cluster.close()
 
     rate = {case: tokens / np.array(s) for case, s in seconds.items()}
-    print(f"\n{'case':12s} {'tokens/s median':>16s} {'spread (rounds)':>20s}")
+    print(f"\n{'case':12s} {'tokens/s median':>16s} {'spread (rounds)':>20s} "
+          f"{'CPU s / 1k tokens':>18s} {'spread':>14s}")
     for case in cases:
-        r = rate[case]
-        print(f"{case:12s} {np.median(r):16,.0f} {r.min():9,.0f} - {r.max():<9,.0f}")
+        r, c = rate[case], 1000 * np.array(cpu[case]) / tokens
+        print(f"{case:12s} {np.median(r):16,.0f} {r.min():9,.0f} - {r.max():<9,.0f} "
+              f"{np.median(c):18.2f} {c.min():6.2f} - {c.max():<6.2f}")
     ratios = {}
     for a, b in (("local", "loop"), ("local-norms", "loop"), ("local-1x2", "local"),
                  ("cluster", "local")):
@@ -125,7 +149,7 @@ def main(argv=None):
         print(f"{k}: {v:.1f}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"texts": len(texts), "tokens": tokens, "seconds": seconds,
+            json.dump({"texts": len(texts), "tokens": tokens, "seconds": seconds, "cpu": cpu,
                        "ratios": ratios, "notes": notes, "batch_size": args.batch_size}, f,
                       indent=1)
 
