@@ -46,7 +46,7 @@ __all__ = [
     "reference",
 ]
 
-_SUBMODULES = ("analysis", "viz", "models", "train", "bench", "tour", "timing")
+_SUBMODULES = ("analysis", "viz", "models", "train", "bench", "tour", "timing", "corpus")
 
 
 def __getattr__(name):

@@ -1,4 +1,5 @@
-"""`python -m mha COMMAND`: bench (the benchmark table), tour (the seeds' figures)."""
+"""`python -m mha COMMAND`: bench (the benchmark table), tour (the seeds' figures), corpus
+(head statistics over a corpus)."""
 import sys
 
 
@@ -7,15 +8,22 @@ def main(argv=None):
     commands = {
         "bench": "speed and memory against torch and NumPy, measured in one run",
         "tour": "the seeds' figures on the C kernels, as PNGs and an index.html",
+        "corpus": "head statistics over a text file, on this machine or a Dask cluster",
     }
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
-        print("usage: python -m mha {bench,tour} [options]\n")
+        print("usage: python -m mha {bench,tour,corpus} [options]\n")
         for name, what in commands.items():
             print(f"  {name:6s} {what}")
         print("\n`python -m mha COMMAND --help` explains each command's options.")
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     if argv[0] == "bench":
         from .bench import main as command
+    elif argv[0] == "corpus":
+        try:
+            from .corpus import main as command
+        except ImportError as e:                 # dask or xarray missing: say what to install
+            print(f"python -m mha corpus: error: {e}", file=sys.stderr)
+            return 2
     else:
         from .tour import main as command
     return command(argv[1:])

@@ -1228,6 +1228,7 @@ def _batch_mask(mask, shape, name):
 def head_statistic_sums(weights: ArrayLike, attention_mask: ArrayLike | None = None, *,
                         cls: ArrayLike | None = None, sep: ArrayLike | None = None,
                         punct: ArrayLike | None = None, causal: bool = False,
+                        key_norms: ArrayLike | None = None,
                         ) -> tuple[dict[str, np.ndarray], dict[str, int]]:
     r"""Sum Clark et al.'s per-head statistics over the real tokens of a padded batch.
 
@@ -1244,18 +1245,25 @@ def head_statistic_sums(weights: ArrayLike, attention_mask: ArrayLike | None = N
       [CLS], [SEP] and punctuation keys S
     - ``mass_self``: :math:`p_{ii}`; ``mass_prev``: :math:`p_{i,i-1}` over the queries that
       have a real previous token; ``mass_next``: :math:`p_{i,i+1}` over those with a real
-      next token.
+      next token
+    - with ``key_norms`` (Kobayashi et al. 2020): ``norm_cls``, ``norm_sep``, the share of
+      the norm-weighted attention :math:`p_{ij} \|f_h(x_j)\|` that goes to the [CLS] and to
+      the [SEP] keys, :math:`\sum_{j \in S} p_{ij} \|f_h(x_j)\| / \sum_j p_{ij} \|f_h(x_j)\|`
+      (0 for a query whose denominator is 0); the per-head shares of
+      ``attention_mass(value_norms(...), keys, normalize=True)``.
 
     ``sums[name] / counts[name]`` is the token-weighted mean; sums and counts of many
     batches simply add up (that is what ``mha.corpus`` does on Dask), and
-    :func:`clark_metrics` is the same for one text. No loop runs over tokens; one runs over
-    layers, to keep the temporary arrays to one layer's size.
+    :func:`clark_metrics` is the same for one text. The work runs on each text's square of
+    real tokens (a view when they are contiguous, as with padding on either side), all layers
+    and heads at once: one loop over texts, none over tokens. Row sums are taken in the
+    weights' dtype, everything summed over rows in float64.
 
     Parameters
     ----------
     weights : array_like, shape (B, L, H, n, n)
         Attention weights of a padded batch (e.g. ``model.encode(texts).attentions``), rows =
-        queries. (L, H, n, n) is taken as a batch of one.
+        queries, non-negative. (L, H, n, n) is taken as a batch of one.
     attention_mask : array_like of bool, shape (B, n), optional
         True = real token, False = padding (default: all real).
     cls, sep, punct : array_like of bool, shape (B, n), optional
@@ -1263,11 +1271,16 @@ def head_statistic_sums(weights: ArrayLike, attention_mask: ArrayLike | None = N
     causal : bool
         Queries see only keys j <= i (GPT-2 and other decoders): only changes
         ``uniform_entropy``.
+    key_norms : array_like, shape (B, L, H, n), optional
+        :math:`\|f_h(x_j)\|` for every key j: the length of key j's value vector after head
+        h's rows of the output projection (what :func:`value_norms` multiplies the weights
+        by). Adds ``norm_cls`` and ``norm_sep``.
 
     Returns
     -------
     sums : dict of str -> ndarray (L, H) float64
-        The statistics above, :data:`CLARK_METRICS` plus ``uniform_entropy``.
+        The statistics above: :data:`CLARK_METRICS`, ``uniform_entropy`` and, with
+        ``key_norms``, ``norm_cls`` and ``norm_sep``.
     counts : dict of str -> int
         Their denominators: the real query tokens (``mass_prev``, ``mass_next``: those with a
         real neighbour).
@@ -1276,11 +1289,15 @@ def head_statistic_sums(weights: ArrayLike, attention_mask: ArrayLike | None = N
     ------
     ValueError
         Shapes that do not fit.
+    TypeError
+        Non-real weights or key norms, or masks that are not bool or 0/1.
 
     References
     ----------
     K. Clark, U. Khandelwal, O. Levy and C. D. Manning, "What Does BERT Look At? An Analysis
     of BERT's Attention", BlackboxNLP 2019, https://arxiv.org/abs/1906.04341.
+    G. Kobayashi, T. Kuribayashi, S. Yokoi and K. Inui, "Attention is Not Only a Weight:
+    Analyzing Transformers with Vector Norms", EMNLP 2020, https://arxiv.org/abs/2004.10102.
 
     Examples
     --------
@@ -1288,6 +1305,10 @@ def head_statistic_sums(weights: ArrayLike, attention_mask: ArrayLike | None = N
     >>> sums, counts = head_statistic_sums(w, [[True, True, True, False]])
     >>> counts["entropy"], round(float(sums["confidence"][0, 0] / counts["confidence"]), 3)
     (3, 0.25)
+    >>> norms = np.ones((1, 2, 3, 4)); norms[..., 0] = 3.0  # key 0 ([CLS]) 3x longer
+    >>> sums, counts = head_statistic_sums(w, cls=[[True, False, False, False]], key_norms=norms)
+    >>> float(sums["norm_cls"][0, 0] / counts["norm_cls"])  # 3 / (3 + 1 + 1 + 1)
+    0.5
     """
     w = _float_array(weights, "weights", 4, "(batch, layers, heads, n, n)")
     if w.ndim == 4:
@@ -1298,42 +1319,66 @@ def head_statistic_sums(weights: ArrayLike, attention_mask: ArrayLike | None = N
     real = (np.ones((B, n), dtype=bool) if attention_mask is None
             else _batch_mask(np.reshape(attention_mask, (B, n)) if np.size(attention_mask) == B * n
                              else attention_mask, (B, n), "attention_mask"))
-    kinds = {"cls": _batch_mask(cls, (B, n), "cls"), "sep": _batch_mask(sep, (B, n), "sep"),
-             "punct": _batch_mask(punct, (B, n), "punct")}
-    prev_ok = real[:, 1:] & real[:, :-1]                         # query i >= 1 and key i - 1 real
-    next_ok = real[:, :-1] & real[:, 1:]                         # query i < n - 1 and key i + 1 real
-    keys = real[:, None, None, :]                                # (B, 1, 1, n)
-    queries = real[:, None, :].astype(np.float64)                # (B, 1, n): weights of query rows
-    key_kinds = np.stack([kinds[k] & real for k in ("cls", "sep", "punct")], axis=-1).astype(w.dtype)
-    sums = {name: np.zeros((L, H)) for name in CLARK_METRICS}
-
-    def total(rows, weight=queries):                             # (B, H, m) rows -> (H,)
-        return np.einsum("bhi,bi->h", rows.astype(np.float64, copy=False), weight[:, 0])
-
-    for l in range(L):
-        p = np.where(keys, w[:, l], 0)                           # (B, H, n, n), padding keys out
-        with np.errstate(divide="ignore", invalid="ignore"):
-            plogp = np.where(p > 0, p * np.log(np.where(p > 0, p, 1)), 0)
-        sums["entropy"][l] = 0.0 - total(plogp.sum(axis=-1))    # 0.0 - : no -0.0
-        sums["confidence"][l] = total(p.max(axis=-1))
-        mass = p @ key_kinds[:, None]                            # (B, H, n, 3)
+    kinds = np.stack([_batch_mask(cls, (B, n), "cls"), _batch_mask(sep, (B, n), "sep"),
+                      _batch_mask(punct, (B, n), "punct")], axis=-1).astype(w.dtype)   # (B, n, 3)
+    names = CLARK_METRICS
+    if key_norms is not None:
+        norms = _float_array(key_norms, "key_norms", 3, "(batch, layers, heads, n)")
+        norms = norms[None] if norms.ndim == 3 else norms
+        if norms.shape != (B, L, H, n):
+            raise ValueError(f"key_norms has shape {np.shape(key_norms)}: expected {(B, L, H, n)} "
+                             "(batch, layers, heads, n) to match weights")
+        names = names + ("norm_cls", "norm_sep")
+    sums = {name: np.zeros((L, H)) for name in names}
+    tiny = np.finfo(w.dtype).tiny
+    adjacent = 0                                                  # real (i - 1, i) pairs
+    for b in range(B):
+        idx = np.flatnonzero(real[b])
+        if len(idx) == 0:
+            continue
+        p = _real_square(w[b], idx)                               # (L, H, m, m)
+        neighbour = np.diff(idx) == 1                             # (m - 1,): i - 1 is real and next to i
+        adjacent += int(neighbour.sum())
+        logp = np.maximum(p, tiny)                                # p ln p -> 0 as p -> 0; an error
+        np.log(logp, out=logp)                                    # below tiny * 88 for p < tiny
+        plogp = np.einsum("lhij,lhij->lhi", p, logp)              # (L, H, m) row sums
+        sums["entropy"] -= plogp.sum(axis=-1, dtype=np.float64)
+        sums["confidence"] += p.max(axis=-1).sum(axis=-1, dtype=np.float64)
+        received = p.sum(axis=-2, dtype=np.float64)               # (L, H, m): weight each key gets
+        mass = received @ kinds[b, idx]                           # (L, H, 3)
         for k, name in enumerate(("mass_cls", "mass_sep", "mass_punct")):
-            sums[name][l] = total(mass[..., k])
-        sums["mass_self"][l] = total(np.diagonal(p, 0, -2, -1))
-        sums["mass_prev"][l] = total(np.diagonal(p, -1, -2, -1), prev_ok[:, None, :].astype(np.float64))
-        sums["mass_next"][l] = total(np.diagonal(p, 1, -2, -1), next_ok[:, None, :].astype(np.float64))
-    n_real = real.sum(axis=1)                                    # (B,)
-    if causal:                                                   # query i sees the real keys <= i
+            sums[name] += mass[..., k]
+        sums["mass_self"] += np.diagonal(p, 0, -2, -1).sum(axis=-1, dtype=np.float64)
+        sums["mass_prev"] += np.diagonal(p, -1, -2, -1) @ neighbour.astype(np.float64)
+        sums["mass_next"] += np.diagonal(p, 1, -2, -1) @ neighbour.astype(np.float64)
+        if key_norms is not None:
+            f = norms[b][..., idx].astype(w.dtype, copy=False)    # (L, H, m)
+            special = kinds[b, idx, :2]                           # (m, 2): [CLS], [SEP]
+            columns = np.concatenate([f[..., None] * special, f[..., None]], axis=-1)
+            drawn = p @ columns                                   # (L, H, m, 3), rows = queries
+            total = drawn[..., 2:].astype(np.float64)
+            share = np.divide(drawn[..., :2], total, out=np.zeros(drawn[..., :2].shape),
+                              where=total > 0)
+            sums["norm_cls"] += share[..., 0].sum(axis=-1)
+            sums["norm_sep"] += share[..., 1].sum(axis=-1)
+    n_real = real.sum(axis=1)                                     # (B,)
+    if causal:                                                    # query i sees the real keys <= i
         visible = np.cumsum(real, axis=1)[real]
     else:
         visible = np.repeat(n_real, n_real)
     sums["uniform_entropy"] = np.full((L, H), float(np.log(np.maximum(visible, 1)).sum()))
     tokens = int(real.sum())
-    counts = {name: tokens for name in CLARK_METRICS}
-    counts["uniform_entropy"] = tokens
-    counts["mass_prev"] = int(prev_ok.sum())
-    counts["mass_next"] = int(next_ok.sum())
+    counts = {name: tokens for name in sums}
+    counts["mass_prev"] = counts["mass_next"] = adjacent
     return sums, counts
+
+
+def _real_square(a: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """Restrict a (..., n, n) to rows and columns idx (sorted): a view when idx is a range."""
+    if idx[-1] - idx[0] + 1 == len(idx):
+        span = slice(int(idx[0]), int(idx[-1]) + 1)
+        return a[..., span, span]
+    return a[..., idx[:, None], idx]
 
 
 def clark_metrics(weights: ArrayLike,
