@@ -99,8 +99,11 @@ _FAN_IN = 8
 
 
 class CorpusError(ValueError):
-    """A text of the corpus that cannot be used (empty, or longer than the model's positions);
-    the message names it (its index, or line, and its first characters)."""
+    """Signal a text of the corpus that cannot be used.
+
+    The text is empty, not a str, or longer than the model's positions; the message names it
+    (its index, or line, and its first characters).
+    """
 
 
 # --- the model on a worker ---------------------------------------------------------------------
@@ -407,8 +410,10 @@ def _run_distributed(client, leaves, root, weights, bar):
 def head_statistics(model, texts, *, batch_size=16, client=None, progress=True,
                     truncation=False, skip_empty=False, norms=True, num_workers=None,
                     kernel_threads=None):
-    """Clark et al.'s per-head statistics and Kobayashi et al.'s value-norm shares, as corpus
-    means over every real token of many texts, computed on Dask.
+    """Compute per-head attention statistics as corpus means, on Dask.
+
+    Clark et al.'s per-head statistics and Kobayashi et al.'s value-norm shares, averaged over
+    every real token of many texts.
 
     Parameters
     ----------
@@ -617,8 +622,9 @@ def _dataset(model, total, batch_size, attrs):
 # --- texts to try it on ------------------------------------------------------------------------
 
 def synthetic_texts(model, n, *, min_tokens=20, max_tokens=200, seed=0):
-    """Deterministic nonsense texts from the model's own vocabulary, for trying and timing
-    :func:`head_statistics` offline.
+    """Make deterministic nonsense texts from the model's own vocabulary.
+
+    For trying and timing :func:`head_statistics` offline.
 
     Words are the vocabulary's whole-word alphabetic tokens; a comma follows about one word in
     ten and each text ends with a full stop. The token count (special tokens included) is
@@ -637,7 +643,8 @@ def synthetic_texts(model, n, *, min_tokens=20, max_tokens=200, seed=0):
 
     Returns
     -------
-    texts : list of n str
+    texts : list of str
+        The n texts.
 
     Examples
     --------
@@ -810,7 +817,19 @@ def _command(args):
 
 
 def main(argv=None):
-    """Entry point of `python -m mha corpus`; returns the exit status (0 ok, 2 error)."""
+    """Run the command ``python -m mha corpus``.
+
+    Parameters
+    ----------
+    argv : list of str, optional
+        The command's arguments (default: ``sys.argv[1:]``).
+
+    Returns
+    -------
+    int
+        The exit status: 0 on success (or --help), 2 on a usage or input error, 130 when
+        interrupted.
+    """
     parser = _parser()
     try:
         args = parser.parse_args(argv)
