@@ -17,10 +17,16 @@ extensions (what MSVC gets).
 import os
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+
+try:
+    from setuptools.modified import newer_group
+except ImportError:  # setuptools < 69
+    from distutils.dep_util import newer_group
 
 CORE = ["csrc/module.c", "csrc/core.c", "csrc/dispatch.c", "csrc/kernels_baseline.c", "csrc/flow.c"]
 HEADERS = ["csrc/mha.h", "csrc/common.h", "csrc/dispatch.h", "csrc/kernels.h", "csrc/vec.h",
@@ -130,13 +136,29 @@ class BuildExt(build_ext):
             f.write(signature)
 
     def build_extension(self, ext):
-        objects = []
-        for unit, extra in self.unit_flags.items():
-            objects += self.compiler.compile([unit], output_dir=self.build_temp, macros=ext.define_macros,
-                                             include_dirs=ext.include_dirs, depends=ext.depends,
-                                             extra_postargs=ext.extra_compile_args + extra)
-        ext.extra_objects = objects + [o for o in ext.extra_objects if o not in objects]
-        super().build_extension(ext)
+        """Compile every source and kernel unit at once, one per core (the two kernel units
+        take most of the time), then let setuptools link them."""
+        path = self.get_ext_fullpath(ext.name)
+        if not (self.force or newer_group(ext.sources + ext.depends, path, "newer")):
+            return super().build_extension(ext)  # up to date: setuptools says so and skips
+        jobs = [(source, []) for source in ext.sources] + list(self.unit_flags.items())
+        for source, _ in jobs:  # the object folders, before the threads race to make them
+            os.makedirs(os.path.join(self.build_temp, os.path.dirname(source)), exist_ok=True)
+
+        def compile_one(job):
+            source, extra = job
+            return self.compiler.compile([source], output_dir=self.build_temp, macros=ext.define_macros,
+                                         include_dirs=ext.include_dirs, depends=ext.depends,
+                                         extra_postargs=ext.extra_compile_args + extra)
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            objects = [o for objs in pool.map(compile_one, jobs) for o in objs]
+        sources, extra_objects = ext.sources, ext.extra_objects
+        ext.sources, ext.extra_objects = [], objects + list(extra_objects)
+        self.force, force = True, self.force  # link even though no source is left to compile
+        try:
+            super().build_extension(ext)
+        finally:
+            ext.sources, ext.extra_objects, self.force = sources, extra_objects, force
 
 
 setup(
