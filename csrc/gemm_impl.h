@@ -197,7 +197,7 @@ MHA_INLINE void FN(micro_tile)(const int rows, int64_t kc, const real *a, int64_
 /* A tile of m <= MR rows: a full one, or the ragged last rows of a block (or a decode step's
  * one to three rows) with only their own products. Each element's arithmetic is the same
  * whichever form runs it. */
-static void FN(micro_kernel)(int64_t kc, const real *a, int64_t a_rs, int64_t a_cs,
+MHA_INLINE void FN(micro_kernel)(int64_t kc, const real *a, int64_t a_rs, int64_t a_cs,
                              const real *b, real *c, int64_t ldc, int64_t m, int64_t n,
                              real alpha, real beta, const real *bias) {
     switch (m) {
@@ -318,10 +318,13 @@ static int64_t FN(gemm_panels)(const TY(mha_gemm_out) *outs, int n_out, int64_t 
 }
 
 /* One product in flight (gemm_shared_a), shared by its tasks: the current block of panels
- * [q0, q0 + panels) and shared-axis slice [pc, pc + kc). */
+ * [q0, q0 + panels) and shared-axis slice [pc, pc + kc); or, when every B is packed whole
+ * (`whole`), all panels and every slice, each task running the slices of its own part of C
+ * one after another (no barrier between slices) and its rows' epilogue when it owns their
+ * every column (`fused_ep`). */
 typedef struct {
-    int trans_a, trans_b, n_out;
-    int64_t M, K, lda, mc_block, n_chunks, a_elems;
+    int trans_a, trans_b, n_out, whole, fused_ep;
+    int64_t M, K, lda, mc_block, n_chunks, a_elems, kc_block;
     real alpha, beta;
     const real *A;
     const TY(mha_gemm_out) *outs;
@@ -344,16 +347,16 @@ static void FN(gemm_pack_b_task)(void *ctx, int64_t panel, int thread) {
     FN(pack_b)(g->b_pack + panel * NR * g->kc, b, u->ldb, g->trans_b, g->kc, MHA_MIN(NR, u->N - j0));
 }
 
-/* Task: one block of rows of A (packed into the thread's own buffer) times one chunk of the
- * packed panels, into every output the chunk covers. */
-static void FN(gemm_block_task)(void *ctx, int64_t task, int thread) {
-    const FN(gemm_job) *g = ctx;
-    const int64_t blk = task / g->n_chunks, chunk = task % g->n_chunks;
+/* One block of rows of A (packed into the thread's own buffer) times one chunk of the
+ * packed panels, over the slice [pc, pc + kc) of the shared axis, into every output the
+ * chunk covers. */
+static void FN(gemm_block_slice)(const FN(gemm_job) *g, int64_t blk, int64_t chunk, int thread,
+                                 int64_t pc, int64_t kc) {
     const int64_t ic = blk * g->mc_block, mc = MHA_MIN(g->mc_block, g->M - ic);
     const int64_t p0 = g->q0 + g->panels * chunk / g->n_chunks;
     const int64_t p1 = g->q0 + g->panels * (chunk + 1) / g->n_chunks;
     if (p0 == p1) return;
-    const int64_t kc = g->kc, pc = g->pc, lda = g->lda;
+    const int64_t lda = g->lda;
     const real *a = g->trans_a ? g->A + pc * lda + ic : g->A + ic * lda + pc;
     const real beta_block = pc == 0 ? g->beta : 1;
     real *a_pack = g->a_packs + (size_t)thread * (size_t)g->a_elems;
@@ -377,6 +380,23 @@ static void FN(gemm_block_task)(void *ctx, int64_t task, int thread) {
         else
             FN(macro_kernel)(mc, cols, kc, a_pack, bp, b_ps, c, u->ldc, g->alpha, beta_block,
                              bias_c);
+    }
+}
+
+/* Task: one (row block, panel chunk) of C, over the current slice, or over every slice and
+ * then its rows' epilogue when the job is `whole`. */
+static void FN(gemm_block_task)(void *ctx, int64_t task, int thread) {
+    const FN(gemm_job) *g = ctx;
+    const int64_t blk = task / g->n_chunks, chunk = task % g->n_chunks;
+    if (!g->whole) {
+        FN(gemm_block_slice)(g, blk, chunk, thread, g->pc, g->kc);
+        return;
+    }
+    for (int64_t pc = 0; pc < g->K; pc += g->kc_block)
+        FN(gemm_block_slice)(g, blk, chunk, thread, pc, MHA_MIN(g->kc_block, g->K - pc));
+    if (g->fused_ep) {
+        const int64_t ic = blk * g->mc_block;
+        FN(epilogue_rows)(g->ep, g->outs, ic, MHA_MIN(g->M, ic + g->mc_block));
     }
 }
 
@@ -441,22 +461,28 @@ static int FN(gemm_shared_a)(int trans_a, int trans_b, int64_t M, int64_t K, rea
     const int64_t kc_block = FN(gemm_kc)(K), nc_panels = NC / NR;
     size_t b_elems, a_elems;
     FN(gemm_parts)(P * NR, K, mc_block, &b_elems, &a_elems);
-    /* Per block of panels and slice of the shared axis: the threads pack B's panels
-     * together, then each packs its own blocks of A and runs the micro-kernels on them. */
-    FN(gemm_job) g = {trans_a, trans_b, n_out, M, K, lda, mc_block, n_chunks, (int64_t)a_elems,
-                      alpha, beta, A, outs, first, ep, workspace, workspace + b_elems,
-                      0, 0, 0, 0};
-    int all_packed = 1;
-    for (int o = 0; o < n_out; o++) all_packed &= outs[o].Bp != NULL;
-    for (g.q0 = 0; g.q0 < P; g.q0 += nc_panels) {
-        g.panels = MHA_MIN(nc_panels, P - g.q0);
-        for (g.pc = 0; g.pc < K; g.pc += kc_block) {
-            g.kc = MHA_MIN(kc_block, K - g.pc);
-            if (!all_packed) mha_parallel_for(threads, g.panels, 1, FN(gemm_pack_b_task), &g);
-            mha_parallel_for(threads, tasks, 1, FN(gemm_block_task), &g);
+    int whole = 1; /* every B packed whole (mha_pack_weight): no packing, no slice barriers */
+    for (int o = 0; o < n_out; o++) whole &= outs[o].Bp != NULL;
+    const int fused_ep = whole && ep && n_chunks == 1;
+    FN(gemm_job) g = {trans_a, trans_b, n_out, whole, fused_ep, M, K, lda, mc_block, n_chunks,
+                      (int64_t)a_elems, kc_block, alpha, beta, A, outs, first, ep, workspace,
+                      workspace + b_elems, 0, 0, 0, 0};
+    if (whole) { /* one parallel region: each task its part of C, every slice, its epilogue */
+        g.panels = P;
+        mha_parallel_for(threads, tasks, 1, FN(gemm_block_task), &g);
+    } else {
+        /* Per block of panels and slice of the shared axis: the threads pack B's panels
+         * together, then each packs its own blocks of A and runs the micro-kernels on them. */
+        for (g.q0 = 0; g.q0 < P; g.q0 += nc_panels) {
+            g.panels = MHA_MIN(nc_panels, P - g.q0);
+            for (g.pc = 0; g.pc < K; g.pc += kc_block) {
+                g.kc = MHA_MIN(kc_block, K - g.pc);
+                mha_parallel_for(threads, g.panels, 1, FN(gemm_pack_b_task), &g);
+                mha_parallel_for(threads, tasks, 1, FN(gemm_block_task), &g);
+            }
         }
     }
-    if (ep) /* every row of C is done: the epilogue, by blocks of rows */
+    if (ep && !fused_ep) /* every row of C is done: the epilogue, by blocks of rows */
         mha_parallel_for(threads, (M + EPILOGUE_ROWS - 1) / EPILOGUE_ROWS, 1, FN(gemm_epilogue_task), &g);
     mha_free(owned);
     return MHA_OK;
