@@ -156,7 +156,9 @@ class TransformerModel:
         ``config.raw`` is the config.json.
     layers : list of dict
         One dict of weights per layer, dense weights stored (in, out); its ``W_o`` and ``b_o``
-        are the attention's output projection.
+        are the attention's output projection. The dense weights (``W_*``) are read-only: the
+        model keeps a copy of each packed for its GEMM (twice the memory), and packs a weight
+        again when its array is replaced in the dict.
     n_layers, n_heads, n_kv_heads, d_model, d_head : int
         The sizes.
 
