@@ -313,8 +313,8 @@ def print_table(table):
 # GEMM, _C.linear, counts as "products" when ops.linear calls it and "LM head" from ops.unembed)
 KERNEL = "attention kernel (C)"
 CATEGORIES = {
-    "linear": "products + bias + activation + residual (mha GEMM; einsum at <= 3 rows)",
-    "unembed": "LM head (mha GEMM; einsum at <= 3 rows)",
+    "linear": "products + bias + activation + residual (mha GEMM, packed weights)",
+    "unembed": "LM head (mha GEMM, packed table)",
     "layer_norm_": "norms (C)", "layer_norm": "norms (C)", "rms_norm": "norms (C)",
     "rope_": "RoPE (C)", "rope_table": "RoPE (C)", "_rope": "RoPE (C)",
     "embedding": "embedding gather (C)",

@@ -16,13 +16,14 @@ static int FN(act_valid)(int act) {
     return kind >= MHA_ACT_NONE && kind <= MHA_ACT_RELU;
 }
 
-static int FN(mha_linear)(int64_t M, int64_t N, int64_t K, const real *A, int64_t lda,
-                          const real *B, int64_t ldb, int trans_b, const real *bias, int act,
-                          real beta, real *C, int64_t ldc) {
+/* mha_linear with op(B) given as it is (B, ldb, trans_b) or packed whole (Bp). */
+static int FN(linear)(int64_t M, int64_t N, int64_t K, const real *A, int64_t lda, const real *B,
+                      int64_t ldb, int trans_b, const real *Bp, const real *bias, int act,
+                      real beta, real *C, int64_t ldc) {
     if (M < 0 || N < 0 || K < 0 || !FN(act_valid)(act) || (act != MHA_ACT_NONE && beta != 0))
         return MHA_EINVAL;
     if (!(act & MHA_ACT_GATED)) {
-        const TY(mha_gemm_out) out = {B, ldb, bias, C, ldc, N};
+        const TY(mha_gemm_out) out = {B, ldb, bias, C, ldc, N, Bp};
         const FN(gemm_epilogue) ep = {act, N, C, ldc};
         return FN(gemm_auto)(0, trans_b, M, K, 1, A, lda, beta, &out, 1,
                              act == MHA_ACT_NONE ? NULL : &ep);
@@ -33,11 +34,23 @@ static int FN(mha_linear)(int64_t M, int64_t N, int64_t K, const real *A, int64_
     if (!ok) return MHA_ENOMEM;
     real *scratch = mha_alloc(MHA_MAX(bytes, 1));
     if (!scratch) return MHA_ENOMEM;
-    const TY(mha_gemm_out) out = {B, ldb, bias, scratch, 2 * N, 2 * N};
+    const TY(mha_gemm_out) out = {B, ldb, bias, scratch, 2 * N, 2 * N, Bp};
     const FN(gemm_epilogue) ep = {act, N, C, ldc};
     int err = FN(gemm_auto)(0, trans_b, M, K, 1, A, lda, 0, &out, 1, &ep);
     mha_free(scratch);
     return err;
+}
+
+static int FN(mha_linear)(int64_t M, int64_t N, int64_t K, const real *A, int64_t lda,
+                          const real *B, int64_t ldb, int trans_b, const real *bias, int act,
+                          real beta, real *C, int64_t ldc) {
+    return FN(linear)(M, N, K, A, lda, B, ldb, trans_b, NULL, bias, act, beta, C, ldc);
+}
+
+static int FN(mha_linear_packed)(int64_t M, int64_t N, int64_t K, const real *A, int64_t lda,
+                                 const real *Bp, const real *bias, int act, real beta, real *C,
+                                 int64_t ldc) {
+    return FN(linear)(M, N, K, A, lda, NULL, 0, 0, Bp, bias, act, beta, C, ldc);
 }
 
 typedef struct {

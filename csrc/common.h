@@ -119,9 +119,20 @@ int mha_gemm_bias_f64(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
 /* Products that share their left operand: C = A @ B + bias (bias may be NULL) for each of up
  * to 3 outputs, A (M x K) row-major with row stride lda, B (K x N) with row stride ldb, A
  * packed once per block of rows (the layer's Q, K and V projections of one input). Each
- * output is bitwise what mha_gemm_bias gives it alone. */
-typedef struct { const float *B; int64_t ldb; const float *bias; float *C; int64_t ldc, N; } mha_gemm_out_f32;
-typedef struct { const double *B; int64_t ldb; const double *bias; double *C; int64_t ldc, N; } mha_gemm_out_f64;
+ * output is bitwise what mha_gemm_bias gives it alone. Bp, when not NULL, is B packed whole
+ * by mha_pack_weight (B and ldb are then not read); the result is bitwise the same. */
+#define MHA_GEMM_OUT(T)                                                                        \
+    struct {                                                                                   \
+        const T *B;                                                                            \
+        int64_t ldb;                                                                           \
+        const T *bias;                                                                         \
+        T *C;                                                                                  \
+        int64_t ldc, N;                                                                        \
+        const T *Bp;                                                                           \
+    }
+typedef MHA_GEMM_OUT(float) mha_gemm_out_f32;
+typedef MHA_GEMM_OUT(double) mha_gemm_out_f64;
+#undef MHA_GEMM_OUT
 int mha_gemm_shared_a_f32(int64_t M, int64_t K, const float *A, int64_t lda,
                           const mha_gemm_out_f32 *outs, int n_out);
 int mha_gemm_shared_a_f64(int64_t M, int64_t K, const double *A, int64_t lda,

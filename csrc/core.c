@@ -175,12 +175,23 @@ void mha_parallel_for(int threads, int64_t n, int64_t chunk, mha_task_fn fn, voi
     atomic_flag_clear_explicit(&pool.busy, memory_order_release);
 }
 
+/* OMP_NUM_THREADS (the usual knob, honoured as OpenMP would), else the core count: read once,
+ * at the first call, as an OpenMP runtime reads it when it loads. Read on every call, it let
+ * a library that sets it later in the process change mha's threads: Dask's LocalCluster
+ * writes OMP_NUM_THREADS=1 into its caller's environment, and every kernel ran on one thread
+ * while the cluster lived. */
 static int default_threads(void) {
-    const char *env = getenv("OMP_NUM_THREADS"); /* the usual knob, honoured as OpenMP would */
-    int n = env ? atoi(env) : 0;
+    static atomic_int cached = 0;
+    int n = atomic_load_explicit(&cached, memory_order_relaxed);
     if (n > 0) return n;
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    return cores > 0 ? (int)MHA_MIN(cores, POOL_MAX) : 1;
+    const char *env = getenv("OMP_NUM_THREADS");
+    n = env ? atoi(env) : 0;
+    if (n <= 0) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        n = cores > 0 ? (int)MHA_MIN(cores, POOL_MAX) : 1;
+    }
+    atomic_store_explicit(&cached, n, memory_order_relaxed);
+    return n;
 }
 
 int mha_get_num_threads(void) { return g_num_threads > 0 ? g_num_threads : default_threads(); }

@@ -41,6 +41,14 @@
       (int64_t M, int64_t N, int64_t K, const T *A, int64_t lda, const T *B, int64_t ldb,      \
        int trans_b, const T *bias, int act, T beta, T *C, int64_t ldc),                        \
       (M, N, K, A, lda, B, ldb, trans_b, bias, act, beta, C, ldc))                             \
+    X(mha_linear_packed_##SFX,                                                                 \
+      (int64_t M, int64_t N, int64_t K, const T *A, int64_t lda, const T *Bp, const T *bias,   \
+       int act, T beta, T *C, int64_t ldc),                                                    \
+      (M, N, K, A, lda, Bp, bias, act, beta, C, ldc))                                          \
+    X(mha_pack_weight_##SFX,                                                                   \
+      (T *packed, const T *B, int64_t ldb, int trans_b, int64_t K, int64_t N),                 \
+      (packed, B, ldb, trans_b, K, N))                                                         \
+    X(mha_pack_width_##SFX, (int64_t *width), (width))                                         \
     X(mha_activation_##SFX,                                                                    \
       (T *y, int64_t ldy, const T *x, int64_t ldx, int64_t rows, int64_t n, int act),          \
       (y, ldy, x, ldx, rows, n, act))                                                          \

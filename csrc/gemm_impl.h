@@ -116,27 +116,29 @@ static void FN(pack_b)(real *buf, const real *b, int64_t ldb, int trans, int64_t
     }
 }
 
-/* The micro-kernel: acc (MR x NR) = A rows (MR x kc) @ b_panel (kc x NR), then
+/* The micro-kernel: acc (rows x NR) = A rows (rows x kc) @ b_panel (kc x NR), then
  * c[0:m, 0:n] = alpha * acc + beta * c (c not read when beta == 0), plus bias[0:n] on every
  * row when bias is not NULL (the layer's projections: no second pass over C).
  * Element (r, p) of the A rows is a[r * a_rs + p * a_cs]: (1, MR) for a packed panel, or the
  * strides of op(A) itself when A is read in place; rows past m then repeat row m - 1 (valid
  * memory, results discarded) instead of reading past the matrix.
+ * rows (MR, or m itself when m < MR: a decode step's single row costs one row's products,
+ * not MR's) is a constant where this is inlined, so the loops over it unroll.
  * NR = NV vectors: the MR x NV accumulators, NV vectors of B and a broadcast element of A
  * fill the register file (16 registers: NV = 2, 12 + 2 + 1; 32 registers: NV = 4, 24 + 4 + 1).
  * The loops are unrolled by pragma so that acc lives in registers at any -O level (rolled,
  * GCC 12 at -O2 kept acc on the stack). Portable C accumulates in an array and leaves the
  * registers to the compiler. */
-MHA_INLINE void FN(micro_kernel)(int64_t kc, const real *a, int64_t a_rs, int64_t a_cs,
-                                 const real *b, real *c, int64_t ldc, int64_t m, int64_t n,
-                                 real alpha, real beta, const real *bias) {
+MHA_INLINE void FN(micro_tile)(const int rows, int64_t kc, const real *a, int64_t a_rs, int64_t a_cs,
+                               const real *b, real *c, int64_t ldc, int64_t m, int64_t n,
+                               real alpha, real beta, const real *bias) {
     const real *row[MR];
     MHA_UNROLL(6)
-    for (int r = 0; r < MR; r++) row[r] = a + MHA_MIN(r, m - 1) * a_rs;
+    for (int r = 0; r < rows; r++) row[r] = a + MHA_MIN(r, m - 1) * a_rs;
 #if MHA_GNU_C
     vreal acc[MR][NV];
     MHA_UNROLL(6)
-    for (int r = 0; r < MR; r++)
+    for (int r = 0; r < rows; r++)
         MHA_UNROLL(4)
         for (int v = 0; v < NV; v++) acc[r][v] = (vreal){0};
     for (int64_t p = 0; p < kc; p++) {
@@ -144,15 +146,15 @@ MHA_INLINE void FN(micro_kernel)(int64_t kc, const real *a, int64_t a_rs, int64_
         MHA_UNROLL(4)
         for (int v = 0; v < NV; v++) MHA_VLOAD(bv[v], b + p * NR + v * VL);
         MHA_UNROLL(6)
-        for (int r = 0; r < MR; r++) {
+        for (int r = 0; r < rows; r++) {
             real a_r = row[r][p * a_cs];
             MHA_UNROLL(4)
             for (int v = 0; v < NV; v++) acc[r][v] += a_r * bv[v];
         }
     }
-    if (m == MR && n == NR) {
+    if (m == rows && n == NR) {
         MHA_UNROLL(6)
-        for (int r = 0; r < MR; r++)
+        for (int r = 0; r < rows; r++)
             MHA_UNROLL(4)
             for (int v = 0; v < NV; v++) {
                 real *c_rv = c + r * ldc + v * VL;
@@ -171,14 +173,14 @@ MHA_INLINE void FN(micro_kernel)(int64_t kc, const real *a, int64_t a_rs, int64_
     }
     real tile[MR][NR];
     MHA_UNROLL(6)
-    for (int r = 0; r < MR; r++)
+    for (int r = 0; r < rows; r++)
         MHA_UNROLL(4)
         for (int v = 0; v < NV; v++) MHA_VSTORE(tile[r] + v * VL, acc[r][v]);
 #else
     real tile[MR][NR] = {{0}};
     for (int64_t p = 0; p < kc; p++) {
         const real *b_p = b + p * NR;
-        for (int r = 0; r < MR; r++) {
+        for (int r = 0; r < rows; r++) {
             const real a_r = row[r][p * a_cs];
             for (int col = 0; col < NR; col++) tile[r][col] += a_r * b_p[col];
         }
@@ -192,16 +194,31 @@ MHA_INLINE void FN(micro_kernel)(int64_t kc, const real *a, int64_t a_rs, int64_
         }
 }
 
-/* One MC x NC block of C from packed panels of A and B. */
+/* A tile of m <= MR rows: a full one, or the ragged last rows of a block (or a decode step's
+ * one to three rows) with only their own products. Each element's arithmetic is the same
+ * whichever form runs it. */
+MHA_INLINE void FN(micro_kernel)(int64_t kc, const real *a, int64_t a_rs, int64_t a_cs,
+                             const real *b, real *c, int64_t ldc, int64_t m, int64_t n,
+                             real alpha, real beta, const real *bias) {
+    switch (m) {
+    case 1: FN(micro_tile)(1, kc, a, a_rs, a_cs, b, c, ldc, m, n, alpha, beta, bias); return;
+    case 2: FN(micro_tile)(2, kc, a, a_rs, a_cs, b, c, ldc, m, n, alpha, beta, bias); return;
+    case 3: FN(micro_tile)(3, kc, a, a_rs, a_cs, b, c, ldc, m, n, alpha, beta, bias); return;
+    default: FN(micro_tile)(MR, kc, a, a_rs, a_cs, b, c, ldc, m, n, alpha, beta, bias); return;
+    }
+}
+
+/* One MC x NC block of C from packed panels of A and B; B's panels start b_ps elements apart
+ * (kc * NR when packed per slice, K * NR when packed whole, with b_pack at the slice). */
 static void FN(macro_kernel)(int64_t mc, int64_t nc, int64_t kc, const real *a_pack,
-                             const real *b_pack, real *c, int64_t ldc, real alpha,
+                             const real *b_pack, int64_t b_ps, real *c, int64_t ldc, real alpha,
                              real beta, const real *bias) {
     for (int64_t jr = 0; jr < nc; jr += NR) {
         int64_t n = MHA_MIN(NR, nc - jr);
         for (int64_t ir = 0; ir < mc; ir += MR) {
             int64_t m = MHA_MIN(MR, mc - ir);
-            FN(micro_kernel)(kc, a_pack + ir * kc, 1, MR, b_pack + jr * kc, c + ir * ldc + jr,
-                             ldc, m, n, alpha, beta, bias ? bias + jr : NULL);
+            FN(micro_kernel)(kc, a_pack + ir * kc, 1, MR, b_pack + jr / NR * b_ps,
+                             c + ir * ldc + jr, ldc, m, n, alpha, beta, bias ? bias + jr : NULL);
         }
     }
 }
@@ -210,15 +227,15 @@ static void FN(macro_kernel)(int64_t mc, int64_t nc, int64_t kc, const real *a_p
  * few panels that packing A would cost about as much as the products it feeds (attention's
  * P v with d_head = 32 .. 64). */
 static void FN(macro_kernel_direct)(int64_t mc, int64_t nc, int64_t kc, const real *a,
-                                    int64_t a_rs, int64_t a_cs, const real *b_pack,
+                                    int64_t a_rs, int64_t a_cs, const real *b_pack, int64_t b_ps,
                                     real *c, int64_t ldc, real alpha, real beta,
                                     const real *bias) {
     for (int64_t jr = 0; jr < nc; jr += NR) {
         int64_t n = MHA_MIN(NR, nc - jr);
         for (int64_t ir = 0; ir < mc; ir += MR) {
             int64_t m = MHA_MIN(MR, mc - ir);
-            FN(micro_kernel)(kc, a + ir * a_rs, a_rs, a_cs, b_pack + jr * kc, c + ir * ldc + jr,
-                             ldc, m, n, alpha, beta, bias ? bias + jr : NULL);
+            FN(micro_kernel)(kc, a + ir * a_rs, a_rs, a_cs, b_pack + jr / NR * b_ps,
+                             c + ir * ldc + jr, ldc, m, n, alpha, beta, bias ? bias + jr : NULL);
         }
     }
 }
@@ -301,10 +318,13 @@ static int64_t FN(gemm_panels)(const TY(mha_gemm_out) *outs, int n_out, int64_t 
 }
 
 /* One product in flight (gemm_shared_a), shared by its tasks: the current block of panels
- * [q0, q0 + panels) and shared-axis slice [pc, pc + kc). */
+ * [q0, q0 + panels) and shared-axis slice [pc, pc + kc); or, when every B is packed whole
+ * (`whole`), all panels and every slice, each task running the slices of its own part of C
+ * one after another (no barrier between slices) and its rows' epilogue when it owns their
+ * every column (`fused_ep`). */
 typedef struct {
-    int trans_a, trans_b, n_out;
-    int64_t M, K, lda, mc_block, n_chunks, a_elems;
+    int trans_a, trans_b, n_out, whole, fused_ep;
+    int64_t M, K, lda, mc_block, n_chunks, a_elems, kc_block;
     real alpha, beta;
     const real *A;
     const TY(mha_gemm_out) *outs;
@@ -321,21 +341,22 @@ static void FN(gemm_pack_b_task)(void *ctx, int64_t panel, int thread) {
     int o = 0;
     while (g->q0 + panel >= g->first[o + 1]) o++;
     const TY(mha_gemm_out) *u = &g->outs[o];
+    if (u->Bp) return; /* packed whole already */
     const int64_t j0 = (g->q0 + panel - g->first[o]) * NR;
     const real *b = g->trans_b ? u->B + j0 * u->ldb + g->pc : u->B + g->pc * u->ldb + j0;
     FN(pack_b)(g->b_pack + panel * NR * g->kc, b, u->ldb, g->trans_b, g->kc, MHA_MIN(NR, u->N - j0));
 }
 
-/* Task: one block of rows of A (packed into the thread's own buffer) times one chunk of the
- * packed panels, into every output the chunk covers. */
-static void FN(gemm_block_task)(void *ctx, int64_t task, int thread) {
-    const FN(gemm_job) *g = ctx;
-    const int64_t blk = task / g->n_chunks, chunk = task % g->n_chunks;
+/* One block of rows of A (packed into the thread's own buffer) times one chunk of the
+ * packed panels, over the slice [pc, pc + kc) of the shared axis, into every output the
+ * chunk covers. */
+static void FN(gemm_block_slice)(const FN(gemm_job) *g, int64_t blk, int64_t chunk, int thread,
+                                 int64_t pc, int64_t kc) {
     const int64_t ic = blk * g->mc_block, mc = MHA_MIN(g->mc_block, g->M - ic);
     const int64_t p0 = g->q0 + g->panels * chunk / g->n_chunks;
     const int64_t p1 = g->q0 + g->panels * (chunk + 1) / g->n_chunks;
     if (p0 == p1) return;
-    const int64_t kc = g->kc, pc = g->pc, lda = g->lda;
+    const int64_t lda = g->lda;
     const real *a = g->trans_a ? g->A + pc * lda + ic : g->A + ic * lda + pc;
     const real beta_block = pc == 0 ? g->beta : 1;
     real *a_pack = g->a_packs + (size_t)thread * (size_t)g->a_elems;
@@ -349,12 +370,33 @@ static void FN(gemm_block_task)(void *ctx, int64_t task, int thread) {
         const int64_t cols = MHA_MIN(u->N, (s1 - g->first[o]) * NR) - j0;
         real *c = u->C + ic * u->ldc + j0;
         const real *bias_c = pc == 0 && u->bias ? u->bias + j0 : NULL;
-        const real *bp = g->b_pack + (s0 - g->q0) * NR * kc;
+        /* B's panels: packed whole once (mha_pack_weight; K x NR each) or by the pack tasks */
+        const int64_t b_ps = u->Bp ? g->K * NR : kc * NR;
+        const real *bp = u->Bp ? u->Bp + (s0 - g->first[o]) * b_ps + pc * NR
+                               : g->b_pack + (s0 - g->q0) * b_ps;
         if (direct)
             FN(macro_kernel_direct)(mc, cols, kc, a, g->trans_a ? 1 : lda, g->trans_a ? lda : 1,
-                                    bp, c, u->ldc, g->alpha, beta_block, bias_c);
+                                    bp, b_ps, c, u->ldc, g->alpha, beta_block, bias_c);
         else
-            FN(macro_kernel)(mc, cols, kc, a_pack, bp, c, u->ldc, g->alpha, beta_block, bias_c);
+            FN(macro_kernel)(mc, cols, kc, a_pack, bp, b_ps, c, u->ldc, g->alpha, beta_block,
+                             bias_c);
+    }
+}
+
+/* Task: one (row block, panel chunk) of C, over the current slice, or over every slice and
+ * then its rows' epilogue when the job is `whole`. */
+static void FN(gemm_block_task)(void *ctx, int64_t task, int thread) {
+    const FN(gemm_job) *g = ctx;
+    const int64_t blk = task / g->n_chunks, chunk = task % g->n_chunks;
+    if (!g->whole) {
+        FN(gemm_block_slice)(g, blk, chunk, thread, g->pc, g->kc);
+        return;
+    }
+    for (int64_t pc = 0; pc < g->K; pc += g->kc_block)
+        FN(gemm_block_slice)(g, blk, chunk, thread, pc, MHA_MIN(g->kc_block, g->K - pc));
+    if (g->fused_ep) {
+        const int64_t ic = blk * g->mc_block;
+        FN(epilogue_rows)(g->ep, g->outs, ic, MHA_MIN(g->M, ic + g->mc_block));
     }
 }
 
@@ -386,7 +428,7 @@ static int FN(gemm_shared_a)(int trans_a, int trans_b, int64_t M, int64_t K, rea
     /* products too small to repay packing: plain loops, one output at a time */
     int small = 0;
     for (int o = 0; o < n_out; o++)
-        small |= outs[o].N > 0 && (double)M * (double)outs[o].N * (double)K <= SMALL_GEMM_MNK;
+        small |= outs[o].N > 0 && !outs[o].Bp && (double)M * (double)outs[o].N * (double)K <= SMALL_GEMM_MNK;
     if (small && n_out > 1) {
         for (int o = 0; o < n_out; o++) {
             int err = FN(gemm_shared_a)(trans_a, trans_b, M, K, alpha, A, lda, beta, &outs[o], 1,
@@ -419,20 +461,28 @@ static int FN(gemm_shared_a)(int trans_a, int trans_b, int64_t M, int64_t K, rea
     const int64_t kc_block = FN(gemm_kc)(K), nc_panels = NC / NR;
     size_t b_elems, a_elems;
     FN(gemm_parts)(P * NR, K, mc_block, &b_elems, &a_elems);
-    /* Per block of panels and slice of the shared axis: the threads pack B's panels
-     * together, then each packs its own blocks of A and runs the micro-kernels on them. */
-    FN(gemm_job) g = {trans_a, trans_b, n_out, M, K, lda, mc_block, n_chunks, (int64_t)a_elems,
-                      alpha, beta, A, outs, first, ep, workspace, workspace + b_elems,
-                      0, 0, 0, 0};
-    for (g.q0 = 0; g.q0 < P; g.q0 += nc_panels) {
-        g.panels = MHA_MIN(nc_panels, P - g.q0);
-        for (g.pc = 0; g.pc < K; g.pc += kc_block) {
-            g.kc = MHA_MIN(kc_block, K - g.pc);
-            mha_parallel_for(threads, g.panels, 1, FN(gemm_pack_b_task), &g);
-            mha_parallel_for(threads, tasks, 1, FN(gemm_block_task), &g);
+    int whole = 1; /* every B packed whole (mha_pack_weight): no packing, no slice barriers */
+    for (int o = 0; o < n_out; o++) whole &= outs[o].Bp != NULL;
+    const int fused_ep = whole && ep && n_chunks == 1;
+    FN(gemm_job) g = {trans_a, trans_b, n_out, whole, fused_ep, M, K, lda, mc_block, n_chunks,
+                      (int64_t)a_elems, kc_block, alpha, beta, A, outs, first, ep, workspace,
+                      workspace + b_elems, 0, 0, 0, 0};
+    if (whole) { /* one parallel region: each task its part of C, every slice, its epilogue */
+        g.panels = P;
+        mha_parallel_for(threads, tasks, 1, FN(gemm_block_task), &g);
+    } else {
+        /* Per block of panels and slice of the shared axis: the threads pack B's panels
+         * together, then each packs its own blocks of A and runs the micro-kernels on them. */
+        for (g.q0 = 0; g.q0 < P; g.q0 += nc_panels) {
+            g.panels = MHA_MIN(nc_panels, P - g.q0);
+            for (g.pc = 0; g.pc < K; g.pc += kc_block) {
+                g.kc = MHA_MIN(kc_block, K - g.pc);
+                mha_parallel_for(threads, g.panels, 1, FN(gemm_pack_b_task), &g);
+                mha_parallel_for(threads, tasks, 1, FN(gemm_block_task), &g);
+            }
         }
     }
-    if (ep) /* every row of C is done: the epilogue, by blocks of rows */
+    if (ep && !fused_ep) /* every row of C is done: the epilogue, by blocks of rows */
         mha_parallel_for(threads, (M + EPILOGUE_ROWS - 1) / EPILOGUE_ROWS, 1, FN(gemm_epilogue_task), &g);
     mha_free(owned);
     return MHA_OK;
@@ -441,7 +491,7 @@ static int FN(gemm_shared_a)(int trans_a, int trans_b, int64_t M, int64_t K, rea
 static int FN(mha_gemm_ws)(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, real alpha,
                            const real *A, int64_t lda, const real *B, int64_t ldb, real beta,
                            const real *bias, real *C, int64_t ldc, real *workspace, int threads) {
-    const TY(mha_gemm_out) out = {B, ldb, bias, C, ldc, N};
+    const TY(mha_gemm_out) out = {B, ldb, bias, C, ldc, N, NULL};
     return FN(gemm_shared_a)(trans_a, trans_b, M, K, alpha, A, lda, beta, &out, 1, workspace, threads,
                              NULL);
 }
@@ -456,6 +506,20 @@ static void FN(mha_pack_b_full)(real *packed, const real *B, int64_t ldb, int tr
     if (K > 0 && N > 0) FN(pack_b)(packed, B, ldb, trans_b, K, N);
 }
 
+/* The public face of the same packing (mha.h: mha_pack_weight, mha_pack_width): a weight
+ * packed once, for every later product with it (mha_linear_packed). */
+static int FN(mha_pack_weight)(real *packed, const real *B, int64_t ldb, int trans_b, int64_t K,
+                               int64_t N) {
+    if (K < 0 || N < 0) return MHA_EINVAL;
+    FN(mha_pack_b_full)(packed, B, ldb, trans_b, K, N);
+    return MHA_OK;
+}
+
+static int FN(mha_pack_width)(int64_t *width) {
+    *width = NR;
+    return MHA_OK;
+}
+
 /* C = alpha * op(A) @ Bp + beta * C on the calling thread, op(A) (M x K) read in place (A
  * has row stride lda), Bp from mha_pack_b_full(K, N). */
 static void FN(mha_gemm_packed)(int trans_a, int64_t M, int64_t N, int64_t K, real alpha,
@@ -463,8 +527,8 @@ static void FN(mha_gemm_packed)(int trans_a, int64_t M, int64_t N, int64_t K, re
                                 real *C, int64_t ldc) {
     if (M <= 0 || N <= 0) return;
     if (K <= 0) { FN(scale_c)(M, N, beta, NULL, C, ldc); return; }
-    FN(macro_kernel_direct)(M, N, K, A, trans_a ? 1 : lda, trans_a ? lda : 1, packed, C, ldc,
-                            alpha, beta, NULL);
+    FN(macro_kernel_direct)(M, N, K, A, trans_a ? 1 : lda, trans_a ? lda : 1, packed, K * NR, C,
+                            ldc, alpha, beta, NULL);
 }
 
 /* gemm_shared_a with its own workspace and threads chosen by the work between two barriers
@@ -483,14 +547,14 @@ static int FN(gemm_auto)(int trans_a, int trans_b, int64_t M, int64_t K, real al
 static int FN(mha_gemm_bias)(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, const real *A,
                              int64_t lda, const real *B, int64_t ldb, const real *bias, real *C,
                              int64_t ldc) {
-    const TY(mha_gemm_out) out = {B, ldb, bias, C, ldc, N};
+    const TY(mha_gemm_out) out = {B, ldb, bias, C, ldc, N, NULL};
     return FN(gemm_auto)(trans_a, trans_b, M, K, 1, A, lda, 0, &out, 1, NULL);
 }
 
 static int FN(mha_gemm)(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, real alpha,
                         const real *A, int64_t lda, const real *B, int64_t ldb, real beta, real *C,
                         int64_t ldc) {
-    const TY(mha_gemm_out) out = {B, ldb, NULL, C, ldc, N};
+    const TY(mha_gemm_out) out = {B, ldb, NULL, C, ldc, N, NULL};
     return FN(gemm_auto)(trans_a, trans_b, M, K, alpha, A, lda, beta, &out, 1, NULL);
 }
 

@@ -201,6 +201,18 @@ enum mha_activation {
     int mha_linear_##SFX(int64_t M, int64_t N, int64_t K, const T *A, int64_t lda,            \
                          const T *B, int64_t ldb, int trans_b, const T *bias, int act,         \
                          T beta, T *C, int64_t ldc);                                           \
+    /* Weights packed once for many products (a model's dense layers): mha_pack_weight writes \
+     * op(B) (K, N) into ceil(N / W) panels of K x W, W = *width from mha_pack_width (it      \
+     * depends on the SIMD path in use; zero-padded columns), K * W * ceil(N / W) elements;   \
+     * mha_linear_packed is mha_linear with op(B) read from them and no packing per call:     \
+     * bitwise the same result, except for products small enough (M N K <= 16384) that        \
+     * mha_linear runs them in plain loops (then equal to rounding). */                       \
+    int mha_pack_width_##SFX(int64_t *width);                                                  \
+    int mha_pack_weight_##SFX(T *packed, const T *B, int64_t ldb, int trans_b, int64_t K,      \
+                              int64_t N);                                                      \
+    int mha_linear_packed_##SFX(int64_t M, int64_t N, int64_t K, const T *A, int64_t lda,     \
+                                const T *Bp, const T *bias, int act, T beta, T *C,             \
+                                int64_t ldc);                                                  \
     /* y = act(x) on rows of n (gated: x rows of 2n, y = act(gate) * up). y may be x (same    \
      * leading dimension); otherwise they must not overlap. */                                 \
     int mha_activation_##SFX(T *y, int64_t ldy, const T *x, int64_t ldx, int64_t rows,        \

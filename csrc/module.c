@@ -781,24 +781,78 @@ static int check_act(int act) {
     return 0;
 }
 
-static char *linear_kw[] = {"a", "b", "bias", "act", "trans_b", "out", NULL};
+/* The width W of packed panels (mha_pack_width) for the dtype typenum, on the path in use. */
+static npy_intp pack_width(int typenum) {
+    int64_t w = 0;
+    if (typenum == NPY_FLOAT32) mha_pack_width_f32(&w);
+    else mha_pack_width_f64(&w);
+    return (npy_intp)w;
+}
+
+static char *pack_weight_kw[] = {"b", "trans_b", NULL};
+
+/* pack_weight(b (K, N) or (N, K) with trans_b, trans_b=False) -> op(b) packed whole, a new
+ * (ceil(N / W), K, W) array (W = the path's panel width), for linear(a, packed, columns=N). */
+static PyObject *py_pack_weight(PyObject *self, PyObject *args, PyObject *kwargs) {
+    (void)self;
+    PyObject *b_obj;
+    int tb = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|p", pack_weight_kw, &b_obj, &tb)) return NULL;
+    int typenum = float_type(b_obj, "b");
+    if (typenum < 0) return NULL;
+    PyArrayObject *b = get_array(b_obj, "b", typenum, 2);
+    if (!b) return NULL;
+    const npy_intp K = PyArray_DIM(b, tb ? 1 : 0), N = PyArray_DIM(b, tb ? 0 : 1), W = pack_width(typenum);
+    npy_intp shape[3] = {(N + W - 1) / W, K, W};
+    PyArrayObject *p = new_array(3, shape, typenum, 0);
+    if (!p) return NULL;
+    int err;
+    CALL_TYPED(typenum, err, mha_pack_weight, PyArray_DATA(p), PyArray_DATA(b), PyArray_DIM(b, 1), tb, K, N);
+    if (raise_core_error(err)) {
+        Py_DECREF(p);
+        return NULL;
+    }
+    return (PyObject *)p;
+}
+
+static char *linear_kw[] = {"a", "b", "bias", "act", "trans_b", "out", "columns", NULL};
 
 /* linear(a (M, K), b (K, N') or (N', K) with trans_b, bias (N') or None, act=0, trans_b=False,
- * out=None) -> act(a @ op(b) + bias) (M, N), N = N' / 2 when act is gated; with out (M, N):
- * out += a @ op(b) + bias in place (act must be 0), and out is returned. */
+ * out=None, columns=None) -> act(a @ op(b) + bias) (M, N), N = N' / 2 when act is gated; with
+ * out (M, N): out += a @ op(b) + bias in place (act must be 0), and out is returned. b may be
+ * packed by pack_weight ((P, K, W), trans_b False): columns then gives N'. */
 static PyObject *py_linear(PyObject *self, PyObject *args, PyObject *kwargs) {
     (void)self;
-    PyObject *a_obj, *b_obj, *bias_obj = Py_None, *out_obj = Py_None;
+    PyObject *a_obj, *b_obj, *bias_obj = Py_None, *out_obj = Py_None, *cols_obj = Py_None;
     int act = 0, tb = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|OipO", linear_kw, &a_obj, &b_obj, &bias_obj,
-                                     &act, &tb, &out_obj))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|OipOO", linear_kw, &a_obj, &b_obj, &bias_obj,
+                                     &act, &tb, &out_obj, &cols_obj))
         return NULL;
     int typenum = float_type(a_obj, "a");
     if (typenum < 0 || check_act(act)) return NULL;
+    const int packed = PyArray_Check(b_obj) && PyArray_NDIM((PyArrayObject *)b_obj) == 3;
     PyArrayObject *a = get_array(a_obj, "a", typenum, 2), *b, *bias;
-    if (!a || !(b = get_array(b_obj, "b", typenum, 2))) return NULL;
+    if (!a || !(b = get_array(b_obj, "b", typenum, packed ? 3 : 2))) return NULL;
     npy_intp M = PyArray_DIM(a, 0), K = PyArray_DIM(a, 1);
     npy_intp Kb = PyArray_DIM(b, tb ? 1 : 0), Nb = PyArray_DIM(b, tb ? 0 : 1);
+    if (packed) { /* (P, K, W) from pack_weight: N' from columns, checked against P and W */
+        const npy_intp W = pack_width(typenum);
+        Py_ssize_t cols = cols_obj == Py_None ? -1 : PyNumber_AsSsize_t(cols_obj, PyExc_OverflowError);
+        if (cols == -1 && PyErr_Occurred()) return NULL;
+        if (tb || PyArray_DIM(b, 2) != W || cols < 0 || (cols + W - 1) / W != PyArray_DIM(b, 0)) {
+            PyErr_Format(PyExc_ValueError, "a packed b (%zd, %zd, %zd) needs trans_b=False, panels %zd "
+                         "wide (this process's SIMD path) and columns=N with ceil(N / %zd) = %zd, got "
+                         "trans_b=%d, columns=%zd", (Py_ssize_t)PyArray_DIM(b, 0), (Py_ssize_t)PyArray_DIM(b, 1),
+                         (Py_ssize_t)PyArray_DIM(b, 2), (Py_ssize_t)W, (Py_ssize_t)W,
+                         (Py_ssize_t)PyArray_DIM(b, 0), tb, cols);
+            return NULL;
+        }
+        Kb = PyArray_DIM(b, 1);
+        Nb = cols;
+    } else if (cols_obj != Py_None) {
+        PyErr_SetString(PyExc_ValueError, "columns goes with a packed b (from pack_weight) only");
+        return NULL;
+    }
     if (K != Kb) {
         PyErr_Format(PyExc_ValueError, "a has %zd columns but op(b) has %zd rows", (Py_ssize_t)K, (Py_ssize_t)Kb);
         return NULL;
@@ -819,7 +873,11 @@ static PyObject *py_linear(PyObject *self, PyObject *args, PyObject *kwargs) {
     if (!c) return NULL;
     int err;
     npy_intp ldb = PyArray_DIM(b, 1);
-    if (typenum == NPY_FLOAT32) {
+    if (packed) {
+        const double beta = out_obj != Py_None ? 1.0 : 0.0;
+        CALL_TYPED(typenum, err, mha_linear_packed, M, shape[1], K, PyArray_DATA(a), K, PyArray_DATA(b),
+                   DPTR(bias), act, beta, PyArray_DATA(c), shape[1]);
+    } else if (typenum == NPY_FLOAT32) {
         Py_BEGIN_ALLOW_THREADS
         err = mha_linear_f32(M, shape[1], K, PyArray_DATA(a), K, PyArray_DATA(b), ldb, tb, DPTR(bias), act,
                              out_obj != Py_None ? 1.0f : 0.0f, PyArray_DATA(c), shape[1]);
@@ -1091,7 +1149,10 @@ static PyMethodDef methods[] = {
     {"matmul", (PyCFunction)(void (*)(void))py_matmul, METH_VARARGS | METH_KEYWORDS,
      "matmul(a, b, trans_a=False, trans_b=False): the core's GEMM on 2-D C-contiguous arrays"},
     {"linear", (PyCFunction)(void (*)(void))py_linear, METH_VARARGS | METH_KEYWORDS,
-     "linear(a, b, bias=None, act=0, trans_b=False, out=None) -> act(a @ op(b) + bias), or out += a @ op(b) + bias"},
+     "linear(a, b, bias=None, act=0, trans_b=False, out=None, columns=None) -> act(a @ op(b) + bias), "
+     "or out += a @ op(b) + bias; b may be pack_weight's (P, K, W), with columns=N"},
+    {"pack_weight", (PyCFunction)(void (*)(void))py_pack_weight, METH_VARARGS | METH_KEYWORDS,
+     "pack_weight(b, trans_b=False) -> op(b) (K, N) packed whole for linear: (ceil(N / W), K, W)"},
     {"activation", (PyCFunction)(void (*)(void))py_activation, METH_VARARGS | METH_KEYWORDS,
      "activation(x, act, out=None) -> act(x) (gated: act(x[:, :n]) * x[:, n:])"},
     {"layer_norm", (PyCFunction)(void (*)(void))py_layer_norm, METH_VARARGS | METH_KEYWORDS,

@@ -81,9 +81,9 @@ static int FN(mha_layer_forward)(real *out, real *weights, const SAVED *saved, c
     //    blocks of x are packed once for the three.
     if (x_k == x_q && x_v == x_q && m->kdim == m->d_model && m->vdim == m->d_model &&
         m->n_new == m->n_q && m->kv_batch_stride == m->n_new && kv_first == 0) {
-        const TY(mha_gemm_out) qkv[3] = {{p->W_q, E_q, p->b_q, q_proj, E_q, E_q},
-                                         {p->W_k, E_kv, p->b_k, k_proj, E_kv, E_kv},
-                                         {p->W_v, E_kv, p->b_v, v_proj, E_kv, E_kv}};
+        const TY(mha_gemm_out) qkv[3] = {{p->W_q, E_q, p->b_q, q_proj, E_q, E_q, NULL},
+                                         {p->W_k, E_kv, p->b_k, k_proj, E_kv, E_kv, NULL},
+                                         {p->W_v, E_kv, p->b_v, v_proj, E_kv, E_kv, NULL}};
         if ((err = FN(mha_gemm_shared_a)(B * m->n_q, m->d_model, x_q, m->d_model, qkv, 3))) return err;
     } else {
         if ((err = FN(project)(q_proj, m->n_q * E_q, E_q, x_q, m->n_q * m->d_model, B, m->n_q,

@@ -112,7 +112,7 @@ static void test_gemm_shared_a(void) {
             for (int64_t i = 0; i < K * N; i++) B[i] = (float)randn();
             for (int64_t i = 0; i < N; i++) bias[i] = (float)randn();
             for (int64_t i = 0; i < M * ldc; i++) C[i] = want[o][i] = (float)randn(); /* the padding */
-            outs[o] = (mha_gemm_out_f32){B, N, o == 1 ? NULL : bias, C, ldc, N};
+            outs[o] = (mha_gemm_out_f32){B, N, o == 1 ? NULL : bias, C, ldc, N, NULL};
             mha_gemm_bias_f32(0, 0, M, N, K, A, K, B, N, o == 1 ? NULL : bias, want[o], ldc);
         }
         int err = mha_gemm_shared_a_f32(M, K, A, K, outs, 3);
@@ -592,6 +592,58 @@ static void test_block(void) {
                 expect(e <= 2e-5, what, e, 2e-5);
                 free(A), free(B), free(bias), free(want), free(C), free(Af), free(Bf), free(biasf), free(Cf);
             }
+    /* weights packed once (mha_pack_weight): mha_linear_packed bitwise equal to mha_linear
+     * (to rounding where mha_linear runs a small product unpacked), for B as it is and transposed, plain, gated and residual, one row to several blocks,
+     * a shared axis in one slice and in three (K = 600) */
+    {
+        const int64_t Ms[] = {1, 3, 37, 300}, Ks[] = {70, 600}, N = 45;
+        int64_t width = 0;
+        mha_pack_width_f32(&width);
+        expect(width > 0 && width % 4 == 0, "pack width f32 a multiple of 4", (double)width, 0);
+        for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++)
+            for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++)
+                for (int mode = 0; mode < 4; mode++) { /* B, B transposed, gated, residual */
+                    const int64_t M = Ms[mi], K = Ks[ki], NB = mode == 2 ? 2 * N : N;
+                    const int tb = mode == 1, act = mode == 2 ? (MHA_ACT_SILU | MHA_ACT_GATED) : 0;
+                    const float beta = mode == 3 ? 1.0f : 0.0f;
+                    const int64_t panels = (NB + width - 1) / width;
+                    float *A = malloc(sizeof(float) * (size_t)(M * K)), *B = malloc(sizeof(float) * (size_t)(K * NB));
+                    float *bias = malloc(sizeof(float) * (size_t)NB);
+                    float *Bp = malloc(sizeof(float) * (size_t)(K * width * panels));
+                    float *want = malloc(sizeof(float) * (size_t)(M * N)), *C = malloc(sizeof(float) * (size_t)(M * N));
+                    for (int64_t i = 0; i < M * K; i++) A[i] = (float)randn();
+                    for (int64_t i = 0; i < K * NB; i++) B[i] = (float)(randn() / sqrt((double)K));
+                    for (int64_t i = 0; i < NB; i++) bias[i] = (float)randn();
+                    for (int64_t i = 0; i < M * N; i++) want[i] = C[i] = (float)randn();
+                    const int64_t ldb = tb ? K : NB;
+                    int err = mha_pack_weight_f32(Bp, B, ldb, tb, K, NB);
+                    err |= mha_linear_f32(M, N, K, A, K, B, ldb, tb, bias, act, beta, want, N);
+                    err |= mha_linear_packed_f32(M, N, K, A, K, Bp, bias, act, beta, C, N);
+                    size_t differ = 0; /* not bitwise equal, or (small products) beyond rounding */
+                    const int small = M * NB * K <= 16384; /* mha_linear's unpacked loops: other order */
+                    for (int64_t i = 0; i < M * N; i++)
+                        differ += small ? fabsf(C[i] - want[i]) > 1e-5f * (1 + fabsf(want[i]))
+                                        : memcmp(C + i, want + i, sizeof(float)) != 0;
+                    snprintf(what, sizeof what, "linear packed f32 M=%lld K=%lld mode=%d (elements differing)",
+                             (long long)M, (long long)K, mode);
+                    expect(!err && differ == 0, what, (double)differ, 0);
+                    free(A), free(B), free(bias), free(Bp), free(want), free(C);
+                }
+        /* double, one case */
+        const int64_t M = 20, K = 33, Nd = 19;
+        mha_pack_width_f64(&width);
+        const int64_t panels = (Nd + width - 1) / width;
+        double *A = random_array((size_t)(M * K)), *B = random_array((size_t)(K * Nd));
+        double *Bp = malloc(sizeof(double) * (size_t)(K * width * panels));
+        double *want = malloc(sizeof(double) * (size_t)(M * Nd)), *C = malloc(sizeof(double) * (size_t)(M * Nd));
+        int err = mha_pack_weight_f64(Bp, B, Nd, 0, K, Nd);
+        err |= mha_linear_f64(M, Nd, K, A, K, B, Nd, 0, NULL, MHA_ACT_GELU, 0, want, Nd);
+        err |= mha_linear_packed_f64(M, Nd, K, A, K, Bp, NULL, MHA_ACT_GELU, 0, C, Nd);
+        double e = err ? INFINITY : max_abs_diff(C, want, (size_t)(M * Nd));
+        expect(e == 0, "linear packed f64, GELU", e, 0);
+        expect(mha_pack_weight_f64(Bp, B, Nd, 0, -1, Nd) == MHA_EINVAL, "pack_weight: negative K refused", 0, 0);
+        free(A), free(B), free(Bp), free(want), free(C);
+    }
     /* a residual added in place (beta = 1), B read transposed; act with beta != 0 refused */
     {
         const int64_t M = 50, Kr = 64, Nr = 33;

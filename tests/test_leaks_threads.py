@@ -428,3 +428,14 @@ def test_bitwise_identical_across_processes_and_thread_counts():
         one, two = load_arrays(run_digest(1, True)), load_arrays(run_digest(2, True))
         for i, (a, b) in enumerate(zip(one, two)):
             assert_close(b, a, 1e-6 if a.dtype == np.float32 else 1e-12, f"result {i}, 2 vs 1 threads")
+
+
+def test_default_threads_read_once():
+    """OMP_NUM_THREADS is read once, as an OpenMP runtime reads it: a library that writes it
+    into the environment later (Dask's LocalCluster writes 1) does not change mha's threads."""
+    code = ("import os, mha; before = mha.get_num_threads(); os.environ['OMP_NUM_THREADS'] = '1'; "
+            "print(before, mha.get_num_threads())")
+    env = dict(os.environ, OMP_NUM_THREADS="2")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out[1] == out[0] and out[0] in ("2", "1")   # 1: a serial build

@@ -447,17 +447,42 @@ def test_generation_in_float64_and_probes_on_llama(tiny):
 
 
 @pytest.mark.parametrize("rows", [1, 3, 4, 37])
-def test_products_on_both_paths(rows):
-    """ops.linear / unembed: einsum up to SMALL_ROWS rows, mha's GEMM beyond; same values."""
+def test_products_packed_and_not(rows):
+    """ops.linear / unembed on a weight as it is and packed once (ops.Packed): the values of
+    x @ W + b, bitwise equal to each other beyond mha's small-product loops; the packed
+    weight's source made read-only."""
     from mha.models import ops
     rng = np.random.default_rng(rows)
     x, W, b = rng.standard_normal((rows, 48)), rng.standard_normal((48, 80)), rng.standard_normal(80)
     table = rng.standard_normal((120, 48))
     np.testing.assert_allclose(ops.linear(x, W, b), x @ W + b, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(ops.unembed(x, table), x @ table.T, rtol=1e-12, atol=1e-12)
+    packed, packed_t = ops.Packed(W), ops.Packed(table, trans=True)
+    np.testing.assert_allclose(ops.linear(x, packed, b), x @ W + b, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(ops.unembed(x, packed_t), x @ table.T, rtol=1e-12, atol=1e-12)
+    if rows * 80 * 48 > 16384:
+        np.testing.assert_array_equal(ops.linear(x, packed, b), ops.linear(x, W, b))
+    assert not W.flags.writeable and not table.flags.writeable
     x32, W32 = x.astype(np.float32), W.astype(np.float32)
     y = ops.linear(x32, W32)
+    np.testing.assert_allclose(ops.linear(x32, ops.Packed(W32)), y, rtol=1e-6, atol=1e-5)
     assert y.dtype == np.float32 and y.flags.c_contiguous
     np.testing.assert_allclose(y, x @ W, rtol=1e-4, atol=1e-4)
     view = np.ascontiguousarray(np.concatenate([x32, x32], axis=1))[:, :48]   # strided rows
     np.testing.assert_array_equal(ops.linear(view, W32), y)
+
+
+def test_replaced_weight_is_packed_again(tiny):
+    """A model packs its dense weights once; a weight replaced in model.layers is packed again
+    (the result follows it), and one changed in place is refused (read-only)."""
+    model = mha.models.load(tiny("llama")[0])
+    ids = np.arange(3, 11)[None]
+    before = model(ids, need_weights=False).last_hidden_state
+    W = model.layers[0]["W_o"]
+    with pytest.raises(ValueError, match="read-only"):
+        W[0, 0] = 1.0
+    model.layers[0]["W_o"] = W * 0
+    after = model(ids, need_weights=False).last_hidden_state
+    assert not np.allclose(before, after)
+    model.layers[0]["W_o"] = W
+    np.testing.assert_array_equal(model(ids, need_weights=False).last_hidden_state, before)

@@ -64,10 +64,13 @@ def matmul(a: ArrayLike, b: ArrayLike, trans_a: bool = False, trans_b: bool = Fa
 # the block kernels (mha.reference.block has their twins). act: 0 none, 1 GELU (erf), 2 GELU
 # (tanh), 3 SiLU, 4 quick GELU, 5 ReLU; | 16 for the gated form act(x[:, :N]) * x[:, N:].
 # linear: act(a @ op(b) + bias); with out, out += a @ op(b) + bias in place (act must be 0)
+# b: (K, N) or (N, K) with trans_b, or pack_weight's (P, K, W) with columns=N
 def linear(
     a: ArrayLike, b: ArrayLike, bias: ArrayLike | None = None, act: int = 0,
-    trans_b: bool = False, out: _Array | None = None,
+    trans_b: bool = False, out: _Array | None = None, columns: int | None = None,
 ) -> _Array: ...
+# op(b) (K, N) packed whole for linear: (ceil(N / W), K, W), W the SIMD path's panel width
+def pack_weight(b: ArrayLike, trans_b: bool = False) -> _Array: ...
 def activation(x: ArrayLike, act: int, out: _Array | None = None) -> _Array: ...
 def layer_norm(
     x: ArrayLike, gain: ArrayLike, bias: ArrayLike, eps: float, out: _Array | None = None,

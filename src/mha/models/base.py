@@ -156,7 +156,9 @@ class TransformerModel:
         ``config.raw`` is the config.json.
     layers : list of dict
         One dict of weights per layer, dense weights stored (in, out); its ``W_o`` and ``b_o``
-        are the attention's output projection.
+        are the attention's output projection. The dense weights (``W_*``) are read-only: the
+        model keeps a copy of each packed for its GEMM (twice the memory), and packs a weight
+        again when its array is replaced in the dict.
     n_layers, n_heads, n_kv_heads, d_model, d_head : int
         The sizes.
 
@@ -188,6 +190,33 @@ class TransformerModel:
         self.name = name
         self.folder = folder
         self._load(TensorReader(checkpoint, self.anchor, self.dtype, type(self).__name__))
+        self._packs = {}
+        self._pack_weights()
+
+    # --- the dense weights, packed for the GEMM ------------------------------------------------
+    def _pack_weights(self):
+        """Pack every dense weight (the layers' ``W_*``) once, so that no product packs its
+        weight per call; causal models add their LM head."""
+        for i, p in enumerate(self.layers):
+            for name, w in p.items():
+                if name.startswith("W_"):
+                    self._dense((i, name), w)
+
+    def _dense(self, key, weight, trans=False):
+        """``weight`` packed for the GEMM (:class:`ops.Packed`; transposed: a (vocab, d)
+        table read as its transpose), from a cache keyed by ``key``: packed once, and again
+        when the array under that key was replaced (``model.layers[i]["W_o"] = new``; the
+        packed array itself is made read-only, so it cannot change in place). The packed
+        copies double the dense weights' memory; they are not pickled."""
+        packed = self._packs.get(key)
+        if packed is None or packed.source is not weight:
+            packed = self._packs[key] = ops.Packed(weight, trans)
+        return packed
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_packs"] = {}       # packed for this process's SIMD path: packed again on use
+        return state
 
     # --- shape --------------------------------------------------------------------------------
     @property
@@ -728,7 +757,7 @@ class TransformerModel:
         model's attentions), or None.
         """
         H, H_kv = self.n_heads, self.n_kv_heads
-        qkv = ops.linear(h, p["W_qkv"], p.get("b_qkv"))         # (B*n, (H + 2 H_kv) d_head)
+        qkv = ops.linear(h, self._dense((layer, "W_qkv"), p["W_qkv"]), p.get("b_qkv"))
         if rope is not None:                                     # q and k turned in place
             ops.rope_(qkv, H + H_kv, self.d_head, *rope)
         q, k, v = ops.split_heads(qkv, B, n, (H, H_kv, H_kv), self.d_head)
@@ -736,7 +765,8 @@ class TransformerModel:
             k, v = cache.append(layer, k, v)
         heads, weights = self._attention(layer, q, k, v, pad_mask, need_weights, head_mask,
                                          capture, weights_out)
-        return ops.linear(heads, p["W_o"], p.get("b_o"), out=residual), weights
+        return ops.linear(heads, self._dense((layer, "W_o"), p["W_o"]), p.get("b_o"),
+                          out=residual), weights
 
     def _attention(self, layer, q, k, v, pad_mask, need_weights, head_mask, capture,
                    weights_out=None):

@@ -154,8 +154,8 @@ class BertModel(TransformerModel):
             if need_weights and weights is not w_out:
                 attn[:, i] = weights
             ops.layer_norm_(x, p["ln_1_weight"], p["ln_1_bias"], eps)
-            h = ops.linear(x, p["W_1"], p["b_1"], act=self._act)
-            ops.linear(h, p["W_2"], p["b_2"], out=x)                        # x += FFN(x)
+            h = ops.linear(x, self._dense((i, "W_1"), p["W_1"]), p["b_1"], act=self._act)
+            ops.linear(h, self._dense((i, "W_2"), p["W_2"]), p["b_2"], out=x)  # x += FFN(x)
             ops.layer_norm_(x, p["ln_2_weight"], p["ln_2_bias"], eps)
             hidden[:, i + 1] = x.reshape(B, n, d)
         return hidden, attn

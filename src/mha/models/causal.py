@@ -122,6 +122,14 @@ class CausalLM:
     def _vocab_matrix(self):
         raise NotImplementedError
 
+    def _pack_weights(self):
+        super()._pack_weights()
+        self._lm_head()
+
+    def _lm_head(self):
+        """The LM head's weight packed for the GEMM (read as the (d, vocab) transpose)."""
+        return self._dense("lm_head", self._vocab_matrix(), trans=True)
+
     def logits(self, text_or_ids: str | ArrayLike) -> np.ndarray:
         """Compute the next-token logits of one text or id sequence.
 
@@ -145,7 +153,7 @@ class CausalLM:
         """
         enc = (self.encode(text_or_ids, need_weights=False) if isinstance(text_or_ids, str)
                else self(np.asarray(text_or_ids), need_weights=False))
-        return ops.unembed(enc.last_hidden_state, self._vocab_matrix())
+        return ops.unembed(enc.last_hidden_state, self._lm_head())
 
     def generate(self, text: str | ArrayLike, max_new_tokens: int = 20, *, greedy: bool = True,
                  temperature: float = 1.0, top_k: int | None = None, seed: int | None = None,
@@ -225,7 +233,7 @@ class CausalLM:
         hidden = np.empty((L + 1, total, d), self.dtype)
         attn = np.zeros((L, H, total, total), self.dtype) if need_weights else None
         cache = self._new_cache(total)
-        vocab = self._vocab_matrix()
+        vocab = self._lm_head()
         rng = np.random.default_rng(seed)
         eos = set(self.config.eos_token_ids) if stop_at_eos else set()
         tokens = list(ids)

@@ -146,8 +146,8 @@ class GPT2Model(CausalLM, TransformerModel):
             if need_weights and weights is not w_out:
                 attn[:, i] = weights
             h = ops.layer_norm(x, p["ln_2_weight"], p["ln_2_bias"], eps)
-            h = ops.linear(h, p["W_fc"], p["b_fc"], act=self._act)
-            ops.linear(h, p["W_proj"], p["b_proj"], out=x)
+            h = ops.linear(h, self._dense((i, "W_fc"), p["W_fc"]), p["b_fc"], act=self._act)
+            ops.linear(h, self._dense((i, "W_proj"), p["W_proj"]), p["b_proj"], out=x)
             if i < L - 1:
                 hidden[:, i + 1] = x.reshape(B, n, d)
         hidden[:, L] = ops.layer_norm_(x, *self.ln_f, eps).reshape(B, n, d)

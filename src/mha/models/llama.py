@@ -155,8 +155,10 @@ class LlamaModel(CausalLM, TransformerModel):
             if need_weights and weights is not w_out:
                 attn[:, i] = weights
             h = ops.rms_norm(x, p["post_attention_norm"], eps)
-            gate = ops.linear(h, p["W_gate_up"], p.get("b_gate_up"), act=self._act | ops.GATED)
-            ops.linear(gate, p["W_down"], p.get("b_down"), out=x)           # x += MLP(x)
+            gate = ops.linear(h, self._dense((i, "W_gate_up"), p["W_gate_up"]),
+                              p.get("b_gate_up"), act=self._act | ops.GATED)
+            ops.linear(gate, self._dense((i, "W_down"), p["W_down"]), p.get("b_down"),
+                       out=x)                                               # x += MLP(x)
             if i < L - 1:
                 hidden[:, i + 1] = x.reshape(B, n, d)
         hidden[:, L] = ops.rms_norm(x, self.norm, eps).reshape(B, n, d)

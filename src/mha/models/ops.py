@@ -37,41 +37,54 @@ def activation(name):
 
 # --- dense layers and LayerNorm ---------------------------------------------------------------
 
-# Products of at most this many rows (a decode step) run on NumPy's einsum loop instead: one
-# thread, no BLAS, each weight read once. mha's GEMM packs the weight for every call, which at
-# one row made it 2.5-3x slower (576 x 3072: 0.74 against 0.24 ms; the 49152 x 576 LM head: 38
-# against 12 ms); at 4 rows the GEMM was ahead (0.62 against 0.76 ms).
-SMALL_ROWS = 3
+class Packed:
+    """A dense weight packed once for mha's GEMM: what :func:`linear` and :func:`unembed` read
+    instead of packing the weight on every call (``_C.pack_weight``: panels of W columns,
+    W set by the SIMD path in use, each holding the whole shared axis).
+
+    source is the array it was packed from, made read-only so that it cannot change under
+    its packed copy (a model repacks a weight whose array was replaced, see
+    ``TransformerModel._dense``); data: (ceil(columns / W), K, W); columns: op(source)'s
+    column count.
+    """
+    __slots__ = ("source", "data", "columns")
+
+    def __init__(self, source, trans=False):
+        self.source = source
+        self.data = _C.pack_weight(np.ascontiguousarray(source), bool(trans))
+        self.columns = source.shape[0] if trans else source.shape[1]
+        source.flags.writeable = False
+
+    @property
+    def nbytes(self):
+        return self.data.nbytes
 
 
 def linear(x, weight, bias=None, act=0, out=None):
-    """``act(x @ weight + bias)`` with weight stored (in, out). x: (rows, in) -> (rows, out),
-    new; act: an activation code (``activation(name)``, ``| GATED`` for ``act(gate) * up``
-    over the two halves of the output, which then has out / 2 columns). With ``out``
-    (rows, out), act 0: ``out += x @ weight + bias`` in place (a residual), out returned.
+    """``act(x @ weight + bias)`` with weight stored (in, out), or :class:`Packed` from it.
+    x: (rows, in) -> (rows, out), new; act: an activation code (``activation(name)``,
+    ``| GATED`` for ``act(gate) * up`` over the two halves of the output, which then has
+    out / 2 columns). With ``out`` (rows, out), act 0: ``out += x @ weight + bias`` in place
+    (a residual), out returned.
 
     The product runs on mha's own GEMM (the C core's blocked SIMD product, on mha's threads),
     with the bias and the activation applied to each finished row inside the product, never
-    on NumPy's BLAS. At most SMALL_ROWS rows: a matrix-vector product on NumPy's einsum loop
-    (one thread, no BLAS), then the activation in C.
+    on NumPy's BLAS. A packed weight is read as it is, one row (a decode step) included.
     """
-    if len(x) <= SMALL_ROWS:
-        y = np.einsum("ri,io->ro", x, weight)
-        if bias is not None:
-            y += bias
-        if out is not None:
-            out += y
-            return out
-        return y if act == 0 else _C.activation(y, act, None if act & GATED else y)
-    return _C.linear(np.ascontiguousarray(x), weight, bias, act, False, out)
+    x = np.ascontiguousarray(x)
+    if isinstance(weight, Packed):
+        return _C.linear(x, weight.data, bias, act, False, out, weight.columns)
+    return _C.linear(x, weight, bias, act, False, out)
 
 
 def unembed(x, table):
     """The LM head: ``x @ table^T`` for a (vocab, d) table (the token embeddings when they are
-    tied) -> (rows, vocab) logits; the table is read as it is, never transposed or copied."""
-    if len(x) <= SMALL_ROWS:
-        return np.einsum("ri,vi->rv", x, table)
-    return _C.linear(np.ascontiguousarray(x), table, None, 0, True)
+    tied), or :class:`Packed` from it with ``trans=True`` -> (rows, vocab) logits; the table
+    is never transposed or copied per call."""
+    x = np.ascontiguousarray(x)
+    if isinstance(table, Packed):
+        return _C.linear(x, table.data, None, 0, False, None, table.columns)
+    return _C.linear(x, table, None, 0, True)
 
 
 def layer_norm_(x, gain, bias, eps):
