@@ -19,7 +19,6 @@ import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
-import numpy
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
@@ -88,6 +87,8 @@ def openmp_flags(compiler, unix):
 
 class BuildExt(build_ext):
     def build_extensions(self):
+        import numpy  # the C API's headers: only a build needs them, not pip's metadata steps
+
         unix = self.compiler.compiler_type == "unix"
         kind = "unix" if unix else "msvc"
         if unix:
@@ -130,6 +131,7 @@ class BuildExt(build_ext):
                 extra = extra + ["/fp:contract"]  # fused multiply-adds (VS 2022 and later)
             self.unit_flags[unit] = extra
         for ext in self.extensions:
+            ext.include_dirs = ext.include_dirs + [numpy.get_include()]
             ext.extra_compile_args = flags + ext.extra_compile_args
             ext.extra_link_args = link + ext.extra_link_args
         # setuptools skips an extension newer than its sources: not when the compiler or the
@@ -175,7 +177,7 @@ setup(
         Extension(
             "mha._C",
             sources=CORE,
-            include_dirs=["csrc", numpy.get_include()],
+            include_dirs=["csrc"],
             depends=HEADERS + list(KERNEL_UNITS),
         )
     ],
