@@ -655,7 +655,7 @@ def _draw_all(tour, figures, jobs, finished):
         finished(_draw(tour, figures, task))
 
 
-def default_jobs():
+def _default_jobs():
     """Processes of ``python -m mha tour``: 2 where this process may run on two cores or more
     (a worker trains while this process draws), else 1."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -785,7 +785,7 @@ def main(argv=None):
     start = time.perf_counter()
     try:
         entries = run(args.out, args.model, quick=args.quick, threads=args.threads,
-                      progress=not args.quiet, jobs=args.jobs or default_jobs())
+                      progress=not args.quiet, jobs=args.jobs or _default_jobs())
     except TourError as e:
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return 2
