@@ -79,10 +79,55 @@ def test_index_shows_every_file_with_a_sentence(tour_dir):
     assert not list(tour_dir.glob(".mha-tour-*")), "the write probe was left behind"
 
 
+# Stand-in figures for the schedule's tests: module-level, so that a spawned worker process
+# finds them by name (it imports this module); each writes its file and says which process drew it.
+def _stub_draw(t, path):
+    path.write_text(str(os.getpid()))
+    return str(os.getpid())
+
+
+def _stub_fail(t, path):
+    raise RuntimeError(f"{path.name} failed in its process")
+
+
+STUBS = (tour.Figure("a", "A", _stub_draw), tour.Figure("g1", "G1", _stub_draw, group="g"),
+         tour.Figure("b", "B", _stub_draw), tour.Figure("t", "T", _stub_draw, alone=True),
+         tour.Figure("g2", "G2", _stub_draw, group="g"), tour.Figure("c", "C", _stub_draw),
+         tour.Figure("d", "D", _stub_draw))
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_schedule_draws_each_figure_once_a_group_in_one_process_and_the_timed_one_alone(tmp_path, jobs):
+    import multiprocessing
+
+    done = []
+    tour._draw_all(tour.Tour(tmp_path, "no model needed"), STUBS, jobs, done.extend)
+    names = [name for name, _, _ in done]
+    pid = {name: int(sentence) for name, sentence, _ in done}
+    assert sorted(names) == sorted(f.name for f in STUBS)
+    assert all(int((tmp_path / name).read_text()) == pid[name] for name in names)
+    assert names.index("g2") == names.index("g1") + 1 and pid["g1"] == pid["g2"]    # one task
+    assert names[-1] == "t" and pid["t"] == os.getpid()             # last, here, workers gone
+    if jobs == 1:
+        assert set(pid.values()) == {os.getpid()}
+    else:                                   # the group went to the worker, "a" stayed here
+        assert pid["g1"] != os.getpid() and pid["a"] == os.getpid()
+    assert not multiprocessing.active_children()
+
+
+def test_schedule_raises_a_workers_error_and_stops_it(tmp_path):
+    import multiprocessing
+
+    stubs = (tour.Figure("g1", "G1", _stub_fail, group="g"),) + STUBS[:1]
+    with pytest.raises(RuntimeError, match="g1 failed in its process"):
+        tour._draw_all(tour.Tour(tmp_path, "no model needed"), stubs, 2, lambda results: None)
+    assert not multiprocessing.active_children()
+
+
 def test_help_explains_every_option(capsys):
     assert tour.main(["--help"]) == 0
     text = capsys.readouterr().out
-    for option in ("--out", "--model", "--quick", "--threads", "--quiet"):
+    for option in ("--out", "--model", "--quick", "--threads", "--jobs", "--quiet"):
         assert option in text
     assert "minilm" in text and "index.html" in text
 

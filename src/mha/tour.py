@@ -16,8 +16,13 @@ What it writes (PNGs, one GIF, two HTML pages):
   09_learned_patterns.png   what the 4 heads learned
   10_speed.png              1/4/8/16 heads, batch 16 x 128 tokens x 256 (seed 000), in turns
   11_pruning.png            iterative head pruning until accuracy drops > 1 point (E12.3)
+  12_beyond_attention.png   raw weights, rollout, attention flow and value norms side by side
+  13_value_norms.png        weight against value norm on the special tokens (Kobayashi et al.)
+  14_clark_metrics.png      where every head attends (Clark et al.'s statistics)
+  15_head_map.png           the heads on a map of their Jensen-Shannon distances
   attention_layers.gif      one head across the layers (seed 004)
   head_view.html            the interactive head view (seed 004), self-contained
+  model_view.html           every layer and head at once
   index.html                all of the above, with a sentence each
 
 Progress goes to stderr; the list of files to stdout. Exit status: 0 on success, 2 for a bad
@@ -26,15 +31,26 @@ option, an unwritable folder or a model that cannot be loaded (with a one-line m
 The tour is the table `FIGURES`: each entry names a file, its title in index.html and the
 function that computes and draws it (from the results the figures share, `Tour`). A new figure
 is a function and one entry.
+
+Two processes draw at once (`--jobs`, default 2 on two cores or more): a worker process trains
+the small models and draws the figures of the training (the entries of a `group`) while this
+one draws the pretrained model's, and takes figures from the end of the table when it is done;
+the speed figure (`alone`) is timed last, with no other figure running.
 """
 from __future__ import annotations
 
 import argparse
+import collections
+import concurrent.futures
 import contextlib
 import functools
 import html
+import multiprocessing
+import os
+import signal
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -53,29 +69,26 @@ class TourError(Exception):
 
 
 class Progress:
-    """Step lines on stderr: ``[ 3/15] Coreference: does she look at doctor? ...``."""
+    """One line on stderr per finished step, in the order they finish (figures drawn at once
+    finish in any order): ``[ 4/20] 03_coreference.png: Coreference: ... 0.7 s``."""
 
     def __init__(self, total, enabled=True, stream=None):
         self.total, self.enabled = total, enabled
         self.stream = stream or sys.stderr
         self.count = 0
         self.start = time.perf_counter()
-        self._step_start = None
 
-    def step(self, what):
-        self.done()
+    def report(self, what, seconds):
         self.count += 1
-        self._step_start = time.perf_counter()
-        self._say(f"[{self.count:2d}/{self.total}] {what} ...")
-
-    def done(self):
-        if self._step_start is not None:
-            self._say(f"        {time.perf_counter() - self._step_start:.1f} s")
-            self._step_start = None
-
-    def _say(self, text):
         if self.enabled:
-            print(text, file=self.stream, flush=True)
+            print(f"[{self.count:2d}/{self.total}] {what} ... {seconds:.1f} s", file=self.stream,
+                  flush=True)
+
+    @contextlib.contextmanager
+    def step(self, what):
+        start = time.perf_counter()
+        yield
+        self.report(what, time.perf_counter() - start)
 
     @property
     def elapsed(self):
@@ -166,7 +179,7 @@ class Tour:
         self.out, self.model_name = Path(out), model
         self.quick, self.threads, self.progress = quick, threads, progress
         self.epochs = 30 if quick else 100
-        self.timing_rounds = 3 if quick else 5
+        self.timing_rounds = 2 if quick else 3
 
     @functools.cached_property
     def net(self):
@@ -205,6 +218,11 @@ class Tour:
         with _threads(self.threads or 1):            # tiny matrices: one thread is faster
             return train.compare_heads((1, 4, 8), epochs=self.epochs, seed=0, progress=self.progress)
 
+    @functools.cached_property
+    def training_figures(self):
+        from . import train
+        return train.compare_heads_figures(self.training)
+
 
 @dataclass(frozen=True)
 class Figure:
@@ -219,10 +237,17 @@ class Figure:
     draw : callable
         ``draw(tour, path) -> str``: computes the figure, writes it to `path` and returns the
         sentence index.html shows under the title.
+    group : str, optional
+        The figures of a group are drawn one after another in one process, in the table's
+        order: they share a result too costly to compute twice (the trained models).
+    alone : bool
+        Drawn after every other figure, with nothing else running: it times the kernels.
     """
     name: str
     title: str
     draw: Callable[[Tour, Path], str]
+    group: str | None = None
+    alone: bool = False
 
 
 # ---- the figures, in the order of index.html ------------------------------------------------
@@ -354,7 +379,7 @@ def _concat_projection(t, path):
 def _training(t, path):
     from . import train
 
-    _save(train.compare_heads_figures(t.training)["summary"], path)
+    _save(t.training_figures["summary"], path)
     accs = ", ".join(f"{_plural(h, 'head')} {r['final_test_accuracy']:.1%}" for h, r in t.training.items())
     return (f"Seed 000's task, trained on the C backward ({t.epochs} epochs, Adam): test accuracy "
             f"{accs}, against an expected ceiling of {train.pattern_ceiling():.1%} (the first two "
@@ -364,7 +389,7 @@ def _training(t, path):
 def _learned_patterns(t, path):
     from . import train
 
-    _save(train.compare_heads_figures(t.training)["patterns"], path)
+    _save(t.training_figures["patterns"], path)
     w = t.training[4]["attention"]                                     # (4, n, n), one sequence
     n = w.shape[-1]
     i, j = np.arange(n)[:, None], np.arange(n)[None, :]
@@ -388,8 +413,10 @@ def _speed(t, path):
     layers = {_plural(h, "Head"): mha.MultiHeadAttention(256, h, seed=0)
               for h in (1, 4, 8, 16)}
     fns = {label: (lambda lay=lay: lay(xb)) for label, lay in layers.items()}
+    # one untimed call opens each turn and no settling time follows: nothing here spins after
+    # a call for long (mha's pool threads spin 0.1 ms, then sleep; no NumPy product runs)
     times = {label: [1e3 * s for s in ts]
-             for label, ts in time_in_turns(fns, t.timing_rounds, settle=0.05, measure=0.05).items()}
+             for label, ts in time_in_turns(fns, t.timing_rounds, settle=0, measure=0.05).items()}
     medians = {label: quartiles(ts)[1] for label, ts in times.items()}
     fig = viz.speed_bars(medians, title="Inference Time on mha's C kernels: 1 to 16 Heads\n"
                                         "(same parameters, same arithmetic)")
@@ -403,12 +430,12 @@ def _speed(t, path):
 
 
 def _pruning(t, path):
-    from . import train
+    from . import train, viz
 
     test = train.pattern_data(500, seed=2024)
     with _threads(t.threads or 1):
         prune = train.prune_experiment(model=t.training[8]["model"], test_data=test)
-    _save(train.prune_figures(prune)["pruning"], path)
+    _save(viz.pruning_plot(prune["curve"]), path)   # prune_figures' "pruning"
     return (f"The 8-head model, pruned one head at a time (least important by ablation first): "
             f"{prune['prunable']} of 8 heads can go before accuracy drops by more than one point "
             f"({prune['baseline_accuracy']:.1%} -> {prune['pruned_accuracy']:.1%} with heads "
@@ -488,10 +515,10 @@ FIGURES = (
     Figure("05_head_diversity.png", "Head diversity", _head_diversity),
     Figure("06_causal_mask.png", "The causal mask", _causal_mask),
     Figure("07_concat_projection.png", "Concatenation and W_o", _concat_projection),
-    Figure("08_training.png", "One head vs many", _training),
-    Figure("09_learned_patterns.png", "What the heads learned", _learned_patterns),
-    Figure("10_speed.png", "Speed of 1, 4, 8 and 16 heads", _speed),
-    Figure("11_pruning.png", "Pruning heads", _pruning),
+    Figure("08_training.png", "One head vs many", _training, group="training"),
+    Figure("09_learned_patterns.png", "What the heads learned", _learned_patterns, group="training"),
+    Figure("10_speed.png", "Speed of 1, 4, 8 and 16 heads", _speed, alone=True),
+    Figure("11_pruning.png", "Pruning heads", _pruning, group="training"),
     Figure("12_beyond_attention.png", "Beyond raw attention: rollout, flow, value norms",
            _beyond_attention),
     Figure("13_value_norms.png", "Weight is not effect: value norms", _value_norms),
@@ -506,7 +533,7 @@ FIGURES = (
 FILES = tuple(f.name for f in FIGURES) + ("index.html",)
 
 
-def run(out="mha-tour", model="minilm", *, quick=False, threads=None, progress=True):
+def run(out="mha-tour", model="minilm", *, quick=False, threads=None, progress=True, jobs=1):
     """Compute every figure of `FIGURES` into the folder `out`, then index.html.
 
     Parameters
@@ -521,7 +548,11 @@ def run(out="mha-tour", model="minilm", *, quick=False, threads=None, progress=T
     threads : int, optional
         Threads for the C kernels (default: unchanged; the tiny training models run on one).
     progress : bool
-        Step lines and training bars on stderr.
+        Step lines on stderr (and the training's bars when `jobs` is 1).
+    jobs : int
+        Processes that draw figures at once: 1 draws them all in this process; more start
+        ``jobs - 1`` worker processes beside it (the ``spawn`` way, so a script that calls this
+        needs ``if __name__ == "__main__":``). The same files either way.
 
     Returns
     -------
@@ -539,24 +570,127 @@ def run(out="mha-tour", model="minilm", *, quick=False, threads=None, progress=T
     out = _check_writable(out)
     if threads is not None:
         mha.set_num_threads(threads)
-    tour = Tour(out, model, quick=quick, threads=threads, progress=progress)
+    tour = Tour(out, model, quick=quick, threads=threads, progress=progress and jobs == 1)
     steps = Progress(len(FIGURES) + 2, progress)
-    steps.step(f"loading the model {model!r}")
     try:
-        tour.net
+        with steps.step(f"loading the model {model!r}"):
+            tour.net
     except TourError:
         if created and not any(out.iterdir()):
             out.rmdir()                     # leave no empty folder behind
         raise
-    entries = []
-    for figure in FIGURES:
-        title = figure.title.format(t=tour)
-        steps.step(f"{figure.name}: {title}")
-        entries.append((figure.name, title, figure.draw(tour, out / figure.name)))
-    steps.step("index.html")
-    _write_index(out, entries, tour.label, quick, steps.elapsed)
-    steps.done()
+    titles = {figure.name: figure.title.format(t=tour) for figure in FIGURES}
+
+    def finished(results):
+        for name, sentence, seconds in results:
+            sentences[name] = sentence
+            steps.report(f"{name}: {titles[name]}", seconds)
+
+    sentences = {}
+    _draw_all(tour, FIGURES, jobs, finished)
+    entries = [(figure.name, titles[figure.name], sentences[figure.name]) for figure in FIGURES]
+    with steps.step("index.html"):
+        _write_index(out, entries, tour.label, quick, steps.elapsed)
     return entries
+
+
+def _draw(tour, figures, names):
+    """Draw the figures `names` (of the table `figures`) one after another:
+    [(name, sentence, seconds)]."""
+    by_name = {figure.name: figure for figure in figures}
+    results = []
+    for name in names:
+        start = time.perf_counter()
+        sentence = by_name[name].draw(tour, tour.out / name)
+        results.append((name, sentence, time.perf_counter() - start))
+    return results
+
+
+def _draw_all(tour, figures, jobs, finished):
+    """Draw every figure of the table `figures`, calling ``finished([(name, sentence, seconds),
+    ...])`` as they finish.
+
+    With ``jobs > 1``, ``jobs - 1`` worker processes start on the groups (the training: a
+    quarter of the work, and it needs no model) while this process draws the other figures
+    from the front of the table; a worker with no group left takes the next figure from the
+    back. The figures that run alone come last, in this process, once the workers are gone.
+    """
+    groups = {}
+    for figure in figures:
+        if figure.group is not None:
+            groups.setdefault(figure.group, []).append(figure.name)
+    tasks = collections.deque(tuple(names) for names in groups.values())
+    tasks += [(f.name,) for f in figures if f.group is None and not f.alone]
+    alone = [(f.name,) for f in figures if f.group is None and f.alone]
+    workers = min(jobs - 1, len(tasks) - 1)
+    if workers < 1:
+        for task in list(tasks) + alone:
+            finished(_draw(tour, figures, task))
+        return
+    executor = ProcessPoolExecutor(workers, multiprocessing.get_context("spawn"), _start_worker,
+                                   (figures, str(tour.out.resolve()), tour.model_name, tour.quick,
+                                    tour.threads))
+    running = []
+
+    def collect(wait):
+        if wait and running:
+            concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
+        for future in [f for f in running if f.done()]:
+            running.remove(future)
+            finished(future.result())           # a worker's exception is raised here
+
+    try:
+        for _ in range(len(groups)):            # the groups first, to the workers
+            running.append(executor.submit(_draw_in_worker, tasks.popleft()))
+        while tasks or running:
+            collect(wait=not tasks)
+            while tasks and len(running) < workers:
+                running.append(executor.submit(_draw_in_worker, tasks.pop()))
+            if tasks:
+                finished(_draw(tour, figures, tasks.popleft()))
+    except BaseException:                       # a figure failed or Ctrl-C: stop the workers now
+        _stop_workers(executor)
+        raise
+    finally:
+        executor.shutdown(wait=True, cancel_futures=True)
+    for task in alone:
+        finished(_draw(tour, figures, task))
+
+
+def _default_jobs():
+    """Processes of ``python -m mha tour``: 2 where this process may run on two cores or more
+    (a worker trains while this process draws), else 1."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return 2 if (cores or 1) >= 2 else 1
+
+
+_worker = None                              # a worker process's (Tour, figures)
+
+
+def _start_worker(figures, out, model, quick, threads):
+    """Initializer of a worker process: its own `Tour`, which loads the model only if a figure
+    needs it. Ctrl-C reaches the whole process group: the parent stops the workers."""
+    global _worker
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if threads is not None:
+        import mha
+
+        mha.set_num_threads(threads)
+    _worker = (Tour(out, model, quick=quick, threads=threads, progress=False), figures)
+
+
+def _draw_in_worker(names):
+    return _draw(*_worker, names)
+
+
+def _stop_workers(executor):
+    """End the worker processes at once, abandoning the figures they draw."""
+    terminate = getattr(executor, "terminate_workers", None)         # Python 3.14
+    if terminate is not None:
+        terminate()
+        return
+    for process in list((getattr(executor, "_processes", None) or {}).values()):
+        process.terminate()
 
 
 def _write_index(out, entries, label, quick, seconds):
@@ -624,6 +758,10 @@ def _parser():
                         help="threads for the C kernels (default: mha's default, all cores "
                              "or OMP_NUM_THREADS, except the tiny training models, which "
                              "run faster on one)")
+    parser.add_argument("--jobs", metavar="N", type=_positive_int, default=None,
+                        help="processes that draw figures at once (default: 2 on a machine "
+                             "with two cores or more, else 1: every figure in this process); "
+                             "the speed figure is timed with no other figure running")
     parser.add_argument("--quiet", action="store_true",
                         help="no progress on stderr (the list of files is still printed)")
     return parser
@@ -649,7 +787,7 @@ def main(argv=None):
     start = time.perf_counter()
     try:
         entries = run(args.out, args.model, quick=args.quick, threads=args.threads,
-                      progress=not args.quiet)
+                      progress=not args.quiet, jobs=args.jobs or _default_jobs())
     except TourError as e:
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return 2
