@@ -4,6 +4,7 @@ and mha.corpus.head_statistics on Dask's local scheduler and on a dask.distribut
 ``model.attentions`` and ``model.attention_norms``; faults (a worker killed mid-run), bad input
 and the ``python -m mha corpus`` command.
 """
+import contextlib
 import doctest
 import importlib.util
 import logging
@@ -200,14 +201,40 @@ def test_partitioning_and_threads_change_nothing(minilm, texts, oracle, tmp_path
 
 # --- a LocalCluster: 2 worker processes on loopback ---------------------------------------------
 
-@pytest.fixture(scope="module")
-def cluster():
+@contextlib.contextmanager
+def local_cluster(silence_logs=logging.ERROR):
+    """A LocalCluster of 2 worker processes x 1 thread on loopback and its Client, with this
+    process's environment kept as it was. Dask's nanny writes its workers' environment
+    (distributed.nanny.pre-spawn-environ: OMP_NUM_THREADS=1, MALLOC_TRIM_THRESHOLD_, ...) into
+    the caller's os.environ before it spawns them, and mha's C core reads OMP_NUM_THREADS on
+    every call until set_num_threads is called: the local runs beside the cluster, and every
+    test after this module, would run the kernels on one thread (and a save-and-restore of
+    get_num_threads() would pin that). Restored once the workers run (a nanny that replaces a
+    lost worker writes it again) and when the cluster closes."""
     from distributed import Client, LocalCluster
 
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
-                      dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR) as cluster, \
-            Client(cluster) as client:
+    saved = dict(os.environ)
+
+    def restore():
+        os.environ.clear()
+        os.environ.update(saved)
+
+    try:
+        with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                          dashboard_address="127.0.0.1:0", silence_logs=silence_logs) as cluster, \
+                Client(cluster) as client:
+            restore()
+            yield cluster, client
+    finally:
+        restore()
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    threads = mha.get_num_threads()
+    with local_cluster() as (cluster, client):
         yield cluster, client
+    assert mha.get_num_threads() == threads                      # the kernels' threads unchanged
 
 
 @needs_minilm
@@ -258,14 +285,11 @@ class KillOnce(distributed.diagnostics.plugin.WorkerPlugin):
 
 @needs_minilm
 def test_a_worker_killed_mid_run_loses_and_double_counts_nothing(minilm, texts, tmp_path):
-    from distributed import Client, LocalCluster
-
+    threads = mha.get_num_threads()
     local = mha.corpus.head_statistics(minilm, texts, batch_size=2, progress=False)
     assert local.attrs["batches"] == 14
     marker = tmp_path / "killed"
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
-                      dashboard_address="127.0.0.1:0", silence_logs=logging.CRITICAL) as cluster, \
-            Client(cluster) as client:
+    with local_cluster(silence_logs=logging.CRITICAL) as (cluster, client):
         before = set(client.run(os.getpid).values())
         client.register_plugin(KillOnce(marker, "-5"))           # batch 5 of 14: mid-run
         ds = mha.corpus.head_statistics(minilm, texts, batch_size=2, client=client, progress=False)
@@ -273,6 +297,7 @@ def test_a_worker_killed_mid_run_loses_and_double_counts_nothing(minilm, texts, 
         assert int(pid) in before and key.endswith("-5")          # a worker did die, mid-run
         client.wait_for_workers(2, timeout=60)
         assert int(pid) not in set(client.run(os.getpid).values())  # the nanny replaced it
+    assert mha.get_num_threads() == threads          # its new worker's environment did not stay
     assert_identical(ds, local)                                  # every batch counted exactly once
     assert (ds.attrs["texts"], ds.attrs["batches"]) == (len(texts), 14)
 
