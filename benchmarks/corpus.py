@@ -17,6 +17,7 @@ in float32:
                threaded scheduler, the default split of Dask threads and kernel threads.
   local-2x1    two Dask threads, the kernels on one thread each.
   local-1x2    one Dask thread, the kernels on two threads.
+  local-texts  the default split, batches cut by ``batch_size`` texts alone (``batch_tokens=None``).
   local-norms  the default with the value-norm shares (``norms=True``, the call's default).
   cluster      a dask.distributed LocalCluster of 2 worker processes x 1 thread on loopback.
                It runs in a process of its own, started for the cluster's turn and ended after
@@ -24,6 +25,10 @@ in float32:
                run beside the other cases. That process makes the same texts, starts the
                cluster, has every worker load the model (timed per worker, imports included),
                runs 8 texts, then times the call; start-up and warm-up are reported apart.
+  cluster-malloc  the same with glibc's malloc left as it is in the workers: Dask's nanny sets
+               MALLOC_TRIM_THRESHOLD_=65536 in them (distributed.nanny.pre-spawn-environ), which
+               also fixes glibc's mmap threshold at 128 KB, so that every larger array is mapped
+               afresh (page faults) and unmapped when freed; here that setting is removed.
 
 A round runs every case once, in a rotated order (each case follows a different one in each
 round). Figures are tokens per second (real tokens / wall seconds of the whole call,
@@ -35,11 +40,12 @@ of the cores a case obtained as much as its efficiency, and CPU time tells the t
 The load average is printed after every run.
 
 ``--costs`` measures on one kernel thread what the scaling to N machines depends on: the
-forward pass and the statistics of one batch (texts of 100-120 tokens), the reduction of 8
+forward pass and the statistics of one default batch (texts of 100-120 tokens), the reduction of 8
 partial results, and what a worker does once (loading the model, the token and Gram tables,
 the weights' fingerprint).
 """
 import argparse
+import inspect
 import json
 import logging
 import os
@@ -50,11 +56,13 @@ import time
 
 import numpy as np
 
-CASES = ("loop", "local", "local-2x1", "local-1x2", "local-norms", "cluster")
+CASES = ("loop", "local", "local-2x1", "local-1x2", "local-texts", "local-norms", "cluster",
+         "cluster-malloc")
 DEFAULT_CASES = ("loop", "local", "local-1x2", "cluster")
 COMPARE = (("local", "loop"), ("local-2x1", "loop"), ("local-1x2", "loop"),
-           ("local-norms", "loop"), ("cluster", "local"), ("local-1x2", "local"),
-           ("local-2x1", "local"))
+           ("local-texts", "loop"), ("local-norms", "loop"), ("cluster", "local"),
+           ("cluster-malloc", "local"), ("cluster-malloc", "cluster"),
+           ("local-1x2", "local"), ("local-2x1", "local"), ("local-texts", "local"))
 
 
 def cpu_seconds():
@@ -81,12 +89,15 @@ def load_on_worker(spec):
     return time.perf_counter() - start
 
 
-def cluster_run(n, batch_size):
+def cluster_run(n, batch_size, malloc=False):
     """The cluster's turn, in a process of its own: start a 2-process LocalCluster, load the
     model on every worker, warm up, time one call -> a dict (printed as JSON by --cluster-run)."""
+    import dask
     import mha.corpus
     from distributed import Client, LocalCluster
 
+    if malloc:
+        dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None})
     model, texts, _ = corpus(n)
     start = time.perf_counter()
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
@@ -118,10 +129,11 @@ def main(argv=None):
     parser.add_argument("--json", metavar="FILE", help="write every round's figures here")
     parser.add_argument("--costs", action="store_true",
                         help="measure per-batch, reduction and model-load costs instead")
-    parser.add_argument("--cluster-run", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--cluster-run", choices=("dask", "malloc"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.cluster_run:
-        print(json.dumps(cluster_run(args.texts, args.batch_size)), flush=True)
+        print(json.dumps(cluster_run(args.texts, args.batch_size, args.cluster_run == "malloc")),
+              flush=True)
         return
     if args.costs:
         return costs()
@@ -159,8 +171,8 @@ def main(argv=None):
         call()
         return {"seconds": time.perf_counter() - start, "cpu": cpu_seconds() - cpu_start}
 
-    def cluster():
-        out = subprocess.run([sys.executable, __file__, "--cluster-run", "--texts",
+    def cluster(malloc="dask"):
+        out = subprocess.run([sys.executable, __file__, "--cluster-run", malloc, "--texts",
                               str(args.texts), "--batch-size", str(args.batch_size)],
                              check=True, stdout=subprocess.PIPE, text=True).stdout
         return json.loads(out.strip().splitlines()[-1])
@@ -168,7 +180,9 @@ def main(argv=None):
     run = {"loop": lambda: timed(loop), "local": lambda: timed(local()),
            "local-2x1": lambda: timed(local(num_workers=2, kernel_threads=1)),
            "local-1x2": lambda: timed(local(num_workers=1, kernel_threads=2)),
-           "local-norms": lambda: timed(local(norms=True)), "cluster": cluster}
+           "local-texts": lambda: timed(local(batch_tokens=None)),
+           "local-norms": lambda: timed(local(norms=True)), "cluster": cluster,
+           "cluster-malloc": lambda: cluster("malloc")}
     print(f"the local default: {local()()}", flush=True)        # also a warm-up
 
     results = {case: [] for case in cases}
@@ -203,10 +217,10 @@ def main(argv=None):
             print(f"{a + ' / ' + b:24s} median {np.median(per_round):.2f} "
                   f"(rounds {per_round.min():.2f} - {per_round.max():.2f}: "
                   f"{', '.join(f'{x:.2f}' for x in per_round)})")
-    if "cluster" in results:
-        for k in ("start-up", "warm-up", "model load per worker"):
-            v = np.ravel([x[k] for x in results["cluster"]])
-            print(f"cluster {k}: {np.median(v):.1f} s ({min(v):.1f} - {max(v):.1f})")
+    for case in ("cluster", "cluster-malloc"):
+        for k in ("start-up", "warm-up", "model load per worker") if case in results else ():
+            v = np.ravel([x[k] for x in results[case]])
+            print(f"{case} {k}: {np.median(v):.1f} s ({min(v):.1f} - {max(v):.1f})")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"texts": len(texts), "tokens": tokens, "batch_size": args.batch_size,
@@ -234,7 +248,8 @@ def costs(repeats=5):
     fingerprint = best(lambda: _fingerprint(model))
     texts = mha.corpus.synthetic_texts(model, 16, min_tokens=100, max_tokens=120, seed=1)
     ids, _, _ = _tokenize(model, enumerate(texts), str, truncation=False, skip_empty=False)
-    (flat, lengths), = _batches(ids, 16)
+    limit = inspect.signature(mha.corpus.head_statistics).parameters["batch_tokens"].default
+    flat, lengths = _batches(ids, 16, limit)[0]                     # the default's first batch
     mha.set_num_threads(1)
     _batch_sums(model, flat, lengths, True)                         # tables, warm caches
     batch = best(lambda: _batch_sums(model, flat, lengths, False))
@@ -247,7 +262,8 @@ def costs(repeats=5):
     print(f"model load (mha.models.load('minilm')) {load[0]:.3f} - {load[1]:.3f} s")
     print(f"token and Gram tables                   {tables[0]:.3f} - {tables[1]:.3f} s")
     print(f"fingerprint of the weights              {fingerprint[0]:.3f} - {fingerprint[1]:.3f} s")
-    print(f"one batch of 16 texts, {tokens} tokens:  {batch[0]:.3f} - {batch[1]:.3f} s "
+    print(f"one batch of {len(lengths)} texts, {tokens} tokens (batch_tokens={limit}): "
+          f"{batch[0]:.3f} - {batch[1]:.3f} s "
           f"({tokens / batch[0]:,.0f} tokens/s), with norms {batch_norms[0]:.3f} - "
           f"{batch_norms[1]:.3f} s")
     print(f"reduction of 8 partial results ({size:,} bytes of sums each): "

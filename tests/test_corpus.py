@@ -188,15 +188,38 @@ def test_partitioning_and_threads_change_nothing(minilm, texts, oracle, tmp_path
     assert_identical(base, mha.corpus.head_statistics(minilm, path, batch_size=4, progress=False))
     assert_identical(base, mha.corpus.head_statistics(minilm, iter(texts), batch_size=4, progress=False))
     for batch_size in (1, 28):
-        ds = mha.corpus.head_statistics(minilm, texts, batch_size=batch_size, progress=False)
+        ds = mha.corpus.head_statistics(minilm, texts, batch_size=batch_size, batch_tokens=None,
+                                        progress=False)
         assert ds.attrs["batches"] == -(-len(texts) // batch_size)
         assert_matches(ds, expected, what=f"batch_size={batch_size}: ")
+    ds = mha.corpus.head_statistics(minilm, texts, batch_size=28, batch_tokens=64, progress=False)
+    assert ds.attrs["batches"] >= -(-tokens // 64) and ds.attrs["batch_tokens"] == 64  # <= 64 each
+    assert_matches(ds, expected, what="batch_tokens=64: ")
     bag = dask.bag.from_sequence(texts, npartitions=3)
     ds = mha.corpus.head_statistics(minilm, bag, batch_size=3, progress=False)
     assert (ds.attrs["texts"], ds.attrs["tokens"]) == (len(texts), tokens)
     assert_matches(ds, expected, what="bag: ")
     again = mha.corpus.head_statistics(minilm, bag, batch_size=3, progress=False, num_workers=1)
     assert_identical(ds, again)
+
+
+@pytest.mark.parametrize("batch_size, batch_tokens", [(16, 1024), (4, None), (3, 30), (16, 1)])
+def test_batches_keep_both_limits_and_every_text_once(batch_size, batch_tokens):
+    lengths = [5, 300, 10, 10, 10, 100, 120, 2000, 7, 30, 31]
+    ids = [np.full(n, i, dtype=np.uint16) for i, n in enumerate(lengths)]
+    batches = mha.corpus._batches(ids, batch_size, batch_tokens)
+    every = np.concatenate([flat for flat, _ in batches])
+    assert sorted(every.tolist()) == sorted(np.concatenate(ids).tolist())   # each text once
+    assert np.all(np.diff(np.concatenate([b for _, b in batches])) >= 0)     # sorted by length
+    for flat, batch_lengths in batches:
+        assert len(flat) == batch_lengths.sum() and 1 <= len(batch_lengths) <= batch_size
+        padded = len(batch_lengths) * batch_lengths.max()
+        assert len(batch_lengths) == 1 or batch_tokens is None or padded <= batch_tokens
+    if batch_tokens is None:                                      # batch_size alone cuts
+        assert len(batches) == -(-len(lengths) // batch_size)
+    else:                                                         # greedy: the next text did not fit
+        for (_, a), (_, b) in zip(batches, batches[1:]):
+            assert len(a) == batch_size or (len(a) + 1) * b[0] > batch_tokens
 
 
 # --- a LocalCluster: 2 worker processes on loopback ---------------------------------------------
@@ -340,6 +363,8 @@ def test_bad_texts_are_named(minilm, tmp_path):
     for bad in (0, 2.5, True):
         with pytest.raises(ValueError, match="batch_size must be a positive int"):
             run(minilm, good, batch_size=bad, progress=False)
+        with pytest.raises(ValueError, match="batch_tokens must be a positive int"):
+            run(minilm, good, batch_tokens=bad, progress=False)
     with pytest.raises(TypeError, match="client must be a dask.distributed.Client"):
         run(minilm, good, client="tcp://127.0.0.1:8786", progress=False)
     with pytest.raises(TypeError, match="model must be a mha.models model"):
@@ -389,7 +414,8 @@ def test_command_writes_netcdf_and_a_figure(minilm, texts, cluster, tmp_path, ca
     for argv, message in (([str(tmp_path / "nothing.txt")], "no such file"),
                           ([str(path), "--out", str(tmp_path / "stats.csv")], "ending in .nc"),
                           ([str(path), "--model", str(tmp_path)], "cannot load the model"),
-                          ([str(path), "--batch-size", "0"], "--batch-size must be at least 1")):
+                          ([str(path), "--batch-size", "0"], "--batch-size must be at least 1"),
+                          ([str(path), "--batch-tokens", "0"], "--batch-tokens must be at least 1")):
         assert mha.corpus.main(argv + ["--quiet"]) == 2
         assert message in capsys.readouterr().err
     path.write_text("one\n\nthree\n", encoding="utf-8")
