@@ -108,13 +108,15 @@ def cluster_run(n, batch_size, malloc=False):
         loads = client.run(load_on_worker, mha.corpus._model_spec(model))
         mha.corpus.head_statistics(model, texts[:8], client=client, progress=False)
         warm = time.perf_counter() - start
-        cpu_start = cpu_seconds() + sum(client.run(cpu_seconds).values())
+        caller_start, workers_start = cpu_seconds(), sum(client.run(cpu_seconds).values())
         start = time.perf_counter()
-        mha.corpus.head_statistics(model, texts, batch_size=batch_size, client=client,
-                                   progress=False, norms=False)
+        ds = mha.corpus.head_statistics(model, texts, batch_size=batch_size, client=client,
+                                        progress=False, norms=False)
         seconds = time.perf_counter() - start
-        cpu = cpu_seconds() + sum(client.run(cpu_seconds).values()) - cpu_start
-    return {"seconds": seconds, "cpu": cpu, "start-up": started, "warm-up": warm,
+        caller = cpu_seconds() - caller_start
+        workers = sum(client.run(cpu_seconds).values()) - workers_start
+    return {"seconds": seconds, "cpu": caller + workers, "caller cpu": caller,
+            "batches": ds.attrs["batches"], "start-up": started, "warm-up": warm,
             "model load per worker": sorted(loads.values())}
 
 
@@ -218,9 +220,13 @@ def main(argv=None):
                   f"(rounds {per_round.min():.2f} - {per_round.max():.2f}: "
                   f"{', '.join(f'{x:.2f}' for x in per_round)})")
     for case in ("cluster", "cluster-malloc"):
-        for k in ("start-up", "warm-up", "model load per worker") if case in results else ():
+        if case not in results:
+            continue
+        for k in ("start-up", "warm-up", "model load per worker", "caller cpu"):
             v = np.ravel([x[k] for x in results[case]])
-            print(f"{case} {k}: {np.median(v):.1f} s ({min(v):.1f} - {max(v):.1f})")
+            print(f"{case} {k}: {np.median(v):.2f} s ({min(v):.2f} - {max(v):.2f})")
+        print(f"{case}: {results[case][0]['batches']} batches (tasks); caller cpu: the caller's "
+              "process (scheduler, client, tokenization), part of the case's CPU")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"texts": len(texts), "tokens": tokens, "batch_size": args.batch_size,

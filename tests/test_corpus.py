@@ -217,7 +217,7 @@ def test_batches_keep_both_limits_and_every_text_once(batch_size, batch_tokens):
         assert len(batch_lengths) == 1 or batch_tokens is None or padded <= batch_tokens
     if batch_tokens is None:                                      # batch_size alone cuts
         assert len(batches) == -(-len(lengths) // batch_size)
-    else:                                                         # greedy: the next text did not fit
+    else:                                                # greedy: the next text did not fit
         for (_, a), (_, b) in zip(batches, batches[1:]):
             assert len(a) == batch_size or (len(a) + 1) * b[0] > batch_tokens
 
