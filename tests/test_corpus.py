@@ -4,6 +4,7 @@ and mha.corpus.head_statistics on Dask's local scheduler and on a dask.distribut
 ``model.attentions`` and ``model.attention_norms``; faults (a worker killed mid-run), bad input
 and the ``python -m mha corpus`` command.
 """
+import contextlib
 import doctest
 import importlib.util
 import logging
@@ -187,9 +188,13 @@ def test_partitioning_and_threads_change_nothing(minilm, texts, oracle, tmp_path
     assert_identical(base, mha.corpus.head_statistics(minilm, path, batch_size=4, progress=False))
     assert_identical(base, mha.corpus.head_statistics(minilm, iter(texts), batch_size=4, progress=False))
     for batch_size in (1, 28):
-        ds = mha.corpus.head_statistics(minilm, texts, batch_size=batch_size, progress=False)
+        ds = mha.corpus.head_statistics(minilm, texts, batch_size=batch_size, batch_tokens=None,
+                                        progress=False)
         assert ds.attrs["batches"] == -(-len(texts) // batch_size)
         assert_matches(ds, expected, what=f"batch_size={batch_size}: ")
+    ds = mha.corpus.head_statistics(minilm, texts, batch_size=28, batch_tokens=64, progress=False)
+    assert ds.attrs["batches"] >= -(-tokens // 64) and ds.attrs["batch_tokens"] == 64  # <= 64 each
+    assert_matches(ds, expected, what="batch_tokens=64: ")
     bag = dask.bag.from_sequence(texts, npartitions=3)
     ds = mha.corpus.head_statistics(minilm, bag, batch_size=3, progress=False)
     assert (ds.attrs["texts"], ds.attrs["tokens"]) == (len(texts), tokens)
@@ -198,16 +203,61 @@ def test_partitioning_and_threads_change_nothing(minilm, texts, oracle, tmp_path
     assert_identical(ds, again)
 
 
+@pytest.mark.parametrize("batch_size, batch_tokens", [(16, 1024), (4, None), (3, 30), (16, 1)])
+def test_batches_keep_both_limits_and_every_text_once(batch_size, batch_tokens):
+    lengths = [5, 300, 10, 10, 10, 100, 120, 2000, 7, 30, 31]
+    ids = [np.full(n, i, dtype=np.uint16) for i, n in enumerate(lengths)]
+    batches = mha.corpus._batches(ids, batch_size, batch_tokens)
+    every = np.concatenate([flat for flat, _ in batches])
+    assert sorted(every.tolist()) == sorted(np.concatenate(ids).tolist())   # each text once
+    assert np.all(np.diff(np.concatenate([b for _, b in batches])) >= 0)     # sorted by length
+    for flat, batch_lengths in batches:
+        assert len(flat) == batch_lengths.sum() and 1 <= len(batch_lengths) <= batch_size
+        padded = len(batch_lengths) * batch_lengths.max()
+        assert len(batch_lengths) == 1 or batch_tokens is None or padded <= batch_tokens
+    if batch_tokens is None:                                      # batch_size alone cuts
+        assert len(batches) == -(-len(lengths) // batch_size)
+    else:                                                # greedy: the next text did not fit
+        for (_, a), (_, b) in zip(batches, batches[1:]):
+            assert len(a) == batch_size or (len(a) + 1) * b[0] > batch_tokens
+
+
 # --- a LocalCluster: 2 worker processes on loopback ---------------------------------------------
+
+@contextlib.contextmanager
+def local_cluster(silence_logs=logging.ERROR):
+    """A LocalCluster of 2 worker processes x 1 thread on loopback and its Client, with this
+    process's environment kept as it was. Dask's nanny writes its workers' environment
+    (distributed.nanny.pre-spawn-environ: OMP_NUM_THREADS=1, MALLOC_TRIM_THRESHOLD_, ...) into
+    the caller's os.environ before it spawns them, and mha's C core reads OMP_NUM_THREADS on
+    every call until set_num_threads is called: the local runs beside the cluster, and every
+    test after this module, would run the kernels on one thread (and a save-and-restore of
+    get_num_threads() would pin that). Restored once the workers run (a nanny that replaces a
+    lost worker writes it again) and when the cluster closes."""
+    from distributed import Client, LocalCluster
+
+    saved = dict(os.environ)
+
+    def restore():
+        os.environ.clear()
+        os.environ.update(saved)
+
+    try:
+        with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                          dashboard_address="127.0.0.1:0", silence_logs=silence_logs) as cluster, \
+                Client(cluster) as client:
+            restore()
+            yield cluster, client
+    finally:
+        restore()
+
 
 @pytest.fixture(scope="module")
 def cluster():
-    from distributed import Client, LocalCluster
-
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
-                      dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR) as cluster, \
-            Client(cluster) as client:
+    threads = mha.get_num_threads()
+    with local_cluster() as (cluster, client):
         yield cluster, client
+    assert mha.get_num_threads() == threads                      # the kernels' threads unchanged
 
 
 @needs_minilm
@@ -258,14 +308,11 @@ class KillOnce(distributed.diagnostics.plugin.WorkerPlugin):
 
 @needs_minilm
 def test_a_worker_killed_mid_run_loses_and_double_counts_nothing(minilm, texts, tmp_path):
-    from distributed import Client, LocalCluster
-
+    threads = mha.get_num_threads()
     local = mha.corpus.head_statistics(minilm, texts, batch_size=2, progress=False)
     assert local.attrs["batches"] == 14
     marker = tmp_path / "killed"
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
-                      dashboard_address="127.0.0.1:0", silence_logs=logging.CRITICAL) as cluster, \
-            Client(cluster) as client:
+    with local_cluster(silence_logs=logging.CRITICAL) as (cluster, client):
         before = set(client.run(os.getpid).values())
         client.register_plugin(KillOnce(marker, "-5"))           # batch 5 of 14: mid-run
         ds = mha.corpus.head_statistics(minilm, texts, batch_size=2, client=client, progress=False)
@@ -273,6 +320,7 @@ def test_a_worker_killed_mid_run_loses_and_double_counts_nothing(minilm, texts, 
         assert int(pid) in before and key.endswith("-5")          # a worker did die, mid-run
         client.wait_for_workers(2, timeout=60)
         assert int(pid) not in set(client.run(os.getpid).values())  # the nanny replaced it
+    assert mha.get_num_threads() == threads          # its new worker's environment did not stay
     assert_identical(ds, local)                                  # every batch counted exactly once
     assert (ds.attrs["texts"], ds.attrs["batches"]) == (len(texts), 14)
 
@@ -315,6 +363,8 @@ def test_bad_texts_are_named(minilm, tmp_path):
     for bad in (0, 2.5, True):
         with pytest.raises(ValueError, match="batch_size must be a positive int"):
             run(minilm, good, batch_size=bad, progress=False)
+        with pytest.raises(ValueError, match="batch_tokens must be a positive int"):
+            run(minilm, good, batch_tokens=bad, progress=False)
     with pytest.raises(TypeError, match="client must be a dask.distributed.Client"):
         run(minilm, good, client="tcp://127.0.0.1:8786", progress=False)
     with pytest.raises(TypeError, match="model must be a mha.models model"):
@@ -364,7 +414,8 @@ def test_command_writes_netcdf_and_a_figure(minilm, texts, cluster, tmp_path, ca
     for argv, message in (([str(tmp_path / "nothing.txt")], "no such file"),
                           ([str(path), "--out", str(tmp_path / "stats.csv")], "ending in .nc"),
                           ([str(path), "--model", str(tmp_path)], "cannot load the model"),
-                          ([str(path), "--batch-size", "0"], "--batch-size must be at least 1")):
+                          ([str(path), "--batch-size", "0"], "--batch-size must be at least 1"),
+                          ([str(path), "--batch-tokens", "0"], "--batch-tokens must be at least 1")):
         assert mha.corpus.main(argv + ["--quiet"]) == 2
         assert message in capsys.readouterr().err
     path.write_text("one\n\nthree\n", encoding="utf-8")

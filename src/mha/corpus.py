@@ -16,7 +16,8 @@ How it runs (docs/corpus.md has the numbers):
 - A list, iterable or file of texts is checked and tokenized on the calling machine first, so
   that a bad text (empty, not a str, longer than the model's positions) stops the run before
   any work, with its index and its first words; then the texts are sorted by length and cut
-  into batches of ``batch_size`` (little padding), one Dask task each. A ``dask.bag.Bag`` is
+  into batches of at most ``batch_size`` texts and ``batch_tokens`` padded positions (little
+  padding, arrays that stay in the caches), one Dask task each. A ``dask.bag.Bag`` is
   tokenized, sorted and batched inside its own partitions, on the workers (one task each).
 - Each task returns the float64 sums and counts of :func:`mha.analysis.head_statistic_sums`
   for its batch (nothing accumulates in worker state), and the sums are added in a tree whose
@@ -238,12 +239,20 @@ def _tokenize(model, items, name, *, truncation, skip_empty, bar=None):
     return ids, truncated, skipped
 
 
-def _batches(ids, batch_size):
-    """Texts sorted by length (stable) and cut into batches -> list of (flat ids, lengths)."""
+def _batches(ids, batch_size, batch_tokens):
+    """Texts sorted by length (stable) and cut, in that order, into batches of at most
+    ``batch_size`` texts and ``batch_tokens`` padded positions (texts x the longest; None: no
+    limit; a text longer than that is a batch of its own) -> list of (flat ids, lengths)."""
     lengths = np.array([len(a) for a in ids], dtype=np.int64)
     order = np.argsort(lengths, kind="stable")
-    return [(np.concatenate([ids[i] for i in chunk]), lengths[chunk])
-            for chunk in (order[s:s + batch_size] for s in range(0, len(order), batch_size))]
+    limit = len(order) * int(lengths.max(initial=1)) if batch_tokens is None else batch_tokens
+    chunks, start = [], 0
+    for stop, i in enumerate(order):                   # lengths[i] is the longest so far
+        if stop > start and (stop - start == batch_size or (stop - start + 1) * lengths[i] > limit):
+            chunks.append(order[start:stop])
+            start = stop
+    chunks.append(order[start:])
+    return [(np.concatenate([ids[i] for i in chunk]), lengths[chunk]) for chunk in chunks]
 
 
 def _open_texts(texts):
@@ -326,8 +335,8 @@ def _add(*parts):
     return total
 
 
-def _partition_sums(runner, texts, partition, batch_size, truncation, skip_empty, norms,
-                    kernel_threads=None):
+def _partition_sums(runner, texts, partition, batch_size, batch_tokens, truncation, skip_empty,
+                    norms, kernel_threads=None):
     """One partition of a dask.bag: check and tokenize its texts, sort them, and add the sums
     of its batches in order -> one partial result."""
     model = _resolve(runner, kernel_threads)
@@ -337,7 +346,8 @@ def _partition_sums(runner, texts, partition, batch_size, truncation, skip_empty
     if not ids:
         raise CorpusError(f"the bag's partition {partition} has no text"
                           + (f" ({skipped} empty ones skipped)" if skipped else ""))
-    parts = [_batch_sums(model, flat, lengths, norms) for flat, lengths in _batches(ids, batch_size)]
+    parts = [_batch_sums(model, flat, lengths, norms)
+             for flat, lengths in _batches(ids, batch_size, batch_tokens)]
     total = _add(*parts)
     total["truncated"], total["skipped"] = truncated, skipped
     return total
@@ -409,7 +419,7 @@ def _run_distributed(client, leaves, root, weights, bar):
 
 def head_statistics(model, texts, *, batch_size=16, client=None, progress=True,
                     truncation=False, skip_empty=False, norms=True, num_workers=None,
-                    kernel_threads=None):
+                    kernel_threads=None, batch_tokens=512):
     """Compute per-head attention statistics as corpus means, on Dask.
 
     Clark et al.'s per-head statistics and Kobayashi et al.'s value-norm shares, averaged over
@@ -426,9 +436,7 @@ def head_statistics(model, texts, *, batch_size=16, client=None, progress=True,
         str is always taken as a path), or a bag of str (for corpora that live on the
         workers; each partition is one task, so use a few partitions per worker thread).
     batch_size : int
-        Texts per forward pass (after sorting by length). Memory per running batch is about
-        ``batch_size * layers * heads * n^2 * 4`` bytes for n tokens (MiniLM, 16 x 200 tokens:
-        0.2 GB), once per worker thread.
+        Most texts per forward pass (after sorting by length); see ``batch_tokens``.
     client : dask.distributed.Client, optional
         Run on this cluster. None: Dask's threaded scheduler on this machine.
     progress : bool
@@ -452,6 +460,13 @@ def head_statistics(model, texts, *, batch_size=16, client=None, progress=True,
         Dask threads (1 with the default ``num_workers``); on a cluster, 1 (a worker's threads
         should match its cores, as dask-jobqueue's ``cores=`` sets them). Process-wide: it
         is restored on this machine at the end, but stays set on the workers.
+    batch_tokens : int or None
+        Most padded positions per forward pass (texts x the longest of them; a longer text runs
+        alone); None: ``batch_size`` alone cuts. Long texts thus run in fewer per batch, short
+        ones in up to ``batch_size``, and the arrays of a batch stay small enough for the
+        caches (docs/corpus.md has the measurements). Memory per running batch is at most
+        about ``batch_tokens * layers * heads * n * 4`` bytes for texts of n tokens (MiniLM,
+        texts of 200 tokens: 30 MB), once per worker thread.
 
     Returns
     -------
@@ -460,7 +475,8 @@ def head_statistics(model, texts, *, batch_size=16, client=None, progress=True,
         token-weighted means over the real tokens of all texts: padding is excluded as query
         and as key; ``norm_*`` only with ``norms``) and ``uniform_entropy`` (the entropy of
         uniform attention, the scale for ``entropy``), each with ``long_name`` and ``units``.
-        ``attrs``: model, model_type, dtype, texts, tokens, batches, batch_size, padding (share
+        ``attrs``: model, model_type, dtype, texts, tokens, batches, batch_size, batch_tokens
+        ("none" for None), padding (share
         of padded positions), texts_truncated, texts_skipped, prev_pairs and next_pairs (the
         denominators of mass_prev and mass_next), source, scheduler, seconds (wall time of
         the whole call, tokenization included), mha_version.
@@ -476,7 +492,8 @@ def head_statistics(model, texts, *, batch_size=16, client=None, progress=True,
     FileNotFoundError
         ``texts`` given as a path that is not a file.
     ValueError
-        No text at all, or a bad ``batch_size``, ``num_workers`` or ``kernel_threads``.
+        No text at all, or a bad ``batch_size``, ``batch_tokens``, ``num_workers`` or
+        ``kernel_threads``.
     RuntimeError
         On a cluster: a worker that cannot load the model, or loads other weights.
 
@@ -485,7 +502,7 @@ def head_statistics(model, texts, *, batch_size=16, client=None, progress=True,
     A token's statistics are the same whatever its batch, except for float32 rounding in the
     model: each text's real tokens see no padding. Sums are float64 and added in a tree fixed
     by the number of batches (lists, files) or partitions (bags), so a rerun, another worker
-    count or the other scheduler gives the same bits, and another ``batch_size`` or bag
+    count or the other scheduler gives the same bits, and other batch limits or bag
     partitioning agrees to 1e-6 relative. Tasks return their sums (no worker keeps state),
     so a task that Dask reruns after losing a worker is counted once.
 
@@ -518,6 +535,8 @@ def head_statistics(model, texts, *, batch_size=16, client=None, progress=True,
     start = time.perf_counter()
     model = _as_model(model)
     batch_size = _positive(batch_size, "batch_size")
+    if batch_tokens is not None:
+        batch_tokens = _positive(batch_tokens, "batch_tokens")
     if model.tokenizer is None:
         raise ValueError(f"{model.name or 'the model'} has no tokenizer: head_statistics needs "
                          "one to read texts")
@@ -536,7 +555,7 @@ def head_statistics(model, texts, *, batch_size=16, client=None, progress=True,
     attrs = {}
     if isinstance(texts, dask.bag.Bag):
         leaves = [dask.delayed(_partition_sums)(
-                      runner, part, i, batch_size, truncation, skip_empty, norms,
+                      runner, part, i, batch_size, batch_tokens, truncation, skip_empty, norms,
                       None if client is None else kernel_threads,
                       dask_key_name=f"mha-corpus-partition-{run}-{i}")
                   for i, part in enumerate(texts.to_delayed())]
@@ -552,7 +571,7 @@ def head_statistics(model, texts, *, batch_size=16, client=None, progress=True,
         if not ids:
             raise ValueError(f"texts has no text to compute statistics on"
                              + (f" ({skipped} empty ones skipped)" if skipped else ""))
-        batches = _batches(ids, batch_size)
+        batches = _batches(ids, batch_size, batch_tokens)
         del ids
         leaves = [dask.delayed(_batch_sums)(
                       runner, flat, lengths, norms, None if client is None else kernel_threads,
@@ -575,7 +594,7 @@ def head_statistics(model, texts, *, batch_size=16, client=None, progress=True,
     attrs.setdefault("texts_truncated", total["truncated"])
     attrs.setdefault("texts_skipped", total["skipped"])
     attrs["seconds"] = time.perf_counter() - start
-    return _dataset(model, total, batch_size, attrs)
+    return _dataset(model, total, batch_size, batch_tokens, attrs)
 
 
 def _positive(value, name):
@@ -595,7 +614,7 @@ def _as_model(model):
                     f"{type(model).__name__}")
 
 
-def _dataset(model, total, batch_size, attrs):
+def _dataset(model, total, batch_size, batch_tokens, attrs):
     sums, counts = total["sums"], total["counts"]
     L, H = model.n_layers, model.n_heads
     data = {}
@@ -610,6 +629,7 @@ def _dataset(model, total, batch_size, attrs):
         "model": str(model.name), "model_type": model.config.model_type,
         "dtype": np.dtype(model.dtype).name, "texts": total["texts"], "tokens": total["tokens"],
         "batches": total["batches"], "batch_size": batch_size,
+        "batch_tokens": "none" if batch_tokens is None else batch_tokens,
         "padding": 1.0 - total["tokens"] / total["slots"],
         "prev_pairs": counts["mass_prev"], "next_pairs": counts["mass_next"], **attrs,
         "references": "Clark et al. 2019, arXiv:1906.04341; Kobayashi et al. 2020, "
@@ -750,7 +770,10 @@ def _parser():
                         help="the NetCDF file to write (default: stats.nc); the figure is "
                              "written beside it with the suffix .png")
     parser.add_argument("--batch-size", metavar="N", type=int, default=16,
-                        help="texts per forward pass, after sorting by length (default: 16)")
+                        help="most texts per forward pass, after sorting by length (default: 16)")
+    parser.add_argument("--batch-tokens", metavar="N", type=int, default=512,
+                        help="most padded positions (texts x the longest) per forward pass "
+                             "(default: 512)")
     parser.add_argument("--truncation", action="store_true",
                         help="cut texts longer than the model's positions (and count them) "
                              "instead of stopping")
@@ -779,8 +802,9 @@ def _command(args):
     source = Path(args.file)
     if not source.is_file():
         raise _CommandError(f"{args.file}: no such file")
-    if args.batch_size < 1:
-        raise _CommandError(f"--batch-size must be at least 1, got {args.batch_size}")
+    for option, value in (("--batch-size", args.batch_size), ("--batch-tokens", args.batch_tokens)):
+        if value < 1:
+            raise _CommandError(f"{option} must be at least 1, got {value}")
     out = Path(args.out)
     if out.suffix != ".nc":
         raise _CommandError(f"--out {args.out}: expected a file name ending in .nc")
@@ -796,7 +820,8 @@ def _command(args):
                             f"{' '.join(str(e).split())}") from None
     client = _connect(args.scheduler) if args.scheduler else None
     try:
-        dataset = head_statistics(model, source, batch_size=args.batch_size, client=client,
+        dataset = head_statistics(model, source, batch_size=args.batch_size,
+                                  batch_tokens=args.batch_tokens, client=client,
                                   progress=not args.quiet, truncation=args.truncation,
                                   skip_empty=args.skip_empty, norms=not args.no_norms)
     except (CorpusError, TypeError, UnicodeDecodeError) as e:
