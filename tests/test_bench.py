@@ -93,3 +93,19 @@ def test_median_times_pools_the_calls_of_each_measuring_window(monkeypatch):
     # (4 s). Pooled medians: a of 1 2 4 3 1 -> 2; b of 10 1 1 2 -> 1.5
     assert "".join(calls) == "aaaa" + "bb" + "bbbb" + "aaa"
     assert medians == {"a": 2.0, "b": 1.5}
+
+
+def test_encode_case_times_both_measures_at_each_length():
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import mha.models
+    try:
+        mha.models.minilm_path()
+    except (ImportError, OSError) as e:
+        pytest.skip(f"MiniLM is not installed: {e}")
+    rows = bench._encode_case(2, 100.0, 1, lengths=(16, 24))
+    got = {(r["case"], r["what"], r["impl"]) for r in rows}
+    want = {(f"e: MiniLM, {n} tokens", what, impl) for n in (16, 24)
+            for what in ("forward +weights", "forward (torch: SDPA)") for impl in ("mha", "torch")}
+    assert got == want
+    assert all(r["ms"] > 0 and len(r["round_ms"]) == 1 for r in rows)

@@ -14,7 +14,9 @@ Cases (float32):
   b  batch 4, seq 1024, d_model 512, 8 heads, with and without causal (the layer)
   c  attention core at b=1, L=1024, H=25, D=64 (the shape of PyTorch's CPU flash-attention RFC)
   d  seq 16384, 8 heads, d_head 64, need_weights=False: time and extra peak memory
-  e  MiniLM encoding a 128-token sentence (mha.models) against transformers on torch
+  e  MiniLM (mha.models) on a 128- and a 512-token text against transformers on torch: with
+     every attention map (torch: eager attention, output_attentions) and hidden states only
+     (torch: SDPA); import order, onnxruntime and a LLaMA-family model: benchmarks/models.py
   f  one epoch of seed 000's training task (mha.train) against the seed's torch model
 """
 
@@ -124,22 +126,33 @@ def _measure(label, what, fns, repeats, flops, ceiling):
     return rows
 
 
-def _encode_case(threads, ceiling, repeats):
-    """Case e: MiniLM encoding 128 tokens, against transformers on torch; skipped with a line on
-    stderr when a package is missing."""
+def _encode_case(threads, ceiling, repeats, lengths=(128, 512)):
+    """Case e: MiniLM on texts of 128 and 512 tokens, against transformers on torch, in turns;
+    skipped with a line on stderr when a package is missing."""
     try:
-        from .models import benchmark_encode
-        r = benchmark_encode(n_tokens=128, repeats=max(repeats, 10), threads=threads)
+        import torch
+        from .models import load
+        from .models.bench import _ids, torch_encoders
+        model = load("minilm")
+        eager, sdpa = torch_encoders(model, threads)
     except (ImportError, OSError) as e:  # no torch/transformers, or the MiniLM package
         print(f"case e skipped: {e}", file=sys.stderr)
         return []
-    if "torch_eager_ms" not in r:
-        return []
-    label = "e: MiniLM encode, 128 tokens (best of runs)"
-    return [_row(label, "forward +weights", "mha", r["mha_ms"] / 1e3, None, ceiling),
-            _row(label, "forward +weights", "torch", r["torch_eager_ms"] / 1e3, None, ceiling),
-            _row(label, "forward (torch: SDPA)", "mha", r["mha_no_weights_ms"] / 1e3, None, ceiling),
-            _row(label, "forward (torch: SDPA)", "torch", r["torch_sdpa_ms"] / 1e3, None, ceiling)]
+    rows = []
+    with torch.inference_mode():
+        for n in lengths:
+            ids = _ids(model, n)[None]
+            t_ids = torch.from_numpy(ids)
+            label = f"e: MiniLM, {n} tokens"
+            rows += _measure(label, "forward +weights", {
+                "mha": lambda: model(ids),
+                "torch": lambda: eager(t_ids, output_attentions=True, output_hidden_states=True),
+            }, repeats, None, ceiling)
+            rows += _measure(label, "forward (torch: SDPA)", {
+                "mha": lambda: model(ids, need_weights=False),
+                "torch": lambda: sdpa(t_ids, output_hidden_states=True),
+            }, repeats, None, ceiling)
+    return rows
 
 
 def _epoch_case(threads, ceiling, repeats):

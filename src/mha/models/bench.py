@@ -101,26 +101,30 @@ def benchmark_encode(model=None, n_tokens=128, repeats=10, *, threads=None, warm
     return result
 
 
-def _torch_times(model, ids, repeats, warmup, threads):
+def torch_encoders(model, threads=None):
+    """transformers' model of the same folder twice, in eval mode: eager attention (which can
+    return the attentions) and SDPA; torch set to ``threads`` threads when given."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
     from transformers import AutoModel
 
     if threads:
         torch.set_num_threads(int(threads))
-    ref = AutoModel.from_pretrained(str(model.folder), attn_implementation="eager").eval()
+    return tuple(AutoModel.from_pretrained(str(model.folder), attn_implementation=kind).eval()
+                 for kind in ("eager", "sdpa"))
+
+
+def _torch_times(model, ids, repeats, warmup, threads):
+    import torch
+
+    eager, sdpa = torch_encoders(model, threads)
     t_ids = torch.from_numpy(ids)
     out = {}
     with torch.inference_mode():
         out["torch_eager_ms"] = _best_ms(
-            lambda: ref(t_ids, output_attentions=True, output_hidden_states=True),
+            lambda: eager(t_ids, output_attentions=True, output_hidden_states=True),
             repeats, warmup)
-        try:
-            ref.set_attn_implementation("sdpa")
-            out["torch_sdpa_ms"] = _best_ms(
-                lambda: ref(t_ids, output_hidden_states=True), repeats, warmup)
-        except Exception:           # older transformers: no switch; time eager without weights
-            out["torch_sdpa_ms"] = _best_ms(
-                lambda: ref(t_ids, output_hidden_states=True), repeats, warmup)
+        out["torch_sdpa_ms"] = _best_ms(
+            lambda: sdpa(t_ids, output_hidden_states=True), repeats, warmup)
     out["torch_threads"] = torch.get_num_threads()
     return out
