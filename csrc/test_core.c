@@ -57,7 +57,7 @@ static double *random_array(size_t n) {
 
 static void test_gemm(void) {
     /* the last two are big enough for two threads: split by rows, and by columns */
-    const int64_t sizes[][3] = {{1, 1, 1}, {7, 5, 3}, {37, 53, 301}, {130, 20, 513}, {300, 40, 300}, {12, 700, 400}, {12, 12, 8}, {5, 9, 40}};
+    const int64_t sizes[][3] = {{1, 1, 1}, {7, 5, 3}, {37, 53, 301}, {130, 20, 641}, {300, 40, 300}, {12, 700, 400}, {12, 12, 8}, {5, 9, 40}};
     for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++)
         for (int ta = 0; ta < 2; ta++)
             for (int tb = 0; tb < 2; tb++) {
@@ -96,7 +96,7 @@ static void test_gemm(void) {
  * outputs small enough for the unpacked path. */
 static void test_gemm_shared_a(void) {
     const int64_t shapes[][5] = {/* M, K, N0, N1, N2 */
-                                 {300, 40, 256, 64, 64}, {130, 513, 21, 0, 48}, {6, 300, 24, 70, 50},
+                                 {300, 40, 256, 64, 64}, {130, 641, 21, 0, 48}, {6, 300, 24, 70, 50},
                                  {2000, 64, 16, 16, 40}, {12, 8, 5, 300, 16}, {7, 3, 2, 2, 2}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         const int64_t M = shapes[s][0], K = shapes[s][1], pad = 3;
@@ -594,9 +594,9 @@ static void test_block(void) {
             }
     /* weights packed once (mha_pack_weight): mha_linear_packed bitwise equal to mha_linear
      * (to rounding where mha_linear runs a small product unpacked), for B as it is and transposed, plain, gated and residual, one row to several blocks,
-     * a shared axis in one slice and in three (K = 600) */
+     * a shared axis in one slice and in three (K = 700) */
     {
-        const int64_t Ms[] = {1, 3, 37, 300}, Ks[] = {70, 600}, N = 45;
+        const int64_t Ms[] = {1, 3, 37, 300}, Ks[] = {70, 700}, N = 45;
         int64_t width = 0;
         mha_pack_width_f32(&width);
         expect(width > 0 && width % 4 == 0, "pack width f32 a multiple of 4", (double)width, 0);

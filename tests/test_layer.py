@@ -232,9 +232,9 @@ def test_backward_matches_reference(rng, c, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("d_model", [600, 2112], ids=["K-slices", "N-blocks"])
+@pytest.mark.parametrize("d_model", [720, 2112], ids=["K-slices", "N-blocks"])
 def test_wide_layer_matches_reference(rng, d_model, dtype):
-    """Widths where the projections' GEMM splits its shared axis (600 > 512: slices of 256, the
+    """Widths where the projections' GEMM splits its shared axis (720 > 640: slices of 256, the
     bias added in the first only) or its columns (2112 > 2048), with the bias in the GEMM's
     epilogue."""
     layer, ref = twins(rng, dtype, d_model=d_model, n_heads=4)
