@@ -2,11 +2,11 @@
 
     python benchmarks/corpus.py [--texts 300] [--rounds 3] [--batch-size 16] [--json FILE]
                                 [--cases loop,local,local-1x2,cluster[,local-norms]]
-    python benchmarks/corpus.py --texts 2000 --rounds 5      # the issue's workload
+    python benchmarks/corpus.py --texts 2000 --rounds 3      # the issue's workload
     python benchmarks/corpus.py --costs                      # per-batch, reduction, load costs
 
 The corpus: ``mha.corpus.synthetic_texts(minilm, N)``, N texts of 20-200 tokens (uniform,
-[CLS] and [SEP] included; 300 texts are 33,143 tokens, 2,000 are 218,283). Every case
+[CLS] and [SEP] included; 300 texts are 33,462 tokens, 2,000 are 218,283). Every case
 computes Clark et al.'s statistics of every head over the whole corpus with all-MiniLM-L6-v2
 in float32:
 

@@ -229,11 +229,10 @@ def local_cluster(silence_logs=logging.ERROR):
     """A LocalCluster of 2 worker processes x 1 thread on loopback and its Client, with this
     process's environment kept as it was. Dask's nanny writes its workers' environment
     (distributed.nanny.pre-spawn-environ: OMP_NUM_THREADS=1, MALLOC_TRIM_THRESHOLD_, ...) into
-    the caller's os.environ before it spawns them, and mha's C core reads OMP_NUM_THREADS on
-    every call until set_num_threads is called: the local runs beside the cluster, and every
-    test after this module, would run the kernels on one thread (and a save-and-restore of
-    get_num_threads() would pin that). Restored once the workers run (a nanny that replaces a
-    lost worker writes it again) and when the cluster closes."""
+    the caller's os.environ before it spawns them: mha reads OMP_NUM_THREADS once, at its
+    first kernel call (tests/test_leaks_threads.py), but a library loaded after this module
+    (an OpenMP or BLAS runtime) would read 1. Restored once the workers run (a nanny that
+    replaces a lost worker writes it again) and when the cluster closes."""
     from distributed import Client, LocalCluster
 
     saved = dict(os.environ)

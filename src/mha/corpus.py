@@ -245,7 +245,7 @@ def _batches(ids, batch_size, batch_tokens):
     limit; a text longer than that is a batch of its own) -> list of (flat ids, lengths)."""
     lengths = np.array([len(a) for a in ids], dtype=np.int64)
     order = np.argsort(lengths, kind="stable")
-    limit = len(order) * int(lengths.max(initial=1)) if batch_tokens is None else batch_tokens
+    limit = np.inf if batch_tokens is None else batch_tokens
     chunks, start = [], 0
     for stop, i in enumerate(order):                   # lengths[i] is the longest so far
         if stop > start and (stop - start == batch_size or (stop - start + 1) * lengths[i] > limit):
