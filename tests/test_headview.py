@@ -554,6 +554,30 @@ def test_model_view_thumbnails_open_large(browser, tmp_path):
         page.close()
 
 
+def test_click_right_after_a_scroll_hits_what_is_under_the_pointer(browser, tmp_path):
+    # The scroll and the click in one task of the page: the redraw the scroll requests cannot run
+    # between them, so the click must not depend on the band the last draw left (it once did, and
+    # opened a head two layers above the one clicked whenever the browser was slow to redraw).
+    att = _big_attention(1)
+    path = tmp_path / "model_scroll.html"
+    viz.model_view(att, [f"t{i}" for i in range(512)], path=path)
+    page = ModelPage(browser, path)
+    try:
+        assert page.page.evaluate("window.scrollY") == 0
+        opened = page.page.evaluate("""() => {
+            const p = mhaModelView.thumbPoint(7, 9);
+            window.scrollTo(0, document.documentElement.scrollHeight);
+            const scrolled = window.scrollY;
+            document.getElementById('mha-canvas').dispatchEvent(new MouseEvent('click', {bubbles: true,
+                clientX: p.x - window.scrollX, clientY: p.y - window.scrollY}));
+            return [scrolled, mhaModelView.state.open];
+        }""")
+        assert opened[0] > 0 and opened[1] == {"layer": 7, "head": 9}
+        assert page.errors == []
+    finally:
+        page.close()
+
+
 def test_model_view_at_512_tokens_12_layers_12_heads(browser, tmp_path):
     att = _big_attention(1)
     path = tmp_path / "model_big.html"

@@ -371,16 +371,20 @@ var MHA = (function () {
       this.canvas.style.height = this.h + "px";
       this.spacer.style.height = (height - this.h) + "px";
     },
+    // the picture's row at the canvas's top edge, from the layout now (not from the last draw:
+    // an event that arrives between a scroll and the redraw it requested must see the new band)
+    bandTop: function () {
+      return Math.max(0, Math.min(this.height - this.h, -this.wrap.getBoundingClientRect().top));
+    },
     // the band of the picture on screen now; ctx's transform set to draw picture coordinates
     begin: function (ctx) {
-      var top = this.wrap.getBoundingClientRect().top;
-      this.y0 = Math.max(0, Math.min(this.height - this.h, -top));
+      this.y0 = this.bandTop();
       ctx.setTransform(this.dpr, 0, 0, this.dpr, 0, -this.y0 * this.dpr);
       return { y0: this.y0, y1: this.y0 + this.h };
     },
     pointer: function (ev) {      // picture coordinates of a mouse event
       var r = this.canvas.getBoundingClientRect();
-      return { x: ev.clientX - r.left, y: ev.clientY - r.top + this.y0 };
+      return { x: ev.clientX - r.left, y: ev.clientY - r.top + this.bandTop() };
     },
     pagePoint: function (x, y) {  // page coordinates of a picture point
       var r = this.wrap.getBoundingClientRect();
