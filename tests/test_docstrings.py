@@ -11,8 +11,10 @@ several classes runs once.
 Examples that need something a test machine may lack carry ``# doctest: +SKIP`` (a model
 folder the user has, such as GPT-2) and are shown, not run.
 """
+import ast
 import importlib
 import io
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,10 +25,18 @@ scipy_doctest = pytest.importorskip("scipy_doctest")
 matplotlib = pytest.importorskip("matplotlib")
 from scipy_doctest.util import np_errstate  # noqa: E402
 
-# every public module of mha, as in docs/conf.py's API reference (a module of a later issue
-# that is not there yet is skipped)
-PUBLIC_MODULES = ["mha", "mha.reference", "mha.analysis", "mha.viz", "mha.models", "mha.train",
-                  "mha.corpus"]
+
+
+def _public_modules():
+    """docs/conf.py's PUBLIC_MODULES: the modules of the API reference."""
+    tree = ast.parse((Path(__file__).resolve().parent.parent / "docs" / "conf.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "PUBLIC_MODULES":
+            return ast.literal_eval(node.value)
+    raise AssertionError("docs/conf.py has no PUBLIC_MODULES")
+
+
+PUBLIC_MODULES = _public_modules()
 
 
 def _minilm_installed():
@@ -41,12 +51,7 @@ def _minilm_installed():
 def _collect():
     seen, params = set(), []
     for name in PUBLIC_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as error:
-            if error.name == name:
-                continue
-            raise
+        module = importlib.import_module(name)
         namespace = {"np": np, "mha": mha}
         namespace.update({n: getattr(module, n) for n in getattr(module, "__all__", [])})
         config = scipy_doctest.DTConfig(default_namespace=namespace)

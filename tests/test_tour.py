@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("PIL")
 from PIL import Image
 
-from mha import tour
+from mha.apps import tour
 
 
 @pytest.fixture(scope="module")

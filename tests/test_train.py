@@ -12,6 +12,7 @@ import pytest
 import mha
 from conftest import assert_close, numeric_grad
 from mha import train
+from mha.apps import epoch_speed, training, training_figures
 from mha.train import (Adam, SimpleAttentionModel, cross_entropy, fit, pattern_ceiling,
                        pattern_data, pattern_min_loss)
 
@@ -260,7 +261,7 @@ def test_fit_history_minibatches_and_progress(capsys):
 # --- seed 000, part 7 ------------------------------------------------------------------------
 
 def test_compare_heads_learns_the_pattern():
-    results = train.compare_heads((1, 4), d_model=32, epochs=60, lr=0.01, n_train=150,
+    results = training.compare_heads((1, 4), d_model=32, epochs=60, lr=0.01, n_train=150,
                                   n_test=50, seed=0, progress=False)
     assert list(results) == [1, 4]
     ceiling = pattern_ceiling()
@@ -272,10 +273,10 @@ def test_compare_heads_learns_the_pattern():
     assert results[1]["final_test_accuracy"] > ceiling - 0.03
     assert results[4]["final_test_accuracy"] > ceiling - 0.03
     # the single head, and some head of the 4, look only at copies of the next token
-    assert train.period_mass(results[1]["attention"])[0] > 0.95
-    assert train.period_mass(results[4]["attention"]).max() > 0.95
+    assert training.period_mass(results[1]["attention"])[0] > 0.95
+    assert training.period_mass(results[4]["attention"]).max() > 0.95
     assert len(set(results[4]["tokens"][:3].tolist())) == 3             # a clear example
-    figs = train.compare_heads_figures(results)
+    figs = training_figures.compare_heads_figures(results)
     assert set(figs) == {"summary", "patterns"}
     assert len(figs["summary"].axes) == 2
     assert len([ax for ax in figs["patterns"].axes if ax.get_visible()]) >= 4
@@ -323,7 +324,7 @@ def test_offset_profile():
     eye = np.eye(n)
     prev = np.eye(n, k=-1)
     prev[0, 0] = 1.0
-    profile = train.offset_profile(np.stack([eye, prev]))
+    profile = training.offset_profile(np.stack([eye, prev]))
     assert_close(profile[0], [1, 0, 0, 0, 0], 1e-15, "diagonal head")
     assert_close(profile[1], [0.2, 1, 0, 0, 0], 1e-15, "previous-token head")
 
@@ -332,20 +333,20 @@ def test_period_mass():
     n = 7
     copy_head = np.eye(n, k=-2)                       # attends to i-2, the token to copy
     copy_head[0, 0] = copy_head[1, 1] = 1.0
-    assert train.period_mass(copy_head) == pytest.approx(1.0)
+    assert training.period_mass(copy_head) == pytest.approx(1.0)
     far_copy = np.zeros((n, n))                       # i-5 (same token, period 3), else key 0
     for i in range(n):
         far_copy[i, max(i - 5, 0)] = 1.0
     # rows 2..6: key 0 is 2, 3, 4 back (copy, no, no), then i-5 twice (copy)
-    assert train.period_mass(far_copy) == pytest.approx(3 / 5)
+    assert training.period_mass(far_copy) == pytest.approx(3 / 5)
     uniform = np.tril(np.ones((n, n))) / np.arange(1, n + 1)[:, None]
     # rows 2..6 have 1, 1, 1, 2, 2 copy positions among 3..7 keys
     expected = np.mean([1 / 3, 1 / 4, 1 / 5, 2 / 6, 2 / 7])
-    assert train.period_mass(np.stack([uniform, copy_head])) == pytest.approx([expected, 1.0])
+    assert training.period_mass(np.stack([uniform, copy_head])) == pytest.approx([expected, 1.0])
 
 
 def test_heads_sweep_small():
-    results = train.heads_sweep((1, 2, 4), d_model=16, epochs=4, lr=0.01, n_train=20,
+    results = training.heads_sweep((1, 2, 4), d_model=16, epochs=4, lr=0.01, n_train=20,
                                 n_test=10, seed=0, progress=False)
     uniform = np.mean(np.log(np.arange(1, 13)))
     for h, r in results.items():
@@ -358,14 +359,14 @@ def test_heads_sweep_small():
         assert r["epochs_to_loss"] is None or 1 <= r["epochs_to_loss"] <= 4
         assert r["period_mass"].shape == (h,)
         assert np.all((r["period_mass"] >= 0) & (r["period_mass"] <= 1 + 1e-9))
-    figs = train.heads_sweep_figures(results)
+    figs = training_figures.heads_sweep_figures(results)
     assert set(figs) == {"summary", "entropy"}
 
 
 # --- E12.3 -----------------------------------------------------------------------------------
 
 def test_prune_experiment_small():
-    r = train.prune_experiment(4, d_model=16, epochs=30, lr=0.02, n_train=100, n_test=60,
+    r = training.prune_experiment(4, d_model=16, epochs=30, lr=0.02, n_train=100, n_test=60,
                                seed=0, progress=False)
     model, curve = r["model"], r["curve"]
     xt, yt = r["test_data"]
@@ -388,7 +389,7 @@ def test_prune_experiment_small():
     # removing the pruned heads for real scores what masking them scored
     assert r["pruned_accuracy"] == pytest.approx(curve.metric[curve.prunable])
     assert r["attention"].shape == (4, 12, 12) and r["offsets"].shape == (4, 12)
-    figs = train.prune_figures(r)
+    figs = training_figures.prune_figures(r)
     assert set(figs) == {"importance", "pruning", "surviving"}
 
 
@@ -396,7 +397,7 @@ def test_prune_experiment_small():
 
 def test_benchmark_epoch_runs():
     pytest.importorskip("torch")
-    b = train.benchmark_epoch(2, d_model=16, n_samples=20, threads=1, repeats=2, warmup=1)
+    b = epoch_speed.benchmark_epoch(2, d_model=16, n_samples=20, threads=1, repeats=2, warmup=1)
     assert len(b["mha_times"]) == len(b["torch_times"]) == 2
     assert b["mha_seconds"] > 0 and b["torch_seconds"] > 0
     assert b["speedup"] == pytest.approx(b["torch_seconds"] / b["mha_seconds"])

@@ -21,7 +21,8 @@ import numpy as np
 import mha
 import mha.models
 import mha.viz as viz
-from mha import analysis, train
+from mha import analysis
+from mha.apps import training, training_figures
 
 # %% [markdown]
 # ## 1. Diversity of MiniLM's heads
@@ -66,14 +67,14 @@ viz.heatmap(analysis.entropy(attentions), [f"Layer {l}" for l in range(model.n_l
 # in under 10; more epochs only polish the loss), full batch, lr 0.002.
 
 # %%
-sweep = train.heads_sweep((1, 2, 4, 8, 16), d_model=256, epochs=20, lr=0.002, n_train=200,
+sweep = training.heads_sweep((1, 2, 4, 8, 16), d_model=256, epochs=20, lr=0.002, n_train=200,
                           n_test=200, seed=0, progress=False)
 print("E12.2  heads | d_k | epochs to target | test accuracy | mean entropy per head (nats)")
 for h, r in sweep.items():
     print(f"      {h:6d} | {256 // h:3d} | {str(r['epochs_to_target']):>16s} | "
           f"{r['final_test_accuracy']:13.1%} | {r['entropy'].mean():.2f} "
           f"(min {r['entropy'].min():.2f}, max {r['entropy'].max():.2f})")
-sweep_figures = train.heads_sweep_figures(sweep)
+sweep_figures = training_figures.heads_sweep_figures(sweep)
 sweep_figures["summary"]
 
 # %%
@@ -100,7 +101,7 @@ sweep_figures["entropy"]
 #   than 1 point. The survivors are then removed for real with `prune_heads` and re-scored.
 
 # %%
-prune = train.prune_experiment(8, d_model=32, epochs=100, lr=0.005, n_test=500, seed=0,
+prune = training.prune_experiment(8, d_model=32, epochs=100, lr=0.005, n_test=500, seed=0,
                                progress=False)
 print("E12.3")
 print(f"baseline accuracy: {prune['baseline_accuracy']:.2%}")
@@ -114,7 +115,7 @@ for n_pruned, acc in zip(curve.n_pruned, curve.metric):
 print(f"prunable: {prune['prunable']} of 8 heads can go before accuracy drops > 1 point; "
       f"surviving heads {prune['surviving_heads'].tolist()}; accuracy of the pruned layer "
       f"(prune_heads, smaller matrices): {prune['pruned_accuracy']:.2%}")
-prune_figs = train.prune_figures(prune)
+prune_figs = training_figures.prune_figures(prune)
 prune_figs["importance"]
 
 # %%

@@ -20,7 +20,8 @@ from matplotlib.figure import Figure
 import mha
 import mha.viz as viz
 from mha import train
-from mha.timing import quartiles, time_in_turns
+from mha.apps import epoch_speed
+from mha.apps.timing import quartiles, time_in_turns
 
 try:
     import torch
@@ -77,7 +78,7 @@ print(f"projections per token: single head {single_proj:,}, 8 heads {multi_proj:
       f" (seed 004's 8 x 64^2 x 3 = {8 * 64**2 * 3:,})")
 print(f"attention for n = {n}: single head {single_attn:,}, 8 heads {multi_attn:,}")
 print("forward FLOPs of the whole layer, B=16, n=128, d_model=256: "
-      + ", ".join(f"{h} heads {mha.bench.layer_flops(16, 128, 128, 256, h, 256 // h) / 1e9:.2f} G"
+      + ", ".join(f"{h} heads {mha.apps.bench.layer_flops(16, 128, 128, 256, h, 256 // h) / 1e9:.2f} G"
                   for h in (1, 4, 8, 16)))
 
 # %% [markdown]
@@ -87,7 +88,7 @@ print("forward FLOPs of the whole layer, B=16, n=128, d_model=256: "
 # returning the attention weights (as the seed's model does). Three implementations of the
 # same layer: `mha.MultiHeadAttention` (C), `mha.reference.MultiHeadAttention` (the seeds'
 # NumPy, on NumPy's BLAS) and `torch.nn.MultiheadAttention`, with the same number of threads.
-# They take turns (`mha.timing.time_in_turns`): in each of 5 rounds every implementation runs
+# They take turns (`mha.apps.timing.time_in_turns`): in each of 5 rounds every implementation runs
 # untimed for 0.1 s, then is timed call by call for 0.1 s. We report the median of all its
 # timed calls and, in parentheses, its quartiles (half of the calls fall between them). The seed
 # takes the mean of 50 calls in a row instead.
@@ -179,7 +180,7 @@ for impl, t in times.items():
 
 # %%
 if torch is not None:
-    epoch = train.benchmark_epoch(n_heads=4, repeats=5, warmup=2, threads=mha.get_num_threads())
+    epoch = epoch_speed.benchmark_epoch(n_heads=4, repeats=5, warmup=2, threads=mha.get_num_threads())
     (m1, m2, m3), (t1, t2, t3) = (quartiles(1e3 * np.array(epoch[k])) for k in ("mha_times", "torch_times"))
     print(f"one epoch: mha {m2:.1f} ms ({m1:.1f}-{m3:.1f}), PyTorch {t2:.1f} ms ({t1:.1f}-{t3:.1f}); "
           f"in this run mha was {epoch['speedup']:.1f}x "

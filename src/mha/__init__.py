@@ -46,7 +46,7 @@ __all__ = [
     "reference",
 ]
 
-_SUBMODULES = ("analysis", "viz", "models", "train", "bench", "tour", "timing", "corpus")
+_SUBMODULES = ("analysis", "viz", "models", "train", "corpus", "apps")
 
 
 def __getattr__(name):

@@ -1,6 +1,6 @@
 """Seed 000's PyTorch model, loaded with the weights of a :class:`SimpleAttentionModel`.
 
-The peer of the speed comparison (:func:`mha.train.benchmark_epoch`). torch is optional: it is
+The peer of the speed comparison (:func:`mha.apps.epoch_speed.benchmark_epoch`). torch is optional: it is
 imported only when :func:`torch_model` is called.
 """
 from __future__ import annotations

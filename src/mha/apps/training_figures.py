@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
-from .experiments import head_label
+from .training import head_label
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -33,6 +33,7 @@ def compare_heads_figures(results: Mapping[int, Mapping[str, Any]], *,
 
     Examples
     --------
+    >>> from mha.apps.training import compare_heads
     >>> results = compare_heads((1, 2), d_model=16, epochs=3, n_train=32, n_test=16, progress=False)
     >>> sorted(compare_heads_figures(results))
     ['patterns', 'summary']
@@ -69,6 +70,7 @@ def heads_sweep_figures(results: Mapping[int, Mapping[str, Any]]) -> dict[str, F
 
     Examples
     --------
+    >>> from mha.apps.training import heads_sweep
     >>> sweep = heads_sweep((1, 2), d_model=16, epochs=3, n_train=32, n_test=16, progress=False)
     >>> sorted(heads_sweep_figures(sweep))
     ['entropy', 'summary']
@@ -113,6 +115,7 @@ def prune_figures(result: Mapping[str, Any]) -> dict[str, Figure]:
 
     Examples
     --------
+    >>> from mha.apps.training import prune_experiment
     >>> result = prune_experiment(4, d_model=16, epochs=3, n_train=32, n_test=32, progress=False)
     >>> sorted(prune_figures(result))
     ['importance', 'pruning', 'surviving']

@@ -110,7 +110,7 @@ def _check_writable(out):
 
 
 def _load_model(name):
-    from . import models
+    from .. import models
     try:
         return models.load(name)
     except (FileNotFoundError, ModuleNotFoundError, KeyError, ValueError, TypeError) as e:
@@ -203,25 +203,25 @@ class Tour:
 
     @functools.cached_property
     def patterns(self):
-        from .models import probes
+        from ..models import probes
         return probes.head_patterns(self.net, PATTERN_TEXT)
 
     @functools.cached_property
     def ambiguity(self):
-        from .models import probes
+        from ..models import probes
         sentence, word, candidates = AMBIGUOUS
         return probes.ambiguity_probe(self.net, sentence, word, candidates)
 
     @functools.cached_property
     def training(self):
-        from . import train
+        from . import training
         with _threads(self.threads or 1):            # tiny matrices: one thread is faster
-            return train.compare_heads((1, 4, 8), epochs=self.epochs, seed=0, progress=self.progress)
+            return training.compare_heads((1, 4, 8), epochs=self.epochs, seed=0, progress=self.progress)
 
     @functools.cached_property
     def training_figures(self):
-        from . import train
-        return train.compare_heads_figures(self.training)
+        from . import training_figures
+        return training_figures.compare_heads_figures(self.training)
 
 
 @dataclass(frozen=True)
@@ -253,7 +253,7 @@ class Figure:
 # ---- the figures, in the order of index.html ------------------------------------------------
 
 def _sentence_heads(t, path):
-    from . import analysis, viz
+    from .. import analysis, viz
 
     tokens, attentions = t.patterns["tokens"], t.patterns["attentions"]
     L, H = t.n_layers, t.n_heads
@@ -274,7 +274,7 @@ def _sentence_heads(t, path):
 
 
 def _layer_grid(t, path):
-    from . import viz
+    from .. import viz
 
     tokens, attentions = t.net.attentions(GRID_TEXT)
     fig = viz.head_grid(attentions, tokens, layer=t.grid_layer, n_cols=4, vmax=0.5,
@@ -288,8 +288,8 @@ def _layer_grid(t, path):
 def _coreference(t, path):
     from matplotlib.figure import Figure as MplFigure
 
-    from . import viz
-    from .models import probes
+    from .. import viz
+    from ..models import probes
 
     L, H = t.n_layers, t.n_heads
     coref = probes.coreference_probe(t.net)
@@ -307,7 +307,7 @@ def _coreference(t, path):
 def _ambiguity(t, path):
     from matplotlib.figure import Figure as MplFigure
 
-    from . import viz
+    from .. import viz
 
     sentence, word, candidates = AMBIGUOUS
     L, H = t.n_layers, t.n_heads
@@ -325,7 +325,7 @@ def _ambiguity(t, path):
 
 
 def _head_diversity(t, path):
-    from . import analysis, viz
+    from .. import analysis, viz
 
     attentions, L, H = t.patterns["attentions"], t.n_layers, t.n_heads
     layers = list(range(L)) if L <= 6 else sorted({int(round(x)) for x in np.linspace(0, L - 1, 6)})
@@ -344,7 +344,7 @@ def _causal_mask(t, path):
 
     import mha
 
-    from . import viz
+    from .. import viz
 
     words = ["The", "cat", "sat", "on", "the", "mat"]
     emb = np.random.default_rng(42).standard_normal((6, 64)).astype(np.float32)
@@ -362,7 +362,7 @@ def _causal_mask(t, path):
 def _concat_projection(t, path):
     import mha
 
-    from . import viz
+    from .. import viz
 
     small = mha.MultiHeadAttention(8, 4, bias=False, dtype=np.float64, seed=0)
     x = np.random.default_rng(0).standard_normal((3, 8))
@@ -377,7 +377,7 @@ def _concat_projection(t, path):
 
 
 def _training(t, path):
-    from . import train
+    from .. import train
 
     _save(t.training_figures["summary"], path)
     accs = ", ".join(f"{_plural(h, 'head')} {r['final_test_accuracy']:.1%}" for h, r in t.training.items())
@@ -387,14 +387,14 @@ def _training(t, path):
 
 
 def _learned_patterns(t, path):
-    from . import train
+    from . import training
 
     _save(t.training_figures["patterns"], path)
     w = t.training[4]["attention"]                                     # (4, n, n), one sequence
     n = w.shape[-1]
     i, j = np.arange(n)[:, None], np.arange(n)[None, :]
     copies = (i - j >= 2) & ((i - j) % 3 == 2)                         # keys holding the next token
-    mass = train.period_mass(w)                                        # (4,)
+    mass = training.period_mass(w)                                        # (4,)
     first = (w * (copies & (j < 3))).sum() / max((w * copies).sum(), 1e-12)
     shares = ", ".join(f"head {h} {mass[h]:.0%}" for h in range(len(mass)))
     return (f"The 4-head model's attention on a test sequence. The next token repeats the tokens "
@@ -406,7 +406,7 @@ def _learned_patterns(t, path):
 def _speed(t, path):
     import mha
 
-    from . import viz
+    from .. import viz
     from .timing import quartiles, time_in_turns
 
     xb = np.random.default_rng(0).standard_normal((16, 128, 256)).astype(np.float32)
@@ -430,11 +430,12 @@ def _speed(t, path):
 
 
 def _pruning(t, path):
-    from . import train, viz
+    from .. import train, viz
+    from . import training
 
     test = train.pattern_data(500, seed=2024)
     with _threads(t.threads or 1):
-        prune = train.prune_experiment(model=t.training[8]["model"], test_data=test)
+        prune = training.prune_experiment(model=t.training[8]["model"], test_data=test)
     _save(viz.pruning_plot(prune["curve"]), path)   # prune_figures' "pruning"
     return (f"The 8-head model, pruned one head at a time (least important by ablation first): "
             f"{prune['prunable']} of 8 heads can go before accuracy drops by more than one point "
@@ -443,21 +444,21 @@ def _pruning(t, path):
 
 
 def _attention_gif(t, path):
-    from . import viz
+    from .. import viz
 
     viz.attention_gif(t.ambiguity["attentions"], t.ambiguity["tokens"], head=0, fps=1.5, path=path)
     return f"Seed 004's animation: head 0 of every layer of {t.label} on \"{AMBIGUOUS[0]}\"."
 
 
 def _head_view(t, path):
-    from . import viz
+    from .. import viz
 
     viz.head_view(t.ambiguity["attentions"], t.ambiguity["tokens"], title=AMBIGUOUS[0], path=path)
     return "BertViz-style, in one offline file: hover a token, click heads, switch layers."
 
 
 def _beyond_attention(t, path):
-    from . import viz
+    from .. import viz
 
     _save(viz.beyond_attention_figure(t.net, viz.BEYOND_TEXT), path)
     return ("Raw weights show one layer; rollout (Abnar & Zuidema 2020) multiplies the layers' "
@@ -467,7 +468,7 @@ def _beyond_attention(t, path):
 
 
 def _value_norms(t, path):
-    from . import viz
+    from .. import viz
 
     shares = viz.special_token_shares(t.net, viz.CLARK_TEXTS)
     _save(viz.kobayashi_figure(t.net, viz.CLARK_TEXTS, shares=shares), path)
@@ -482,7 +483,7 @@ def _value_norms(t, path):
 
 
 def _clark_metrics(t, path):
-    from . import viz
+    from .. import viz
 
     _save(viz.clark_metrics_figure(t.net, viz.CLARK_TEXTS), path)
     return ("Clark et al. (2019)'s statistics of every head over a few sentences: where its "
@@ -490,7 +491,7 @@ def _clark_metrics(t, path):
 
 
 def _head_map(t, path):
-    from . import viz
+    from .. import viz
 
     _save(viz.head_map_figure(t.net, viz.CLARK_TEXTS), path)
     return ("Every head placed so that distances match the Jensen-Shannon distances between "
@@ -499,7 +500,7 @@ def _head_map(t, path):
 
 
 def _model_view(t, path):
-    from . import viz
+    from .. import viz
 
     tokens, attentions = t.net.attentions(viz.BEYOND_TEXT)
     viz.model_view(attentions, tokens, title=viz.BEYOND_TEXT, path=path)

@@ -131,8 +131,8 @@ def _encode_case(threads, ceiling, repeats, lengths=(128, 512)):
     skipped with a line on stderr when a package is missing."""
     try:
         import torch
-        from .models import load
-        from .models.bench import _ids, torch_encoders
+        from ..models import load
+        from .encode_speed import _ids, torch_encoders
         model = load("minilm")
         eager, sdpa = torch_encoders(model, threads)
     except (ImportError, OSError) as e:  # no torch/transformers, or the MiniLM package
@@ -159,7 +159,7 @@ def _epoch_case(threads, ceiling, repeats):
     """Case f: one epoch of seed 000's training task, against the seed's torch model; skipped
     with a line on stderr without torch."""
     try:
-        from .train import benchmark_epoch
+        from .epoch_speed import benchmark_epoch
         r = benchmark_epoch(4, threads=threads, repeats=max(repeats, 10))
     except ImportError as e:
         print(f"case f skipped: {e}", file=sys.stderr)

@@ -6,9 +6,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import DTypeLike
 
-from ..timing import time_in_turns
-from .data import pattern_data
-from .model import Adam, SimpleAttentionModel
+from .timing import time_in_turns
+from ..train.data import pattern_data
+from ..train.model import Adam, SimpleAttentionModel
 
 __all__ = ["benchmark_epoch"]
 
@@ -60,7 +60,7 @@ def benchmark_epoch(n_heads: int = 4, *, d_model: int = 32, n_samples: int = 500
 
     import mha
 
-    from .torch_port import torch_model
+    from ..train.torch_port import torch_model
 
     tokens, targets = pattern_data(n_samples, seq_len, vocab_size, seed=seed)
     model = SimpleAttentionModel(vocab_size, d_model, n_heads, seq_len, dtype=dtype, seed=seed)
