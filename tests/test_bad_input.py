@@ -477,7 +477,7 @@ def test_nan_propagates_through_the_layer():
 @pytest.mark.parametrize("dtype", [F32, F64])
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
 def test_fully_masked_rows_stay_zero_whatever_v_and_k_hold(dtype, bad):
-    """DESIGN.md: a fully masked row gives output 0, weights 0, gradient 0, never NaN."""
+    """docs/semantics.md, Conventions: a fully masked row gives output 0, weights 0, gradient 0, never NaN."""
     r = np.random.default_rng(1)
     q, k, v = (r.standard_normal((2, 6, 4)).astype(dtype) for _ in range(3))
     d_out = r.standard_normal((2, 6, 4)).astype(dtype)

@@ -5,7 +5,6 @@ and mha.corpus.head_statistics on Dask's local scheduler and on a dask.distribut
 and the ``python -m mha corpus`` command.
 """
 import contextlib
-import doctest
 import importlib.util
 import logging
 import os
@@ -435,16 +434,6 @@ def test_command_help_lists_corpus():
 
 
 @needs_minilm
-def test_docstring_examples_run():
-    for f in (mha.corpus.head_statistics, mha.corpus.synthetic_texts,
-              mha.corpus.statistics_figure, analysis.head_statistic_sums):
-        finder = doctest.DocTestFinder()
-        runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
-        for test in finder.find(f, globs={"np": np, "mha": mha, **vars(sys.modules[f.__module__])}):
-            runner.run(test)
-        assert runner.failures == 0 and runner.tries > 0, f.__name__
-
-
 def test_missing_dask_says_what_to_install():
     code = ("import sys; sys.modules['{0}'] = None\n"
             "from mha.__main__ import main; sys.exit(main(['corpus', 'texts.txt']))")

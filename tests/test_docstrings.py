@@ -79,3 +79,33 @@ def test_docstring_examples(test, config):
         finally:
             plt.close("all")
     assert runner.failures == 0, f"{runner.failures} failing example(s):\n{out.getvalue()}"
+
+
+# Public names without an Examples section: exceptions, the model classes that mha.models.load
+# returns (its examples are theirs), result records, view classes that the view functions
+# return, and small helpers whose callers show them. Any other public name must have examples,
+# so that an Examples section that vanishes fails here instead of dropping a test silently.
+WITHOUT_EXAMPLES = {
+    "mha.reference.params_from_torch", "mha.viz.ModelView", "mha.viz.NeuronView",
+    "mha.models.RobertaModel", "mha.models.DistilBertModel", "mha.models.GPT2Model",
+    "mha.models.LlamaModel", "mha.models.Generation", "mha.models.CheckpointError",
+    "mha.corpus.CorpusError", "mha.apps.training.head_label", "mha.apps.timing.median_times",
+    "mha.apps.timing.quartiles",
+}
+
+
+def test_every_public_name_has_examples_or_is_listed():
+    import inspect
+    import types
+
+    missing = set()
+    for name in PUBLIC_MODULES:
+        module = importlib.import_module(name)
+        for n in getattr(module, "__all__", []):
+            obj = getattr(module, n)
+            if isinstance(obj, types.ModuleType) or not (inspect.isclass(obj) or callable(obj)):
+                continue
+            if ">>>" not in (obj.__doc__ or ""):
+                missing.add(f"{name}.{n}")
+    assert missing == WITHOUT_EXAMPLES, (f"without examples, not listed: {missing - WITHOUT_EXAMPLES}; "
+                                         f"listed, but with examples now: {WITHOUT_EXAMPLES - missing}")
