@@ -64,7 +64,18 @@ def experiment_data(n_train: int = 500, n_test: int = 100, *, seq_len: int = 12,
 
 
 def head_label(h):
-    """"1 Head", "4 Heads": the label of a head count in figures and progress bars."""
+    """Label a head count for figures and progress bars: "1 Head", "4 Heads".
+
+    Parameters
+    ----------
+    h : int
+        The number of heads.
+
+    Returns
+    -------
+    str
+        The label.
+    """
     return f"{h} Head" if h == 1 else f"{h} Heads"
 
 
