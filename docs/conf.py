@@ -69,8 +69,9 @@ _notebooks = sorted((HERE.parent / "notebooks").glob("*.ipynb"))
 for _nb in _notebooks:
     shutil.copyfile(_nb, _copies / _nb.name)
 (_copies / "index.md").write_text(
-    "# Notebooks\n\nOne notebook per topic of the source texts, rendered with the outputs saved "
-    "in the repository (the test suite executes them).\n\n```{toctree}\n:maxdepth: 1\n\n"
+    "# Notebooks\n\nOne notebook per topic of multi-head attention, rendered with the outputs "
+    "saved in the repository (the test suite executes them). {doc}`../experiments` names the "
+    "experiment each one runs.\n\n```{toctree}\n:maxdepth: 1\n\n"
     + "".join(f"{nb.stem}\n" for nb in _notebooks) + "```\n")
 
 # --- one reference page per public module, listing its __all__ (new names appear by themselves)

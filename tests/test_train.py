@@ -1,5 +1,6 @@
-"""mha.train: the pattern task, the small model trained on the C backward, and the experiments
-of seeds 000 (1 vs 4 vs 8 heads) and 002 (E12.1 to E12.3).
+"""mha.train: the period-3 task, the small model trained on the C backward, the parameter counts,
+and the experiments of mha.apps.training (1 vs 4 vs 8 heads, the sweep over head counts, the
+head-pruning procedure).
 
 The model's gradient is held to finite differences (float64) and its training run to the same
 model written in PyTorch, started from the same weights (loss per epoch within 1e-6 relative).
@@ -36,7 +37,7 @@ def _one_thread():
 
 # --- the task --------------------------------------------------------------------------------
 
-def test_pattern_data_is_the_seeds_task():
+def test_pattern_data_is_the_period_3_task():
     x, y = pattern_data(300, seq_len=12, vocab_size=5, period=3, seed=0)
     assert x.shape == y.shape == (300, 12) and x.dtype == y.dtype == np.int64
     assert x.min() >= 0 and x.max() == 4
@@ -92,7 +93,7 @@ def test_model_shapes_parameters_and_validation():
     assert model.dtype == np.float32
     assert list(model.params) == ["token_embedding", "pos_embedding", "W_q", "W_k", "W_v",
                                   "W_o", "W_out", "b_out"]
-    # the seed's count: 5*32 + 12*32 + 4*32*32 + 32*5 + 5
+    # embeddings 5*32 + 12*32, attention 4*32*32, output layer 32*5 + 5
     assert model.num_parameters() == 160 + 384 + 4096 + 160 + 5 == 4805
     assert all(model.params[k] is model.attention.params[k] for k in ("W_q", "W_o"))
     x, _ = pattern_data(7, seed=0)
@@ -215,7 +216,7 @@ def test_loss_curve_matches_torch(n_heads, bias):
     assert t_losses[-1] < 0.8 * t_losses[0]                           # it did learn
 
 
-def test_torch_model_is_the_seeds_model_with_our_weights():
+def test_torch_model_holds_our_weights():
     torch = pytest.importorskip("torch")
     for n_heads in (1, 4):
         model = SimpleAttentionModel(5, 16, n_heads, 12, dtype=np.float64, seed=n_heads)
@@ -258,7 +259,7 @@ def test_fit_history_minibatches_and_progress(capsys):
     assert "tiny" in err and "2/2" in err and "loss=" in err
 
 
-# --- seed 000, part 7 ------------------------------------------------------------------------
+# --- one head against many -------------------------------------------------------------------
 
 def test_compare_heads_learns_the_pattern():
     results = training.compare_heads((1, 4), d_model=32, epochs=60, lr=0.01, n_train=150,
@@ -282,9 +283,9 @@ def test_compare_heads_learns_the_pattern():
     assert len([ax for ax in figs["patterns"].axes if ax.get_visible()]) >= 4
 
 
-# --- E12.1 -----------------------------------------------------------------------------------
+# --- parameter counts ------------------------------------------------------------------------
 
-def test_parameter_counts_e12_1():
+def test_parameter_counts_with_and_without_bias():
     base = train.parameter_count(512, 8, bias=False)
     assert base["d_head"] == 64 and base["W_q"] == 512 * 512 and base["total"] == 1_048_576
     with_bias = train.parameter_count(512, 8, bias=True)
@@ -317,7 +318,7 @@ def test_parameter_counts_e12_1():
     assert len(text.splitlines()) == 6
 
 
-# --- E12.2 -----------------------------------------------------------------------------------
+# --- the sweep over head counts --------------------------------------------------------------
 
 def test_offset_profile():
     n = 5
@@ -363,7 +364,7 @@ def test_heads_sweep_small():
     assert set(figs) == {"summary", "entropy"}
 
 
-# --- E12.3 -----------------------------------------------------------------------------------
+# --- the head-pruning procedure --------------------------------------------------------------
 
 def test_prune_experiment_small():
     r = training.prune_experiment(4, d_model=16, epochs=30, lr=0.02, n_train=100, n_test=60,

@@ -29,8 +29,14 @@ def times_by_round(fns, repeats=7, settle=0.25, measure=0.1, *, warmup=1):
 
     Parameters
     ----------
-    fns, repeats, settle, measure, warmup
-        As `time_in_turns`.
+    fns : dict of str to callable
+        Functions of no arguments, by name.
+    repeats : int
+        Rounds, as in `time_in_turns`.
+    settle, measure : float
+        Seconds untimed and timed in each turn, as in `time_in_turns`.
+    warmup : int
+        Untimed calls that open every turn.
 
     Returns
     -------
@@ -102,8 +108,14 @@ def median_times(fns, repeats=7, settle=0.25, measure=0.1, *, warmup=1):
 
     Parameters
     ----------
-    fns, repeats, settle, measure, warmup
-        As `time_in_turns`.
+    fns : dict of str to callable
+        Functions of no arguments, by name.
+    repeats : int
+        Rounds, as in `time_in_turns`.
+    settle, measure : float
+        Seconds untimed and timed in each turn, as in `time_in_turns`.
+    warmup : int
+        Untimed calls that open every turn.
 
     Returns
     -------
@@ -120,6 +132,7 @@ def quartiles(times):
     Parameters
     ----------
     times : sequence of float
+        Timings, in any one unit.
 
     Returns
     -------

@@ -1,27 +1,30 @@
-"""`python -m mha tour`: the seeds' key figures, computed on mha's C kernels, in one folder.
+"""`python -m mha tour`: the key figure of each experiment, computed on mha's C kernels, in one
+folder (docs/experiments.md lists the experiments).
 
     python -m mha tour                      # ./mha-tour/index.html, the embedded MiniLM
     python -m mha tour --out figs --quick   # fewer training epochs: the same files, faster
 
 What it writes (PNGs, one GIF, two HTML pages):
 
-  01_sentence_heads.png     four heads of a real model on seed 000's sentence
-  02_layer_grid.png         every head of one layer, seed 000's 3x4 grid
-  03_coreference.png        she -> doctor in every layer and head (seed 000's probe)
-  04_ambiguity.png          "The man saw the astronomer with a telescope" (seed 004)
-  05_head_diversity.png     cosine similarity between the heads of each layer (seed 000)
-  06_causal_mask.png        the causal mask and masked attention (seed 001)
-  07_concat_projection.png  head outputs -> concatenation -> W_o (seed 000)
-  08_training.png           1 vs 4 vs 8 heads on the period-3 task: loss and accuracy (seed 000)
+  01_sentence_heads.png     four heads of layer 0 of a real model on one sentence
+  02_layer_grid.png         every head of a middle layer in a grid (3x4 for 12 heads)
+  03_coreference.png        the coreference probe: she -> doctor in every layer and head
+  04_ambiguity.png          "The man saw the astronomer with a telescope": which reading each
+                            head supports (a prepositional-phrase attachment ambiguity)
+  05_head_diversity.png     cosine similarity between the heads of each layer
+  06_causal_mask.png        the causal mask and masked attention
+  07_concat_projection.png  head outputs -> concatenation -> W_o, with a real layer's numbers
+  08_training.png           1 vs 4 vs 8 heads on the period-3 task: loss and accuracy
   09_learned_patterns.png   what the 4 heads learned
-  10_speed.png              1/4/8/16 heads, batch 16 x 128 tokens x 256 (seed 000), in turns
-  11_pruning.png            iterative head pruning until accuracy drops > 1 point (E12.3)
+  10_speed.png              1/4/8/16 heads, batch 16 x 128 tokens x 256, in turns
+  11_pruning.png            the head-pruning procedure: the least important head out, one at a
+                            time, until accuracy drops > 1 point
   12_beyond_attention.png   raw weights, rollout, attention flow and value norms side by side
   13_value_norms.png        weight against value norm on the special tokens (Kobayashi et al.)
   14_clark_metrics.png      where every head attends (Clark et al.'s statistics)
   15_head_map.png           the heads on a map of their Jensen-Shannon distances
-  attention_layers.gif      one head across the layers (seed 004)
-  head_view.html            the interactive head view (seed 004), self-contained
+  attention_layers.gif      one head across the layers, one frame per layer
+  head_view.html            the interactive head view (BertViz-style), self-contained
   model_view.html           every layer and head at once
   index.html                all of the above, with a sentence each
 
@@ -267,10 +270,10 @@ def _sentence_heads(t, path):
              "previous_token": "previous token", "next_token": "next token", "local": "local"}
     summary = ", ".join(f"{n} {names[name]}" for name, n in counts.items() if n)
     pl, ph = np.unravel_index(int(np.argmax(scores["previous_token"])), (L, H))
-    return (f"Four heads of layer 0 of {t.label}, each with its own table of weights. By seed "
-            f"000's pattern scores its {L * H} heads are: {summary}. The sharpest positional head, "
-            f"layer {pl}, head {ph}, puts {scores['previous_token'][pl, ph]:.0%} of its weight "
-            f"on the previous token.")
+    return (f"Four heads of layer 0 of {t.label}, each with its own table of weights. By their "
+            f"positional pattern scores its {L * H} heads are: {summary}. The sharpest "
+            f"positional head, layer {pl}, head {ph}, puts "
+            f"{scores['previous_token'][pl, ph]:.0%} of its weight on the previous token.")
 
 
 def _layer_grid(t, path):
@@ -281,7 +284,7 @@ def _layer_grid(t, path):
                         title=f'{t.label} Layer {t.grid_layer}: All {t.n_heads} Attention Heads\n'
                               f'"{GRID_TEXT}"')
     _save(fig, path)
-    return ("Seed 000's grid of every head of a middle layer (colour capped at 0.5): "
+    return ("Every head of a middle layer in one grid (colour capped at 0.5): "
             "different heads, different relationships between the same tokens.")
 
 
@@ -319,7 +322,8 @@ def _ambiguity(t, path):
     fig.suptitle(f'"{sentence}": which reading does each head support?', fontsize=13,
                  fontweight="bold")
     _save(fig, path)
-    return ("Seed 004: who has the telescope? Attention from 'telescope' to each reading's word: "
+    return ("A prepositional-phrase attachment ambiguity: who has the telescope? Attention from "
+            "'telescope' to each reading's word: "
             + ", ".join(f"{n} heads prefer '{c}'" for c, n in t.ambiguity["counts"].items())
             + ", so both readings are represented.")
 
@@ -355,7 +359,7 @@ def _causal_mask(t, path):
                      title="Causal mask (1 = may attend)")
     viz.heatmap(masked[0], words, ax=ax_att, cmap="YlOrRd", vmax=None, title="Masked attention, head 0")
     _save(fig, path)
-    return ("Seed 001: a decoder's query i may only see keys j <= i (True = may attend, as in "
+    return ("Causal masking: a decoder's query i may only see keys j <= i (True = may attend, as in "
             "torch's scaled_dot_product_attention); every weight above the diagonal is exactly 0.")
 
 
@@ -372,8 +376,9 @@ def _concat_projection(t, path):
     concat = head_out.transpose(1, 0, 2).reshape(3, 8)
     assert np.allclose(concat @ P["W_o"], small(x)[0])
     _save(viz.concat_projection(head_out[:, 0, :], P["W_o"]), path)
-    return ("Seed 000's picture with a real layer's numbers: one token's 4 head outputs (2 each), "
-            "side by side, then mixed by W_o so that every output feature draws on every head.")
+    return ("The concatenation and output projection with a real layer's numbers: one token's "
+            "4 head outputs (2 each), side by side, then mixed by W_o so that every output "
+            "feature draws on every head.")
 
 
 def _training(t, path):
@@ -381,7 +386,7 @@ def _training(t, path):
 
     _save(t.training_figures["summary"], path)
     accs = ", ".join(f"{_plural(h, 'head')} {r['final_test_accuracy']:.1%}" for h, r in t.training.items())
-    return (f"Seed 000's task, trained on the C backward ({t.epochs} epochs, Adam): test accuracy "
+    return (f"The period-3 task, trained on the C backward ({t.epochs} epochs, Adam): test accuracy "
             f"{accs}, against an expected ceiling of {train.pattern_ceiling():.1%} (the first two "
             f"tokens of a pattern cannot be predicted). Same parameter count for every head count.")
 
@@ -447,7 +452,7 @@ def _attention_gif(t, path):
     from .. import viz
 
     viz.attention_gif(t.ambiguity["attentions"], t.ambiguity["tokens"], head=0, fps=1.5, path=path)
-    return f"Seed 004's animation: head 0 of every layer of {t.label} on \"{AMBIGUOUS[0]}\"."
+    return f"Head 0 of every layer of {t.label} on \"{AMBIGUOUS[0]}\", one layer per frame."
 
 
 def _head_view(t, path):
@@ -544,8 +549,8 @@ def run(out="mha-tour", model="minilm", *, quick=False, threads=None, progress=T
     model : str
         'minilm' (the embedded all-MiniLM-L6-v2) or a local Hugging Face folder.
     quick : bool
-        30 training epochs instead of the seed's 100 and fewer timing rounds; every file is
-        still written.
+        30 training epochs instead of 100 and fewer timing rounds; every file is still
+        written.
     threads : int, optional
         Threads for the C kernels (default: unchanged; the tiny training models run on one).
     progress : bool
@@ -727,7 +732,7 @@ a.button {{ background: #3498db; color: white; padding: 0.3em 0.8em; border-radi
            text-decoration: none; }}
 </style></head><body>
 <h1>mha tour</h1>
-<p class="meta">The seeds' key figures, computed on mha's C kernels: model {html.escape(label)},
+<p class="meta">The key figure of each experiment, computed on mha's C kernels: model {html.escape(label)},
 {'quick mode (30 training epochs), ' if quick else ''}{seconds:.0f} s on
 {info['num_threads']} thread(s) ({html.escape(info['simd'])}). Regenerate with
 <code>python -m mha tour</code>; the notebooks in <code>notebooks/</code> explain each figure.</p>
@@ -740,8 +745,8 @@ a.button {{ background: #3498db; color: white; padding: 0.3em 0.8em; border-radi
 def _parser():
     parser = argparse.ArgumentParser(
         prog="python -m mha tour",
-        description="Compute the seeds' key figures on mha's C kernels and write them, with an "
-                    "index.html that shows each with a sentence, to one folder.",
+        description="Compute the key figure of each experiment on mha's C kernels and write "
+                    "them, with an index.html that shows each with a sentence, to one folder.",
         epilog="Files: " + ", ".join(FILES) + ". Progress is printed to stderr.",
     )
     parser.add_argument("--out", metavar="DIR", default="mha-tour",
@@ -753,8 +758,8 @@ def _parser():
                              "tokenizer.json) or a model in the local Hugging Face cache such "
                              "as 'gpt2'; nothing is downloaded")
     parser.add_argument("--quick", action="store_true",
-                        help="train for 30 epochs instead of the seed's 100 and time fewer "
-                             "repeats: every file is still written, in about half the time")
+                        help="train for 30 epochs instead of 100 and time fewer repeats: "
+                             "every file is still written, in about half the time")
     parser.add_argument("--threads", metavar="N", type=_positive_int, default=None,
                         help="threads for the C kernels (default: mha's default, all cores "
                              "or OMP_NUM_THREADS, except the tiny training models, which "

@@ -1,5 +1,5 @@
 """Figures of the training experiments (matplotlib, drawn with `mha.viz`): each function takes an
-experiment's result (`mha.train.experiments`) and returns a dict of named figures."""
+experiment's result (`mha.apps.training`) and returns a dict of named figures."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping
@@ -16,7 +16,7 @@ __all__ = ["compare_heads_figures", "heads_sweep_figures", "prune_figures"]
 
 def compare_heads_figures(results: Mapping[int, Mapping[str, Any]], *,
                           pattern_heads: int | None = None) -> dict[str, Figure]:
-    """Draw seed 000's figures of a `compare_heads` result.
+    """Draw the figures of a `compare_heads` result: loss curves, accuracy bars, learned patterns.
 
     Parameters
     ----------
@@ -55,7 +55,7 @@ def compare_heads_figures(results: Mapping[int, Mapping[str, Any]], *,
 
 
 def heads_sweep_figures(results: Mapping[int, Mapping[str, Any]]) -> dict[str, Figure]:
-    """Draw E12.2's figures of a `heads_sweep` result.
+    """Draw the figures of a `heads_sweep` result (the sweep over head counts).
 
     Parameters
     ----------
@@ -100,7 +100,7 @@ def heads_sweep_figures(results: Mapping[int, Mapping[str, Any]]) -> dict[str, F
 
 
 def prune_figures(result: Mapping[str, Any]) -> dict[str, Figure]:
-    """Draw E12.3's figures of a `prune_experiment` result.
+    """Draw the figures of a `prune_experiment` result (the head-pruning procedure).
 
     Parameters
     ----------
