@@ -89,8 +89,7 @@ WITHOUT_EXAMPLES = {
     "mha.reference.params_from_torch", "mha.viz.ModelView", "mha.viz.NeuronView",
     "mha.models.RobertaModel", "mha.models.DistilBertModel", "mha.models.GPT2Model",
     "mha.models.LlamaModel", "mha.models.Generation", "mha.models.CheckpointError",
-    "mha.corpus.CorpusError", "mha.apps.training.head_label", "mha.apps.timing.median_times",
-    "mha.apps.timing.quartiles",
+    "mha.corpus.CorpusError",
 }
 
 

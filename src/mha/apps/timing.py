@@ -121,6 +121,12 @@ def median_times(fns, repeats=7, settle=0.25, measure=0.1, *, warmup=1):
     -------
     dict of str to float
         Seconds.
+
+    Examples
+    --------
+    >>> medians = median_times({"sum": lambda: sum(range(1000))}, repeats=3, settle=0, measure=0)
+    >>> medians["sum"] > 0
+    True
     """
     times = time_in_turns(fns, repeats, settle, measure, warmup=warmup)
     return {name: float(np.median(ts)) for name, ts in times.items()}
@@ -138,6 +144,11 @@ def quartiles(times):
     -------
     (float, float, float)
         Lower quartile, median, upper quartile, in the unit of `times`.
+
+    Examples
+    --------
+    >>> quartiles([1.0, 2.0, 3.0, 4.0, 5.0])
+    (2.0, 3.0, 4.0)
     """
     q1, q2, q3 = np.percentile(np.asarray(times, dtype=np.float64), [25, 50, 75])
     return float(q1), float(q2), float(q3)

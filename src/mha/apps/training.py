@@ -21,7 +21,7 @@ from ..train.data import pattern_ceiling, pattern_data, pattern_min_loss
 from ..train.model import SimpleAttentionModel, fit
 
 __all__ = ["experiment_data", "compare_heads", "heads_sweep", "offset_profile", "period_mass",
-           "prune_experiment", "head_label"]
+           "prune_experiment"]
 
 
 def _seeds(seed, n):
