@@ -1,6 +1,8 @@
 """Input handling shared by the analysis modules: arrays in, masks, selections, conventions."""
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 #: The conventions a function of :mod:`mha.analysis` can follow where the papers differ from
@@ -9,20 +11,20 @@ import numpy as np
 CONVENTIONS = ("mha", "clark")
 
 
-def _to_numpy(x):
+def _to_numpy(x: Any) -> np.ndarray:
     """An ndarray from x; a torch tensor is detached and copied to the CPU (torch not imported)."""
     if hasattr(x, "detach") and hasattr(x, "cpu"):
         x = x.detach().cpu().numpy()
     return np.asarray(x)
 
 
-def _check_convention(convention):
+def _check_convention(convention: str) -> str:
     if convention not in CONVENTIONS:
         raise ValueError(f"convention={convention!r}: expected one of {CONVENTIONS}")
     return convention
 
 
-def _as_weights(weights, min_ndim=2, name="weights"):
+def _as_weights(weights: Any, min_ndim: int = 2, name: str = "weights") -> np.ndarray:
     """A float64 array of attention weights with at least min_ndim axes.
 
     Accepts NumPy arrays, anything np.asarray understands, torch tensors, and lists/tuples of
@@ -41,7 +43,7 @@ def _as_weights(weights, min_ndim=2, name="weights"):
     return weights
 
 
-def _float_array(x, name, min_ndim, expected):
+def _float_array(x: Any, name: str, min_ndim: int, expected: str) -> np.ndarray:
     """x as a float32 or float64 ndarray (float32 stays float32; other reals become float64).
 
     A list of per-layer arrays is stacked, each first losing leading axes of length 1 (Hugging
@@ -65,19 +67,19 @@ def _float_array(x, name, min_ndim, expected):
     return x
 
 
-def _live_rows(weights):
+def _live_rows(weights: np.ndarray) -> np.ndarray:
     """Bool (..., n_q): rows that are not fully masked (their weights sum to > 0)."""
     return weights.sum(axis=-1) > 0
 
 
-def _mean_over_rows(values, live):
+def _mean_over_rows(values: np.ndarray, live: np.ndarray) -> np.ndarray:
     """Mean of values (..., n_q) over live rows; 0 where no row is live."""
     count = live.sum(axis=-1)
     total = np.where(live, values, 0.0).sum(axis=-1)
     return np.where(count > 0, total / np.maximum(count, 1), 0.0)
 
 
-def _selection(sel, n, name):
+def _selection(sel: Any, n: int, name: str) -> np.ndarray:
     """Indices in [0, n) from an int, a sequence of ints (negative from the end) or a bool mask."""
     sel = np.asarray(sel)
     if sel.dtype == bool:
@@ -92,7 +94,7 @@ def _selection(sel, n, name):
     return sel % n
 
 
-def _batch_mask(mask, shape, name):
+def _batch_mask(mask: Any, shape: tuple[int, int], name: str) -> np.ndarray:
     """A bool (batch, n) mask (all False when None) from bools or 0/1 ints."""
     if mask is None:
         return np.zeros(shape, dtype=bool)
@@ -104,7 +106,7 @@ def _batch_mask(mask, shape, name):
     return mask.astype(bool)
 
 
-def _real_square(a, idx):
+def _real_square(a: np.ndarray, idx: np.ndarray) -> np.ndarray:
     """Restrict a (..., n, n) to rows and columns idx (sorted): a view when idx is a range."""
     if idx[-1] - idx[0] + 1 == len(idx):
         span = slice(int(idx[0]), int(idx[-1]) + 1)

@@ -8,7 +8,7 @@ in docs/beyond_attention.md).
 from __future__ import annotations
 
 import unicodedata
-from typing import Mapping, Sequence
+from typing import Mapping, Sequence, cast
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -82,14 +82,13 @@ def token_classes(tokens: Sequence[str] | Sequence[Sequence[str]], n: int | None
     """
     clark = _check_convention(convention) == "clark"
     single = not tokens or isinstance(tokens[0], str)
-    batch = [list(tokens)] if single else [list(t) for t in tokens]
+    batch = [[str(t) for t in tokens]] if single else [[str(t) for t in toks] for toks in tokens]
     width = max((len(t) for t in batch), default=0) if n is None else int(n)
     if any(len(t) > width for t in batch):
         raise ValueError(f"n={n}: a token list is longer ({max(len(t) for t in batch)})")
     out = {k: np.zeros((len(batch), width), dtype=bool) for k in ("cls", "sep", "punct")}
     for b, toks in enumerate(batch):
         for i, t in enumerate(toks):
-            t = str(t)
             out["cls"][b, i] = t in _CLS_TOKENS
             out["sep"][b, i] = t in _SEP_TOKENS
             out["punct"][b, i] = t in _CLARK_PUNCTUATION if clark else _is_punctuation(t)
@@ -194,7 +193,7 @@ def head_statistic_sums(weights: ArrayLike, attention_mask: ArrayLike | None = N
     w, real, kinds, norms = _statistic_inputs(weights, attention_mask, cls, sep, punct,
                                               key_norms)
     L, H = w.shape[1:3]
-    names = CLARK_METRICS + ("uniform_entropy",)
+    names: tuple[str, ...] = CLARK_METRICS + ("uniform_entropy",)
     if norms is not None:
         names = names + ("norm_cls", "norm_sep")
     sums = {name: np.zeros((L, H)) for name in names}
@@ -337,12 +336,13 @@ def clark_metrics(weights: ArrayLike,
                      "(layers, heads, n, n) or (batch, layers, heads, n, n)")
     batch = w if w.ndim == 5 else w[None]
     B, n = batch.shape[0], batch.shape[-1]
-    classes = {"cls": None, "sep": None, "punct": None}
+    classes: dict[str, np.ndarray | None] = {"cls": None, "sep": None, "punct": None}
     if tokens is not None:
-        tok = [tokens] if tokens and isinstance(tokens[0], str) else tokens
+        tok = cast(Sequence[Sequence[str]],
+                   [tokens] if tokens and isinstance(tokens[0], str) else tokens)
         if len(tok) != B:
             raise ValueError(f"tokens has {len(tok)} lists but weights has a batch of {B}")
-        classes = token_classes(tok, n, convention=convention)
+        classes = dict(token_classes(tok, n, convention=convention))
         if attention_mask is None:
             attention_mask = np.arange(n)[None, :] < np.array([len(t) for t in tok])[:, None]
     if attention_mask is not None:

@@ -73,7 +73,8 @@ def metric_mds(distances: ArrayLike, n_components: int = 2, *, n_init: int = 5,
     and rows of :math:`B` summing to 0, never raises the stress. It runs from the
     :func:`classical_mds` configuration and from ``n_init`` random starts (uniform in the unit
     square), each until the stress falls by less than ``eps`` of itself in one step or for
-    ``max_iter`` steps, and keeps the configuration of least stress. Unlike :func:`classical_mds` it fits the distances themselves, not their squares
+    ``max_iter`` steps, and keeps the configuration of least stress. Unlike
+    :func:`classical_mds` it fits the distances themselves, not their squares
     through a Gram matrix, and needs no Euclidean input.
 
     Parameters

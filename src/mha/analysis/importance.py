@@ -3,7 +3,7 @@ loss with respect to the head mask (Michel et al. 2019); the layers' head masks 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, cast
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -118,15 +118,16 @@ def head_importance_gradient(grads: ArrayLike | Iterable[ArrayLike], *,
             raise ValueError(f"grads has shape {grads.shape}: expected (n_examples, ..., heads)")
         importance = np.abs(grads).mean(axis=0)
     else:
-        total, count = None, 0
-        for g in grads:
-            g = np.abs(np.asarray(_to_numpy(g), dtype=np.float64))
+        total: np.ndarray | None = None
+        count = 0
+        for example in cast(Iterable[ArrayLike], grads):
+            g = np.abs(np.asarray(_to_numpy(example), dtype=np.float64))
             if total is not None and g.shape != total.shape:
                 raise ValueError(f"grads: example {count} has shape {g.shape}, "
                                  f"the first had {total.shape}")
             total = g if total is None else total + g
             count += 1
-        if count == 0:
+        if total is None:
             raise ValueError("grads is empty: need at least one example")
         importance = total / count
     if normalize:

@@ -70,12 +70,12 @@ def entropy(weights: ArrayLike, *, per_query: bool = False, convention: str = "m
     array([1.38629, 0.00087])
     """
     clark = _check_convention(convention) == "clark"
-    weights = _as_weights(weights)
-    live = _live_rows(weights)
+    w = _as_weights(weights)
+    live = _live_rows(w)
     if clark:
-        weights = 0.9999 * weights + 0.0001 / weights.shape[-1]
+        w = 0.9999 * w + 0.0001 / w.shape[-1]
     with np.errstate(divide="ignore", invalid="ignore"):
-        terms = np.where(weights > 0, -weights * np.log(np.where(weights > 0, weights, 1.0)), 0.0)
+        terms = np.where(w > 0, -w * np.log(np.where(w > 0, w, 1.0)), 0.0)
     rows = np.where(live, terms.sum(axis=-1), 0.0)
     if per_query:
         return rows
@@ -260,14 +260,14 @@ def attention_mass(weights: ArrayLike, keys: ArrayLike, *, queries: ArrayLike | 
     >>> float(attention_mass(w, 0)), float(attention_mass(w, [0, -1], queries=[0, 1]))
     (0.5, 0.625)
     """
-    weights = _as_weights(weights)
+    w = _as_weights(weights)
     if normalize:
-        total = weights.sum(axis=-1, keepdims=True)
-        weights = np.divide(weights, total, out=np.zeros_like(weights), where=total > 0)
-    n_q, n_k = weights.shape[-2:]
+        total = w.sum(axis=-1, keepdims=True)
+        w = np.divide(w, total, out=np.zeros_like(w), where=total > 0)
+    n_q, n_k = w.shape[-2:]
     key_sel = _selection(keys, n_k, "keys")
-    mass = weights[..., key_sel].sum(axis=-1)                    # (..., n_q)
-    live = _live_rows(weights)
+    mass = w[..., key_sel].sum(axis=-1)                          # (..., n_q)
+    live = _live_rows(w)
     if queries is not None:
         row_sel = np.zeros(n_q, dtype=bool)
         row_sel[_selection(queries, n_q, "queries")] = True

@@ -146,7 +146,8 @@ def pruning_curve(evaluate: Callable[[np.ndarray], float],
     baseline = float(evaluate(mask.copy()))
     tolerance = max_drop * abs(baseline) if relative else max_drop
     n_pruned = [int(n_heads - np.count_nonzero(mask))]
-    metrics, masks, removed = [baseline], [mask.copy()], [[]]
+    metrics, masks = [baseline], [mask.copy()]
+    removed: list[list[tuple[int, ...]]] = [[]]
     prunable, prunable_mask, dropped = n_pruned[0], mask.copy(), False
 
     while np.count_nonzero(mask):
