@@ -60,7 +60,6 @@ def classical_mds(distances: ArrayLike, n_components: int = 2) -> np.ndarray:
     return points * np.where(flip == 0, 1, flip)
 
 
-
 def metric_mds(distances: ArrayLike, n_components: int = 2, *, n_init: int = 5,
                max_iter: int = 1000, eps: float = 1e-10, seed: int | None = 0,
                init: ArrayLike | None = None) -> np.ndarray:
@@ -173,7 +172,7 @@ def _smacof(d, x, max_iter, eps):
         x = b @ x / N
         dist = _pairwise(x)
         previous, stress = stress, 0.5 * float(((dist - d) ** 2).sum())
-        if previous - stress < eps * previous:
+        if previous - stress <= eps * previous:             # also stops at a perfect fit
             break
     return x, stress
 

@@ -59,8 +59,6 @@ def head_similarity(weights: ArrayLike) -> np.ndarray:
 head_diversity = head_similarity
 
 
-
-
 def head_distance(weights: ArrayLike, *, convention: str = "mha") -> np.ndarray:
     r"""Compute the pairwise Jensen-Shannon distance between heads (Clark et al. 2019).
 
