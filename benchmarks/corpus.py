@@ -258,10 +258,10 @@ def costs(repeats=5):
     limit = inspect.signature(mha.corpus.head_statistics).parameters["batch_tokens"].default
     flat, lengths = _batches(ids, 16, limit)[0]                     # the default's first batch
     mha.set_num_threads(1)
-    _batch_sums(model, flat, lengths, True)                         # tables, warm caches
-    batch = best(lambda: _batch_sums(model, flat, lengths, False))
-    batch_norms = best(lambda: _batch_sums(model, flat, lengths, True))
-    part = _batch_sums(model, flat, lengths, True)
+    _batch_sums(model, flat, lengths, norms=True)                         # tables, warm caches
+    batch = best(lambda: _batch_sums(model, flat, lengths, norms=False))
+    batch_norms = best(lambda: _batch_sums(model, flat, lengths, norms=True))
+    part = _batch_sums(model, flat, lengths, norms=True)
     reduction = best(lambda: _add(*[part] * 8))
     size = sum(v.nbytes for v in part["sums"].values())
     tokens = int(lengths.sum())

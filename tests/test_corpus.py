@@ -203,6 +203,25 @@ def test_partitioning_and_threads_change_nothing(minilm, texts, oracle, tmp_path
     assert_identical(ds, again)
 
 
+def test_clark_convention_is_the_mean_over_texts_of_each_texts_metrics(minilm, texts):
+    """convention="clark": each text's statistics as analysis.clark_metrics(convention="clark")
+    computes them for that text alone, then the plain mean over texts (Clark et al.'s weighing),
+    whatever the batches."""
+    metrics = [analysis.clark_metrics(*minilm.attentions(text)[::-1], convention="clark")
+               for text in texts]
+    expected = {k: np.mean([m[k] for m in metrics], axis=0) for k in metrics[0]}
+    for batch_size in (16, 3):
+        ds = mha.corpus.head_statistics(minilm, texts, batch_size=batch_size, progress=False,
+                                        norms=False, convention="clark")
+        assert ds.attrs["convention"] == "clark" and "prev_pairs" not in ds.attrs
+        for k, v in expected.items():
+            np.testing.assert_allclose(ds[k].values, v, rtol=1e-5, atol=1e-6, err_msg=k)
+    mha_ds = mha.corpus.head_statistics(minilm, texts, progress=False, norms=False)
+    assert np.abs(mha_ds.mass_prev.values - ds.mass_prev.values).max() > 1e-3   # they differ
+    with pytest.raises(ValueError, match="convention='paper'"):
+        mha.corpus.head_statistics(minilm, texts, progress=False, convention="paper")
+
+
 @pytest.mark.parametrize("batch_size, batch_tokens", [(16, 1024), (4, None), (3, 30), (16, 1)])
 def test_batches_keep_both_limits_and_every_text_once(batch_size, batch_tokens):
     lengths = [5, 300, 10, 10, 10, 100, 120, 2000, 7, 30, 31]

@@ -46,6 +46,9 @@ def _parser():
                         help="skip empty lines (and count them) instead of stopping")
     parser.add_argument("--no-norms", action="store_true",
                         help="leave out the value-norm shares norm_cls and norm_sep (a few %% faster)")
+    parser.add_argument("--convention", choices=("mha", "clark"), default="mha",
+                        help="mha: token-weighted means (default); clark: Clark et al.'s "
+                             "formulas, each text's mean then the mean over texts")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
 
@@ -88,7 +91,8 @@ def _command(args):
         dataset = head_statistics(model, source, batch_size=args.batch_size,
                                   batch_tokens=args.batch_tokens, client=client,
                                   progress=not args.quiet, truncation=args.truncation,
-                                  skip_empty=args.skip_empty, norms=not args.no_norms)
+                                  skip_empty=args.skip_empty, norms=not args.no_norms,
+                                  convention=args.convention)
     except (CorpusError, TypeError, UnicodeDecodeError) as e:
         raise _CommandError(str(e)) from None
     except ValueError as e:

@@ -15,7 +15,7 @@ from dask.callbacks import Callback
 
 import mha
 
-from ..analysis import CLARK_METRICS
+from ..analysis import CLARK_METRICS, CONVENTIONS
 from .tasks import _batch_sums, _model_spec, _partition_sums, _tree
 from .texts import _batches, _open_texts, _tokenize
 
@@ -93,7 +93,7 @@ def _run_distributed(client, leaves, root, weights, bar):
 
 def head_statistics(model, texts, *, batch_size=16, client=None, progress=True,
                     truncation=False, skip_empty=False, norms=True, num_workers=None,
-                    kernel_threads=None, batch_tokens=512):
+                    kernel_threads=None, batch_tokens=512, convention="mha"):
     """Compute per-head attention statistics as corpus means, on Dask.
 
     Clark et al.'s per-head statistics and Kobayashi et al.'s value-norm shares, averaged over
@@ -142,18 +142,26 @@ def head_statistics(model, texts, *, batch_size=16, client=None, progress=True,
         about ``batch_tokens * layers * heads * n * 4`` bytes for texts of n tokens (MiniLM,
         texts of 200 tokens: 30 MB), once per worker thread.
 
+    convention : {"mha", "clark"}
+        ``"mha"``: token-weighted corpus means; a query without a previous (next) token is
+        left out of ``mass_prev`` (``mass_next``); punctuation is every punctuation token.
+        ``"clark"``: Clark et al.'s formulas as their code computes them: each text's mean,
+        then the mean over texts; previous/next divided by all of a text's tokens; entropy of
+        the weights smoothed to 0.9999 p + 0.0001 / n; punctuation "." and "," (see
+        :func:`mha.analysis.head_statistic_sums`).
+
     Returns
     -------
     xarray.Dataset
         Dims ("layer", "head") with integer coordinates; variables :data:`STATISTICS` (float64,
-        token-weighted means over the real tokens of all texts: padding is excluded as query
-        and as key; ``norm_*`` only with ``norms``) and ``uniform_entropy`` (the entropy of
-        uniform attention, the scale for ``entropy``), each with ``long_name`` and ``units``.
-        ``attrs``: model, model_type, dtype, texts, tokens, batches, batch_size, batch_tokens
-        ("none" for None), padding (share
-        of padded positions), texts_truncated, texts_skipped, prev_pairs and next_pairs (the
-        denominators of mass_prev and mass_next), source, scheduler, seconds (wall time of
-        the whole call, tokenization included), mha_version.
+        means over the real tokens of all texts as ``convention`` weighs them: padding is
+        excluded as query and as key; ``norm_*`` only with ``norms``) and ``uniform_entropy``
+        (the entropy of uniform attention, the scale for ``entropy``), each with ``long_name``
+        and ``units``. ``attrs``: model, model_type, dtype, convention, texts, tokens,
+        batches, batch_size, batch_tokens ("none" for None), padding (share of padded
+        positions), texts_truncated, texts_skipped, prev_pairs and next_pairs (the
+        denominators of mass_prev and mass_next; convention "mha" only), source, scheduler,
+        seconds (wall time of the whole call, tokenization included), mha_version.
 
     Raises
     ------
@@ -166,8 +174,8 @@ def head_statistics(model, texts, *, batch_size=16, client=None, progress=True,
     FileNotFoundError
         ``texts`` given as a path that is not a file.
     ValueError
-        No text at all, or a bad ``batch_size``, ``batch_tokens``, ``num_workers`` or
-        ``kernel_threads``.
+        No text at all, or a bad ``batch_size``, ``batch_tokens``, ``num_workers``,
+        ``kernel_threads`` or ``convention``.
     RuntimeError
         On a cluster: a worker that cannot load the model, or loads other weights.
 
@@ -209,6 +217,8 @@ def head_statistics(model, texts, *, batch_size=16, client=None, progress=True,
     batch_size = _positive(batch_size, "batch_size")
     if batch_tokens is not None:
         batch_tokens = _positive(batch_tokens, "batch_tokens")
+    if convention not in CONVENTIONS:
+        raise ValueError(f"convention={convention!r}: expected one of {CONVENTIONS}")
     if model.tokenizer is None:
         raise ValueError(f"{model.name or 'the model'} has no tokenizer: head_statistics needs "
                          "one to read texts")
@@ -219,19 +229,23 @@ def head_statistics(model, texts, *, batch_size=16, client=None, progress=True,
     task_threads = None if client is None else kernel_threads
     run = uuid.uuid4().hex[:12]
     if isinstance(texts, dask.bag.Bag):
-        leaves, weights, attrs = _bag_tasks(runner, texts, run, batch_size, batch_tokens, truncation,
-                                            skip_empty, norms, task_threads)
+        options = dict(batch_size=batch_size, batch_tokens=batch_tokens, truncation=truncation,
+                       skip_empty=skip_empty, norms=norms, convention=convention,
+                       kernel_threads=task_threads)
+        leaves, weights, attrs = _bag_tasks(runner, texts, run, options)
         bar_total, unit = len(leaves), "partition"
     else:
         leaves, weights, attrs = _text_tasks(model, runner, texts, run, batch_size, batch_tokens,
-                                             truncation, skip_empty, norms, task_threads, progress)
+                                             truncation, skip_empty, progress,
+                                             dict(norms=norms, convention=convention,
+                                                  kernel_threads=task_threads))
         bar_total, unit = sum(weights.values()), "token"
     total, attrs["scheduler"] = _compute(client, leaves, _tree(leaves, run), weights, bar_total,
                                          unit, progress, num_workers, kernel_threads)
     attrs.setdefault("texts_truncated", total["truncated"])
     attrs.setdefault("texts_skipped", total["skipped"])
     attrs["seconds"] = time.perf_counter() - start
-    return _dataset(model, total, batch_size, batch_tokens, attrs)
+    return _dataset(model, total, batch_size, batch_tokens, convention, attrs)
 
 
 def _threads(client, num_workers, kernel_threads):
@@ -247,22 +261,20 @@ def _threads(client, num_workers, kernel_threads):
     return num_workers, kernel_threads
 
 
-def _bag_tasks(runner, bag, run, batch_size, batch_tokens, truncation, skip_empty, norms,
-               kernel_threads):
-    """One task per partition of a dask.bag (tokenized on the workers) -> (leaves, progress
-    weight of each leaf's key, attrs)."""
-    leaves = [dask.delayed(_partition_sums)(
-                  runner, part, i, batch_size, batch_tokens, truncation, skip_empty, norms,
-                  kernel_threads, dask_key_name=f"mha-corpus-partition-{run}-{i}")
+def _bag_tasks(runner, bag, run, options):
+    """One task per partition of a dask.bag (tokenized on the workers; ``options``: the keyword
+    arguments of _partition_sums) -> (leaves, progress weight of each leaf's key, attrs)."""
+    leaves = [dask.delayed(_partition_sums)(runner, part, i, **options,
+                                            dask_key_name=f"mha-corpus-partition-{run}-{i}")
               for i, part in enumerate(bag.to_delayed())]
     weights = {leaf.key: 1 for leaf in leaves}
     return leaves, weights, {"source": f"dask.bag with {bag.npartitions} partitions"}
 
 
-def _text_tasks(model, runner, texts, run, batch_size, batch_tokens, truncation, skip_empty, norms,
-                kernel_threads, progress):
-    """Texts checked and tokenized here, sorted and batched: one task per batch -> (leaves,
-    tokens of each leaf's key, attrs)."""
+def _text_tasks(model, runner, texts, run, batch_size, batch_tokens, truncation, skip_empty,
+                progress, options):
+    """Texts checked and tokenized here, sorted and batched: one task per batch (``options``:
+    the keyword arguments of _batch_sums) -> (leaves, tokens of each leaf's key, attrs)."""
     from tqdm.auto import tqdm
 
     items, name, source, size = _open_texts(texts)
@@ -274,7 +286,7 @@ def _text_tasks(model, runner, texts, run, batch_size, batch_tokens, truncation,
                          + (f" ({skipped} empty ones skipped)" if skipped else ""))
     batches = _batches(ids, batch_size, batch_tokens)
     del ids
-    leaves = [dask.delayed(_batch_sums)(runner, flat, lengths, norms, kernel_threads,
+    leaves = [dask.delayed(_batch_sums)(runner, flat, lengths, **options,
                                         dask_key_name=f"mha-corpus-batch-{run}-{i}")
               for i, (flat, lengths) in enumerate(batches)]
     weights = {leaf.key: int(lengths.sum()) for leaf, (_, lengths) in zip(leaves, batches)}
@@ -313,7 +325,7 @@ def _as_model(model):
                     f"{type(model).__name__}")
 
 
-def _dataset(model, total, batch_size, batch_tokens, attrs):
+def _dataset(model, total, batch_size, batch_tokens, convention, attrs):
     sums, counts = total["sums"], total["counts"]
     L, H = model.n_layers, model.n_heads
     data = {}
@@ -323,14 +335,18 @@ def _dataset(model, total, batch_size, batch_tokens, attrs):
         long_name, units = _ABOUT[name]
         mean = sums[name] / counts[name] if counts[name] else np.zeros((L, H))
         data[name] = (("layer", "head"), mean, {"long_name": long_name, "units": units})
+    weighing = ("token-weighted corpus means" if convention == "mha" else
+                "means over texts of each text's means (Clark et al.'s convention)")
+    if convention == "mha":            # the denominators of mass_prev and mass_next
+        attrs = {"prev_pairs": counts["mass_prev"], "next_pairs": counts["mass_next"], **attrs}
     attrs = {
-        "title": "head statistics: token-weighted corpus means per layer and head",
+        "title": f"head statistics: {weighing} per layer and head", "convention": convention,
         "model": str(model.name), "model_type": model.config.model_type,
         "dtype": np.dtype(model.dtype).name, "texts": total["texts"], "tokens": total["tokens"],
         "batches": total["batches"], "batch_size": batch_size,
         "batch_tokens": "none" if batch_tokens is None else batch_tokens,
         "padding": 1.0 - total["tokens"] / total["slots"],
-        "prev_pairs": counts["mass_prev"], "next_pairs": counts["mass_next"], **attrs,
+        **attrs,
         "references": "Clark et al. 2019, arXiv:1906.04341; Kobayashi et al. 2020, "
                       "arXiv:2004.10102",
         "mha_version": mha.__version__,

@@ -38,15 +38,17 @@ class _ModelSpec:
 
 
 class _Tables:
-    """Per model, built once per process: which token ids are [CLS], [SEP] and punctuation
-    (V, 3) and, per layer, each head's Gram matrix of the output projection (H, d, d)."""
+    """Per model, built once per process: which token ids are [CLS], [SEP], punctuation and
+    Clark et al.'s punctuation ("." and ",") (V, 4) and, per layer, each head's Gram matrix of the output projection (H, d, d)."""
 
     def __init__(self, model):
         tok = model.tokenizer
         vocab = max(tok.vocab_size, model.config.vocab_size, model.config.pad_token_id + 1)
         tokens = [tok.id_to_token(i) for i in range(vocab)]
-        classes = token_classes([str(t) for t in tokens])
-        self.classes = np.stack([classes["cls"], classes["sep"], classes["punct"]], axis=-1)
+        strings = [str(t) for t in tokens]
+        classes = token_classes(strings)
+        self.classes = np.stack([classes["cls"], classes["sep"], classes["punct"],
+                                 token_classes(strings, convention="clark")["punct"]], axis=-1)
         d = model.d_head
         self.grams = []
         for layer in range(model.n_layers):
@@ -131,7 +133,7 @@ def _key_norms(v, gram, n_heads):
     return np.sqrt(np.maximum(square, 0.0))                   # rounding can dip below 0
 
 
-def _batch_sums(runner, ids_flat, lengths, norms, kernel_threads=None):
+def _batch_sums(runner, ids_flat, lengths, *, norms, convention="mha", kernel_threads=None):
     """One batch (flat token ids, lengths) -> its partial sums (a dict; see _add)."""
     model = _resolve(runner, kernel_threads)
     tables = _tables(model)
@@ -141,14 +143,15 @@ def _batch_sums(runner, ids_flat, lengths, norms, kernel_threads=None):
     ids[mask] = ids_flat                                      # row-major = text after text
     captured = [] if norms else None
     _, weights = model._forward(ids, mask, np.zeros_like(ids), True, None, capture=captured)
-    classes = tables.classes[ids] & mask[..., None]           # (B, n, 3)
+    classes = tables.classes[ids] & mask[..., None]           # (B, n, 4)
     key_norms = None
     if norms:
         key_norms = np.stack([_key_norms(v, tables.grams[layer], model.n_heads)
                               for layer, (_, _, v) in enumerate(captured)], axis=1)
     del captured
+    punct = classes[..., 3 if convention == "clark" else 2]
     sums, counts = head_statistic_sums(weights, mask, cls=classes[..., 0], sep=classes[..., 1],
-                                       punct=classes[..., 2], causal=model.causal,
+                                       punct=punct, causal=model.causal, convention=convention,
                                        key_norms=key_norms)
     return {"sums": sums, "counts": counts, "texts": B, "tokens": int(lengths.sum()),
             "slots": B * n, "batches": 1, "truncated": 0, "skipped": 0}
@@ -169,8 +172,8 @@ def _add(*parts):
     return total
 
 
-def _partition_sums(runner, texts, partition, batch_size, batch_tokens, truncation, skip_empty,
-                    norms, kernel_threads=None):
+def _partition_sums(runner, texts, partition, *, batch_size, batch_tokens, truncation, skip_empty,
+                    norms, convention="mha", kernel_threads=None):
     """One partition of a dask.bag: check and tokenize its texts, sort them, and add the sums
     of its batches in order -> one partial result."""
     model = _resolve(runner, kernel_threads)
@@ -180,7 +183,7 @@ def _partition_sums(runner, texts, partition, batch_size, batch_tokens, truncati
     if not ids:
         raise CorpusError(f"the bag's partition {partition} has no text"
                           + (f" ({skipped} empty ones skipped)" if skipped else ""))
-    parts = [_batch_sums(model, flat, lengths, norms)
+    parts = [_batch_sums(model, flat, lengths, norms=norms, convention=convention)
              for flat, lengths in _batches(ids, batch_size, batch_tokens)]
     total = _add(*parts)
     total["truncated"], total["skipped"] = truncated, skipped
