@@ -3,7 +3,7 @@
     python benchmarks/scaling.py [--out benchmarks/scaling.png] [--max-len 8192]
 
 One head group of B=1, H=8, d_head=64, float32, need_weights=False (torch:
-scaled_dot_product_attention; NumPy: mha.reference.attention, the seeds' formula). Medians
+scaled_dot_product_attention; NumPy: mha.reference.attention, the textbook formula). Medians
 over repeats, all measured in this run with the same thread count, the libraries taking turns
 (mha.apps.timing.median_times).
 """

@@ -5,9 +5,9 @@ tree that has no compiled core.
 The README's first ```bash block holds three commands: 1 sets up a virtual environment and
 runs the tour, 2 is `bash .ci/run` (the run of the tests this file is part of: a test cannot
 start it again), 3 builds the documentation in the environment of command 1. The test clones
-the committed HEAD of this checkout into a temporary folder and runs 1, then 3, in one bash
-there, with a plain PATH and no active virtual environment (what shared/tools/try-as-newcomer
-does for the first). It needs git, the package index and a few minutes; set
+the committed HEAD of this checkout into a temporary folder and runs 1, then 3 after
+activating the environment 1 made (as the user's shell has it), with a plain PATH and no other
+virtual environment active. It needs git, the package index and a few minutes; set
 MHA_SKIP_NEWCOMER=1 to skip it.
 """
 import os

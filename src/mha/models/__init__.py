@@ -20,8 +20,8 @@ generated token). A model is a local Hugging Face folder with config.json, model
 (float32, float64, float16 or bfloat16; read without torch) and tokenizer.json (read with the
 tokenizers library). Nothing is downloaded, ever; torch and transformers are not needed.
 
-The seed experiments (head pattern classification, the coreference probe, the ambiguous
-sentences) are in :mod:`mha.models.probes`.
+Probes of a model's heads (positional pattern classification, the coreference probe, the
+ambiguous sentences) are in :mod:`mha.models.probes`.
 """
 from __future__ import annotations
 
