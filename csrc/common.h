@@ -96,7 +96,7 @@ static inline char *mha_alloc_slices(size_t bytes, int slices) {
     return mha_alloc(bytes * (size_t)slices);
 }
 
-/* Threads (core.c): mha's own pool on POSIX systems, OpenMP or serial elsewhere.
+/* Threads (threads.c): mha's own pool on POSIX systems, OpenMP or serial elsewhere.
  * mha_parallel_for runs fn(ctx, i, thread) for every i in [0, n) on up to `threads` threads
  * and returns when all are done; tasks are handed out in order, `chunk` at a time, to
  * whichever thread is free; `thread` < threads numbers the thread running the task (the

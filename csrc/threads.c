@@ -1,21 +1,16 @@
-/* core.c: the parts of the core compiled once, outside the kernel units (dispatch.h): the
- * threads, the attention descriptor, the dropout RNG's public entry point, and the attention
- * calls that only forward to a dispatched one.
+/* threads.c: how the kernels run in parallel (common.h: mha_parallel_for, mha_threads_for)
+ * and how many threads they use (mha.h: mha_set_num_threads, mha_get_num_threads).
  *
- * Threads. On POSIX systems the kernels run on mha's own pool (below), not on OpenMP: how its
- * idle threads wait is then mha's choice, whatever runtime another library loaded first. With
- * GNU libgomp the waiting is fixed when the runtime loads (GOMP_SPINCOUNT, OMP_WAIT_POLICY):
- * after `import torch`, whose libgomp mha's extension then shares, its threads spun for 300,000
- * iterations after every call, and a MiniLM forward on 2 busy cores took 5-7x longer than with
- * the short spin mha had asked for. Elsewhere (Windows) the kernels use OpenMP, or run serial
- * without it; -DMHA_SERIAL builds the serial core everywhere. */
+ * On POSIX systems the kernels run on mha's own pool (below), not on OpenMP: how its idle
+ * threads wait is then mha's choice, whatever runtime another library loaded first. GNU
+ * libgomp fixes its waiting when it loads (GOMP_SPINCOUNT, OMP_WAIT_POLICY), and a process
+ * that imported torch first shares torch's libgomp, whose threads spin for 300,000
+ * iterations after every parallel region: on a busy machine they take the cores that the next
+ * call needs. Elsewhere (Windows) the kernels use OpenMP when the compiler has it and run
+ * serial without it; -DMHA_SERIAL builds the serial core everywhere. */
 #if !defined(_WIN32) && !defined(_POSIX_C_SOURCE)
 #define _POSIX_C_SOURCE 200809L /* pthreads, clock_gettime, sched_yield under -std=c11 */
 #endif
-#include <math.h>
-#include <stdio.h>
-#include <string.h>
-
 #include "common.h"
 #include "mha.h"
 
@@ -176,10 +171,10 @@ void mha_parallel_for(int threads, int64_t n, int64_t chunk, mha_task_fn fn, voi
 }
 
 /* OMP_NUM_THREADS (the usual knob, honoured as OpenMP would), else the core count: read once,
- * at the first call, as an OpenMP runtime reads it when it loads. Read on every call, it let
- * a library that sets it later in the process change mha's threads: Dask's LocalCluster
- * writes OMP_NUM_THREADS=1 into its caller's environment, and every kernel ran on one thread
- * while the cluster lived. */
+ * at the first call, as an OpenMP runtime reads it when it loads.
+ * A library may set it later in the process for its own workers (Dask's LocalCluster writes
+ * OMP_NUM_THREADS=1 into its caller's environment); read on every call, it would change
+ * mha's threads while that library runs. */
 static int default_threads(void) {
     static atomic_int cached = 0;
     int n = atomic_load_explicit(&cached, memory_order_relaxed);
@@ -236,48 +231,4 @@ int mha_threads_for(double flops) {
     double useful = flops / MHA_FLOPS_PER_THREAD;
     int n = mha_get_num_threads();
     return useful < n ? (int)MHA_MAX(1.0, useful) : n;
-}
-
-double mha_dropout_uniform(uint64_t seed, uint64_t b, uint64_t h, uint64_t i, uint64_t j) {
-    return mha_uniform_from_state(mha_dropout_row_state(seed, b, h, i), j);
-}
-
-void mha_attention_desc_init(mha_attention_desc *d, int64_t batch, int64_t heads,
-                             int64_t kv_heads, int64_t n_q, int64_t n_k, int64_t d_k,
-                             int64_t d_v) {
-    memset(d, 0, sizeof *d);
-    d->batch = batch;
-    d->heads = heads;
-    d->kv_heads = kv_heads;
-    d->n_q = n_q;
-    d->n_k = n_k;
-    d->d_k = d_k;
-    d->d_v = d_v;
-    d->q = (mha_view){heads * n_q * d_k, n_q * d_k, d_k};
-    d->k = (mha_view){kv_heads * n_k * d_k, n_k * d_k, d_k};
-    d->v = (mha_view){kv_heads * n_k * d_v, n_k * d_v, d_v};
-    d->out = (mha_view){heads * n_q * d_v, n_q * d_v, d_v};
-    d->scale = d_k > 0 ? 1.0 / sqrt((double)d_k) : 1.0;
-}
-
-int mha_attention_forward_f32(float *out, float *weights, const float *q, const float *k,
-                              const float *v, const mha_attention_desc *desc) {
-    return mha_attention_forward_lse_f32(out, weights, NULL, q, k, v, desc);
-}
-
-int mha_attention_forward_f64(double *out, double *weights, const double *q, const double *k,
-                              const double *v, const mha_attention_desc *desc) {
-    return mha_attention_forward_lse_f64(out, weights, NULL, q, k, v, desc);
-}
-
-int mha_attention_backward_f32(float *dq, float *dk, float *dv, const float *d_out,
-                               const float *q, const float *k, const float *v,
-                               const mha_attention_desc *desc) {
-    return mha_attention_backward_saved_f32(dq, dk, dv, d_out, q, k, v, NULL, NULL, desc);
-}
-
-int mha_attention_backward_f64(double *dq, double *dk, double *dv, const double *d_out,
-                               const double *q, const double *k, const double *v,
-                               const mha_attention_desc *desc) {
-    return mha_attention_backward_saved_f64(dq, dk, dv, d_out, q, k, v, NULL, NULL, desc);
 }
