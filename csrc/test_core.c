@@ -763,6 +763,72 @@ static void test_block(void) {
     }
 }
 
+/* The thread layer (threads.c): every task of a job runs once, on a thread numbered below
+ * the job's thread count, whether the pool holds more workers than the job uses (jobs of 2
+ * and 3 threads after one of 8) or fewer; a task's own jobs run on its thread; the thread
+ * count stays within 1 .. MHA_MAX_THREADS. */
+typedef struct {
+    int *runs, *thread_of, *inner_ok;
+    int inner;
+} count_job;
+
+static void count_inner_task(void *ctx, int64_t i, int thread) {
+    (void)i;
+    *(int *)ctx &= thread == 0;
+}
+
+static void count_task(void *ctx, int64_t i, int thread) {
+    const count_job *j = ctx;
+    j->runs[i]++;
+    j->thread_of[i] = thread;
+    if (j->inner) {
+        int ok = 1;
+        mha_parallel_for(4, 3, 1, count_inner_task, &ok);
+        j->inner_ok[i] = ok;
+    }
+}
+
+static void test_threads(void) {
+    enum { N = 2000 };
+    static int runs[N], thread_of[N], inner_ok[N];
+    const int old = mha_get_num_threads();
+    const int serial = strstr(mha_build_info(), "threads=serial") != NULL;
+    mha_set_num_threads(MHA_MAX_THREADS + 1000);
+    expect(mha_get_num_threads() == (serial ? 1 : MHA_MAX_THREADS), "threads: n past MHA_MAX_THREADS counts as the limit",
+           mha_get_num_threads(), MHA_MAX_THREADS);
+    mha_set_num_threads(0);
+    expect(mha_get_num_threads() >= 1 && mha_get_num_threads() <= MHA_MAX_THREADS,
+           "threads: the default within 1 .. MHA_MAX_THREADS", mha_get_num_threads(), MHA_MAX_THREADS);
+    const struct { int threads; int64_t n, chunk; int inner; } jobs[] = {
+        {8, N, 1, 0}, {2, N, 1, 0}, {3, N, 7, 0}, {8, 5, 1, 0}, {2, 1, 1, 0},
+        {8, 64, 1, 1}, {2, N, 1000, 0}, {8, N, 3, 0}, {1, 100, 1, 0},
+    };
+    for (int round = 0; round < 50; round++)
+        for (size_t k = 0; k < sizeof jobs / sizeof jobs[0]; k++) {
+            const int64_t n = jobs[k].n;
+            memset(runs, 0, sizeof runs);
+            count_job job = {runs, thread_of, inner_ok, jobs[k].inner};
+            for (int64_t i = 0; i < n; i++) thread_of[i] = -1, inner_ok[i] = 1;
+            mha_parallel_for(jobs[k].threads, n, jobs[k].chunk, count_task, &job);
+            int once = 1, numbered = 1, inner = 1;
+            for (int64_t i = 0; i < n; i++) {
+                once &= runs[i] == 1;
+                numbered &= thread_of[i] >= 0 && thread_of[i] < jobs[k].threads;
+                inner &= inner_ok[i];
+            }
+            if (round == 49 || !(once && numbered && inner)) {
+                char what[96];
+                snprintf(what, sizeof what, "threads: job %zu (%d threads, %lld tasks)", k,
+                         jobs[k].threads, (long long)n);
+                expect(once, what, once, 0);
+                expect(numbered, what, numbered, 0);
+                expect(inner, what, inner, 0);
+                if (!(once && numbered && inner)) break;
+            }
+        }
+    mha_set_num_threads(old);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "--paths") == 0) {
         puts(mha_simd_paths());
@@ -775,6 +841,7 @@ int main(int argc, char **argv) {
         printf("FAIL MHA_SIMD=%s, but the kernels run the %s path\n", want, mha_simd_path());
         return 1;
     }
+    test_threads();
     test_gemm();
     test_gemm_shared_a();
     const attention_case cases[] = {

@@ -23,7 +23,7 @@
 
 static int g_num_threads = 0; /* 0: the default (OMP_NUM_THREADS, else the core count) */
 
-void mha_set_num_threads(int n) { g_num_threads = n > 0 ? n : 0; }
+void mha_set_num_threads(int n) { g_num_threads = n > 0 ? MHA_MIN(n, MHA_MAX_THREADS) : 0; }
 
 #if MHA_POOL
 #include <pthread.h>
@@ -39,7 +39,6 @@ void mha_set_num_threads(int n) { g_num_threads = n > 0 ? n : 0; }
  * (the products, norms and attention of a model's layers) find the workers awake, and
  * between forwards an idle pool costs nothing. One job at a time: a caller that finds the
  * pool busy (another Python thread) or calls from inside a task runs its tasks itself. */
-#define POOL_MAX 256
 #define SPIN_NS 100000 /* 0.1 ms */
 
 typedef struct {
@@ -59,7 +58,7 @@ static struct {
     atomic_llong next;
     atomic_flag busy;
     pool_job job;
-    unsigned start_generation[POOL_MAX]; /* what worker t saw when it was started */
+    unsigned start_generation[MHA_MAX_THREADS]; /* what worker t saw when it was started */
 } pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0, 0, 0, ATOMIC_FLAG_INIT, {0}, {0}};
 
 static _Thread_local int in_task = 0; /* this thread is running a task of the pool */
@@ -130,7 +129,7 @@ static int pool_grow(int want) {
         pthread_atfork(NULL, NULL, pool_after_fork);
         registered = 1;
     }
-    want = MHA_MIN(want, POOL_MAX - 1);
+    want = MHA_MIN(want, MHA_MAX_THREADS - 1);
     while (pool.workers < want) {
         const int t = pool.workers + 1;
         pool.start_generation[t] = atomic_load_explicit(&pool.generation, memory_order_relaxed);
@@ -170,8 +169,8 @@ void mha_parallel_for(int threads, int64_t n, int64_t chunk, mha_task_fn fn, voi
     atomic_flag_clear_explicit(&pool.busy, memory_order_release);
 }
 
-/* OMP_NUM_THREADS (the usual knob, honoured as OpenMP would), else the core count: read once,
- * at the first call, as an OpenMP runtime reads it when it loads.
+/* OMP_NUM_THREADS (the usual knob, honoured as OpenMP would), else the core count, at most
+ * MHA_MAX_THREADS: read once, at the first call, as an OpenMP runtime reads it when it loads.
  * A library may set it later in the process for its own workers (Dask's LocalCluster writes
  * OMP_NUM_THREADS=1 into its caller's environment); read on every call, it would change
  * mha's threads while that library runs. */
@@ -183,8 +182,9 @@ static int default_threads(void) {
     n = env ? atoi(env) : 0;
     if (n <= 0) {
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        n = cores > 0 ? (int)MHA_MIN(cores, POOL_MAX) : 1;
+        n = cores > 0 ? (int)MHA_MIN(cores, MHA_MAX_THREADS) : 1;
     }
+    n = MHA_MIN(n, MHA_MAX_THREADS);
     atomic_store_explicit(&cached, n, memory_order_relaxed);
     return n;
 }
@@ -204,7 +204,9 @@ void mha_parallel_for(int threads, int64_t n, int64_t chunk, mha_task_fn fn, voi
     for (int64_t i = 0; i < n; i++) fn(ctx, i, omp_get_thread_num());
 }
 
-int mha_get_num_threads(void) { return g_num_threads > 0 ? g_num_threads : omp_get_max_threads(); }
+int mha_get_num_threads(void) {
+    return g_num_threads > 0 ? g_num_threads : MHA_MIN(omp_get_max_threads(), MHA_MAX_THREADS);
+}
 
 static int in_parallel(void) { return omp_in_parallel(); }
 
