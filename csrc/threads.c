@@ -32,34 +32,42 @@ void mha_set_num_threads(int n) { g_num_threads = n > 0 ? MHA_MIN(n, MHA_MAX_THR
 #include <time.h>
 #include <unistd.h>
 
-/* The pool: workers 1..workers (the caller of mha_parallel_for is thread 0). A job is posted
- * by bumping `generation`; each worker takes tasks from the shared counter `next`, `chunk`
- * at a time, then decrements `pending`. Between jobs a worker spins for SPIN_NS, checking
- * `generation`, then sleeps on a condition variable: calls that follow each other closely
- * (the products, norms and attention of a model's layers) find the workers awake, and
- * between forwards an idle pool costs nothing. One job at a time: a caller that finds the
- * pool busy (another Python thread) or calls from inside a task runs its tasks itself. */
+/* The pool: workers 1 .. MHA_MAX_THREADS - 1, started as jobs first ask for them (the caller
+ * of mha_parallel_for is thread 0). A job of `threads` threads goes to workers
+ * 1 .. threads - 1 only: each of them has its own job counter, which the caller bumps; the
+ * worker takes tasks from the shared counter `next`, `chunk` at a time, then decrements
+ * `pending`. The other workers are not woken, so a small job costs the same whatever the
+ * size of the pool. After a job a worker spins for SPIN_NS watching its counter, then sleeps
+ * on its own condition variable: calls that follow each other closely (the products, norms
+ * and attention of a model's layers) find their workers awake, and between forwards an idle
+ * pool costs nothing. One job at a time: a caller that finds the pool busy (another Python
+ * thread) or calls from inside a task runs its tasks itself. */
 #define SPIN_NS 100000 /* 0.1 ms */
 
 typedef struct {
     mha_task_fn fn;
     void *ctx;
     int64_t n, chunk;
-    int threads;
 } pool_job;
+
+/* One worker's place, on cache lines of its own: the counter it spins on is written only by
+ * the callers that give it a job. */
+typedef struct {
+    _Alignas(MHA_CACHE_LINE) atomic_uint jobs; /* jobs given to this worker so far */
+    unsigned jobs_at_start;                     /* `jobs` when the worker was started */
+    int sleeping;                               /* waiting on `wake` (under pool.mu) */
+    pthread_cond_t wake;
+} pool_slot;
 
 static struct {
     pthread_mutex_t mu;
-    pthread_cond_t wake;
-    int workers;  /* started (written by the pool's holder only) */
-    int sleepers; /* under mu */
-    atomic_uint generation;
+    int workers; /* started (written by the pool's holder only) */
     atomic_int pending;
     atomic_llong next;
     atomic_flag busy;
     pool_job job;
-    unsigned start_generation[MHA_MAX_THREADS]; /* what worker t saw when it was started */
-} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0, 0, 0, ATOMIC_FLAG_INIT, {0}, {0}};
+    pool_slot slot[MHA_MAX_THREADS]; /* slot[t] for worker t >= 1 */
+} pool = {.mu = PTHREAD_MUTEX_INITIALIZER, .busy = ATOMIC_FLAG_INIT};
 
 static _Thread_local int in_task = 0; /* this thread is running a task of the pool */
 
@@ -77,7 +85,6 @@ static int64_t now_ns(void) {
 
 static void pool_run(int t) {
     const pool_job *j = &pool.job;
-    if (t >= j->threads) return;
     in_task = 1;
     for (;;) {
         const int64_t i0 = atomic_fetch_add_explicit(&pool.next, j->chunk, memory_order_relaxed);
@@ -88,37 +95,40 @@ static void pool_run(int t) {
     in_task = 0;
 }
 
+/* Worker t: waits until its job counter passes `done` (spinning, then asleep), runs the job. */
 static void *pool_worker(void *arg) {
     const int t = (int)(intptr_t)arg;
-    unsigned seen = pool.start_generation[t];
+    pool_slot *me = &pool.slot[t];
+    unsigned done = me->jobs_at_start;
     for (;;) {
-        unsigned g = atomic_load_explicit(&pool.generation, memory_order_acquire);
+        unsigned given = atomic_load_explicit(&me->jobs, memory_order_acquire);
         const int64_t until = now_ns() + SPIN_NS;
-        for (int spins = 0; g == seen; spins++) {
+        for (int spins = 0; given == done; spins++) {
             cpu_relax();
             if (spins % 64 == 63 && now_ns() > until) break;
-            g = atomic_load_explicit(&pool.generation, memory_order_acquire);
+            given = atomic_load_explicit(&me->jobs, memory_order_acquire);
         }
-        if (g == seen) {
+        if (given == done) {
             pthread_mutex_lock(&pool.mu);
-            pool.sleepers++;
-            while ((g = atomic_load_explicit(&pool.generation, memory_order_acquire)) == seen)
-                pthread_cond_wait(&pool.wake, &pool.mu);
-            pool.sleepers--;
+            me->sleeping = 1;
+            while ((given = atomic_load_explicit(&me->jobs, memory_order_acquire)) == done)
+                pthread_cond_wait(&me->wake, &pool.mu);
+            me->sleeping = 0;
             pthread_mutex_unlock(&pool.mu);
         }
-        seen = g;
+        done = given; /* one job: its caller waits for it before giving another */
         pool_run(t);
         atomic_fetch_sub_explicit(&pool.pending, 1, memory_order_release);
     }
     return NULL;
 }
 
-/* A forked child has none of the parent's workers. */
+/* A forked child has none of the parent's workers (their slots' condition variables are
+ * initialised again when workers start). */
 static void pool_after_fork(void) {
     pthread_mutex_init(&pool.mu, NULL);
-    pthread_cond_init(&pool.wake, NULL);
-    pool.workers = pool.sleepers = 0;
+    for (int t = 1; t <= pool.workers; t++) pool.slot[t].sleeping = 0;
+    pool.workers = 0;
     atomic_flag_clear(&pool.busy);
 }
 
@@ -132,14 +142,20 @@ static int pool_grow(int want) {
     want = MHA_MIN(want, MHA_MAX_THREADS - 1);
     while (pool.workers < want) {
         const int t = pool.workers + 1;
-        pool.start_generation[t] = atomic_load_explicit(&pool.generation, memory_order_relaxed);
+        pool_slot *slot = &pool.slot[t];
+        slot->jobs_at_start = atomic_load_explicit(&slot->jobs, memory_order_relaxed);
+        slot->sleeping = 0;
+        if (pthread_cond_init(&slot->wake, NULL)) break;
         pthread_t thread;
         pthread_attr_t attr;
         pthread_attr_init(&attr);
         pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
         int err = pthread_create(&thread, &attr, pool_worker, (void *)(intptr_t)t);
         pthread_attr_destroy(&attr);
-        if (err) break;
+        if (err) {
+            pthread_cond_destroy(&slot->wake);
+            break;
+        }
         pool.workers = t;
     }
     return pool.workers;
@@ -148,18 +164,21 @@ static int pool_grow(int want) {
 void mha_parallel_for(int threads, int64_t n, int64_t chunk, mha_task_fn fn, void *ctx) {
     if (n <= 0) return;
     if (chunk < 1) chunk = 1;
-    if ((int64_t)threads > (n + chunk - 1) / chunk) threads = (int)((n + chunk - 1) / chunk);
+    const int64_t chunks = (n + chunk - 1) / chunk; /* no more threads than chunks */
+    if ((int64_t)threads > chunks) threads = (int)chunks;
     if (threads <= 1 || in_task || atomic_flag_test_and_set_explicit(&pool.busy, memory_order_acquire)) {
         for (int64_t i = 0; i < n; i++) fn(ctx, i, 0);
         return;
     }
     threads = MHA_MIN(threads, 1 + pool_grow(threads - 1));
-    pool.job = (pool_job){fn, ctx, n, chunk, threads};
+    pool.job = (pool_job){fn, ctx, n, chunk};
     atomic_store_explicit(&pool.next, 0, memory_order_relaxed);
-    atomic_store_explicit(&pool.pending, pool.workers, memory_order_relaxed);
-    atomic_fetch_add_explicit(&pool.generation, 1, memory_order_release);
+    atomic_store_explicit(&pool.pending, threads - 1, memory_order_relaxed);
+    for (int t = 1; t < threads; t++) /* release: the job above is visible to the worker */
+        atomic_fetch_add_explicit(&pool.slot[t].jobs, 1, memory_order_release);
     pthread_mutex_lock(&pool.mu);
-    if (pool.sleepers) pthread_cond_broadcast(&pool.wake);
+    for (int t = 1; t < threads; t++)
+        if (pool.slot[t].sleeping) pthread_cond_signal(&pool.slot[t].wake);
     pthread_mutex_unlock(&pool.mu);
     pool_run(0);
     for (int spins = 0; atomic_load_explicit(&pool.pending, memory_order_acquire) > 0; spins++) {
