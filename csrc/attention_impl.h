@@ -271,9 +271,10 @@ static int FN(fused_forward)(real *out, real *lse, const real *q, const real *k,
     const double flops = 2.0 * B * H * d->n_q * d->n_k * (double)(d->d_k + d->d_v);
     const int threads = mha_threads_for(flops);
     /* chunks of query blocks per (b, kv head): at least 8 tasks per thread where the rows
-     * allow, and a task count the threads divide (25 heads on 2 threads left one thread a
-     * whole task behind). A chunk repacks the key tiles, a cost of d per query row and key
-     * against the 2 (d_k + d_v) FLOPs per row and key of its products. */
+     * allow, and a task count the threads divide (otherwise, say 25 heads on 2 threads, one
+     * thread runs a whole task after the other has finished). A chunk repacks the key tiles,
+     * a cost of d per query row and key against the 2 (d_k + d_v) FLOPs per row and key of
+     * its products. */
     int64_t chunks = 1;
     if (threads > 1 && B * H_kv > 0) {
         chunks = (8 * (int64_t)threads + B * H_kv - 1) / (B * H_kv);
