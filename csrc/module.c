@@ -1113,8 +1113,8 @@ static PyObject *py_set_num_threads(PyObject *self, PyObject *arg) {
     (void)self;
     long n = PyLong_AsLong(arg);
     if (n == -1 && PyErr_Occurred()) return NULL;
-    if (n < 1 || n > 4096) {
-        PyErr_Format(PyExc_ValueError, "n must be between 1 and 4096, got %ld", n);
+    if (n < 1 || n > MHA_MAX_THREADS) {
+        PyErr_Format(PyExc_ValueError, "n must be between 1 and %d, got %ld", MHA_MAX_THREADS, n);
         return NULL;
     }
     mha_set_num_threads((int)n);
@@ -1166,7 +1166,7 @@ static PyMethodDef methods[] = {
     {"attention_flow", (PyCFunction)(void (*)(void))py_attention_flow, METH_VARARGS | METH_KEYWORDS,
      "attention_flow(weights (L, n, n) float64, sources=None) -> (n_sources, n) maximum flows"},
     {"dropout_uniform", py_dropout_uniform, METH_VARARGS, "dropout_uniform(seed, b, h, i, j) -> float in [0, 1)"},
-    {"set_num_threads", py_set_num_threads, METH_O, "set_num_threads(n)"},
+    {"set_num_threads", py_set_num_threads, METH_O, "set_num_threads(n): n in 1 .. MAX_THREADS"},
     {"get_num_threads", py_get_num_threads, METH_NOARGS, "get_num_threads() -> int"},
     {"build_info", py_build_info, METH_NOARGS, "build_info() -> str"},
     {NULL, NULL, 0, NULL},
@@ -1177,5 +1177,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "mha._C", "mha's C co
 
 PyMODINIT_FUNC PyInit__C(void) {
     import_array();
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    if (m && PyModule_AddIntConstant(m, "MAX_THREADS", MHA_MAX_THREADS) < 0) Py_CLEAR(m);
+    return m;
 }
