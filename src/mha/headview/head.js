@@ -299,7 +299,7 @@
       f.rows.slice(0, 4).map(function (k) { return "\u201c" + myTokens[mine[k]] + "\u201d"; }).join(" ") + (f.rows.length > 4 ? " \u2026" : "") + ")"
       : "\u201c" + myTokens[mine[f.rows[0]]] + "\u201d (#" + mine[f.rows[0]] + ")";
     var verb = f.side === "L" ? " attends to: " : " is attended by: ";
-    statusEl.textContent = (f.pinned ? "\ud83d\udccc " : "") + who + verb +
+    statusEl.textContent = (f.pinned ? "Pinned: " : "") + who + verb +
       (parts.length ? parts.join(" \u00b7 ") : "(nothing above 0.002)") +
       (fv.length > 1 ? "  [mean of " + fv.length + " heads]" : fv.length ? (fv[0].pic.head >= 0 ? "  [head " + fv[0].pic.head + "]" : "  [" + state.headMode + " of heads]") : "  [no head selected]");
   }

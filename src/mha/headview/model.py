@@ -41,15 +41,30 @@ def _thumbnails(values, size):
     return padded.reshape(L, H, tq, bq, tk, bk).max(axis=(3, 5)), (tq, tk)
 
 
+def thumbnail_bytes(pooled):
+    """Each thumbnail on its own colour scale: round(255 sqrt(v / top)), top its largest value.
+
+    Scaled to its own top, every head reaches the darkest colour, however long the text (at 43
+    tokens a diffuse head's largest weight may be 0.1); the square root lifts the weights near
+    the row average (1/n) off white. Returns (uint8 (L, H, tq, tk), top (L, H)).
+    """
+    top = pooled.max(axis=(2, 3))
+    safe = np.where(top > 0, top, 1.0)[:, :, None, None]
+    scaled = np.sqrt(np.clip(pooled / safe, 0.0, 1.0))
+    return np.rint(scaled * 255.0).astype(np.uint8), top
+
+
 def model_view(attention, tokens, key_tokens=None, *, rollout=None, norms=None, title=None,
                path=None, thumbnail=64, compression=3) -> ModelView:
     """Every layer x head as a thumbnail (BertViz's model view); click one to open it large.
 
-    The large view is the head's full (n_q, n_k) heatmap with the tokens on its axes: hover a
-    cell for the query, key and value; step through heads and layers with the arrow keys.
-    The thumbnails are max-pooled to at most ``thumbnail`` x ``thumbnail`` cells, so 512
-    tokens x 12 layers x 12 heads open at once; each layer's full data is inflated when one of
-    its heads is opened. PNG and SVG export.
+    The large view is the head's full (n_q, n_k) heatmap with the tokens on its axes, coloured
+    linearly from 0 to the head's largest value: hover a cell for the query, key and value;
+    step through heads and layers with the arrow keys. The thumbnails are max-pooled to at most
+    ``thumbnail`` x ``thumbnail`` cells, so 512 tokens x 12 layers x 12 heads open at once; each
+    is coloured from 0 to its own largest value on a square-root scale, so that every head
+    shows its pattern at any length (hover a thumbnail for that value). Each layer's full data
+    is inflated when one of its heads is opened. PNG and SVG export.
 
     Parameters
     ----------
@@ -90,11 +105,11 @@ def model_view(attention, tokens, key_tokens=None, *, rollout=None, norms=None, 
     sources = _data.sources(pictures, compression)
     for src, (_, _, _, values) in zip(sources, pictures):
         pooled, shape = _thumbnails(values, int(thumbnail))
-        scale = np.asarray(src["scale"])[:, None, None, None]
-        thumbs = np.rint(np.clip(pooled / scale, 0, 1) * 255).astype(np.uint8)
-        src.update(thumbs=_data.packed(thumbs, compression), thumb_shape=list(shape))
+        thumbs, top = thumbnail_bytes(pooled)
+        src.update(thumbs=_data.packed(thumbs, compression), thumb_shape=list(shape),
+                   thumb_top=top.tolist())
     payload = {"kind": "model", "n_layers": L, "n_heads": H, "n_q": n_q, "n_k": n_k,
                "tokens": tokens, "key_tokens": key_tokens, "title": title or "",
                "sources": sources}
     page = write_page("model", payload, title or "mha model view")
-    return picture_view(ModelView, page, int(min(140 + L * 84, 900)), sources, att.shape, path)
+    return picture_view(ModelView, page, int(min(160 + L * 84, 900)), sources, att.shape, path)

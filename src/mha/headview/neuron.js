@@ -100,7 +100,7 @@
   var last = null, drawer = MHA.drawing(function () {
     last = paint(ctx, vp.begin(ctx));
     var order = Array.from(last.p.keys()).sort(function (a, b) { return last.p[b] - last.p[a]; }).slice(0, 4);
-    statusEl.textContent = (state.hover === null ? "\ud83d\udccc " : "") + "\u201c" + tokens[last.i] + "\u201d (#" + last.i + ") attends to: " +
+    statusEl.textContent = (state.hover === null ? "Pinned: " : "") + "\u201c" + tokens[last.i] + "\u201d (#" + last.i + ") attends to: " +
       order.map(function (j) { return tokens[j] + " " + last.p[j].toFixed(2); }).join(" \u00b7 ");
   });
   function draw() { drawer.now(); }
