@@ -196,17 +196,32 @@ class Page:
             return {hash: h, ink: ink, width: c.width, height: c.height};
         }""")
 
+    def settle(self):
+        """Wait until no draw is pending and the last one shows the scroll position now."""
+        self.page.wait_for_function(f"{self.api}.stats().settled", timeout=10_000)
+
     def redraw_after(self, action):
+        """Act on a settled view, then wait for the draw the action asked for (drawCount counts
+        only the action's draws, since nothing else was pending)."""
+        self.settle()
         before = self.stats()["drawCount"]
         action()
-        self.page.wait_for_function(f"{self.api}.stats().drawCount > {before}", timeout=10_000)
+        self.page.wait_for_function(f"{self.api}.stats().drawCount > {before} && {self.api}.stats().settled",
+                                    timeout=10_000)
+
+    def window_point(self, what):
+        """Scroll the picture point the page's api gives for `what` (a call such as
+        "tokenPoint('L', 3)") into the window; its window coordinates."""
+        pt = self.page.evaluate(f"{self.api}.{what}")
+        self.page.evaluate(f"window.scrollTo(0, {max(0, pt['y'] - 300)})")
+        self.settle()
+        pt = self.page.evaluate(f"{self.api}.{what}")
+        scroll = self.page.evaluate("[window.scrollX, window.scrollY]")
+        return pt["x"] - scroll[0], pt["y"] - scroll[1]
 
     def hover(self, side, k):
-        pt = self.page.evaluate(f"mhaHeadView.tokenPoint('{side}', {k})")
-        self.page.evaluate(f"window.scrollTo(0, {max(0, pt['y'] - 300)})")
-        pt = self.page.evaluate(f"mhaHeadView.tokenPoint('{side}', {k})")
-        scroll = self.page.evaluate("[window.scrollX, window.scrollY]")
-        self.redraw_after(lambda: self.page.mouse.move(pt["x"] - scroll[0], pt["y"] - scroll[1]))
+        x, y = self.window_point(f"tokenPoint('{side}', {k})")
+        self.redraw_after(lambda: self.page.mouse.move(x, y))
 
     def svg_text(self):
         return self.page.evaluate("mhaHeadView.svg()")
@@ -320,12 +335,9 @@ def test_several_views_coexist_in_one_notebook_page(browser, tmp_path):
     errors = []
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.goto(path.as_uri())
-    frames = []
-    deadline = time.time() + 20
-    while len(frames) < 2 and time.time() < deadline:
-        frames = [f for f in page.frames if f != page.main_frame]
-        page.wait_for_timeout(50)
-    assert len(frames) == 2
+    frames = [page.locator("iframe").nth(i).element_handle(timeout=20_000).content_frame()
+              for i in range(2)]
+    assert page.locator("iframe").count() == 2 and None not in frames
     for frame, n_heads in zip(frames, (2, 3)):
         frame.wait_for_selector("body[data-ready='1']", timeout=20_000)
         assert frame.evaluate("document.querySelectorAll('.mha-head').length") == n_heads
@@ -384,11 +396,10 @@ def rich_view(browser, tmp_path):
 
 def click_token(view, side, k, modifiers=None):
     view.hover(side, k)
-    pt = view.page.evaluate(f"mhaHeadView.tokenPoint('{side}', {k})")
-    scroll = view.page.evaluate("[window.scrollX, window.scrollY]")
+    x, y = view.window_point(f"tokenPoint('{side}', {k})")
     for key in modifiers or []:
         view.page.keyboard.down(key)
-    view.redraw_after(lambda: view.page.mouse.click(pt["x"] - scroll[0], pt["y"] - scroll[1]))
+    view.redraw_after(lambda: view.page.mouse.click(x, y))
     for key in modifiers or []:
         view.page.keyboard.up(key)
 
@@ -510,11 +521,7 @@ class ModelPage(Page):
     api = "mhaModelView"
 
     def at(self, what, *args):
-        pt = self.page.evaluate(f"mhaModelView.{what}({', '.join(map(str, args))})")
-        self.page.evaluate(f"window.scrollTo(0, {max(0, pt['y'] - 300)})")
-        pt = self.page.evaluate(f"mhaModelView.{what}({', '.join(map(str, args))})")
-        scroll = self.page.evaluate("[window.scrollX, window.scrollY]")
-        return pt["x"] - scroll[0], pt["y"] - scroll[1]
+        return self.window_point(f"{what}({', '.join(map(str, args))})")
 
 
 def test_model_view_thumbnails_open_large(browser, tmp_path):
@@ -634,6 +641,7 @@ def test_model_view_thumbnails_have_contrast_at_any_length(browser, tmp_path, n)
     viz.model_view(att, [f"t{i}" for i in range(n)], path=path)
     page = ModelPage(browser, path, viewport=(1100, 800))
     try:
+        page.settle()
         assert page.stats()["height"] < 800                      # every thumbnail on the canvas
         stats = np.array(page.page.evaluate(THUMBNAIL_CONTRAST, [6, 12]))
         darkest, tinted, width = stats.T
@@ -674,11 +682,8 @@ class NeuronPage(Page):
     api = "mhaNeuronView"
 
     def select(self, k):
-        pt = self.page.evaluate(f"mhaNeuronView.tokenPoint({k})")
-        self.page.evaluate(f"window.scrollTo(0, {max(0, pt['y'] - 300)})")
-        pt = self.page.evaluate(f"mhaNeuronView.tokenPoint({k})")
-        scroll = self.page.evaluate("[window.scrollX, window.scrollY]")
-        self.redraw_after(lambda: self.page.mouse.click(pt["x"] - scroll[0], pt["y"] - scroll[1]))
+        x, y = self.window_point(f"tokenPoint({k})")
+        self.redraw_after(lambda: self.page.mouse.click(x, y))
 
 
 @pytest.fixture(scope="module")

@@ -430,7 +430,7 @@
   // for tests and the curious: read-only peeks at the view
   window.mhaHeadView = {
     state: state,
-    stats: function () { return { drawCount: drawer.count, lastDrawMs: drawer.ms, width: geo.width, height: geo.height, timings: timings }; },
+    stats: function () { return { drawCount: drawer.count, settled: drawer.idle() && vp.drawn(), lastDrawMs: drawer.ms, width: geo.width, height: geo.height, timings: timings }; },
     layerSum: function (l, s) { var A = stores[s || 0](l), t = 0; for (var i = 0; i < A.length; i++) t += A[i]; return t; },
     tokenPoint: function (side, k) {     // page coordinates of a token's row
       return vp.pagePoint(side === "L" ? (geo.x0 + geo.x1) / 2 : (geo.x2 + geo.x3) / 2, rowY(k));

@@ -224,7 +224,7 @@
   document.body.setAttribute("data-ready", "1");
   window.mhaModelView = {
     state: state,
-    stats: function () { return { drawCount: drawer.count, lastDrawMs: drawer.ms, width: geo.width, height: geo.height, mode: geo.mode }; },
+    stats: function () { return { drawCount: drawer.count, settled: drawer.idle() && vp.drawn(), lastDrawMs: drawer.ms, width: geo.width, height: geo.height, mode: geo.mode }; },
     open: open,
     svg: svg,
     thumbPoint: function (l, h) { return vp.pagePoint(thumbX(h) + geo.tw / 2, thumbY(l) + geo.th / 2); },

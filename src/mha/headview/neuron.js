@@ -138,7 +138,7 @@
   document.body.setAttribute("data-ready", "1");
   window.mhaNeuronView = {
     state: state,
-    stats: function () { return { drawCount: drawer.count, lastDrawMs: drawer.ms, width: geo.width, height: geo.height }; },
+    stats: function () { return { drawCount: drawer.count, settled: drawer.idle() && vp.drawn(), lastDrawMs: drawer.ms, width: geo.width, height: geo.height }; },
     result: function () { return { i: last.i, layer: last.layer, p: Array.from(last.p), score: Array.from(last.score), q: Array.from(last.q) }; },
     svg: svg,
     tokenPoint: function (j) { return vp.pagePoint(geo.x0 + geo.colW / 2, rowY(j)); }
