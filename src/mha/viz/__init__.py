@@ -23,7 +23,8 @@ converted), rows = queries ("attending from"), columns = keys ("attending to").
 
 Layout: matrices.py, training.py, animation.py and beyond.py draw from arrays;
 model_figures.py is the one place a figure runs a model; the HTML views are
-:mod:`mha.headview`. seaborn is not needed.
+:mod:`mha.headview` (whose neuron view reads its model in one function too). seaborn is not
+needed.
 """
 from __future__ import annotations
 
