@@ -633,9 +633,9 @@ THUMBNAIL_CONTRAST = """([L, H]) => {
 @pytest.mark.parametrize("n", [13, 43, 512])
 def test_model_view_thumbnails_have_contrast_at_any_length(browser, tmp_path, n):
     # Each thumbnail runs from white to the darkest blue (relative luminance 0.36) at its own
-    # largest value, on a square-root scale, and is 64 to 72 px wide: so every head reaches the
-    # dark end (MiniLM's weakest head at 43 tokens peaks at 0.18, this data's at 0.56) and the
-    # typical thumbnail shows more than its peaks.
+    # largest value, on a square-root scale, and is about 72 px wide (65 at 13 tokens): so every
+    # head reaches the dark end (MiniLM's weakest head at 43 tokens peaks at 0.18, this data's at
+    # 0.56) and the typical thumbnail shows more than its peaks.
     att = _big_attention(1)[:6] if n == 512 else realistic_attention(6, 12, n, seed=3)
     path = tmp_path / f"model_{n}.html"
     viz.model_view(att, [f"t{i}" for i in range(n)], path=path)

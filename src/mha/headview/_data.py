@@ -1,7 +1,7 @@
 """What the views hold: attention checked into (layers, heads, n_q, n_k), token labels, and the
 pictures (raw weights, rollout, value norms) encoded as bytes for a page.
 
-``labels`` and ``as_layers`` are also the input checks of :mod:`mha.viz`'s figures.
+``labels`` and ``real_array`` are also the input checks of :mod:`mha.viz`'s figures.
 """
 from __future__ import annotations
 

@@ -28,7 +28,8 @@
   function layout() {
     var s = src(), t = s.thumb_shape, H = s.n_heads;
     if (!state.open) {
-      // thumbnails 72 px on their longer side at any length (whole pixels a cell from 3 px up)
+      // thumbnails about 72 px on their longer side at any length: a fractional cell below 3 px,
+      // whole pixels from 3 px up (57 to 72 px)
       var fit = 72 / Math.max(t[0], t[1]), cell = fit >= 3 ? Math.floor(fit) : fit;
       var tw = t[1] * cell, th = t[0] * cell, gapCells = Math.max(1, Math.round(8 / cell)), gap = gapCells * cell, left = 62, top = 58;
       geo = { mode: "grid", cell: cell, gapCells: gapCells, tw: tw, th: th, gap: gap, left: left, top: top,
