@@ -10,7 +10,7 @@ import zlib
 
 import numpy as np
 
-from ..analysis import _to_numpy
+from ..analysis._inputs import _to_numpy
 
 
 def labels(tokens, n, name):

@@ -19,7 +19,8 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 
-def head_map(attentions: ArrayLike | None = None, *, points: ArrayLike | None = None,
+def head_map(attentions: ArrayLike | None = None, *, attention_mask: ArrayLike | None = None,
+             points: ArrayLike | None = None,
              color: ArrayLike | None = None, color_label: str | None = None, labels: bool = True,
              ax: Axes | None = None, title: str = "Heads by Jensen-Shannon distance (MDS)", cmap: str = "viridis",
              figsize: tuple[float, float] = (7.5, 6.5)) -> Figure:
@@ -31,6 +32,9 @@ def head_map(attentions: ArrayLike | None = None, *, points: ArrayLike | None = 
         The attention of one text or a padded batch; the map is
         :func:`mha.analysis.head_map` of it (classical MDS of the square root of the mean
         Jensen-Shannon divergence between heads).
+    attention_mask : array_like of bool, shape (n,) or (B, n), optional
+        True = real token: padding is left out of the distances (as
+        :func:`mha.analysis.head_map`).
     points : array_like, shape (L, H, 2), optional
         Coordinates computed already (instead of ``attentions``).
     color : array_like, shape (L, H), optional
@@ -62,7 +66,7 @@ def head_map(attentions: ArrayLike | None = None, *, points: ArrayLike | None = 
     if points is None:
         if attentions is None:
             raise ValueError("head_map needs attentions or points")
-        points, _ = analysis.head_map(attentions)
+        points, _ = analysis.head_map(attentions, attention_mask=attention_mask)
     points = np.asarray(points, dtype=np.float64)
     if points.ndim != 3 or points.shape[-1] != 2:
         raise ValueError(f"points has shape {points.shape}: expected (layers, heads, 2)")

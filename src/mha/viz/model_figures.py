@@ -36,11 +36,11 @@ def _special_keys(tokens):
 
 
 def _clark_metrics(model, texts):
-    """The padded batch's attention (B, L, H, n, n) and its :func:`mha.analysis.clark_metrics`."""
+    """The padded batch's encoding (attentions (B, L, H, n, n), attention_mask (B, n)) and its
+    :func:`mha.analysis.clark_metrics`."""
     enc = model.encode([texts] if isinstance(texts, str) else list(texts))
-    return enc.attentions, analysis.clark_metrics(enc.attentions, enc.tokens,
-                                                  attention_mask=enc.attention_mask,
-                                                  causal=model.causal)
+    return enc, analysis.clark_metrics(enc.attentions, enc.tokens,
+                                       attention_mask=enc.attention_mask, causal=model.causal)
 
 
 def beyond_attention_figure(model: TransformerModel, text: str = BEYOND_TEXT, *, layer: int = -1,
@@ -212,6 +212,6 @@ def head_map_figure(model: TransformerModel, texts: str | Sequence[str] = CLARK_
     --------
     >>> fig = head_map_figure(mha.models.load("minilm"), ["The cat sat.", "A dog ran."])
     """
-    attentions, metrics = _clark_metrics(model, texts)
-    return head_map(attentions, color=metrics["entropy"], color_label="mean entropy (nats)",
-                    figsize=figsize)
+    enc, metrics = _clark_metrics(model, texts)
+    return head_map(enc.attentions, attention_mask=enc.attention_mask, color=metrics["entropy"],
+                    color_label="mean entropy (nats)", figsize=figsize)
