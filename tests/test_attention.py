@@ -489,9 +489,9 @@ def test_head_views_of_a_projection_reach_the_core_without_a_copy(rng, dtype, mo
     received = []
     core = mha._C.attention_forward
 
-    def spy(q, k, v, *args):
-        received.append((q, k, v))
-        return core(q, k, v, *args)
+    def spy(**kw):
+        received.append((kw["q"], kw["k"], kw["v"]))
+        return core(**kw)
 
     monkeypatch.setattr(mha._C, "attention_forward", spy)
     for q, k, v in (heads, blocks):

@@ -153,7 +153,7 @@ CASES = [
     err("layer-query-rank-1", lambda: layer()(arr(8)), ValueError, ["query"], [(8,)]),
     err("layer-query-rank-4", lambda: layer()(arr(1, 2, 5, 8)), ValueError, ["query"],
         [(1, 2, 5, 8)]),
-    err("layer-key-width", lambda: layer(kdim=5)(arr(2, 5, 8), arr(2, 6, 4)), ValueError,
+    err("layer-key-width", lambda: layer(kdim=5)(arr(2, 5, 8), arr(2, 6, 4), arr(2, 6, 8)), ValueError,
         ["key"], [(2, 6, 4)]),
     err("layer-value-width", lambda: layer(vdim=3)(arr(2, 5, 8), arr(2, 6, 8), arr(2, 6, 4)),
         ValueError, ["value"], [(2, 6, 4)]),

@@ -9,7 +9,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 import mha
-from mha import _C
+from mha import _core
 
 from . import ops
 from .words import aggregate_to_words, group_words
@@ -777,9 +777,10 @@ class TransformerModel:
         axis, of the model's dtype (the kernel reads them as they are). pad_mask: (B, n_k)
         bool, True = real key, or None. Causal models attend bottom-right aligned (a KV-cache
         step sees every earlier key); sliding windows and head_mask[layer] (multipliers on
-        each head's output) are applied here. The kernel is called directly, without
-        mha.attention's checks (the model made these arrays) and writes the heads side by
-        side per token, as the output projection reads them.
+        each head's output) are applied here. The kernel is called directly (mha._core), without
+        mha.attention's dtype policy and broadcasting (the model made these arrays; the binding
+        checks them), and writes the heads side by side per token, as the output projection
+        reads them.
         """
         B, H, n_q, d_head = q.shape
         n_k = k.shape[2]
@@ -789,9 +790,10 @@ class TransformerModel:
         out = heads.reshape(B, n_q, H, d_head).transpose(0, 2, 1, 3)     # a view: no merging
         if weights_out is not None and not weights_out.flags.c_contiguous:
             weights_out = None
-        _, weights = _C.attention_forward(q, k, v, mask, pad_mask, self.causal,
-                                          self.attention_scale(layer), 0.0, 0, need_weights,
-                                          False, out, weights_out)
+        _, weights = _core.attention_forward(
+            q, k, v, mask=mask, key_padding_mask=pad_mask, causal=self.causal,
+            scale=self.attention_scale(layer), need_weights=need_weights, out=out,
+            weights_out=weights_out)
         if capture is not None:
             capture.append((q, k, v))
         if head_mask is not None:
