@@ -17,7 +17,7 @@ import numpy as np
 from . import _C
 
 __all__ = [
-    "attention_forward", "attention_backward", "layer_forward", "layer_backward", "matmul",
+    "attention_forward", "attention_backward", "LayerContext", "layer_forward", "layer_backward", "matmul",
     "linear", "pack_weight", "activation", "layer_norm", "rms_norm", "rope", "embedding",
     "attention_flow",
 ]
@@ -54,6 +54,29 @@ def attention_backward(d_out, q, k, v, *, mask=None, key_padding_mask=None, caus
 
 # ---- the layer ---------------------------------------------------------------------------------
 
+class LayerContext:
+    """What a layer forward hands its backward: opaque, owned by the binding (the forward's
+    inputs, parameters, masks, sizes and saved buffers).
+
+    Nothing writes into what it holds (the backward only reads), so a copy is the context
+    itself; it cannot be pickled.
+    """
+    __slots__ = ("_capsule",)
+
+    def __init__(self, capsule):
+        self._capsule = capsule
+
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
+
+    def __reduce__(self):
+        raise TypeError("a layer's backward context cannot be pickled: run backward first, or "
+                        "pickle the layer before its forward")
+
+
 def layer_forward(query, key, value, *, params, heads, kv_heads, d_head, mask=None,
                   key_padding_mask=None, causal=False, dropout=0.0, seed=None, need_weights=True,
                   cache=None, key_is_query=False, value_is_key=False) -> tuple[Any, Any, Any]:
@@ -66,7 +89,7 @@ def layer_forward(query, key, value, *, params, heads, kv_heads, d_head, mask=No
     rows the new keys and values are written to (its length is then moved on). key_is_query:
     key is the query array (self-attention), value_is_key likewise.
 
-    context: an opaque object holding what the backward replays (the forward's inputs,
+    context: a `LayerContext` holding what the backward replays (the forward's inputs,
     parameters, masks and saved buffers), for `layer_backward`; None after a call with a cache.
     """
     cached = {} if cache is None else dict(k_cache=cache.k_rows, v_cache=cache.v_rows,
@@ -78,14 +101,15 @@ def layer_forward(query, key, value, *, params, heads, kv_heads, d_head, mask=No
         value_is_key=value_is_key, **cached)
     if cache is not None:
         cache.length += key.shape[1]
-    return result
+    out, weights, capsule = result
+    return out, weights, None if capsule is None else LayerContext(capsule)
 
 
 def layer_backward(d_out, context):
     """-> (d_query, d_key or None, d_value or None, grads {name: gradient}) for d_out (B, n_q,
     d_model) and the context `layer_forward` returned. d_key (d_value) is None when the key was
     the query (the value the key): its gradient is added there."""
-    return _C.layer_backward(d_out=d_out, context=context)
+    return _C.layer_backward(d_out=d_out, context=context._capsule)
 
 
 # ---- building blocks ---------------------------------------------------------------------------
