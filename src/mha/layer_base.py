@@ -253,7 +253,9 @@ class KVCache:
     """Hold the keys and values of the tokens seen so far, for step-by-step decoding.
 
     Stored as the projections come out of the core, (batch_size, max_len, n_kv_heads*d_head),
-    so that a step appends rows without copying heads apart. Both layers use this class.
+    so that a step appends rows without copying heads apart. Both layers use this class, and the
+    causal language models keep one per layer (`append`); the attention kernel reads the heads
+    view ``k[:, :, :length]`` (last axis contiguous) in place.
 
     Parameters
     ----------
@@ -317,6 +319,34 @@ class KVCache:
     def reset(self) -> None:
         """Forget the cached tokens (the buffers are reused)."""
         self.length = 0
+
+    def append(self, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Write new keys and values after the cached ones; return views of all of them.
+
+        Parameters
+        ----------
+        k, v : ndarray, shape (batch_size, n_kv_heads, n, d_head)
+            The new positions' keys and values (any strides).
+
+        Returns
+        -------
+        k, v : ndarray, shape (batch_size, n_kv_heads, length, d_head)
+            Views of every cached position, this call's included (``length`` has moved on).
+
+        Raises
+        ------
+        ValueError
+            More positions than ``max_len``.
+        """
+        start, stop = self.length, self.length + k.shape[2]
+        if stop > self.max_len:
+            raise ValueError(f"cache overflow: {self.length} cached + {k.shape[2]} new "
+                             f"positions > max_len={self.max_len}")
+        keys, values = self.k, self.v
+        keys[:, :, start:stop] = k
+        values[:, :, start:stop] = v
+        self.length = stop
+        return keys[:, :, :stop], values[:, :, :stop]
 
     def __repr__(self):
         return (f"KVCache(batch_size={self.batch_size}, n_kv_heads={self.n_kv_heads}, "

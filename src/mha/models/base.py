@@ -749,8 +749,9 @@ class TransformerModel:
         pre-norm model) -> (the attention's output projected, (B*n, d_model); weights).
 
         p: the layer's weights (W_qkv, b_qkv, W_o, b_o; the biases optional). rope: (cos, sin)
-        of the tokens' positions, applied to q and k (LLaMA family); cache: a KVCache the new
-        keys and values are appended to, attended with all earlier ones (causal models).
+        of the tokens' positions, applied to q and k (LLaMA family); cache: one mha.KVCache per
+        layer; this layer's new keys and values are appended to its own and attended with all
+        earlier ones (causal models).
         residual: (B*n, d_model) C-contiguous, or None: the projected output is added to it in
         place (inside the product) and it is returned. weights_out: where the kernel may
         write the weights (B, H, n, n_k) when it is C-contiguous (the layer's slice of the
@@ -762,7 +763,7 @@ class TransformerModel:
             ops.rope_(qkv, H + H_kv, self.d_head, *rope)
         q, k, v = ops.split_heads(qkv, B, n, (H, H_kv, H_kv), self.d_head)
         if cache is not None:
-            k, v = cache.append(layer, k, v)
+            k, v = cache[layer].append(k, v)
         heads, weights = self._attention(layer, q, k, v, pad_mask, need_weights, head_mask,
                                          capture, weights_out)
         return ops.linear(heads, self._dense((layer, "W_o"), p["W_o"]), p.get("b_o"),
