@@ -123,6 +123,8 @@ BAD = [
      "d_model must be a positive int, not float 8.0"),
     ("positive_int-str", lambda: checks.positive_int("n_heads", "8"), TypeError,
      "n_heads must be a positive int, not str '8'"),
+    ("positive_int-bool", lambda: checks.positive_int("batch_size", True), TypeError,
+     "batch_size must be a positive int, not bool True"),
     ("positive_int-zero", lambda: checks.positive_int("n_heads", 0), ValueError,
      "n_heads must be a positive int, got 0"),
     ("layer_dims-kv", lambda: checks.layer_dims(8, 4, 3), ValueError, "n_kv_heads=3 must divide n_heads=4"),

@@ -366,14 +366,18 @@ def fits(what, shape, dtype):
 def positive_int(name, value):
     """`value` as a positive Python int.
 
+    The one positive-integer check of the package (sizes, counts, limits).
+
     Raises
     ------
     TypeError
-        `value` is not an integer (floats and strings are refused).
+        `value` is not an integer (bools, floats and strings are refused).
     ValueError
         `value` <= 0.
     """
     try:
+        if isinstance(value, (bool, np.bool_)):
+            raise TypeError
         value = operator.index(value)
     except TypeError:
         raise TypeError(f"{name} must be a positive int, not {type(value).__name__} {value!r}") from None
