@@ -8,9 +8,10 @@
  * float16), broadcasting, defaults, and a layer's configuration and state. The core (mha.h)
  * checks its descriptors once more for its C callers and answers with an error code.
  *
- * Every function here: parse; check; allocate the outputs while holding the GIL; release the
- * GIL around the pure C call; raise MemoryError / ValueError from the core's error code after
- * taking the GIL back; release every reference on every path.
+ * Every function here: parse (METH_FASTCALL: every parameter by position or by name, parse_call);
+ * check; allocate the outputs while holding the GIL; release the GIL around the pure C call;
+ * raise MemoryError / ValueError from the core's error code after taking the GIL back; release
+ * every reference on every path.
  */
 #define PY_SSIZE_T_CLEAN
 #define NPY_NO_DEPRECATED_API NPY_2_0_API_VERSION
@@ -50,6 +51,94 @@ static int expect_shape(PyArrayObject *a, const char *name, int ndim, const npy_
     Py_XDECREF(sa);
     Py_XDECREF(se);
     return -1;
+}
+
+/* ---- parsing -------------------------------------------------------------------------------- */
+
+/* A function's parameters: every one may be passed by position or by name (mha._core passes
+ * them by name). The names are interned on first use, so that the names of a call, interned by
+ * the compiler, are found by pointer comparison: a call by keyword costs no more than one by
+ * position. */
+typedef struct {
+    const char *function;
+    const char *const *kwlist; /* NULL-terminated, at most MAX_PARAMS */
+    int required;              /* the first `required` parameters are */
+    PyObject *names[16];       /* kwlist as interned str, filled by parse_call */
+} call_spec;
+
+enum { MAX_PARAMS = 16 };
+
+/* Matches a METH_FASTCALL | METH_KEYWORDS call (args[:nargs] by position, then the values of
+ * kwnames) to spec's parameters: out[i] is the argument of kwlist[i] (borrowed), NULL when it
+ * was not passed. TypeError, as Python's own, for too many, unknown, repeated or missing ones. */
+static int parse_call(call_spec *spec, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, PyObject **out) {
+    int n = 0;
+    while (spec->kwlist[n]) n++;
+    if (!spec->names[0])
+        for (int i = 0; i < n; i++)
+            if (!(spec->names[i] = PyUnicode_InternFromString(spec->kwlist[i]))) return -1;
+    if (nargs > n) {
+        PyErr_Format(PyExc_TypeError, "%s() takes at most %d arguments (%zd given)", spec->function, n, nargs);
+        return -1;
+    }
+    for (int i = 0; i < n; i++) out[i] = i < nargs ? args[i] : NULL;
+    const Py_ssize_t n_kw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t j = 0; j < n_kw; j++) {
+        PyObject *key = PyTuple_GET_ITEM(kwnames, j);
+        int i = 0;
+        while (i < n && spec->names[i] != key) i++;
+        if (i == n) /* a name built at run time: compare the text */
+            for (i = 0; i < n && PyUnicode_Compare(key, spec->names[i]) != 0; i++)
+                if (PyErr_Occurred()) return -1;
+        if (i == n) {
+            PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument %R", spec->function, key);
+            return -1;
+        }
+        if (out[i]) {
+            PyErr_Format(PyExc_TypeError, "%s() got multiple values for argument '%s'", spec->function, spec->kwlist[i]);
+            return -1;
+        }
+        out[i] = args[nargs + j];
+    }
+    for (int i = 0; i < spec->required; i++)
+        if (!out[i]) {
+            PyErr_Format(PyExc_TypeError, "%s() missing required argument '%s' (pos %d)", spec->function,
+                         spec->kwlist[i], i + 1);
+            return -1;
+        }
+    return 0;
+}
+
+#define OR_NONE(obj) ((obj) ? (obj) : Py_None)
+
+/* An integer argument (anything with __index__); NULL (omitted) keeps *value. */
+static int get_ssize(PyObject *obj, const char *name, Py_ssize_t *value) {
+    if (!obj) return 0;
+    PyObject *n = PyNumber_Index(obj);
+    if (!n) {
+        PyErr_Format(PyExc_TypeError, "%s must be an int, not %.100s", name, Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    *value = PyLong_AsSsize_t(n); /* OverflowError past Py_ssize_t */
+    Py_DECREF(n);
+    return *value == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+/* A real-valued argument (not a bool, complex, string or array); NULL keeps *value. */
+static int get_double(PyObject *obj, const char *name, double *value) {
+    if (!obj) return 0;
+    double v = -1.0;
+    int bad = PyBool_Check(obj) || PyArray_IsScalar(obj, Bool) || PyComplex_Check(obj) ||
+              PyArray_IsScalar(obj, ComplexFloating) || PyUnicode_Check(obj) || PyBytes_Check(obj) ||
+              (PyArray_Check(obj) && PyArray_NDIM((PyArrayObject *)obj) != 0);
+    if (!bad) v = PyFloat_AsDouble(obj);
+    if (bad || (v == -1.0 && PyErr_Occurred())) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "%s must be a real number, not %.100s %.200R", name, Py_TYPE(obj)->tp_name, obj);
+        return -1;
+    }
+    *value = v;
+    return 0;
 }
 
 static const char *type_name(int typenum) {
@@ -127,14 +216,6 @@ static mha_view view_of(PyArrayObject *a) {
                       PyArray_STRIDE(a, nd - 2) / item};
 }
 
-/* obj is a NumPy array of rank other than 0, a bool, a complex number or a string: what no
- * real-valued scalar argument accepts, whatever its __float__ says. */
-static int not_real(PyObject *obj) {
-    return (PyArray_Check(obj) && PyArray_NDIM((PyArrayObject *)obj) != 0) || PyBool_Check(obj) ||
-           PyArray_IsScalar(obj, Bool) || PyComplex_Check(obj) || PyArray_IsScalar(obj, ComplexFloating) ||
-           PyUnicode_Check(obj) || PyBytes_Check(obj);
-}
-
 /* A flag: a bool or an integer (Python or NumPy); NULL (omitted) keeps *value. */
 static int get_flag(PyObject *obj, const char *name, int *value) {
     if (!obj) return 0;
@@ -151,22 +232,14 @@ static int get_flag(PyObject *obj, const char *name, int *value) {
 /* The scale argument: omitted (NULL) or None keeps *scale (the descriptor's 1/sqrt(d_k), or 1
  * when d_k = 0); else a real number. */
 static int get_scale(PyObject *obj, double *scale) {
-    if (!obj || obj == Py_None) return 0;
-    double value = not_real(obj) ? -1.0 : PyFloat_AsDouble(obj);
-    if (not_real(obj) || (value == -1.0 && PyErr_Occurred())) {
-        PyErr_Clear();
-        PyErr_Format(PyExc_TypeError, "scale must be a real number, not %.100s %.200R", Py_TYPE(obj)->tp_name, obj);
-        return -1;
-    }
-    *scale = value;
-    return 0;
+    return obj == Py_None ? 0 : get_double(obj, "scale", scale);
 }
 
 /* A dropout probability in [0, 1) (p = 1 would divide by 1 - p = 0); NULL keeps *p. */
 static int get_dropout(PyObject *obj, double *p) {
+    double value = 0;
     if (!obj) return 0;
-    double value = not_real(obj) ? -1.0 : PyFloat_AsDouble(obj);
-    if (not_real(obj) || (value == -1.0 && PyErr_Occurred())) {
+    if (get_double(obj, "dropout", &value)) {
         PyErr_Clear();
         PyErr_Format(PyExc_TypeError, "dropout must be a number in [0, 1), not %.100s %.200R", Py_TYPE(obj)->tp_name, obj);
         return -1;
@@ -374,9 +447,10 @@ static int attention_options(mha_attention_desc *d, const attention_shapes *s, i
 
 /* ---- attention ---------------------------------------------------------------------------- */
 
-static char *attention_kw[] = {"q", "k", "v", "mask", "key_padding_mask", "causal", "scale",
-                               "dropout", "seed", "need_weights", "return_lse", "out",
-                               "weights_out", NULL};
+static const char *const attention_kw[] = {"q", "k", "v", "mask", "key_padding_mask", "causal", "scale",
+                                           "dropout", "seed", "need_weights", "return_lse", "out",
+                                           "weights_out", NULL};
+static call_spec attention_spec = {"attention_forward", attention_kw, 3, {NULL}};
 
 /* -> (out, weights|None), or (out, weights|None, lse) with return_lse; out (..., n_q, d_v),
  * weights (..., n_q, n_k), lse (..., n_q) for q (..., n_q, d_k) of rank 2, 3 or 4.
@@ -384,15 +458,13 @@ static char *attention_kw[] = {"q", "k", "v", "mask", "key_padding_mask", "causa
  * output's shape to write into (get_view: e.g. the heads of a (B, n_q, H * d_v) buffer, so that
  * they need no merging); weights_out: None, or a C-contiguous array of the weights' shape (with
  * need_weights). What is written into is what is returned. */
-static PyObject *py_attention_forward(PyObject *self, PyObject *args, PyObject *kwargs) {
+static PyObject *py_attention_forward(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     (void)self;
-    PyObject *q_obj, *k_obj, *v_obj, *mask_obj = Py_None, *kp_obj = Py_None;
-    PyObject *need_obj = NULL, *lse_obj = NULL, *out_obj = Py_None, *w_obj = Py_None;
-    attention_scalars sc = {NULL, NULL, NULL, NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|OOOOOOOOOO", attention_kw, &q_obj, &k_obj, &v_obj,
-                                     &mask_obj, &kp_obj, &sc.causal, &sc.scale, &sc.dropout, &sc.seed,
-                                     &need_obj, &lse_obj, &out_obj, &w_obj))
-        return NULL;
+    PyObject *a[13];
+    if (parse_call(&attention_spec, args, nargs, kwnames, a)) return NULL;
+    PyObject *q_obj = a[0], *k_obj = a[1], *v_obj = a[2], *mask_obj = OR_NONE(a[3]), *kp_obj = OR_NONE(a[4]);
+    attention_scalars sc = {a[5], a[6], a[7], a[8]};
+    PyObject *need_obj = a[9], *lse_obj = a[10], *out_obj = OR_NONE(a[11]), *w_obj = OR_NONE(a[12]);
     int typenum = float_type(q_obj, "q"), need_weights = 1, return_lse = 0;
     if (typenum < 0 || get_flag(need_obj, "need_weights", &need_weights) || get_flag(lse_obj, "return_lse", &return_lse))
         return NULL;
@@ -441,20 +513,19 @@ fail:
     return NULL;
 }
 
-static char *attention_backward_kw[] = {"d_out", "q", "k", "v", "mask", "key_padding_mask",
-                                        "causal", "scale", "dropout", "seed", "out", "lse", NULL};
+static const char *const attention_backward_kw[] = {"d_out", "q", "k", "v", "mask", "key_padding_mask",
+                                                    "causal", "scale", "dropout", "seed", "out", "lse", NULL};
+static call_spec attention_backward_spec = {"attention_backward", attention_backward_kw, 4, {NULL}};
 
 /* -> (dq, dk, dv) shaped like q, k, v. out and lse: the forward's output (like d_out) and
  * log-sum-exp (..., n_q), both or neither (then the forward runs again inside). */
-static PyObject *py_attention_backward(PyObject *self, PyObject *args, PyObject *kwargs) {
+static PyObject *py_attention_backward(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     (void)self;
-    PyObject *do_obj, *q_obj, *k_obj, *v_obj, *mask_obj = Py_None, *kp_obj = Py_None;
-    PyObject *o_obj = Py_None, *lse_obj = Py_None;
-    attention_scalars sc = {NULL, NULL, NULL, NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOO|OOOOOOOO", attention_backward_kw, &do_obj, &q_obj, &k_obj,
-                                     &v_obj, &mask_obj, &kp_obj, &sc.causal, &sc.scale, &sc.dropout, &sc.seed,
-                                     &o_obj, &lse_obj))
-        return NULL;
+    PyObject *a[12];
+    if (parse_call(&attention_backward_spec, args, nargs, kwnames, a)) return NULL;
+    PyObject *do_obj = a[0], *q_obj = a[1], *k_obj = a[2], *v_obj = a[3], *mask_obj = OR_NONE(a[4]);
+    PyObject *kp_obj = OR_NONE(a[5]), *o_obj = OR_NONE(a[10]), *lse_obj = OR_NONE(a[11]);
+    attention_scalars sc = {a[6], a[7], a[8], a[9]};
     int typenum = float_type(q_obj, "q");
     if (typenum < 0) return NULL;
     PyArrayObject *q, *k, *v, *d_out, *o = NULL, *lse = NULL, *dq = NULL, *dk = NULL, *dv = NULL;
@@ -709,27 +780,29 @@ static void layer_context_destructor(PyObject *capsule) {
                                       PyArray_DATA(xq), PyArray_DATA(xk), PyArray_DATA(xv), &p, &m, &d); \
     } while (0)
 
-static char *layer_forward_kw[] = {"query", "key", "value", "params", "heads", "kv_heads", "d_head",
-                                   "mask", "key_padding_mask", "causal", "dropout", "seed",
-                                   "need_weights", "k_cache", "v_cache", "cache_length",
-                                   "key_is_query", "value_is_key", NULL};
+static const char *const layer_forward_kw[] = {"query", "key", "value", "params", "heads", "kv_heads",
+                                               "d_head", "mask", "key_padding_mask", "causal", "dropout",
+                                               "seed", "need_weights", "k_cache", "v_cache", "cache_length",
+                                               "key_is_query", "value_is_key", NULL};
+static call_spec layer_forward_spec = {"layer_forward", layer_forward_kw, 7, {NULL}};
 
 /* -> (out (B, n_q, d_model), weights (B, H, n_q, n_k) or None, context): context is what
  * layer_backward takes, or None after a call with a KV cache (no backward through those).
  * With k_cache/v_cache (B, max_len, H_kv*d_head) the new keys/values are written there at rows
  * [cache_length, +n_new) and attended with the cached ones. key_is_query: the key is the query
  * (self-attention), so that the backward adds its gradient to d_query; likewise value_is_key. */
-static PyObject *py_layer_forward(PyObject *self, PyObject *args, PyObject *kwargs) {
+static PyObject *py_layer_forward(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     (void)self;
-    PyObject *xq_obj, *xk_obj, *xv_obj, *params, *mask_obj = Py_None, *kp_obj = Py_None;
-    PyObject *kc_obj = Py_None, *vc_obj = Py_None, *need_obj = NULL, *kiq_obj = NULL, *vik_obj = NULL;
-    attention_scalars sc = {NULL, NULL, NULL, NULL};
-    Py_ssize_t heads, kv_heads, d_head, cache_length = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOnnn|OOOOOOOOnOO", layer_forward_kw, &xq_obj, &xk_obj,
-                                     &xv_obj, &params, &heads, &kv_heads, &d_head, &mask_obj, &kp_obj,
-                                     &sc.causal, &sc.dropout, &sc.seed, &need_obj, &kc_obj, &vc_obj,
-                                     &cache_length, &kiq_obj, &vik_obj))
+    PyObject *a[18];
+    Py_ssize_t heads = 0, kv_heads = 0, d_head = 0, cache_length = 0;
+    if (parse_call(&layer_forward_spec, args, nargs, kwnames, a) || get_ssize(a[4], "heads", &heads) ||
+        get_ssize(a[5], "kv_heads", &kv_heads) || get_ssize(a[6], "d_head", &d_head) ||
+        get_ssize(a[15], "cache_length", &cache_length))
         return NULL;
+    PyObject *xq_obj = a[0], *xk_obj = a[1], *xv_obj = a[2], *params = a[3];
+    PyObject *mask_obj = OR_NONE(a[7]), *kp_obj = OR_NONE(a[8]);
+    attention_scalars sc = {a[9], NULL, a[10], a[11]};
+    PyObject *need_obj = a[12], *kc_obj = OR_NONE(a[13]), *vc_obj = OR_NONE(a[14]), *kiq_obj = a[16], *vik_obj = a[17];
     int typenum = float_type(xq_obj, "query"), need_weights = 1, key_is_query = 0, value_is_key = 0;
     if (typenum < 0 || get_flag(need_obj, "need_weights", &need_weights) ||
         get_flag(kiq_obj, "key_is_query", &key_is_query) || get_flag(vik_obj, "value_is_key", &value_is_key))
@@ -858,16 +931,18 @@ fail:
                                        PyArray_DATA(c->key), PyArray_DATA(c->value), &p, &c->m, &c->d); \
     } while (0)
 
-static char *layer_backward_kw[] = {"d_out", "context", NULL};
+static const char *const layer_backward_kw[] = {"d_out", "context", NULL};
+static call_spec layer_backward_spec = {"layer_backward", layer_backward_kw, 2, {NULL}};
 
 /* layer_backward(d_out (B, n_q, d_model), context from layer_forward) -> (d_query, d_key or
  * None, d_value or None, grads {name: gradient}): a gradient for every parameter the forward
  * was given and for head_mask; d_key (d_value) is None when the key was the query (the value
  * the key): its gradient is added there. */
-static PyObject *py_layer_backward(PyObject *self, PyObject *args, PyObject *kwargs) {
+static PyObject *py_layer_backward(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     (void)self;
-    PyObject *do_obj, *ctx_obj;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO", layer_backward_kw, &do_obj, &ctx_obj)) return NULL;
+    PyObject *a[2];
+    if (parse_call(&layer_backward_spec, args, nargs, kwnames, a)) return NULL;
+    PyObject *do_obj = a[0], *ctx_obj = a[1];
     if (!PyCapsule_IsValid(ctx_obj, CONTEXT_NAME)) {
         PyErr_Format(PyExc_TypeError, "context must be the one layer_forward returned (from a call without a "
                      "KV cache), not %.100s", Py_TYPE(ctx_obj)->tp_name);
@@ -922,15 +997,18 @@ fail:
 
 /* ---- building blocks ---------------------------------------------------------------------- */
 
-static char *matmul_kw[] = {"a", "b", "trans_a", "trans_b", NULL};
+static const char *const matmul_kw[] = {"a", "b", "trans_a", "trans_b", NULL};
+static call_spec matmul_spec = {"matmul", matmul_kw, 2, {NULL}};
 
 /* op(a) @ op(b) for 2-D C-contiguous float arrays of one dtype: the core's GEMM. */
-static PyObject *py_matmul(PyObject *self, PyObject *args, PyObject *kwargs) {
+static PyObject *py_matmul(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     (void)self;
-    PyObject *a_obj, *b_obj;
+    PyObject *arg[4];
     int ta = 0, tb = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|pp", matmul_kw, &a_obj, &b_obj, &ta, &tb))
+    if (parse_call(&matmul_spec, args, nargs, kwnames, arg) || get_flag(arg[2], "trans_a", &ta) ||
+        get_flag(arg[3], "trans_b", &tb))
         return NULL;
+    PyObject *a_obj = arg[0], *b_obj = arg[1];
     int typenum = float_type(a_obj, "a");
     if (typenum < 0) return NULL;
     PyArrayObject *a = get_array(a_obj, "a", typenum, 2), *b;
@@ -987,11 +1065,11 @@ static PyArrayObject *get_or_new(PyObject *out_obj, int ndim, const npy_intp *sh
     } while (0)
 #define DPTR(a) ((void *)((a) ? PyArray_DATA(a) : NULL))
 
-static int check_act(int act) {
-    int kind = act & ~MHA_ACT_GATED;
-    if ((act & ~(MHA_ACT_GATED | 15)) || kind < MHA_ACT_NONE || kind > MHA_ACT_RELU) {
+static int check_act(Py_ssize_t act) {
+    Py_ssize_t kind = act & ~(Py_ssize_t)MHA_ACT_GATED;
+    if ((act & ~(Py_ssize_t)(MHA_ACT_GATED | 15)) || kind < MHA_ACT_NONE || kind > MHA_ACT_RELU) {
         PyErr_Format(PyExc_ValueError, "act must be an activation code in [0, %d], or'ed with %d "
-                     "(gated), got %d", MHA_ACT_RELU, MHA_ACT_GATED, act);
+                     "(gated), got %zd", MHA_ACT_RELU, MHA_ACT_GATED, act);
         return -1;
     }
     return 0;
@@ -1005,15 +1083,17 @@ static npy_intp pack_width(int typenum) {
     return (npy_intp)w;
 }
 
-static char *pack_weight_kw[] = {"b", "trans_b", NULL};
+static const char *const pack_weight_kw[] = {"b", "trans_b", NULL};
+static call_spec pack_weight_spec = {"pack_weight", pack_weight_kw, 1, {NULL}};
 
 /* pack_weight(b (K, N) or (N, K) with trans_b, trans_b=False) -> op(b) packed whole, a new
  * (ceil(N / W), K, W) array (W = the path's panel width), for linear(a, packed, columns=N). */
-static PyObject *py_pack_weight(PyObject *self, PyObject *args, PyObject *kwargs) {
+static PyObject *py_pack_weight(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     (void)self;
-    PyObject *b_obj;
+    PyObject *arg[2];
     int tb = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|p", pack_weight_kw, &b_obj, &tb)) return NULL;
+    if (parse_call(&pack_weight_spec, args, nargs, kwnames, arg) || get_flag(arg[1], "trans_b", &tb)) return NULL;
+    PyObject *b_obj = arg[0];
     int typenum = float_type(b_obj, "b");
     if (typenum < 0) return NULL;
     PyArrayObject *b = get_array(b_obj, "b", typenum, 2);
@@ -1031,21 +1111,26 @@ static PyObject *py_pack_weight(PyObject *self, PyObject *args, PyObject *kwargs
     return (PyObject *)p;
 }
 
-static char *linear_kw[] = {"a", "b", "bias", "act", "trans_b", "out", "columns", NULL};
+static const char *const linear_kw[] = {"a", "b", "bias", "act", "trans_b", "out", "columns", NULL};
+static call_spec linear_spec = {"linear", linear_kw, 2, {NULL}};
 
 /* linear(a (M, K), b (K, N') or (N', K) with trans_b, bias (N') or None, act=0, trans_b=False,
  * out=None, columns=None) -> act(a @ op(b) + bias) (M, N), N = N' / 2 when act is gated; with
  * out (M, N): out += a @ op(b) + bias in place (act must be 0), and out is returned. b may be
  * packed by pack_weight ((P, K, W), trans_b False): columns then gives N'. */
-static PyObject *py_linear(PyObject *self, PyObject *args, PyObject *kwargs) {
+static PyObject *py_linear(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     (void)self;
-    PyObject *a_obj, *b_obj, *bias_obj = Py_None, *out_obj = Py_None, *cols_obj = Py_None;
-    int act = 0, tb = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|OipOO", linear_kw, &a_obj, &b_obj, &bias_obj,
-                                     &act, &tb, &out_obj, &cols_obj))
+    PyObject *arg[7];
+    Py_ssize_t act_code = 0;
+    int tb = 0;
+    if (parse_call(&linear_spec, args, nargs, kwnames, arg) || get_ssize(arg[3], "act", &act_code) ||
+        check_act(act_code) || get_flag(arg[4], "trans_b", &tb))
         return NULL;
+    PyObject *a_obj = arg[0], *b_obj = arg[1], *bias_obj = OR_NONE(arg[2]), *out_obj = OR_NONE(arg[5]);
+    PyObject *cols_obj = OR_NONE(arg[6]);
+    const int act = (int)act_code;
     int typenum = float_type(a_obj, "a");
-    if (typenum < 0 || check_act(act)) return NULL;
+    if (typenum < 0) return NULL;
     const int packed = PyArray_Check(b_obj) && PyArray_NDIM((PyArrayObject *)b_obj) == 3;
     PyArrayObject *a = get_array(a_obj, "a", typenum, 2), *b, *bias;
     if (!a || !(b = get_array(b_obj, "b", typenum, packed ? 3 : 2))) return NULL;
@@ -1111,17 +1196,22 @@ static PyObject *py_linear(PyObject *self, PyObject *args, PyObject *kwargs) {
     return (PyObject *)c;
 }
 
-static char *activation_kw[] = {"x", "act", "out", NULL};
+static const char *const activation_kw[] = {"x", "act", "out", NULL};
+static call_spec activation_spec = {"activation", activation_kw, 2, {NULL}};
 
 /* activation(x (rows, n) [or (rows, 2n) gated], act, out=None) -> act(x) (rows, n); out may be
  * x itself (in place). */
-static PyObject *py_activation(PyObject *self, PyObject *args, PyObject *kwargs) {
+static PyObject *py_activation(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     (void)self;
-    PyObject *x_obj, *out_obj = Py_None;
-    int act;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "Oi|O", activation_kw, &x_obj, &act, &out_obj)) return NULL;
+    PyObject *arg[3];
+    Py_ssize_t act_code = 0;
+    if (parse_call(&activation_spec, args, nargs, kwnames, arg) || get_ssize(arg[1], "act", &act_code) ||
+        check_act(act_code))
+        return NULL;
+    PyObject *x_obj = arg[0], *out_obj = OR_NONE(arg[2]);
+    const int act = (int)act_code;
     int typenum = float_type(x_obj, "x");
-    if (typenum < 0 || check_act(act)) return NULL;
+    if (typenum < 0) return NULL;
     PyArrayObject *x = get_array(x_obj, "x", typenum, 2);
     if (!x) return NULL;
     int gated = (act & MHA_ACT_GATED) != 0;
@@ -1154,17 +1244,21 @@ static PyObject *py_activation(PyObject *self, PyObject *args, PyObject *kwargs)
     return (PyObject *)y;
 }
 
-static char *norm_kw[] = {"x", "gain", "bias", "eps", "out", NULL};
-static char *rms_norm_kw[] = {"x", "gain", "eps", "out", NULL};
+static const char *const norm_kw[] = {"x", "gain", "bias", "eps", "out", NULL};
+static const char *const rms_norm_kw[] = {"x", "gain", "eps", "out", NULL};
+static call_spec norm_spec = {"layer_norm", norm_kw, 4, {NULL}};
+static call_spec rms_norm_spec = {"rms_norm", rms_norm_kw, 3, {NULL}};
 
 /* layer_norm(x (rows, d), gain (d) or None, bias (d) or None, eps, out=None) -> (rows, d);
  * rms_norm(x, gain, eps, out=None) the same without bias. out may be x itself. */
-static PyObject *norm(PyObject *args, PyObject *kwargs, int rms) {
-    PyObject *x_obj, *g_obj, *b_obj = Py_None, *out_obj = Py_None;
-    double eps;
-    int parsed = rms ? PyArg_ParseTupleAndKeywords(args, kwargs, "OOd|O", rms_norm_kw, &x_obj, &g_obj, &eps, &out_obj)
-                     : PyArg_ParseTupleAndKeywords(args, kwargs, "OOOd|O", norm_kw, &x_obj, &g_obj, &b_obj, &eps, &out_obj);
-    if (!parsed) return NULL;
+static PyObject *norm(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, int rms) {
+    PyObject *arg[5] = {NULL};
+    double eps = 0;
+    if (parse_call(rms ? &rms_norm_spec : &norm_spec, args, nargs, kwnames, arg)) return NULL;
+    /* layer_norm: x, gain, bias, eps, out; rms_norm: x, gain, eps, out */
+    PyObject *x_obj = arg[0], *g_obj = arg[1], *b_obj = rms ? Py_None : OR_NONE(arg[2]);
+    PyObject *out_obj = OR_NONE(arg[rms ? 3 : 4]);
+    if (get_double(arg[rms ? 2 : 3], "eps", &eps)) return NULL;
     int typenum = float_type(x_obj, "x");
     if (typenum < 0) return NULL;
     if (!(eps >= 0)) {
@@ -1191,26 +1285,29 @@ static PyObject *norm(PyObject *args, PyObject *kwargs, int rms) {
     return (PyObject *)y;
 }
 
-static PyObject *py_layer_norm(PyObject *self, PyObject *args, PyObject *kwargs) {
+static PyObject *py_layer_norm(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     (void)self;
-    return norm(args, kwargs, 0);
+    return norm(args, nargs, kwnames, 0);
 }
 
-static PyObject *py_rms_norm(PyObject *self, PyObject *args, PyObject *kwargs) {
+static PyObject *py_rms_norm(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     (void)self;
-    return norm(args, kwargs, 1);
+    return norm(args, nargs, kwnames, 1);
 }
 
-static char *rope_kw[] = {"x", "heads", "d_head", "cos", "sin", NULL};
+static const char *const rope_kw[] = {"x", "heads", "d_head", "cos", "sin", NULL};
+static call_spec rope_spec = {"rope", rope_kw, 5, {NULL}};
 
 /* rope(x (rows, width), heads, d_head, cos (period, d_head / 2), sin (same)) -> None: rotates
  * the first heads * d_head columns of every row in place, row r by row r % period of cos, sin. */
-static PyObject *py_rope(PyObject *self, PyObject *args, PyObject *kwargs) {
+static PyObject *py_rope(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     (void)self;
-    PyObject *x_obj, *c_obj, *s_obj;
-    Py_ssize_t heads, d_head;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OnnOO", rope_kw, &x_obj, &heads, &d_head, &c_obj, &s_obj))
+    PyObject *arg[5];
+    Py_ssize_t heads = 0, d_head = 0;
+    if (parse_call(&rope_spec, args, nargs, kwnames, arg) || get_ssize(arg[1], "heads", &heads) ||
+        get_ssize(arg[2], "d_head", &d_head))
         return NULL;
+    PyObject *x_obj = arg[0], *c_obj = arg[3], *s_obj = arg[4];
     int typenum = float_type(x_obj, "x");
     if (typenum < 0) return NULL;
     PyArrayObject *x = get_output_array(x_obj, "x", typenum, 2), *c, *s;
@@ -1234,16 +1331,18 @@ static PyObject *py_rope(PyObject *self, PyObject *args, PyObject *kwargs) {
     Py_RETURN_NONE;
 }
 
-static char *embedding_kw[] = {"table", "ids", "out", "accumulate", NULL};
+static const char *const embedding_kw[] = {"table", "ids", "out", "accumulate", NULL};
+static call_spec embedding_spec = {"embedding", embedding_kw, 2, {NULL}};
 
 /* embedding(table (vocab, d), ids int64 (n,), out=None, accumulate=False) -> (n, d): rows of
  * table; with accumulate, added to out (required). */
-static PyObject *py_embedding(PyObject *self, PyObject *args, PyObject *kwargs) {
+static PyObject *py_embedding(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     (void)self;
-    PyObject *t_obj, *ids_obj, *out_obj = Py_None;
+    PyObject *arg[4];
     int accumulate = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|Op", embedding_kw, &t_obj, &ids_obj, &out_obj, &accumulate))
+    if (parse_call(&embedding_spec, args, nargs, kwnames, arg) || get_flag(arg[3], "accumulate", &accumulate))
         return NULL;
+    PyObject *t_obj = arg[0], *ids_obj = arg[1], *out_obj = OR_NONE(arg[2]);
     int typenum = float_type(t_obj, "table");
     if (typenum < 0) return NULL;
     PyArrayObject *t = get_array(t_obj, "table", typenum, 2), *ids;
@@ -1274,12 +1373,14 @@ static PyObject *py_embedding(PyObject *self, PyObject *args, PyObject *kwargs) 
 /* attention_flow(weights, sources=None) -> (n_sources, n): weights (L, n, n) float64,
  * C-contiguous, finite, >= 0; sources int64 (n_sources,) or None for all positions
  * (mha.analysis.attention_flow fuses the heads, adds the residual and checks the values). */
-static char *attention_flow_kw[] = {"weights", "sources", NULL};
+static const char *const attention_flow_kw[] = {"weights", "sources", NULL};
+static call_spec attention_flow_spec = {"attention_flow", attention_flow_kw, 1, {NULL}};
 
-static PyObject *py_attention_flow(PyObject *self, PyObject *args, PyObject *kwargs) {
+static PyObject *py_attention_flow(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     (void)self;
-    PyObject *w_obj, *s_obj = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O", attention_flow_kw, &w_obj, &s_obj)) return NULL;
+    PyObject *arg[2];
+    if (parse_call(&attention_flow_spec, args, nargs, kwnames, arg)) return NULL;
+    PyObject *w_obj = arg[0], *s_obj = OR_NONE(arg[1]);
     PyArrayObject *w = get_array(w_obj, "weights", NPY_FLOAT64, 3), *src = NULL;
     if (!w) return NULL;
     npy_intp L = PyArray_DIM(w, 0), n = PyArray_DIM(w, 1), n_src = n;
@@ -1350,34 +1451,34 @@ static PyObject *py_build_info(PyObject *self, PyObject *unused) {
 }
 
 static PyMethodDef methods[] = {
-    {"attention_forward", (PyCFunction)(void (*)(void))py_attention_forward, METH_VARARGS | METH_KEYWORDS,
+    {"attention_forward", (PyCFunction)(void (*)(void))py_attention_forward, METH_FASTCALL | METH_KEYWORDS,
      "attention_forward(q, k, v, mask, key_padding_mask, causal, scale, dropout, seed, need_weights, return_lse, out, weights_out) -> (out, weights[, lse])"},
-    {"attention_backward", (PyCFunction)(void (*)(void))py_attention_backward, METH_VARARGS | METH_KEYWORDS,
+    {"attention_backward", (PyCFunction)(void (*)(void))py_attention_backward, METH_FASTCALL | METH_KEYWORDS,
      "attention_backward(d_out, q, k, v, mask, key_padding_mask, causal, scale, dropout, seed, out, lse) -> (dq, dk, dv)"},
-    {"layer_forward", (PyCFunction)(void (*)(void))py_layer_forward, METH_VARARGS | METH_KEYWORDS,
+    {"layer_forward", (PyCFunction)(void (*)(void))py_layer_forward, METH_FASTCALL | METH_KEYWORDS,
      "layer_forward(query, key, value, params, heads, kv_heads, d_head, mask, key_padding_mask, causal, "
      "dropout, seed, need_weights, k_cache, v_cache, cache_length, key_is_query, value_is_key) -> (out, "
      "weights, context); params: {W_q, W_k, W_v, W_o[, b_q, b_k, b_v, b_o, head_mask]}"},
-    {"layer_backward", (PyCFunction)(void (*)(void))py_layer_backward, METH_VARARGS | METH_KEYWORDS,
+    {"layer_backward", (PyCFunction)(void (*)(void))py_layer_backward, METH_FASTCALL | METH_KEYWORDS,
      "layer_backward(d_out, context) -> (d_query, d_key, d_value, grads); context from layer_forward"},
-    {"matmul", (PyCFunction)(void (*)(void))py_matmul, METH_VARARGS | METH_KEYWORDS,
+    {"matmul", (PyCFunction)(void (*)(void))py_matmul, METH_FASTCALL | METH_KEYWORDS,
      "matmul(a, b, trans_a=False, trans_b=False): the core's GEMM on 2-D C-contiguous arrays"},
-    {"linear", (PyCFunction)(void (*)(void))py_linear, METH_VARARGS | METH_KEYWORDS,
+    {"linear", (PyCFunction)(void (*)(void))py_linear, METH_FASTCALL | METH_KEYWORDS,
      "linear(a, b, bias=None, act=0, trans_b=False, out=None, columns=None) -> act(a @ op(b) + bias), "
      "or out += a @ op(b) + bias; b may be pack_weight's (P, K, W), with columns=N"},
-    {"pack_weight", (PyCFunction)(void (*)(void))py_pack_weight, METH_VARARGS | METH_KEYWORDS,
+    {"pack_weight", (PyCFunction)(void (*)(void))py_pack_weight, METH_FASTCALL | METH_KEYWORDS,
      "pack_weight(b, trans_b=False) -> op(b) (K, N) packed whole for linear: (ceil(N / W), K, W)"},
-    {"activation", (PyCFunction)(void (*)(void))py_activation, METH_VARARGS | METH_KEYWORDS,
+    {"activation", (PyCFunction)(void (*)(void))py_activation, METH_FASTCALL | METH_KEYWORDS,
      "activation(x, act, out=None) -> act(x) (gated: act(x[:, :n]) * x[:, n:])"},
-    {"layer_norm", (PyCFunction)(void (*)(void))py_layer_norm, METH_VARARGS | METH_KEYWORDS,
+    {"layer_norm", (PyCFunction)(void (*)(void))py_layer_norm, METH_FASTCALL | METH_KEYWORDS,
      "layer_norm(x, gain, bias, eps, out=None) -> LayerNorm of the rows of x"},
-    {"rms_norm", (PyCFunction)(void (*)(void))py_rms_norm, METH_VARARGS | METH_KEYWORDS,
+    {"rms_norm", (PyCFunction)(void (*)(void))py_rms_norm, METH_FASTCALL | METH_KEYWORDS,
      "rms_norm(x, gain, eps, out=None) -> RMSNorm of the rows of x"},
-    {"rope", (PyCFunction)(void (*)(void))py_rope, METH_VARARGS | METH_KEYWORDS,
+    {"rope", (PyCFunction)(void (*)(void))py_rope, METH_FASTCALL | METH_KEYWORDS,
      "rope(x, heads, d_head, cos, sin) -> None: rotary embedding in place"},
-    {"embedding", (PyCFunction)(void (*)(void))py_embedding, METH_VARARGS | METH_KEYWORDS,
+    {"embedding", (PyCFunction)(void (*)(void))py_embedding, METH_FASTCALL | METH_KEYWORDS,
      "embedding(table, ids, out=None, accumulate=False) -> rows of table"},
-    {"attention_flow", (PyCFunction)(void (*)(void))py_attention_flow, METH_VARARGS | METH_KEYWORDS,
+    {"attention_flow", (PyCFunction)(void (*)(void))py_attention_flow, METH_FASTCALL | METH_KEYWORDS,
      "attention_flow(weights (L, n, n) float64, sources=None) -> (n_sources, n) maximum flows"},
     {"dropout_uniform", py_dropout_uniform, METH_VARARGS, "dropout_uniform(seed, b, h, i, j) -> float in [0, 1)"},
     {"set_num_threads", py_set_num_threads, METH_O, "set_num_threads(n)"},

@@ -267,7 +267,8 @@ class KVCache:
     Attributes
     ----------
     k_rows, v_rows : ndarray
-        (batch_size, max_len, n_kv_heads*d_head); rows [0, length) are filled.
+        (batch_size, max_len, n_kv_heads*d_head); rows [0, length) are filled. The buffers are
+        fixed (written in place, never replaced).
     k, v : ndarray
         Views of k_rows, v_rows as (batch_size, n_kv_heads, max_len, d_head).
     length : int
@@ -295,18 +296,17 @@ class KVCache:
         self.k_rows = np.zeros((batch_size, max_len, n_kv_heads * d_head), dtype)
         self.v_rows = np.zeros((batch_size, max_len, n_kv_heads * d_head), dtype)
         self.length = 0
-
-    def _heads(self, rows):
-        B, max_len, _ = rows.shape
-        return rows.reshape(B, max_len, self.n_kv_heads, self.d_head).transpose(0, 2, 1, 3)
+        # the heads views, made once (a decode step appends to them for every layer)
+        self._k, self._v = (rows.reshape(batch_size, max_len, self.n_kv_heads, self.d_head)
+                            .transpose(0, 2, 1, 3) for rows in (self.k_rows, self.v_rows))
 
     @property
     def k(self):
-        return self._heads(self.k_rows)
+        return self._k
 
     @property
     def v(self):
-        return self._heads(self.v_rows)
+        return self._v
 
     @property
     def batch_size(self):
@@ -342,11 +342,10 @@ class KVCache:
         if stop > self.max_len:
             raise ValueError(f"cache overflow: {self.length} cached + {k.shape[2]} new "
                              f"positions > max_len={self.max_len}")
-        keys, values = self.k, self.v
-        keys[:, :, start:stop] = k
-        values[:, :, start:stop] = v
+        self._k[:, :, start:stop] = k
+        self._v[:, :, start:stop] = v
         self.length = stop
-        return keys[:, :, :stop], values[:, :, :stop]
+        return self._k[:, :, :stop], self._v[:, :, :stop]
 
     def __repr__(self):
         return (f"KVCache(batch_size={self.batch_size}, n_kv_heads={self.n_kv_heads}, "
