@@ -1,6 +1,10 @@
-"""Bad input, as DESIGN.md "Conventions" says: TypeError for non-float dtypes and non-arrays,
+"""Bad input, as every public function treats it: TypeError for non-float dtypes and non-arrays,
 ValueError naming the argument (and both shapes for a mismatch), MemoryError rather than a
-crash or an integer overflow when a buffer would not fit, and nothing modified in place."""
+crash or an integer overflow when a buffer would not fit, and nothing modified in place.
+
+The messages come from the one place that owns each check: the binding (csrc/module.c) for
+what reaches the C core, mha.checks for the dtype policy, broadcasting, defaults and a layer's
+configuration."""
 import os
 import re
 import subprocess
