@@ -417,7 +417,7 @@ def test_head_patterns(minilm):
         assert np.all((s >= -1e-6) & (s <= 1 + 1e-6)), name
     w = result["attentions"]
     n = w.shape[-1]
-    # mha.analysis.pattern_scores' definitions, recomputed by hand for one head
+    # the pattern scores' definitions (local, first, previous, next token), recomputed by hand for one head
     head = w[2, 3]
     assert np.isclose(scores["local"][2, 3],
                       np.mean([head[i, max(0, i - 1):i + 1].sum() for i in range(n)]), atol=1e-6)
