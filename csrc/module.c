@@ -769,6 +769,52 @@ static void layer_context_destructor(PyObject *capsule) {
     layer_context_free(PyCapsule_GetPointer(capsule, CONTEXT_NAME));
 }
 
+/* The capsule of a filled context, which takes new references to the inputs, parameters and
+ * masks (it owns the saved buffers already); NULL, with ctx freed, on failure. */
+static PyObject *context_capsule(layer_context *ctx) {
+    Py_INCREF(ctx->query);
+    Py_INCREF(ctx->key);
+    Py_INCREF(ctx->value);
+    for (int i = 0; i < N_LAYER_PARAMS; i++) Py_XINCREF(FIELD(&ctx->params, i));
+    Py_INCREF(ctx->mask);
+    Py_INCREF(ctx->key_padding);
+    PyObject *capsule = PyCapsule_New(ctx, CONTEXT_NAME, layer_context_destructor);
+    if (!capsule) layer_context_free(ctx);
+    return capsule;
+}
+
+/* k_cache and v_cache (B, max_len, H_kv*d_head) of the call's dtype, writable, with room for
+ * m->n_new rows after cache_length: checks them and points m at them (this call's keys and
+ * values go to rows [cache_length, +n_new), and every row before them is attended). */
+static int layer_cache(mha_layer_dims *m, int typenum, PyObject *kc_obj, PyObject *vc_obj, Py_ssize_t cache_length,
+                       PyArrayObject **kc, PyArrayObject **vc) {
+    for (int i = 0; i < 2; i++) { /* a cache of another dtype: made for another layer */
+        PyObject *c = i ? vc_obj : kc_obj;
+        if (PyArray_Check(c) && PyArray_TYPE((PyArrayObject *)c) != typenum) {
+            PyErr_Format(PyExc_ValueError, "%s has dtype %S but this call computes in %s: the KV cache "
+                         "was made for another layer", i ? "v_cache" : "k_cache",
+                         (PyObject *)PyArray_DESCR((PyArrayObject *)c), type_name(typenum));
+            return -1;
+        }
+    }
+    if (!(*kc = get_output_array(kc_obj, "k_cache", typenum, 3)) || !(*vc = get_output_array(vc_obj, "v_cache", typenum, 3)))
+        return -1;
+    npy_intp max_len = PyArray_DIM(*kc, 1);
+    npy_intp shape[3] = {m->batch, max_len, m->kv_heads * m->d_head};
+    if (expect_shape(*kc, "k_cache", 3, shape, "expected (batch, max_len, n_kv_heads*d_head) =") ||
+        expect_shape(*vc, "v_cache", 3, shape, "expected (batch, max_len, n_kv_heads*d_head) ="))
+        return -1;
+    if (cache_length < 0 || cache_length > max_len - m->n_new) { /* no overflow */
+        PyErr_Format(PyExc_ValueError, "the KV cache holds %zd of %zd positions: %zd more do not fit",
+                     cache_length, (Py_ssize_t)max_len, (Py_ssize_t)m->n_new);
+        return -1;
+    }
+    m->kv_row_offset = cache_length;
+    m->kv_batch_stride = max_len;
+    m->n_k = m->kv_row_offset + m->n_new;
+    return 0;
+}
+
 /* The typed core call of py_layer_forward (SFX f32 or f64), its structs filled by name. */
 #define LAYER_FORWARD(SFX)                                                                             \
     do {                                                                                           \
@@ -810,7 +856,7 @@ static PyObject *py_layer_forward(PyObject *self, PyObject *const *args, Py_ssiz
     PyArrayObject *xq, *xk, *xv, *kc = NULL, *vc = NULL;
     PyArrayObject *out = NULL, *weights = NULL, *q_proj = NULL, *k_proj = NULL, *v_proj = NULL, *attn = NULL;
     PyArrayObject *lse = NULL;
-    layer_context *ctx = NULL;
+    layer_context *ctx;
     mha_layer_dims m;
     layer_arrays la;
     if (fill_layer_dims(&m, &la, typenum, params, heads, kv_heads, d_head, xq_obj, xk_obj, xv_obj, &xq, &xk, &xv))
@@ -820,33 +866,7 @@ static PyObject *py_layer_forward(PyObject *self, PyObject *const *args, Py_ssiz
         return NULL;
     }
     const npy_intp E_q = heads * d_head, E_kv = kv_heads * d_head;
-    if (kc_obj != Py_None) {
-        for (int i = 0; i < 2; i++) { /* a cache of another dtype: made for another layer */
-            PyObject *c = i ? vc_obj : kc_obj;
-            if (PyArray_Check(c) && PyArray_TYPE((PyArrayObject *)c) != typenum) {
-                PyErr_Format(PyExc_ValueError, "%s has dtype %S but this call computes in %s: the KV cache "
-                             "was made for another layer", i ? "v_cache" : "k_cache",
-                             (PyObject *)PyArray_DESCR((PyArrayObject *)c), type_name(typenum));
-                return NULL;
-            }
-        }
-        if (!(kc = get_output_array(kc_obj, "k_cache", typenum, 3)) ||
-            !(vc = get_output_array(vc_obj, "v_cache", typenum, 3)))
-            return NULL;
-        npy_intp max_len = PyArray_DIM(kc, 1);
-        npy_intp shape[3] = {m.batch, max_len, E_kv};
-        if (expect_shape(kc, "k_cache", 3, shape, "expected (batch, max_len, n_kv_heads*d_head) =") ||
-            expect_shape(vc, "v_cache", 3, shape, "expected (batch, max_len, n_kv_heads*d_head) ="))
-            return NULL;
-        if (cache_length < 0 || cache_length > max_len - m.n_new) { /* no overflow */
-            PyErr_Format(PyExc_ValueError, "the KV cache holds %zd of %zd positions: %zd more do not fit",
-                         cache_length, (Py_ssize_t)max_len, (Py_ssize_t)m.n_new);
-            return NULL;
-        }
-        m.kv_row_offset = cache_length;
-        m.kv_batch_stride = max_len;
-        m.n_k = m.kv_row_offset + m.n_new;
-    }
+    if (kc_obj != Py_None && layer_cache(&m, typenum, kc_obj, vc_obj, cache_length, &kc, &vc)) return NULL;
     mha_attention_desc d;
     mha_attention_desc_init(&d, m.batch, m.heads, m.kv_heads, m.n_q, m.n_k, m.d_head, m.d_head);
     attention_shapes s = {4, {m.batch, m.heads, m.n_q, m.d_head}, {m.batch, m.heads, m.n_q, m.n_k}};
@@ -895,17 +915,8 @@ static PyObject *py_layer_forward(PyObject *self, PyObject *const *args, Py_ssiz
                            .mask = mask_obj, .key_padding = kp_obj, .q_proj = q_proj, .k_proj = k_proj,
                            .v_proj = v_proj, .attn = attn, .lse = lse};
     q_proj = k_proj = v_proj = attn = lse = NULL; /* ctx owns them now */
-    Py_INCREF(xq);
-    Py_INCREF(xk);
-    Py_INCREF(xv);
-    for (int i = 0; i < N_LAYER_PARAMS; i++) Py_XINCREF(FIELD(&ctx->params, i));
-    Py_INCREF(mask_obj);
-    Py_INCREF(kp_obj);
-    PyObject *capsule = PyCapsule_New(ctx, CONTEXT_NAME, layer_context_destructor);
-    if (!capsule) {
-        layer_context_free(ctx);
-        goto fail;
-    }
+    PyObject *capsule = context_capsule(ctx);
+    if (!capsule) goto fail;
     return Py_BuildValue("(NNN)", out, weights, capsule);
 fail:
     Py_XDECREF(lse);
