@@ -59,21 +59,26 @@ static int expect_shape(PyArrayObject *a, const char *name, int ndim, const npy_
  * them by name). The names are interned on first use, so that the names of a call, interned by
  * the compiler, are found by pointer comparison: a call by keyword costs no more than one by
  * position. */
+enum { MAX_PARAMS = 24 };
+
 typedef struct {
     const char *function;
     const char *const *kwlist; /* NULL-terminated, at most MAX_PARAMS */
     int required;              /* the first `required` parameters are */
-    PyObject *names[16];       /* kwlist as interned str, filled by parse_call */
+    PyObject *names[MAX_PARAMS]; /* kwlist as interned str, filled by parse_call */
 } call_spec;
-
-enum { MAX_PARAMS = 16 };
 
 /* Matches a METH_FASTCALL | METH_KEYWORDS call (args[:nargs] by position, then the values of
  * kwnames) to spec's parameters: out[i] is the argument of kwlist[i] (borrowed), NULL when it
- * was not passed. TypeError, as Python's own, for too many, unknown, repeated or missing ones. */
+ * was not passed (out has MAX_PARAMS entries). TypeError, as Python's own, for too many, unknown,
+ * repeated or missing ones. */
 static int parse_call(call_spec *spec, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, PyObject **out) {
     int n = 0;
     while (spec->kwlist[n]) n++;
+    if (n > MAX_PARAMS) { /* a binding's own mistake: caught by the tests, never by a user */
+        PyErr_Format(PyExc_SystemError, "%s(): %d parameters, more than MAX_PARAMS", spec->function, n);
+        return -1;
+    }
     if (!spec->names[0])
         for (int i = 0; i < n; i++)
             if (!(spec->names[i] = PyUnicode_InternFromString(spec->kwlist[i]))) return -1;
@@ -460,7 +465,7 @@ static call_spec attention_spec = {"attention_forward", attention_kw, 3, {NULL}}
  * need_weights). What is written into is what is returned. */
 static PyObject *py_attention_forward(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     (void)self;
-    PyObject *a[13];
+    PyObject *a[MAX_PARAMS];
     if (parse_call(&attention_spec, args, nargs, kwnames, a)) return NULL;
     PyObject *q_obj = a[0], *k_obj = a[1], *v_obj = a[2], *mask_obj = OR_NONE(a[3]), *kp_obj = OR_NONE(a[4]);
     attention_scalars sc = {a[5], a[6], a[7], a[8]};
@@ -521,7 +526,7 @@ static call_spec attention_backward_spec = {"attention_backward", attention_back
  * log-sum-exp (..., n_q), both or neither (then the forward runs again inside). */
 static PyObject *py_attention_backward(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     (void)self;
-    PyObject *a[12];
+    PyObject *a[MAX_PARAMS];
     if (parse_call(&attention_backward_spec, args, nargs, kwnames, a)) return NULL;
     PyObject *do_obj = a[0], *q_obj = a[1], *k_obj = a[2], *v_obj = a[3], *mask_obj = OR_NONE(a[4]);
     PyObject *kp_obj = OR_NONE(a[5]), *o_obj = OR_NONE(a[10]), *lse_obj = OR_NONE(a[11]);
@@ -839,7 +844,7 @@ static call_spec layer_forward_spec = {"layer_forward", layer_forward_kw, 7, {NU
  * (self-attention), so that the backward adds its gradient to d_query; likewise value_is_key. */
 static PyObject *py_layer_forward(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     (void)self;
-    PyObject *a[18];
+    PyObject *a[MAX_PARAMS];
     Py_ssize_t heads = 0, kv_heads = 0, d_head = 0, cache_length = 0;
     if (parse_call(&layer_forward_spec, args, nargs, kwnames, a) || get_ssize(a[4], "heads", &heads) ||
         get_ssize(a[5], "kv_heads", &kv_heads) || get_ssize(a[6], "d_head", &d_head) ||
@@ -951,7 +956,7 @@ static call_spec layer_backward_spec = {"layer_backward", layer_backward_kw, 2, 
  * the key): its gradient is added there. */
 static PyObject *py_layer_backward(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     (void)self;
-    PyObject *a[2];
+    PyObject *a[MAX_PARAMS];
     if (parse_call(&layer_backward_spec, args, nargs, kwnames, a)) return NULL;
     PyObject *do_obj = a[0], *ctx_obj = a[1];
     if (!PyCapsule_IsValid(ctx_obj, CONTEXT_NAME)) {
@@ -1014,7 +1019,7 @@ static call_spec matmul_spec = {"matmul", matmul_kw, 2, {NULL}};
 /* op(a) @ op(b) for 2-D C-contiguous float arrays of one dtype: the core's GEMM. */
 static PyObject *py_matmul(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     (void)self;
-    PyObject *arg[4];
+    PyObject *arg[MAX_PARAMS];
     int ta = 0, tb = 0;
     if (parse_call(&matmul_spec, args, nargs, kwnames, arg) || get_flag(arg[2], "trans_a", &ta) ||
         get_flag(arg[3], "trans_b", &tb))
@@ -1101,7 +1106,7 @@ static call_spec pack_weight_spec = {"pack_weight", pack_weight_kw, 1, {NULL}};
  * (ceil(N / W), K, W) array (W = the path's panel width), for linear(a, packed, columns=N). */
 static PyObject *py_pack_weight(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     (void)self;
-    PyObject *arg[2];
+    PyObject *arg[MAX_PARAMS];
     int tb = 0;
     if (parse_call(&pack_weight_spec, args, nargs, kwnames, arg) || get_flag(arg[1], "trans_b", &tb)) return NULL;
     PyObject *b_obj = arg[0];
@@ -1131,7 +1136,7 @@ static call_spec linear_spec = {"linear", linear_kw, 2, {NULL}};
  * packed by pack_weight ((P, K, W), trans_b False): columns then gives N'. */
 static PyObject *py_linear(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     (void)self;
-    PyObject *arg[7];
+    PyObject *arg[MAX_PARAMS];
     Py_ssize_t act_code = 0;
     int tb = 0;
     if (parse_call(&linear_spec, args, nargs, kwnames, arg) || get_ssize(arg[3], "act", &act_code) ||
@@ -1214,7 +1219,7 @@ static call_spec activation_spec = {"activation", activation_kw, 2, {NULL}};
  * x itself (in place). */
 static PyObject *py_activation(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     (void)self;
-    PyObject *arg[3];
+    PyObject *arg[MAX_PARAMS];
     Py_ssize_t act_code = 0;
     if (parse_call(&activation_spec, args, nargs, kwnames, arg) || get_ssize(arg[1], "act", &act_code) ||
         check_act(act_code))
@@ -1313,7 +1318,7 @@ static call_spec rope_spec = {"rope", rope_kw, 5, {NULL}};
  * the first heads * d_head columns of every row in place, row r by row r % period of cos, sin. */
 static PyObject *py_rope(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     (void)self;
-    PyObject *arg[5];
+    PyObject *arg[MAX_PARAMS];
     Py_ssize_t heads = 0, d_head = 0;
     if (parse_call(&rope_spec, args, nargs, kwnames, arg) || get_ssize(arg[1], "heads", &heads) ||
         get_ssize(arg[2], "d_head", &d_head))
@@ -1349,7 +1354,7 @@ static call_spec embedding_spec = {"embedding", embedding_kw, 2, {NULL}};
  * table; with accumulate, added to out (required). */
 static PyObject *py_embedding(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     (void)self;
-    PyObject *arg[4];
+    PyObject *arg[MAX_PARAMS];
     int accumulate = 0;
     if (parse_call(&embedding_spec, args, nargs, kwnames, arg) || get_flag(arg[3], "accumulate", &accumulate))
         return NULL;
@@ -1389,7 +1394,7 @@ static call_spec attention_flow_spec = {"attention_flow", attention_flow_kw, 1, 
 
 static PyObject *py_attention_flow(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     (void)self;
-    PyObject *arg[2];
+    PyObject *arg[MAX_PARAMS];
     if (parse_call(&attention_flow_spec, args, nargs, kwnames, arg)) return NULL;
     PyObject *w_obj = arg[0], *s_obj = OR_NONE(arg[1]);
     PyArrayObject *w = get_array(w_obj, "weights", NPY_FLOAT64, 3), *src = NULL;

@@ -378,10 +378,10 @@ def test_bad_texts_are_named(minilm, tmp_path):
         run(minilm, [], progress=False)
     with pytest.raises(ValueError, match=r"no text .*\(2 empty ones skipped\)"):
         run(minilm, ["", " "], skip_empty=True, progress=False)
-    for bad in (0, 2.5, True):
-        with pytest.raises(ValueError, match="batch_size must be a positive int"):
+    for bad, error in ((0, ValueError), (-3, ValueError), (2.5, TypeError), (True, TypeError)):
+        with pytest.raises(error, match="batch_size must be a positive int"):
             run(minilm, good, batch_size=bad, progress=False)
-        with pytest.raises(ValueError, match="batch_tokens must be a positive int"):
+        with pytest.raises(error, match="batch_tokens must be a positive int"):
             run(minilm, good, batch_tokens=bad, progress=False)
     with pytest.raises(TypeError, match="client must be a dask.distributed.Client"):
         run(minilm, good, client="tcp://127.0.0.1:8786", progress=False)

@@ -159,7 +159,7 @@ def attention_flow(attentions: ArrayLike, *, head_fusion: str = "mean", residual
     >>> f.shape, bool(np.allclose(f.sum(-1), 1))
     ((5, 5), True)
     """
-    from .. import _C
+    from .. import _core
 
     fused = _fused_layers(attentions, head_fusion, residual)
     if fused.ndim != 3:
@@ -183,7 +183,7 @@ def attention_flow(attentions: ArrayLike, *, head_fusion: str = "mean", residual
     try:
         for chunk in chunks:
             chunk = np.ascontiguousarray(chunk)
-            flow[done:done + len(chunk)] = _C.attention_flow(capacities, chunk)
+            flow[done:done + len(chunk)] = _core.attention_flow(capacities, sources=chunk)
             done += len(chunk)
             if bar is not None:
                 bar.update(len(chunk))
@@ -261,7 +261,7 @@ def value_norms(weights: ArrayLike, values: ArrayLike, W_o: ArrayLike, *,
     >>> value_norms(w, v, W_o).shape, value_norms(w, v, W_o, summed=True).shape
     ((2, 4, 4), (4, 4))
     """
-    from .. import _C
+    from .. import _core
 
     w = _float_array(weights, "weights", 3, "(..., heads, n_q, n_k)")
     v = _float_array(values, "values", 3, "(..., kv_heads, n_k, d_head)")
@@ -291,7 +291,7 @@ def value_norms(weights: ArrayLike, values: ArrayLike, W_o: ArrayLike, *,
     for g in range(H_kv):
         v_g = np.ascontiguousarray(v[:, g]).reshape(B * n_k, d_head)
         for h in range(g * group, (g + 1) * group):
-            f[:, h] = _C.matmul(v_g, W[h * d_head:(h + 1) * d_head]).reshape(B, n_k, d_model)
+            f[:, h] = _core.matmul(v_g, W[h * d_head:(h + 1) * d_head]).reshape(B, n_k, d_model)
     if not summed:
         f_norm = np.sqrt(np.einsum("bhjd,bhjd->bhj", f, f))      # (B, H, n_k)
         out = w * f_norm[:, :, None, :]

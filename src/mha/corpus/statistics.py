@@ -15,6 +15,7 @@ from dask.callbacks import Callback
 
 import mha
 
+from ..checks import positive_int
 from ..analysis import CLARK_METRICS, CONVENTIONS
 from .tasks import _batch_sums, _model_spec, _partition_sums, _tree
 from .texts import _batches, _open_texts, _tokenize
@@ -170,12 +171,14 @@ def head_statistics(model, texts, *, batch_size=16, client=None, progress=True,
         ``skip_empty`` / ``truncation``); the message names its index (or line, or bag
         partition and position) and shows its start. Nothing is dropped silently.
     TypeError
-        An item that is not a str (named the same way), or ``texts`` of another type.
+        An item that is not a str (named the same way), ``texts`` of another type, or a
+        ``batch_size``, ``batch_tokens``, ``num_workers`` or ``kernel_threads`` that is not
+        an int.
     FileNotFoundError
         ``texts`` given as a path that is not a file.
     ValueError
-        No text at all, or a bad ``batch_size``, ``batch_tokens``, ``num_workers``,
-        ``kernel_threads`` or ``convention``.
+        No text at all, a ``batch_size``, ``batch_tokens``, ``num_workers`` or
+        ``kernel_threads`` below 1, or an unknown ``convention``.
     RuntimeError
         On a cluster: a worker that cannot load the model, or loads other weights.
 
@@ -214,9 +217,9 @@ def head_statistics(model, texts, *, batch_size=16, client=None, progress=True,
     """
     start = time.perf_counter()
     model = _as_model(model)
-    batch_size = _positive(batch_size, "batch_size")
+    batch_size = positive_int("batch_size", batch_size)
     if batch_tokens is not None:
-        batch_tokens = _positive(batch_tokens, "batch_tokens")
+        batch_tokens = positive_int("batch_tokens", batch_tokens)
     if convention not in CONVENTIONS:
         raise ValueError(f"convention={convention!r}: expected one of {CONVENTIONS}")
     if model.tokenizer is None:
@@ -252,10 +255,10 @@ def _threads(client, num_workers, kernel_threads):
     """(Dask threads on this machine or None, C kernel threads per task) from the arguments."""
     budget = mha.get_num_threads()
     if client is None:
-        num_workers = budget if num_workers is None else _positive(num_workers, "num_workers")
+        num_workers = budget if num_workers is None else positive_int("num_workers", num_workers)
         if kernel_threads is None:
             kernel_threads = max(1, budget // num_workers)
-    kernel_threads = None if kernel_threads is None else _positive(kernel_threads, "kernel_threads")
+    kernel_threads = None if kernel_threads is None else positive_int("kernel_threads", kernel_threads)
     if client is not None and kernel_threads is None:
         kernel_threads = 1
     return num_workers, kernel_threads
@@ -306,12 +309,6 @@ def _compute(client, leaves, root, weights, bar_total, unit, progress, num_worke
         total = _run_distributed(client, leaves, root, weights, bar)
         address = getattr(client.scheduler, "address", None) or "a local cluster"
         return total, f"dask.distributed at {address}"
-
-
-def _positive(value, name):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return int(value)
 
 
 def _as_model(model):

@@ -16,6 +16,7 @@ from typing import Callable
 import numpy as np
 from numpy.typing import ArrayLike
 
+from .. import checks
 from ..layer_base import KVCache
 from . import ops
 from .base import Encoding
@@ -186,13 +187,11 @@ class CausalLM:
             if ids.dtype.kind not in "iu" or ids.ndim != 1:
                 raise TypeError(f"text must be a str or a 1-D array of token ids, got "
                                 f"{type(text).__name__} {getattr(ids, 'shape', '')}")
-        if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+        max_new_tokens = checks.positive_int("max_new_tokens", max_new_tokens)
         if not greedy and not temperature > 0:
             raise ValueError(f"temperature must be > 0, got {temperature!r}")
-        if not greedy and top_k is not None and not (
-                isinstance(top_k, (int, np.integer)) and top_k >= 1):
-            raise ValueError(f"top_k must be an int >= 1, got {top_k!r}")
+        if not greedy and top_k is not None:
+            top_k = checks.positive_int("top_k", top_k)
         ids = self._check_ids(ids[None], int(max_new_tokens))[0]
         n_prompt, total = len(ids), len(ids) + int(max_new_tokens)
 

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from ...checks import positive_int
 from .figures import FIGURES, FILES, Tour, TourError
 from .page import write_index
 from .schedule import draw_all
@@ -157,13 +158,11 @@ def _parser():
 
 
 def _positive_int(text):
+    """argparse's type for --threads and --jobs: checks.positive_int of the option's text."""
     try:
-        value = int(text)
-    except ValueError:
+        return positive_int("N", int(text))
+    except (TypeError, ValueError):
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
 
 
 def main(argv=None):
