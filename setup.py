@@ -6,8 +6,11 @@ instruction set, and the extension picks one at run time: every x86-64 machine g
 kernels when its CPU has them, whatever the compiler. A unit whose flags the compiler refuses
 (another architecture) is built empty and the baseline kernels serve alone.
 
+The C files are listed once, in csrc/sources.mk, which csrc/Makefile includes and this file
+reads; the binding, csrc/module.c, is the extension's own.
+
 Threads: on POSIX systems (Linux, macOS) the kernels run on mha's own thread pool over POSIX
-threads (csrc/core.c), so no OpenMP runtime is linked there. On Windows OpenMP is used where the
+threads (csrc/threads.c), so no OpenMP runtime is linked there. On Windows OpenMP is used where the
 compiler has it (probed by compiling and linking a tiny program): MinGW's GCC or clang with
 -fopenmp (or a separate libomp that MHA_LIBOMP_PREFIX=/path/to/libomp names), MSVC with
 /openmp; otherwise the core builds serial and says so. Environment: MHA_NO_OPENMP=1 builds
@@ -27,13 +30,36 @@ try:
 except ImportError:  # setuptools < 69
     from distutils.dep_util import newer_group
 
-CORE = ["csrc/module.c", "csrc/core.c", "csrc/dispatch.c", "csrc/kernels_baseline.c", "csrc/flow.c"]
-HEADERS = ["csrc/mha.h", "csrc/common.h", "csrc/dispatch.h", "csrc/kernels.h", "csrc/vec.h",
-           "csrc/gemm_impl.h", "csrc/attention_impl.h", "csrc/multihead_impl.h", "csrc/block_impl.h"]
-# Kernel units compiled with their own flags, per compiler type ("unix": GCC and clang).
-KERNEL_UNITS = {
+SOURCE_LIST = "csrc/sources.mk"
+
+
+def read_source_list(path=SOURCE_LIST):
+    """{name: [csrc/file, ...]} from the `NAME = files` lines of csrc/sources.mk."""
+    lists, name = {}, None
+    with open(path) as f:
+        for line in f:
+            line = line.split("#", 1)[0].rstrip()
+            if name is None and "=" in line:
+                name, _, line = line.partition("=")
+                name = name.strip()
+                lists[name] = []
+            if name is None:
+                continue
+            more = line.endswith("\\")
+            lists[name] += ["csrc/" + word for word in line.rstrip("\\").split()]
+            if not more:
+                name = None
+    return lists
+
+
+FILES = read_source_list()
+CORE = ["csrc/module.c"] + FILES["CORE_SOURCES"]
+HEADERS = FILES["HEADERS"] + [SOURCE_LIST]
+# Each kernel unit's flags, per compiler type ("unix": GCC and clang).
+KERNEL_UNIT_FLAGS = {
     "csrc/kernels_avx2.c": {"unix": ["-mavx2", "-mfma"], "msvc": ["/arch:AVX2"]},
 }
+KERNEL_UNITS = {unit: KERNEL_UNIT_FLAGS[unit] for unit in FILES["ISA_UNITS"]}
 # The kernel units take nearly all of the compile time (GCC 12, -O3: 6-9 s each; module.c 1 s,
 # the rest 0.6 s together): they start first so that the small sources fill in beside them.
 SLOW = ("csrc/kernels_avx2.c", "csrc/kernels_baseline.c")
@@ -100,7 +126,7 @@ class BuildExt(build_ext):
                 flags.append("-g1")
         else:  # MSVC: C11 where it knows /std:c11 (VS 2019 16.8 and later)
             flags = ["/O2"] + (["/std:c11"] if compiler_accepts(self.compiler, ["/std:c11"]) else [])
-        # POSIX: the kernels' threads are mha's own pool (csrc/core.c) on pthreads
+        # POSIX: the kernels' threads are mha's own pool (csrc/threads.c) on pthreads
         posix = unix and sys.platform != "win32"
         link = ["-pthread"] if posix else []
         if posix:

@@ -83,7 +83,7 @@ def corpus(n):
 def load_on_worker(spec):
     """On a worker: load the model of ``spec`` as a task does (imports included) -> seconds."""
     start = time.perf_counter()
-    from mha.corpus import _worker_model
+    from mha.corpus.tasks import _worker_model
 
     _worker_model(spec)
     return time.perf_counter() - start
@@ -105,7 +105,7 @@ def cluster_run(n, batch_size, malloc=False):
             Client(cluster) as client:
         started = time.perf_counter() - start
         start = time.perf_counter()
-        loads = client.run(load_on_worker, mha.corpus._model_spec(model))
+        loads = client.run(load_on_worker, mha.corpus.tasks._model_spec(model))
         mha.corpus.head_statistics(model, texts[:8], client=client, progress=False)
         warm = time.perf_counter() - start
         caller_start, workers_start = cpu_seconds(), sum(client.run(cpu_seconds).values())
@@ -238,7 +238,8 @@ def costs(repeats=5):
     import mha
     import mha.corpus
     import mha.models
-    from mha.corpus import _add, _batch_sums, _batches, _fingerprint, _Tables, _tokenize
+    from mha.corpus.tasks import _add, _batch_sums, _fingerprint, _Tables
+    from mha.corpus.texts import _batches, _tokenize
 
     def best(call):
         times = []
@@ -257,10 +258,10 @@ def costs(repeats=5):
     limit = inspect.signature(mha.corpus.head_statistics).parameters["batch_tokens"].default
     flat, lengths = _batches(ids, 16, limit)[0]                     # the default's first batch
     mha.set_num_threads(1)
-    _batch_sums(model, flat, lengths, True)                         # tables, warm caches
-    batch = best(lambda: _batch_sums(model, flat, lengths, False))
-    batch_norms = best(lambda: _batch_sums(model, flat, lengths, True))
-    part = _batch_sums(model, flat, lengths, True)
+    _batch_sums(model, flat, lengths, norms=True)                         # tables, warm caches
+    batch = best(lambda: _batch_sums(model, flat, lengths, norms=False))
+    batch_norms = best(lambda: _batch_sums(model, flat, lengths, norms=True))
+    part = _batch_sums(model, flat, lengths, norms=True)
     reduction = best(lambda: _add(*[part] * 8))
     size = sum(v.nbytes for v in part["sums"].values())
     tokens = int(lengths.sum())

@@ -102,7 +102,7 @@ def prepare(workdir, tokens, cases):
 def minilm_ids(n):
     """(1, n) ids of real text: MiniLM's tokenizer on a repeated sentence, [CLS] ... [SEP]."""
     import mha.models
-    from mha.models.bench import _ids
+    from mha.apps.encode_speed import _ids
     return _ids(mha.models.load("minilm"), n)[None]
 
 

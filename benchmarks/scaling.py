@@ -3,9 +3,9 @@
     python benchmarks/scaling.py [--out benchmarks/scaling.png] [--max-len 8192]
 
 One head group of B=1, H=8, d_head=64, float32, need_weights=False (torch:
-scaled_dot_product_attention; NumPy: mha.reference.attention, the seeds' formula). Medians
+scaled_dot_product_attention; NumPy: mha.reference.attention, the textbook formula). Medians
 over repeats, all measured in this run with the same thread count, the libraries taking turns
-(mha.bench.median_times).
+(mha.apps.timing.median_times).
 """
 import argparse
 import sys
@@ -13,7 +13,7 @@ import sys
 import numpy as np
 
 import mha
-from mha.bench import _torch, median_times
+from mha.apps.bench import _torch, median_times
 
 
 def measure(lengths, heads=8, d_head=64, numpy_max=4096, repeats=5):

@@ -114,29 +114,9 @@ static int64_t FN(block_probs)(real *P, uint8_t *dead, real *lse, int64_t ld, re
     return n_vis;
 }
 
-/* Elements of GEMM workspace for one block of the weights path. */
-static size_t FN(attention_gemm_ws)(const mha_attention_desc *d, int64_t bq) {
-    size_t s = FN(mha_gemm_workspace)(bq, d->n_k, d->d_k, 1);  /* S = q k^T */
-    size_t o = FN(mha_gemm_workspace)(bq, d->d_v, d->n_k, 1);  /* O = P v   */
-    return (MHA_MAX(s, o) + sizeof(real) - 1) / sizeof(real);
-}
-
-/* Scratch for nt threads, each owning the n parts (element counts) in order, every part
- * starting on a cache line: parts[] is rounded up in place, so a thread's part i starts at
- * element parts[0] + ... + parts[i-1] of its slice. Returns the block (freed by the caller)
- * and the bytes per thread, or NULL when the sizes overflow or memory runs out. */
-static char *FN(thread_scratch)(size_t *parts, int n, int nt, size_t *per_thread) {
-    const size_t line = MHA_CACHE_LINE / sizeof(real);
-    size_t elems = 0;
-    int ok = 1;
-    for (int i = 0; i < n; i++) {
-        if (parts[i] > SIZE_MAX - line) ok = 0;
-        else parts[i] = mha_round_up(parts[i], line);
-        elems = mha_add_size(elems, parts[i], &ok);
-    }
-    *per_thread = mha_mul_size(elems, sizeof(real), &ok);
-    if (!ok || nt < 1 || *per_thread > SIZE_MAX / (size_t)nt) return NULL;
-    return mha_alloc(*per_thread * (size_t)nt);
+/* Thread t's slice of a per-thread scratch block (slices of `bytes` each), to carve. */
+static inline mha_carver FN(thread_slice)(char *block, size_t bytes, int t) {
+    return (mha_carver){block + (size_t)t * bytes, 0, 1};
 }
 
 /* Sizes that the core can take: non-negative, kv_heads dividing heads. */
@@ -190,18 +170,36 @@ static void FN(online_softmax_tile)(real *S, int64_t ld, int64_t rows, int64_t n
     }
 }
 
+/* One thread's scratch of the fused forward. */
+typedef struct {
+    real *Kp;    /* (d_k, BK) in NR-wide panels: the key tile transposed, S's right operand */
+    real *Vp;    /* (BK, d_v) in NR-wide panels: the value tile, the output's right operand */
+    real *S;     /* (BQF, BK): a block's scores, then exp(S - m) */
+    real *alpha; /* (BQF): exp(m_old - m_new) of each row of the block */
+    real *m, *l; /* (group, chunk_rows) each: running max and sum of the task's rows */
+} FN(fused_scratch);
+
+static void FN(fused_scratch_layout)(FN(fused_scratch) *s, mha_carver *c,
+                                     const mha_attention_desc *d, int64_t chunk_rows) {
+    const size_t rows = mha_mul_size((size_t)(d->heads / d->kv_heads), (size_t)chunk_rows, &c->ok);
+    s->Kp = mha_carve(c, FN(mha_packed_b_size)(d->d_k, BK), sizeof(real));
+    s->Vp = mha_carve(c, FN(mha_packed_b_size)(BK, d->d_v), sizeof(real));
+    s->S = mha_carve(c, (size_t)BQF * BK, sizeof(real));
+    s->alpha = mha_carve(c, BQF, sizeof(real));
+    s->m = mha_carve(c, rows, sizeof(real));
+    s->l = mha_carve(c, rows, sizeof(real));
+}
+
 /* One task of the fused forward: query rows [r0, r1) of every query head of kv head g in
- * batch b. ws holds the parts that fused_forward sized (part[], in order): packed tiles Kp,
- * Vp, scores S (BQF x BK), alpha (BQF), and m, l of the task's rows (chunk_rows per head of
- * the group). A block's output rows are first written by its product with key tile 0
- * (beta = 0: nothing to clear or rescale beforehand). */
+ * batch b; chunk_rows: the rows of m and l per head of the group. A block's output rows are
+ * first written by its product with key tile 0 (beta = 0: nothing to clear or rescale
+ * beforehand). */
 static void FN(fused_task)(real *out, real *lse, const real *q, const real *k,
                            const real *v, const mha_attention_desc *d, int64_t b,
                            int64_t g, int64_t r0, int64_t r1, int64_t chunk_rows,
-                           real *ws, const size_t *part) {
+                           const FN(fused_scratch) *ws) {
     const int64_t H = d->heads, group = H / d->kv_heads;
-    real *Kp = ws, *Vp = Kp + part[0], *S = Vp + part[1], *alpha = S + part[2];
-    real *m = alpha + part[3], *l = m + part[4];
+    real *Kp = ws->Kp, *Vp = ws->Vp, *S = ws->S, *alpha = ws->alpha, *m = ws->m, *l = ws->l;
     const real *k_bg = AT(k, d->k, b, g), *v_bg = AT(v, d->v, b, g);
     for (int64_t e = 0; e < group * chunk_rows; e++) { m[e] = -INFINITY; l[e] = 0; }
     const int64_t n_seen = r1 > r0 ? FN(visible_keys)(d, r1 - 1) : 0;
@@ -248,9 +246,8 @@ typedef struct {
     const real *q, *k, *v;
     const mha_attention_desc *d;
     int64_t q_blocks, chunks, chunk_rows;
-    char *scratch;
-    size_t per_thread;
-    const size_t *part;
+    char *scratch;     /* a fused_scratch per thread */
+    size_t per_thread; /* bytes */
 } FN(fused_job);
 
 static void FN(fused_forward_task)(void *ctx, int64_t task, int thread) {
@@ -259,22 +256,25 @@ static void FN(fused_forward_task)(void *ctx, int64_t task, int thread) {
     const int64_t b = task / (H_kv * chunks), g = task / chunks % H_kv, c = task % chunks;
     const int64_t r0 = MHA_MIN(n_q, j->q_blocks * c / chunks * BQF);
     const int64_t r1 = MHA_MIN(n_q, j->q_blocks * (c + 1) / chunks * BQF);
-    FN(fused_task)(j->out, j->lse, j->q, j->k, j->v, j->d, b, g, r0, r1, j->chunk_rows,
-                   (real *)(j->scratch + (size_t)thread * j->per_thread), j->part);
+    FN(fused_scratch) ws;
+    mha_carver slice = FN(thread_slice)(j->scratch, j->per_thread, thread);
+    FN(fused_scratch_layout)(&ws, &slice, j->d, j->chunk_rows);
+    FN(fused_task)(j->out, j->lse, j->q, j->k, j->v, j->d, b, g, r0, r1, j->chunk_rows, &ws);
 }
 
 /* out (by d->out) without weights; lse (B, H, n_q) contiguous or NULL receives m + log(l)
  * (-inf for fully masked rows). */
 static int FN(fused_forward)(real *out, real *lse, const real *q, const real *k, const real *v,
                              const mha_attention_desc *d) {
-    const int64_t B = d->batch, H = d->heads, H_kv = d->kv_heads, group = H / H_kv;
+    const int64_t B = d->batch, H = d->heads, H_kv = d->kv_heads;
     const int64_t q_blocks = (d->n_q + BQF - 1) / BQF;
     const double flops = 2.0 * B * H * d->n_q * d->n_k * (double)(d->d_k + d->d_v);
     const int threads = mha_threads_for(flops);
     /* chunks of query blocks per (b, kv head): at least 8 tasks per thread where the rows
-     * allow, and a task count the threads divide (25 heads on 2 threads left one thread a
-     * whole task behind). A chunk repacks the key tiles, a cost of d per query row and key
-     * against the 2 (d_k + d_v) FLOPs per row and key of its products. */
+     * allow, and a task count the threads divide (otherwise, say 25 heads on 2 threads, one
+     * thread runs a whole task after the other has finished). A chunk repacks the key tiles,
+     * a cost of d per query row and key against the 2 (d_k + d_v) FLOPs per row and key of
+     * its products. */
     int64_t chunks = 1;
     if (threads > 1 && B * H_kv > 0) {
         chunks = (8 * (int64_t)threads + B * H_kv - 1) / (B * H_kv);
@@ -284,18 +284,31 @@ static int FN(fused_forward)(real *out, real *lse, const real *q, const real *k,
     const int64_t tasks = B * H_kv * chunks;
     const int64_t chunk_rows = (q_blocks + chunks - 1) / chunks * BQF;
     const int nt = (int)MHA_MIN((int64_t)threads, tasks);
-    int ok = 1;
-    const size_t row_elems = mha_mul_size((size_t)group, (size_t)chunk_rows, &ok); /* m, l each */
-    /* packed K^T tile, packed V tile, scores, alpha, m, l */
-    size_t part[6] = {FN(mha_packed_b_size)(d->d_k, BK), FN(mha_packed_b_size)(BK, d->d_v),
-                      (size_t)BQF * BK, BQF, ok ? row_elems : SIZE_MAX, row_elems};
-    size_t per_thread;
-    char *scratch = FN(thread_scratch)(part, 6, nt, &per_thread);
+    FN(fused_scratch) unused;
+    mha_carver size = {NULL, 0, 1};
+    FN(fused_scratch_layout)(&unused, &size, d, chunk_rows);
+    char *scratch = size.ok ? mha_alloc_slices(size.bytes, nt) : NULL;
     if (!scratch) return MHA_ENOMEM;
-    FN(fused_job) job = {out, lse, q, k, v, d, q_blocks, chunks, chunk_rows, scratch, per_thread, part};
+    FN(fused_job) job = {out, lse, q, k, v, d, q_blocks, chunks, chunk_rows, scratch, size.bytes};
     mha_parallel_for(nt, tasks, 1, FN(fused_forward_task), &job);
     mha_free(scratch);
     return MHA_OK;
+}
+
+/* One thread's scratch of the forward with weights (the probabilities are computed in place,
+ * in weights). */
+typedef struct {
+    real *A;       /* (bq, n_k): dropout(P) of a block; empty without dropout (A is P then) */
+    real *gemm_ws; /* the workspace of the block's products S = q k^T and O = A v */
+} FN(weights_scratch);
+
+static void FN(weights_scratch_layout)(FN(weights_scratch) *s, mha_carver *c,
+                                       const mha_attention_desc *d, int64_t bq) {
+    const size_t gemm_s = FN(mha_gemm_workspace)(bq, d->n_k, d->d_k, 1);
+    const size_t gemm_o = FN(mha_gemm_workspace)(bq, d->d_v, d->n_k, 1);
+    s->A = mha_carve(c, d->dropout > 0 ? mha_mul_size((size_t)bq, (size_t)d->n_k, &c->ok) : 0,
+                     sizeof(real));
+    s->gemm_ws = mha_carve(c, MHA_MAX(gemm_s, gemm_o), 1);
 }
 
 /* The forward with weights: tasks (batch, head, block of query rows). */
@@ -304,9 +317,8 @@ typedef struct {
     const real *q, *k, *v;
     const mha_attention_desc *d;
     int64_t bq, q_blocks;
-    char *scratch;
-    size_t per_thread;
-    const size_t *part;
+    char *scratch;     /* a weights_scratch per thread */
+    size_t per_thread; /* bytes */
 } FN(weights_job);
 
 static void FN(weights_forward_task)(void *ctx, int64_t task, int thread) {
@@ -316,7 +328,10 @@ static void FN(weights_forward_task)(void *ctx, int64_t task, int thread) {
     const real *q = j->q, *k = j->k, *v = j->v;
     const int64_t H = d->heads, group = d->heads / d->kv_heads, bq = j->bq, q_blocks = j->q_blocks;
     const int64_t ld = d->n_k;
-    real *A = (real *)(j->scratch + (size_t)thread * j->per_thread), *gemm_ws = A + j->part[0];
+    FN(weights_scratch) ws;
+    mha_carver slice = FN(thread_slice)(j->scratch, j->per_thread, thread);
+    FN(weights_scratch_layout)(&ws, &slice, d, bq);
+    real *A = ws.A, *gemm_ws = ws.gemm_ws;
     const int64_t b = task / (H * q_blocks), h = task / q_blocks % H;
     const int64_t i0 = task % q_blocks * bq, rows = MHA_MIN(bq, d->n_q - i0);
     const real *q_bh = AT(q, d->q, b, h);
@@ -354,22 +369,19 @@ static int FN(mha_attention_forward_lse)(real *out, real *weights, real *lse, co
         (!lse || NONE(B, H, d->n_q, 1)))
         return MHA_OK;
     if (!weights) return FN(fused_forward)(out, lse, q, k, v, d);
-    const int64_t bq = FN(block_rows)(d->n_k), ld = d->n_k; /* weights row stride */
+    const int64_t bq = FN(block_rows)(d->n_k);
     const int64_t q_blocks = (d->n_q + bq - 1) / bq;
     const int64_t tasks = B * H * q_blocks;
     const double flops = 2.0 * B * H * d->n_q * d->n_k * (double)(d->d_k + d->d_v);
     const int nt = (int)MHA_MIN((int64_t)mha_threads_for(flops), tasks);
     const int64_t chunk = MHA_MAX(1, tasks / (8 * nt)); /* tasks per fetch when they are tiny */
-    int ok = 1;
-    /* the probabilities are computed in place in weights; dropout's A goes to scratch */
-    size_t part[2] = {d->dropout > 0 ? mha_mul_size((size_t)bq, (size_t)ld, &ok) : 0,
-                      FN(attention_gemm_ws)(d, bq)};
-    if (!ok) part[0] = SIZE_MAX;
-    size_t per_thread;
-    char *scratch = FN(thread_scratch)(part, 2, nt, &per_thread); /* A, GEMM workspace */
+    FN(weights_scratch) unused;
+    mha_carver size = {NULL, 0, 1};
+    FN(weights_scratch_layout)(&unused, &size, d, bq);
+    char *scratch = size.ok ? mha_alloc_slices(size.bytes, nt) : NULL;
     if (!scratch) return MHA_ENOMEM;
 
-    FN(weights_job) job = {out, weights, lse, q, k, v, d, bq, q_blocks, scratch, per_thread, part};
+    FN(weights_job) job = {out, weights, lse, q, k, v, d, bq, q_blocks, scratch, size.bytes};
     mha_parallel_for(nt, tasks, chunk, FN(weights_forward_task), &job);
     mha_free(scratch);
     return MHA_OK;
@@ -433,19 +445,51 @@ static void FN(add_transposed)(real *x, int64_t ldx, const real *t, int64_t ldt,
  * a small block) and added into dk, dv once per tile. Rows with lse = -inf (fully masked)
  * have no output: their dq is 0 and their dO reaches nothing.
  * backward_task is one task: every query head of kv head g in batch b, against every key
- * tile; ws holds the parts that fused_backward sized (part[], in order).
- * o: the forward's output, with view o_view; lse: (B, H, n_q) contiguous. */
+ * tile. */
+
+/* One thread's scratch of the fused backward. */
+typedef struct {
+    real *KpT;     /* (d_k, BK) in NR-wide panels: the key tile transposed, for S = q k^T */
+    real *VpT;     /* (d_v, BK) in NR-wide panels: the value tile transposed, for dP = dO v^T */
+    real *KpN;     /* (BK, d_k) in NR-wide panels: the key tile, for dq = dS k */
+    real *P;       /* (BQF, BK): a block's probabilities */
+    real *D;       /* (BQF, BK): dP, then dS in place */
+    real *A;       /* (BQF, BK): dropout(P); empty without dropout (A is P then) */
+    real *Bp;      /* (BQF, BK) in NR-wide panels: A, then dS, as a product's right operand */
+    real *dKt;     /* (d_k, BK): the key tile's dK, transposed */
+    real *dVt;     /* (d_v, BK): the key tile's dV, transposed */
+    real *dO_live; /* (BQF, d_v): a block of d_out with its fully masked rows zeroed */
+    real *delta;   /* (group, n_q): rowsum(dO * O) of the group's rows */
+} FN(backward_scratch);
+
+static void FN(backward_scratch_layout)(FN(backward_scratch) *s, mha_carver *c,
+                                        const mha_attention_desc *d) {
+    const size_t blk = (size_t)BQF * BK;
+    const size_t rows = mha_mul_size((size_t)(d->heads / d->kv_heads), (size_t)d->n_q, &c->ok);
+    s->KpT = mha_carve(c, FN(mha_packed_b_size)(d->d_k, BK), sizeof(real));
+    s->VpT = mha_carve(c, FN(mha_packed_b_size)(d->d_v, BK), sizeof(real));
+    s->KpN = mha_carve(c, FN(mha_packed_b_size)(BK, d->d_k), sizeof(real));
+    s->P = mha_carve(c, blk, sizeof(real));
+    s->D = mha_carve(c, blk, sizeof(real));
+    s->A = mha_carve(c, d->dropout > 0 ? blk : 0, sizeof(real));
+    if (!(d->dropout > 0)) s->A = s->P;
+    s->Bp = mha_carve(c, FN(mha_packed_b_size)(BQF, BK), sizeof(real));
+    s->dKt = mha_carve(c, (size_t)d->d_k * BK, sizeof(real));
+    s->dVt = mha_carve(c, (size_t)d->d_v * BK, sizeof(real));
+    s->dO_live = mha_carve(c, (size_t)BQF * (size_t)d->d_v, sizeof(real));
+    s->delta = mha_carve(c, rows, sizeof(real));
+}
+
+/* o: the forward's output, with view o_view; lse: (B, H, n_q) contiguous. */
 static void FN(backward_task)(real *dq, real *dk, real *dv, const real *d_out,
                               const real *q, const real *k, const real *v,
                               const real *o, mha_view o_view, const real *lse,
                               const mha_attention_desc *d, int64_t b, int64_t g,
-                              real *ws, const size_t *part) {
+                              const FN(backward_scratch) *ws) {
     const int64_t H = d->heads, group = H / d->kv_heads;
     const real scale = (real)d->scale;
-    real *KpT = ws, *VpT = KpT + part[0], *KpN = VpT + part[1], *P = KpN + part[2], *D = P + part[3];
-    real *A = d->dropout > 0 ? D + part[4] : P, *Bp = D + part[4] + part[5];
-    real *dKt = Bp + part[6], *dVt = dKt + part[7], *dO_live = dVt + part[8];
-    real *delta = dO_live + part[9];
+    real *KpT = ws->KpT, *VpT = ws->VpT, *KpN = ws->KpN, *P = ws->P, *D = ws->D, *A = ws->A;
+    real *Bp = ws->Bp, *dKt = ws->dKt, *dVt = ws->dVt, *dO_live = ws->dO_live, *delta = ws->delta;
     const real *k_bg = AT(k, d->k, b, g), *v_bg = AT(v, d->v, b, g);
     real *dk_bg = AT(dk, d->k, b, g), *dv_bg = AT(dv, d->v, b, g);
     for (int64_t j = 0; j < d->n_k; j++) {
@@ -529,41 +573,35 @@ typedef struct {
     mha_view o_view;
     const real *lse;
     const mha_attention_desc *d;
-    char *scratch;
-    size_t per_thread;
-    const size_t *part;
+    char *scratch;     /* a backward_scratch per thread */
+    size_t per_thread; /* bytes */
 } FN(backward_job);
 
 /* fused_backward's tasks: (batch, kv head). */
 static void FN(backward_job_task)(void *ctx, int64_t task, int thread) {
     const FN(backward_job) *j = ctx;
     const int64_t H_kv = j->d->kv_heads;
+    FN(backward_scratch) ws;
+    mha_carver slice = FN(thread_slice)(j->scratch, j->per_thread, thread);
+    FN(backward_scratch_layout)(&ws, &slice, j->d);
     FN(backward_task)(j->dq, j->dk, j->dv, j->d_out, j->q, j->k, j->v, j->o, j->o_view, j->lse, j->d,
-                      task / H_kv, task % H_kv, (real *)(j->scratch + (size_t)thread * j->per_thread),
-                      j->part);
+                      task / H_kv, task % H_kv, &ws);
 }
 
 static int FN(fused_backward)(real *dq, real *dk, real *dv, const real *d_out, const real *q,
                               const real *k, const real *v, const real *o, mha_view o_view,
                               const real *lse, const mha_attention_desc *d) {
-    const int64_t B = d->batch, H = d->heads, H_kv = d->kv_heads, group = H / H_kv;
+    const int64_t B = d->batch, H = d->heads, H_kv = d->kv_heads;
     const int64_t tasks = B * H_kv;
     const double flops = 5.0 * B * H * d->n_q * d->n_k * (double)(d->d_k + d->d_v);
     const int nt = (int)MHA_MIN((int64_t)mha_threads_for(flops), tasks);
-    const size_t blk = (size_t)BQF * BK;
-    int ok = 1;
-    const size_t rows_all = mha_mul_size((size_t)group, (size_t)d->n_q, &ok);
-    /* packed K^T, V^T, K tiles; P, dP/dS, A; a packed block of A or dS; dK^T, dV^T of the
-     * tile; d_out with fully masked rows zeroed; delta of the group's rows */
-    size_t part[11] = {FN(mha_packed_b_size)(d->d_k, BK), FN(mha_packed_b_size)(d->d_v, BK),
-                       FN(mha_packed_b_size)(BK, d->d_k), blk, blk, blk,
-                       FN(mha_packed_b_size)(BQF, BK), (size_t)d->d_k * BK, (size_t)d->d_v * BK,
-                       (size_t)BQF * (size_t)d->d_v, ok ? rows_all : SIZE_MAX};
-    size_t per_thread;
-    char *scratch = FN(thread_scratch)(part, 11, nt, &per_thread);
+    FN(backward_scratch) unused;
+    mha_carver size = {NULL, 0, 1};
+    FN(backward_scratch_layout)(&unused, &size, d);
+    char *scratch = size.ok ? mha_alloc_slices(size.bytes, nt) : NULL;
     if (!scratch) return MHA_ENOMEM;
 
-    FN(backward_job) job = {dq, dk, dv, d_out, q, k, v, o, o_view, lse, d, scratch, per_thread, part};
+    FN(backward_job) job = {dq, dk, dv, d_out, q, k, v, o, o_view, lse, d, scratch, size.bytes};
     mha_parallel_for(nt, tasks, 1, FN(backward_job_task), &job);
     mha_free(scratch);
     return MHA_OK;

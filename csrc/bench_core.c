@@ -2,11 +2,13 @@
  * `bench_core THREADS [NAME [REPEATS]]` to time only the pieces whose name contains NAME (or,
  * written "=NAME", equals it).
  *
- * Seed 000's layer shape (B=16, n=128, d_model=256, 8 heads, float32): the projection GEMM,
- * the attention forward with and without weights, its backward, the layer forward and
- * backward. Each piece runs once untimed, then REPEATS times (default 15); printed: the
- * process CPU time (all threads) and the wall time, each as median [min, max], and GFLOP/s
- * from the median CPU time. MHA_SIMD picks the SIMD path (mha.h).
+ * The layer of the benchmark table's case a (docs/benchmarks.md: B=16, n=128, d_model=256,
+ * 8 heads, float32): the projection GEMM, the attention forward with and without weights, its
+ * backward, the layer forward and backward; and a product small enough that it runs on two
+ * threads whatever THREADS says (64 rows: a short sequence's projection), which times what a
+ * parallel job costs beyond its work. Each piece runs once untimed, then REPEATS times
+ * (default 15); printed: the process CPU time (all threads) and the wall time, each as median
+ * [min, max], and GFLOP/s from the median CPU time. MHA_SIMD picks the SIMD path (mha.h).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -69,6 +71,7 @@ int main(int argc, char **argv) {
     TIME("gemm 2048x256x256 NN", 2.0 * B * n * D * D, mha_gemm_f32(0, 0, B * n, D, D, 1, x, D, W, D, 0, y, D));
     TIME("gemm 256x256x2048 TN (dW)", 2.0 * B * n * D * D, mha_gemm_f32(1, 0, D, D, B * n, 1, x, D, y, D, 0, W, D));
     TIME("gemm 2048x256x256 NT (dX)", 2.0 * B * n * D * D, mha_gemm_f32(0, 1, B * n, D, D, 1, y, D, W, D, 0, x, D));
+    TIME("gemm 64x256x256 NN (small)", 2.0 * 64 * D * D, mha_gemm_f32(0, 0, 64, D, D, 1, x, D, W, D, 0, y, D));
 
     float *q = rand_f32(B * H * n * dh), *k = rand_f32(B * H * n * dh), *v = rand_f32(B * H * n * dh);
     float *o = rand_f32(B * H * n * dh), *w = rand_f32(B * H * n * n);

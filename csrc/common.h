@@ -70,7 +70,33 @@ static inline void mha_free(void *p) {
     if (p) free(((void **)p)[-1]);
 }
 
-/* Threads (core.c): mha's own pool on POSIX systems, OpenMP or serial elsewhere.
+/* Named scratch, llm.c's way: a kernel's scratch is a struct of pointers with a shape comment
+ * per field, and one layout function that carves every field, in order, out of one block with
+ * mha_carve. Run on a carver with base NULL it only measures (bytes: the block's size, ok = 0
+ * when a size overflows); run on one whose base is an mha_alloc'd block (or a slice of it that
+ * starts on a cache line) it points the fields into it. Every field starts on a cache line. */
+typedef struct {
+    char *base;   /* the block, or NULL to measure */
+    size_t bytes; /* carved so far */
+    int ok;       /* 0 once a size overflowed */
+} mha_carver;
+
+static inline void *mha_carve(mha_carver *c, size_t count, size_t size) {
+    size_t bytes = mha_mul_size(count, size, &c->ok);
+    if (bytes > SIZE_MAX - MHA_CACHE_LINE) c->ok = 0;
+    void *at = c->base && c->ok ? c->base + c->bytes : NULL;
+    c->bytes = mha_add_size(c->bytes, mha_round_up(c->ok ? bytes : 0, MHA_CACHE_LINE), &c->ok);
+    return at;
+}
+
+/* One block of `slices` slices of `bytes` each (as measured by a carver: a multiple of the
+ * cache line), for per-thread scratch; NULL when the size overflows or memory runs out. */
+static inline char *mha_alloc_slices(size_t bytes, int slices) {
+    if (slices < 1 || (bytes > 0 && (size_t)slices > SIZE_MAX / bytes)) return NULL;
+    return mha_alloc(bytes * (size_t)slices);
+}
+
+/* Threads (threads.c): mha's own pool on POSIX systems, OpenMP or serial elsewhere.
  * mha_parallel_for runs fn(ctx, i, thread) for every i in [0, n) on up to `threads` threads
  * and returns when all are done; tasks are handed out in order, `chunk` at a time, to
  * whichever thread is free; `thread` < threads numbers the thread running the task (the

@@ -15,8 +15,9 @@
  * (internal), and add one line X(name, (parameters), (arguments)) below; the table field,
  * each unit's entry and the dispatching function are generated from that line. Entry points
  * return an int status (MHA_OK or an error code).
- * Adding an instruction set: a kernels_<isa>.c like kernels_avx2.c, its compile flags in
- * setup.py and csrc/Makefile, and a line in dispatch.c's list of paths with its CPU probe. */
+ * Adding an instruction set: a kernels_<isa>.c like kernels_avx2.c, listed in sources.mk's
+ * ISA_UNITS, its compile flags in setup.py (KERNEL_UNIT_FLAGS) and csrc/Makefile
+ * (FLAGS_kernels_<isa>), and a line in dispatch.c's list of paths with its CPU probe. */
 #ifndef MHA_DISPATCH_H
 #define MHA_DISPATCH_H
 

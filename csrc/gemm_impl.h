@@ -39,12 +39,10 @@ static int64_t FN(gemm_mc)(int64_t M, int threads) {
 
 /* Length of the shared-axis slices. KC = 256: an MR x KC panel of A and a KC x NR panel of B
  * (6 + 16 KiB of float with 32-byte vectors) stay in a 32 KiB L1 data cache while the
- * micro-kernel streams them. Up to KC_ONE_SLICE the whole axis is one slice all the same:
- * each tile of C is then written once instead of read and written again per slice, which was
- * worth more than the panels' L1 fit on the AMD EPYC this was tuned on (the figures are in
- * the commits that chose 512, then 640 for the K = 576 products of SmolLM-sized models: one
- * slice ran them 1.09-1.38x as fast as three, while K = 768 ran alike either way); longer
- * axes are cut in slices of KC. */
+ * micro-kernel streams them. Up to KC_ONE_SLICE the whole axis is one slice all the same
+ * (the K = 576 products of SmolLM-sized models among them): each tile of C is then written
+ * once instead of read and written again per slice, which outweighs the panels' L1 fit for
+ * axes this short. Longer axes are cut in slices of KC. */
 static int64_t FN(gemm_kc)(int64_t K) {
     return K <= KC_ONE_SLICE ? K : KC;
 }
@@ -129,7 +127,7 @@ static void FN(pack_b)(real *buf, const real *b, int64_t ldb, int trans, int64_t
  * NR = NV vectors: the MR x NV accumulators, NV vectors of B and a broadcast element of A
  * fill the register file (16 registers: NV = 2, 12 + 2 + 1; 32 registers: NV = 4, 24 + 4 + 1).
  * The loops are unrolled by pragma so that acc lives in registers at any -O level (rolled,
- * GCC 12 at -O2 kept acc on the stack). Portable C accumulates in an array and leaves the
+ * GCC at -O2 keeps acc on the stack). Portable C accumulates in an array and leaves the
  * registers to the compiler. */
 MHA_INLINE void FN(micro_tile)(const int rows, int64_t kc, const real *a, int64_t a_rs, int64_t a_cs,
                                const real *b, real *c, int64_t ldc, int64_t m, int64_t n,

@@ -251,7 +251,13 @@ double mha_dropout_uniform(uint64_t seed, uint64_t b, uint64_t h, uint64_t i, ui
 int mha_attention_flow_f64(double *out, const double *weights, int64_t layers, int64_t n,
                            const int64_t *sources, int64_t n_sources);
 
-/* Threads (OpenMP when compiled with it; otherwise always 1). */
+/* Threads of the core's parallel work: on POSIX systems mha's own pool of POSIX threads,
+ * elsewhere OpenMP when compiled with it (threads.c); a serial build (-DMHA_SERIAL, or no
+ * OpenMP on Windows) always runs 1. Results do not depend on the thread count.
+ * mha_set_num_threads(n): n threads from now on, n in 1 .. MHA_MAX_THREADS (a larger n
+ * counts as MHA_MAX_THREADS); n <= 0 restores the default: OMP_NUM_THREADS when set, else
+ * the core count, at most MHA_MAX_THREADS. */
+#define MHA_MAX_THREADS 256
 void mha_set_num_threads(int n);
 int mha_get_num_threads(void);
 
@@ -269,7 +275,8 @@ const char *mha_simd_path(void);
 const char *mha_simd_paths(void);
 /* A static string of "key=value" fields separated by "; ": compiler, simd (the path in use),
  * simd_isa (what its unit was compiled for), simd_paths, simd_choice (how the path was
- * chosen), kernels (vector extensions or portable C), threads (OpenMP or serial). */
+ * chosen), kernels (vector extensions or portable C), threads (what runs them: mha's pool,
+ * OpenMP or serial). */
 const char *mha_build_info(void);
 
 #ifdef __cplusplus

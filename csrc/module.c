@@ -1,10 +1,16 @@
-/* module.c: the CPython binding of the C core, `mha._C` (private; mha/functional.py and
- * mha/layer.py own the public API, defaults, dtype policy and friendly shape messages).
+/* module.c: the CPython binding of the C core, `mha._C` (private; mha/_core.py is its one
+ * caller inside the package, and mha/functional.py and mha/layer.py own the public API).
  *
- * Every function here: parse; check that each array has the dtype, rank, layout and sizes the
- * core needs (a safety net under the Python layer: nothing reaches the core unchecked);
- * allocate the outputs while holding the GIL; release the GIL around the pure C call; raise
- * MemoryError / ValueError from the core's error code after taking the GIL back; release
+ * Who checks what. The binding validates everything that reaches the core: each array's
+ * dtype, rank, layout and sizes, and each scalar's type and range, with messages that name the
+ * argument and say what was expected (the messages users see: the Python layer does not check
+ * these again). Python checks only what the binding cannot see: the dtype policy (promotion,
+ * float16), broadcasting, defaults, and a layer's configuration and state. The core (mha.h)
+ * checks its descriptors once more for its C callers and answers with an error code.
+ *
+ * Every function here: parse (METH_FASTCALL: every parameter by position or by name, parse_call);
+ * check; allocate the outputs while holding the GIL; release the GIL around the pure C call;
+ * raise MemoryError / ValueError from the core's error code after taking the GIL back; release
  * every reference on every path.
  */
 #define PY_SSIZE_T_CLEAN
@@ -12,29 +18,164 @@
 #include <Python.h>
 #include <numpy/arrayobject.h>
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "mha.h"
 
 /* ---- argument checks ---------------------------------------------------------------------- */
 
-/* obj must be a C-contiguous, aligned ndarray of dtype typenum and rank ndim. */
-static PyArrayObject *get_array(PyObject *obj, const char *name, int typenum, int ndim) {
+/* The shape of an array as a tuple, for messages (a new reference, or NULL). */
+static PyObject *shape_of(PyArrayObject *a) {
+    return PyArray_IntTupleFromIntp(PyArray_NDIM(a), PyArray_DIMS(a));
+}
+
+/* ValueError "<a_name> has shape (..) but <b_name> has shape (..): <why>"; returns -1. */
+static int shape_mismatch(const char *a_name, PyArrayObject *a, const char *b_name, PyArrayObject *b,
+                          const char *why) {
+    PyObject *sa = shape_of(a), *sb = shape_of(b);
+    if (sa && sb) PyErr_Format(PyExc_ValueError, "%s has shape %R but %s has shape %R: %s", a_name, sa, b_name, sb, why);
+    Py_XDECREF(sa);
+    Py_XDECREF(sb);
+    return -1;
+}
+
+/* a must have the shape (ndim, shape), else ValueError
+ * "<name> has shape (..) but <what> (..)", e.g. what = "the output of attention has shape". */
+static int expect_shape(PyArrayObject *a, const char *name, int ndim, const npy_intp *shape, const char *what) {
+    int same = PyArray_NDIM(a) == ndim;
+    for (int i = 0; same && i < ndim; i++) same = PyArray_DIM(a, i) == shape[i];
+    if (same) return 0;
+    PyObject *sa = shape_of(a), *se = PyArray_IntTupleFromIntp(ndim, shape);
+    if (sa && se) PyErr_Format(PyExc_ValueError, "%s has shape %R but %s %R", name, sa, what, se);
+    Py_XDECREF(sa);
+    Py_XDECREF(se);
+    return -1;
+}
+
+/* ---- parsing -------------------------------------------------------------------------------- */
+
+/* A function's parameters: every one may be passed by position or by name (mha._core passes
+ * them by name). The names are interned on first use, so that the names of a call, interned by
+ * the compiler, are found by pointer comparison: a call by keyword costs no more than one by
+ * position. */
+enum { MAX_PARAMS = 24 };
+
+typedef struct {
+    const char *function;
+    const char *const *kwlist; /* NULL-terminated, at most MAX_PARAMS */
+    int required;              /* the first `required` parameters are */
+    PyObject *names[MAX_PARAMS]; /* kwlist as interned str, filled by parse_call */
+} call_spec;
+
+/* Matches a METH_FASTCALL | METH_KEYWORDS call (args[:nargs] by position, then the values of
+ * kwnames) to spec's parameters: out[i] is the argument of kwlist[i] (borrowed), NULL when it
+ * was not passed (out has MAX_PARAMS entries). TypeError, as Python's own, for too many, unknown,
+ * repeated or missing ones. */
+static int parse_call(call_spec *spec, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, PyObject **out) {
+    int n = 0;
+    while (spec->kwlist[n]) n++;
+    if (n > MAX_PARAMS) { /* a binding's own mistake: caught by the tests, never by a user */
+        PyErr_Format(PyExc_SystemError, "%s(): %d parameters, more than MAX_PARAMS", spec->function, n);
+        return -1;
+    }
+    if (!spec->names[0])
+        for (int i = 0; i < n; i++)
+            if (!(spec->names[i] = PyUnicode_InternFromString(spec->kwlist[i]))) return -1;
+    if (nargs > n) {
+        PyErr_Format(PyExc_TypeError, "%s() takes at most %d arguments (%zd given)", spec->function, n, nargs);
+        return -1;
+    }
+    for (int i = 0; i < n; i++) out[i] = i < nargs ? args[i] : NULL;
+    const Py_ssize_t n_kw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t j = 0; j < n_kw; j++) {
+        PyObject *key = PyTuple_GET_ITEM(kwnames, j);
+        int i = 0;
+        while (i < n && spec->names[i] != key) i++;
+        if (i == n) /* a name built at run time: compare the text */
+            for (i = 0; i < n && PyUnicode_Compare(key, spec->names[i]) != 0; i++)
+                if (PyErr_Occurred()) return -1;
+        if (i == n) {
+            PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument %R", spec->function, key);
+            return -1;
+        }
+        if (out[i]) {
+            PyErr_Format(PyExc_TypeError, "%s() got multiple values for argument '%s'", spec->function, spec->kwlist[i]);
+            return -1;
+        }
+        out[i] = args[nargs + j];
+    }
+    for (int i = 0; i < spec->required; i++)
+        if (!out[i]) {
+            PyErr_Format(PyExc_TypeError, "%s() missing required argument '%s' (pos %d)", spec->function,
+                         spec->kwlist[i], i + 1);
+            return -1;
+        }
+    return 0;
+}
+
+#define OR_NONE(obj) ((obj) ? (obj) : Py_None)
+
+/* An integer argument (anything with __index__); NULL (omitted) keeps *value. */
+static int get_ssize(PyObject *obj, const char *name, Py_ssize_t *value) {
+    if (!obj) return 0;
+    PyObject *n = PyNumber_Index(obj);
+    if (!n) {
+        PyErr_Format(PyExc_TypeError, "%s must be an int, not %.100s", name, Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    *value = PyLong_AsSsize_t(n); /* OverflowError past Py_ssize_t */
+    Py_DECREF(n);
+    return *value == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+/* A real-valued argument (not a bool, complex, string or array); NULL keeps *value. */
+static int get_double(PyObject *obj, const char *name, double *value) {
+    if (!obj) return 0;
+    double v = -1.0;
+    int bad = PyBool_Check(obj) || PyArray_IsScalar(obj, Bool) || PyComplex_Check(obj) ||
+              PyArray_IsScalar(obj, ComplexFloating) || PyUnicode_Check(obj) || PyBytes_Check(obj) ||
+              (PyArray_Check(obj) && PyArray_NDIM((PyArrayObject *)obj) != 0);
+    if (!bad) v = PyFloat_AsDouble(obj);
+    if (bad || (v == -1.0 && PyErr_Occurred())) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "%s must be a real number, not %.100s %.200R", name, Py_TYPE(obj)->tp_name, obj);
+        return -1;
+    }
+    *value = v;
+    return 0;
+}
+
+static const char *type_name(int typenum) {
+    return typenum == NPY_FLOAT32 ? "float32" : typenum == NPY_FLOAT64 ? "float64" : typenum == NPY_BOOL ? "bool" : "int64";
+}
+
+/* obj must be an ndarray of dtype typenum and rank ndim (any rank for ndim < 0). */
+static PyArrayObject *get_typed(PyObject *obj, const char *name, int typenum, int ndim) {
     if (!PyArray_Check(obj)) {
         PyErr_Format(PyExc_TypeError, "%s must be a numpy array, not %.100s", name, Py_TYPE(obj)->tp_name);
         return NULL;
     }
     PyArrayObject *a = (PyArrayObject *)obj;
     if (PyArray_TYPE(a) != typenum) {
-        PyErr_Format(PyExc_TypeError, "%s has dtype %S but the core expected %s", name,
-                     (PyObject *)PyArray_DESCR(a), typenum == NPY_FLOAT32 ? "float32" : typenum == NPY_FLOAT64 ? "float64" : "bool");
+        PyErr_Format(PyExc_TypeError, "%s has dtype %S but %s was expected", name, (PyObject *)PyArray_DESCR(a),
+                     type_name(typenum));
         return NULL;
     }
-    if (PyArray_NDIM(a) != ndim) {
-        PyErr_Format(PyExc_ValueError, "%s has %d dimensions but the core expected %d", name, PyArray_NDIM(a), ndim);
+    if (ndim >= 0 && PyArray_NDIM(a) != ndim) {
+        PyObject *shape = shape_of(a);
+        if (shape) PyErr_Format(PyExc_ValueError, "%s has shape %R but %d dimensions were expected", name, shape, ndim);
+        Py_XDECREF(shape);
         return NULL;
     }
-    if (!PyArray_IS_C_CONTIGUOUS(a) || !PyArray_ISALIGNED(a) || !PyArray_ISNOTSWAPPED(a)) {
+    return a;
+}
+
+/* obj must be a C-contiguous, aligned ndarray in native byte order, of dtype typenum and rank
+ * ndim (any rank for ndim < 0). */
+static PyArrayObject *get_array(PyObject *obj, const char *name, int typenum, int ndim) {
+    PyArrayObject *a = get_typed(obj, name, typenum, ndim);
+    if (a && (!PyArray_IS_C_CONTIGUOUS(a) || !PyArray_ISALIGNED(a) || !PyArray_ISNOTSWAPPED(a))) {
         PyErr_Format(PyExc_ValueError, "%s must be C-contiguous, aligned and in native byte order", name);
         return NULL;
     }
@@ -51,19 +192,18 @@ static PyArrayObject *get_output_array(PyObject *obj, const char *name, int type
     return a;
 }
 
-/* obj must be an aligned ndarray in native byte order, of dtype typenum and rank ndim, whose
- * last axis is contiguous and whose other strides are non-negative multiples of the item size:
- * a view the core can read through an mha_view, such as the (B, H, n, d) heads of a
- * (B, n, 3 * H * d) projection. */
+/* obj must be an aligned ndarray in native byte order, of dtype typenum and rank ndim (any for
+ * ndim < 0), whose last axis is contiguous and whose other strides are non-negative multiples
+ * of the item size: a view the core can read through an mha_view, such as the (B, H, n, d)
+ * heads of a (B, n, 3 * H * d) projection. */
 static PyArrayObject *get_view(PyObject *obj, const char *name, int typenum, int ndim) {
-    if (!PyArray_Check(obj)) return get_array(obj, name, typenum, ndim); /* its TypeError */
-    PyArrayObject *a = (PyArrayObject *)obj;
-    if (PyArray_TYPE(a) != typenum || PyArray_NDIM(a) != ndim) return get_array(obj, name, typenum, ndim);
+    PyArrayObject *a = get_typed(obj, name, typenum, ndim);
+    if (!a || PyArray_SIZE(a) == 0) return a; /* nothing is read: any strides will do */
     const npy_intp item = PyArray_ITEMSIZE(a);
-    if (PyArray_SIZE(a) == 0) return a; /* nothing is read: any strides will do */
+    const int nd = PyArray_NDIM(a);
     int ok = PyArray_ISALIGNED(a) && PyArray_ISNOTSWAPPED(a) &&
-             (PyArray_DIM(a, ndim - 1) <= 1 || PyArray_STRIDE(a, ndim - 1) == item);
-    for (int i = 0; i < ndim; i++) ok = ok && PyArray_STRIDE(a, i) >= 0 && PyArray_STRIDE(a, i) % item == 0;
+             (nd == 0 || PyArray_DIM(a, nd - 1) <= 1 || PyArray_STRIDE(a, nd - 1) == item);
+    for (int i = 0; i < nd; i++) ok = ok && PyArray_STRIDE(a, i) >= 0 && PyArray_STRIDE(a, i) % item == 0;
     if (!ok) {
         PyErr_Format(PyExc_ValueError, "%s must be aligned, in native byte order, with a contiguous last "
                      "axis and non-negative strides", name);
@@ -72,38 +212,76 @@ static PyArrayObject *get_view(PyObject *obj, const char *name, int typenum, int
     return a;
 }
 
-/* The element strides of a rank-4 view (get_view) along its batch, head and row axes. */
+/* The element strides of a (n, d), (B, n, d) or (B, H, n, d) view (get_view) along its batch,
+ * head and row axes; 0 for an axis the rank lacks (its size is 1). */
 static mha_view view_of(PyArrayObject *a) {
     const npy_intp item = PyArray_ITEMSIZE(a);
-    return (mha_view){PyArray_STRIDE(a, 0) / item, PyArray_STRIDE(a, 1) / item, PyArray_STRIDE(a, 2) / item};
+    const int nd = PyArray_NDIM(a);
+    return (mha_view){nd >= 3 ? PyArray_STRIDE(a, 0) / item : 0, nd == 4 ? PyArray_STRIDE(a, 1) / item : 0,
+                      PyArray_STRIDE(a, nd - 2) / item};
 }
 
-/* The scale argument: omitted (NULL) or None means 1/sqrt(d_k) (1 when d_k = 0). */
+/* A flag: a bool or an integer (Python or NumPy); NULL (omitted) keeps *value. */
+static int get_flag(PyObject *obj, const char *name, int *value) {
+    if (!obj) return 0;
+    if (!(PyBool_Check(obj) || PyLong_Check(obj) || PyArray_IsScalar(obj, Bool) || PyArray_IsScalar(obj, Integer))) {
+        PyErr_Format(PyExc_TypeError, "%s must be a bool, not %.100s", name, Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    int t = PyObject_IsTrue(obj);
+    if (t < 0) return -1;
+    *value = t;
+    return 0;
+}
+
+/* The scale argument: omitted (NULL) or None keeps *scale (the descriptor's 1/sqrt(d_k), or 1
+ * when d_k = 0); else a real number. */
 static int get_scale(PyObject *obj, double *scale) {
-    if (!obj || obj == Py_None) return 0; /* keep the descriptor's default */
-    double value = PyFloat_AsDouble(obj);
-    if (value == -1.0 && PyErr_Occurred()) {
-        PyErr_SetString(PyExc_TypeError, "scale must be a float");
+    return obj == Py_None ? 0 : get_double(obj, "scale", scale);
+}
+
+/* A dropout probability in [0, 1) (p = 1 would divide by 1 - p = 0); NULL keeps *p. */
+static int get_dropout(PyObject *obj, double *p) {
+    double value = 0;
+    if (!obj) return 0;
+    if (get_double(obj, "dropout", &value)) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "dropout must be a number in [0, 1), not %.100s %.200R", Py_TYPE(obj)->tp_name, obj);
         return -1;
     }
-    *scale = value;
+    if (!(value >= 0 && value < 1)) {
+        PyErr_Format(PyExc_ValueError, "dropout must be in [0, 1), got %.200R", obj);
+        return -1;
+    }
+    *p = value;
     return 0;
 }
 
-/* a.shape[axis] == expected, or ValueError naming both. */
-static int check_dim(PyArrayObject *a, const char *name, int axis, npy_intp expected, const char *what) {
-    if (PyArray_DIM(a, axis) != expected) {
-        PyErr_Format(PyExc_ValueError, "%s has %zd along axis %d (%s) but %zd was expected", name,
-                     (Py_ssize_t)PyArray_DIM(a, axis), axis, what, (Py_ssize_t)expected);
+/* A dropout seed: an int in [0, 2**64) (bools and floats refused), or None / omitted (NULL):
+ * *given = 0, *seed = 0. */
+static int get_seed(PyObject *obj, unsigned long long *seed, int *given) {
+    *seed = 0;
+    *given = obj && obj != Py_None;
+    if (!*given) return 0;
+    if (PyBool_Check(obj) || PyArray_IsScalar(obj, Bool) || !(PyLong_Check(obj) || PyArray_IsScalar(obj, Integer))) {
+        PyErr_Format(PyExc_TypeError, "seed must be an int, not %.100s", Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    PyObject *n = PyNumber_Index(obj);
+    if (!n) return -1;
+    *seed = PyLong_AsUnsignedLongLong(n); /* OverflowError for a negative or too large n */
+    Py_DECREF(n);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "seed must be in [0, 2**64), got %.200R", obj);
         return -1;
     }
     return 0;
 }
 
+/* a must have the shape (ndim, shape): "<name> has shape (..) but expected (..)". */
 static int check_shape(PyArrayObject *a, const char *name, int ndim, const npy_intp *shape) {
-    for (int i = 0; i < ndim; i++)
-        if (check_dim(a, name, i, shape[i], "size")) return -1;
-    return 0;
+    return expect_shape(a, name, ndim, shape, "expected");
 }
 
 static int raise_core_error(int err) {
@@ -117,7 +295,7 @@ static PyArrayObject *new_array(int ndim, const npy_intp *shape, int typenum, in
                                   : PyArray_SimpleNew(ndim, (npy_intp *)shape, typenum));
 }
 
-/* The float dtype of the call, from q (every other float array must match it). */
+/* The float dtype of the call, from its first array (every other float array must match it). */
 static int float_type(PyObject *obj, const char *name) {
     if (!PyArray_Check(obj)) {
         PyErr_Format(PyExc_TypeError, "%s must be a numpy array, not %.100s", name, Py_TYPE(obj)->tp_name);
@@ -132,86 +310,118 @@ static int float_type(PyObject *obj, const char *name) {
     return t;
 }
 
+/* The shapes of an attention call of rank 2, 3 or 4: q (..., n_q, d_k) and what comes out. */
+typedef struct {
+    int rank;
+    npy_intp out[4];    /* q.shape[:-1] + (d_v,)                 */
+    npy_intp scores[4]; /* q.shape[:-2] + (n_q, n_k): the weights */
+} attention_shapes;
+
 /* Fills the mask, key padding, causal, scale and dropout fields of d (sizes already set).
- * mask: None or a rank-4 array of shape (B, H, n_q, n_k), any strides (broadcast views),
- * bool or of the call's float dtype. key_padding: None or bool (B, n_k) C-contiguous. */
-static int fill_masks(mha_attention_desc *d, int typenum, PyObject *mask_obj, PyObject *kp_obj,
-                      int causal, double scale, double dropout, unsigned long long seed) {
+ * mask: None, or an array of the scores' shape (rank r, any strides: broadcast views), bool or
+ * of the call's float dtype. key_padding: None or bool (B, n_k) C-contiguous. seed_given: a
+ * seed was passed (dropout > 0 needs one). */
+static int fill_masks(mha_attention_desc *d, const attention_shapes *s, int typenum, PyObject *mask_obj,
+                      PyObject *kp_obj, int causal, double scale, double dropout, unsigned long long seed,
+                      int seed_given, const char *seed_message) {
     d->causal = causal;
     d->scale = scale;
     d->dropout = dropout;
     d->seed = (uint64_t)seed;
-    if (!(dropout >= 0 && dropout < 1)) {
-        PyObject *value = PyFloat_FromDouble(dropout); /* PyErr_Format has no %g */
-        PyErr_Format(PyExc_ValueError, "dropout must be in [0, 1), got %R", value);
-        Py_XDECREF(value);
+    if (dropout > 0 && !seed_given) {
+        PyErr_SetString(PyExc_ValueError, seed_message);
         return -1;
     }
     if (mask_obj != Py_None) {
         if (!PyArray_Check(mask_obj)) {
-            PyErr_SetString(PyExc_TypeError, "mask must be a numpy array");
+            PyErr_Format(PyExc_TypeError, "mask must be a numpy array, not %.100s", Py_TYPE(mask_obj)->tp_name);
             return -1;
         }
         PyArrayObject *m = (PyArrayObject *)mask_obj;
         int t = PyArray_TYPE(m);
         if (t != NPY_BOOL && t != typenum) {
-            PyErr_Format(PyExc_TypeError, "mask must be bool or of the inputs' float dtype, not %S",
-                         (PyObject *)PyArray_DESCR(m));
+            PyErr_Format(PyExc_TypeError, "mask must be bool or of the inputs' float dtype (%s), not %S",
+                         type_name(typenum), (PyObject *)PyArray_DESCR(m));
             return -1;
         }
-        npy_intp shape[4] = {d->batch, d->heads, d->n_q, d->n_k};
-        if (PyArray_NDIM(m) != 4) {
-            PyErr_SetString(PyExc_ValueError, "mask must be broadcast to rank 4 (B, H, n_q, n_k) by the caller");
-            return -1;
-        }
-        if (check_shape(m, "mask", 4, shape)) return -1;
+        if (expect_shape(m, "mask", s->rank, s->scores, "the scores (..., n_q, n_k) have shape")) return -1;
         npy_intp item = PyArray_ITEMSIZE(m);
         if (!PyArray_ISALIGNED(m) || !PyArray_ISNOTSWAPPED(m)) {
             PyErr_SetString(PyExc_ValueError, "mask must be aligned and in native byte order");
             return -1;
         }
-        for (int i = 0; i < 4; i++) {
-            npy_intp s = PyArray_STRIDE(m, i);
-            if (s % item) {
+        /* the axes of (B, H, n_q, n_k) that the mask's axes are: (B, n_q, n_k) lacks H, (n_q,
+         * n_k) B and H too (those are of size 1: stride 0) */
+        static const int AXES[3][4] = {{2, 3}, {0, 2, 3}, {0, 1, 2, 3}};
+        for (int i = 0; i < 4; i++) d->mask_strides[i] = 0;
+        for (int i = 0; i < s->rank; i++) {
+            npy_intp stride = PyArray_STRIDE(m, i);
+            if (stride % item) {
                 PyErr_SetString(PyExc_ValueError, "mask strides must be multiples of its item size");
                 return -1;
             }
-            d->mask_strides[i] = shape[i] > 1 ? (int64_t)(s / item) : 0;
+            d->mask_strides[AXES[s->rank - 2][i]] = s->scores[i] > 1 ? (int64_t)(stride / item) : 0;
         }
         d->mask = PyArray_DATA(m);
         d->mask_kind = t == NPY_BOOL ? MHA_MASK_BOOL : MHA_MASK_FLOAT;
     }
     if (kp_obj != Py_None) {
-        PyArrayObject *kp = get_array(kp_obj, "key_padding_mask", NPY_BOOL, 2);
-        if (!kp) return -1;
+        PyArrayObject *kp = get_array(kp_obj, "key_padding_mask", NPY_BOOL, -1);
         npy_intp shape[2] = {d->batch, d->n_k};
-        if (check_shape(kp, "key_padding_mask", 2, shape)) return -1;
+        if (!kp || expect_shape(kp, "key_padding_mask", 2, shape, "(batch, n_k) is")) return -1;
         d->key_padding = (const uint8_t *)PyArray_DATA(kp);
         d->key_padding_stride = d->n_k;
     }
     return 0;
 }
 
-/* q (B, H, n_q, d_k), k (B, H_kv, n_k, d_k), v (B, H_kv, n_k, d_v): checks, fills sizes and
- * views. views: q, k, v may be strided views (get_view; the forward only reads them), else
- * they must be C-contiguous (the backward writes dq, dk, dv through the same views). */
-static int attention_args(mha_attention_desc *d, int typenum, int views, PyObject *q_obj, PyObject *k_obj,
-                          PyObject *v_obj, PyArrayObject **q, PyArrayObject **k, PyArrayObject **v) {
+/* q (..., n_q, d_k), k (..., n_k, d_k), v (..., n_k, d_v) of one rank, 2 (n, d), 3 (B, n, d) or
+ * 4 (B, H, n, d) with k and v of H_kv heads dividing H: checks them against each other, fills
+ * the sizes and views of d and the shapes s. views: q, k, v may be strided views (get_view;
+ * the forward only reads them), else they must be C-contiguous (the backward writes dq, dk,
+ * dv through the same views). */
+static int attention_args(mha_attention_desc *d, attention_shapes *s, int typenum, int views, PyObject *q_obj,
+                          PyObject *k_obj, PyObject *v_obj, PyArrayObject **q, PyArrayObject **k,
+                          PyArrayObject **v) {
     PyArrayObject *(*get)(PyObject *, const char *, int, int) = views ? get_view : get_array;
-    if (!(*q = get(q_obj, "q", typenum, 4)) || !(*k = get(k_obj, "k", typenum, 4)) || !(*v = get(v_obj, "v", typenum, 4)))
+    if (!(*q = get(q_obj, "q", typenum, -1)) || !(*k = get(k_obj, "k", typenum, -1)) ||
+        !(*v = get(v_obj, "v", typenum, -1)))
         return -1;
-    npy_intp B = PyArray_DIM(*q, 0), H = PyArray_DIM(*q, 1), H_kv = PyArray_DIM(*k, 1);
-    if (check_dim(*k, "k", 0, B, "batch") || check_dim(*v, "v", 0, B, "batch") ||
-        check_dim(*k, "k", 3, PyArray_DIM(*q, 3), "d_k") || check_dim(*v, "v", 1, H_kv, "heads") ||
-        check_dim(*v, "v", 2, PyArray_DIM(*k, 2), "n_k"))
-        return -1;
-    if (H_kv == 0 ? H != 0 : H % H_kv != 0) {
-        PyErr_Format(PyExc_ValueError, "k has %zd heads, which does not divide q's %zd heads",
-                     (Py_ssize_t)H_kv, (Py_ssize_t)H);
+    const int r = PyArray_NDIM(*q);
+    if (r < 2 || r > 4) {
+        PyObject *shape = shape_of(*q);
+        if (shape) PyErr_Format(PyExc_ValueError, "q must have 2, 3 or 4 dimensions (..., n_q, d_k), got shape %R", shape);
+        Py_XDECREF(shape);
         return -1;
     }
-    mha_attention_desc_init(d, B, H, H_kv, PyArray_DIM(*q, 2), PyArray_DIM(*k, 2),
-                            PyArray_DIM(*q, 3), PyArray_DIM(*v, 3));
+    if (PyArray_NDIM(*k) != r) return shape_mismatch("q", *q, "k", *k, "they must have the same rank");
+    if (PyArray_NDIM(*v) != r) return shape_mismatch("q", *q, "v", *v, "they must have the same rank");
+    const npy_intp n_q = PyArray_DIM(*q, r - 2), d_k = PyArray_DIM(*q, r - 1);
+    const npy_intp n_k = PyArray_DIM(*k, r - 2), d_v = PyArray_DIM(*v, r - 1);
+    if (PyArray_DIM(*k, r - 1) != d_k) return shape_mismatch("q", *q, "k", *k, "d_k must match");
+    if (PyArray_DIM(*v, r - 2) != n_k) return shape_mismatch("k", *k, "v", *v, "n_k must match");
+    npy_intp B = 1, H = 1, H_kv = 1;
+    if (r >= 3) {
+        B = PyArray_DIM(*q, 0);
+        if (PyArray_DIM(*k, 0) != B) return shape_mismatch("q", *q, "k", *k, "the batch size must match");
+        if (PyArray_DIM(*v, 0) != B) return shape_mismatch("q", *q, "v", *v, "the batch size must match");
+    }
+    if (r == 4) {
+        H = PyArray_DIM(*q, 1);
+        H_kv = PyArray_DIM(*k, 1);
+        if (PyArray_DIM(*v, 1) != H_kv) return shape_mismatch("k", *k, "v", *v, "the number of heads must match");
+        if (H_kv == 0 ? H != 0 : H % H_kv != 0) {
+            char why[160];
+            snprintf(why, sizeof why, "k's %zd heads must divide q's %zd heads (grouped-query attention)",
+                     (Py_ssize_t)H_kv, (Py_ssize_t)H);
+            return shape_mismatch("q", *q, "k", *k, why);
+        }
+    }
+    s->rank = r;
+    for (int i = 0; i < r - 1; i++) s->out[i] = s->scores[i] = PyArray_DIM(*q, i);
+    s->out[r - 1] = d_v;
+    s->scores[r - 1] = n_k;
+    mha_attention_desc_init(d, B, H, H_kv, n_q, n_k, d_k, d_v);
     if (views) { /* an empty array keeps the contiguous view: it is never read */
         if (PyArray_SIZE(*q)) d->q = view_of(*q);
         if (PyArray_SIZE(*k)) d->k = view_of(*k);
@@ -223,41 +433,55 @@ static int attention_args(mha_attention_desc *d, int typenum, int views, PyObjec
 /* The data pointer of an optional array. */
 #define DATA_OR_NULL(a) ((a) ? PyArray_DATA(a) : NULL)
 
+/* The scalar arguments of an attention call, as parsed ("O": checked here, so that every
+ * message names its argument). */
+typedef struct {
+    PyObject *causal, *scale, *dropout, *seed;
+} attention_scalars;
+
+static int attention_options(mha_attention_desc *d, const attention_shapes *s, int typenum, PyObject *mask_obj,
+                             PyObject *kp_obj, const attention_scalars *a, const char *seed_message) {
+    int causal = 0, seed_given;
+    double scale = d->scale, dropout = 0;
+    unsigned long long seed;
+    if (get_flag(a->causal, "causal", &causal) || get_scale(a->scale, &scale) || get_dropout(a->dropout, &dropout) ||
+        get_seed(a->seed, &seed, &seed_given))
+        return -1;
+    return fill_masks(d, s, typenum, mask_obj, kp_obj, causal, scale, dropout, seed, seed_given, seed_message);
+}
+
 /* ---- attention ---------------------------------------------------------------------------- */
 
-static char *attention_kw[] = {"q", "k", "v", "mask", "key_padding_mask", "causal", "scale",
-                               "dropout", "seed", "need_weights", "return_lse", "out",
-                               "weights_out", NULL};
+static const char *const attention_kw[] = {"q", "k", "v", "mask", "key_padding_mask", "causal", "scale",
+                                           "dropout", "seed", "need_weights", "return_lse", "out",
+                                           "weights_out", NULL};
+static call_spec attention_spec = {"attention_forward", attention_kw, 3, {NULL}};
 
-/* -> (out, weights|None), or (out, weights|None, lse (B, H, n_q)) with return_lse.
- * q, k, v: strided views are read in place (get_view). out: None, or a writable (B, H, n_q,
- * d_v) view to write into (get_view: e.g. the heads of a (B, n_q, H * d_v) buffer, so that
- * they need no merging); weights_out: None, or a C-contiguous (B, H, n_q, n_k) array for the
- * weights (with need_weights). What is written into is what is returned. */
-static PyObject *py_attention_forward(PyObject *self, PyObject *args, PyObject *kwargs) {
+/* -> (out, weights|None), or (out, weights|None, lse) with return_lse; out (..., n_q, d_v),
+ * weights (..., n_q, n_k), lse (..., n_q) for q (..., n_q, d_k) of rank 2, 3 or 4.
+ * q, k, v: strided views are read in place (get_view). out: None, or a writable view of the
+ * output's shape to write into (get_view: e.g. the heads of a (B, n_q, H * d_v) buffer, so that
+ * they need no merging); weights_out: None, or a C-contiguous array of the weights' shape (with
+ * need_weights). What is written into is what is returned. */
+static PyObject *py_attention_forward(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     (void)self;
-    PyObject *q_obj, *k_obj, *v_obj, *mask_obj = Py_None, *kp_obj = Py_None, *scale_obj = NULL;
-    PyObject *out_obj = Py_None, *w_obj = Py_None;
-    int causal = 0, need_weights = 1, return_lse = 0;
-    double dropout = 0;
-    unsigned long long seed = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|OOpOdKppOO", attention_kw, &q_obj, &k_obj,
-                                     &v_obj, &mask_obj, &kp_obj, &causal, &scale_obj, &dropout,
-                                     &seed, &need_weights, &return_lse, &out_obj, &w_obj))
+    PyObject *a[MAX_PARAMS];
+    if (parse_call(&attention_spec, args, nargs, kwnames, a)) return NULL;
+    PyObject *q_obj = a[0], *k_obj = a[1], *v_obj = a[2], *mask_obj = OR_NONE(a[3]), *kp_obj = OR_NONE(a[4]);
+    attention_scalars sc = {a[5], a[6], a[7], a[8]};
+    PyObject *need_obj = a[9], *lse_obj = a[10], *out_obj = OR_NONE(a[11]), *w_obj = OR_NONE(a[12]);
+    int typenum = float_type(q_obj, "q"), need_weights = 1, return_lse = 0;
+    if (typenum < 0 || get_flag(need_obj, "need_weights", &need_weights) || get_flag(lse_obj, "return_lse", &return_lse))
         return NULL;
-    int typenum = float_type(q_obj, "q");
-    if (typenum < 0) return NULL;
     PyArrayObject *q, *k, *v, *out = NULL, *weights = NULL, *lse = NULL;
     mha_attention_desc d;
-    if (attention_args(&d, typenum, 1, q_obj, k_obj, v_obj, &q, &k, &v)) return NULL;
-    double scale = d.scale;
-    if (get_scale(scale_obj, &scale)) return NULL;
-    if (fill_masks(&d, typenum, mask_obj, kp_obj, causal, scale, dropout, seed)) return NULL;
-    npy_intp out_shape[4] = {d.batch, d.heads, d.n_q, d.d_v};
-    npy_intp w_shape[4] = {d.batch, d.heads, d.n_q, d.n_k};
+    attention_shapes s;
+    if (attention_args(&d, &s, typenum, 1, q_obj, k_obj, v_obj, &q, &k, &v) ||
+        attention_options(&d, &s, typenum, mask_obj, kp_obj, &sc, "dropout > 0 needs a seed"))
+        return NULL;
     if (out_obj != Py_None) {
-        PyArrayObject *o = get_view(out_obj, "out", typenum, 4);
-        if (!o || check_shape(o, "out", 4, out_shape)) return NULL;
+        PyArrayObject *o = get_view(out_obj, "out", typenum, -1);
+        if (!o || expect_shape(o, "out", s.rank, s.out, "the output of attention has shape")) return NULL;
         if (!PyArray_ISWRITEABLE(o)) {
             PyErr_SetString(PyExc_ValueError, "out is read-only, but the core writes into it");
             return NULL;
@@ -265,14 +489,14 @@ static PyObject *py_attention_forward(PyObject *self, PyObject *args, PyObject *
         Py_INCREF(o);
         out = o;
         if (PyArray_SIZE(o)) d.out = view_of(o);
-    } else if (!(out = new_array(4, out_shape, typenum, 0))) goto fail;
+    } else if (!(out = new_array(s.rank, s.out, typenum, 0))) goto fail;
     if (need_weights && w_obj != Py_None) {
-        PyArrayObject *w = get_output_array(w_obj, "weights_out", typenum, 4);
-        if (!w || check_shape(w, "weights_out", 4, w_shape)) goto fail;
+        PyArrayObject *w = get_output_array(w_obj, "weights_out", typenum, -1);
+        if (!w || expect_shape(w, "weights_out", s.rank, s.scores, "the weights have shape")) goto fail;
         Py_INCREF(w);
         weights = w;
-    } else if (need_weights && !(weights = new_array(4, w_shape, typenum, 0))) goto fail;
-    if (return_lse && !(lse = new_array(3, out_shape, typenum, 0))) goto fail; /* (B, H, n_q) */
+    } else if (need_weights && !(weights = new_array(s.rank, s.scores, typenum, 0))) goto fail;
+    if (return_lse && !(lse = new_array(s.rank - 1, s.out, typenum, 0))) goto fail; /* (..., n_q) */
     int err;
     Py_BEGIN_ALLOW_THREADS
     if (typenum == NPY_FLOAT32)
@@ -294,46 +518,45 @@ fail:
     return NULL;
 }
 
-static char *attention_backward_kw[] = {"d_out", "q", "k", "v", "mask", "key_padding_mask",
-                                        "causal", "scale", "dropout", "seed", "out", "lse", NULL};
+static const char *const attention_backward_kw[] = {"d_out", "q", "k", "v", "mask", "key_padding_mask",
+                                                    "causal", "scale", "dropout", "seed", "out", "lse", NULL};
+static call_spec attention_backward_spec = {"attention_backward", attention_backward_kw, 4, {NULL}};
 
-/* out and lse: the forward's output (like d_out) and (B, H, n_q) log-sum-exp, both or neither
- * (then the forward runs again inside). */
-
-static PyObject *py_attention_backward(PyObject *self, PyObject *args, PyObject *kwargs) {
+/* -> (dq, dk, dv) shaped like q, k, v. out and lse: the forward's output (like d_out) and
+ * log-sum-exp (..., n_q), both or neither (then the forward runs again inside). */
+static PyObject *py_attention_backward(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     (void)self;
-    PyObject *do_obj, *q_obj, *k_obj, *v_obj, *mask_obj = Py_None, *kp_obj = Py_None, *scale_obj = NULL;
-    PyObject *o_obj = Py_None, *lse_obj = Py_None;
-    int causal = 0;
-    double dropout = 0;
-    unsigned long long seed = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOO|OOpOdKOO", attention_backward_kw, &do_obj,
-                                     &q_obj, &k_obj, &v_obj, &mask_obj, &kp_obj, &causal,
-                                     &scale_obj, &dropout, &seed, &o_obj, &lse_obj))
-        return NULL;
+    PyObject *a[MAX_PARAMS];
+    if (parse_call(&attention_backward_spec, args, nargs, kwnames, a)) return NULL;
+    PyObject *do_obj = a[0], *q_obj = a[1], *k_obj = a[2], *v_obj = a[3], *mask_obj = OR_NONE(a[4]);
+    PyObject *kp_obj = OR_NONE(a[5]), *o_obj = OR_NONE(a[10]), *lse_obj = OR_NONE(a[11]);
+    attention_scalars sc = {a[6], a[7], a[8], a[9]};
     int typenum = float_type(q_obj, "q");
     if (typenum < 0) return NULL;
     PyArrayObject *q, *k, *v, *d_out, *o = NULL, *lse = NULL, *dq = NULL, *dk = NULL, *dv = NULL;
     mha_attention_desc d;
-    if (attention_args(&d, typenum, 0, q_obj, k_obj, v_obj, &q, &k, &v)) return NULL;
-    double scale = d.scale;
-    if (get_scale(scale_obj, &scale)) return NULL;
-    if (fill_masks(&d, typenum, mask_obj, kp_obj, causal, scale, dropout, seed)) return NULL;
-    npy_intp out_shape[4] = {d.batch, d.heads, d.n_q, d.d_v};
-    if (!(d_out = get_array(do_obj, "d_out", typenum, 4)) || check_shape(d_out, "d_out", 4, out_shape))
+    attention_shapes s;
+    if (attention_args(&d, &s, typenum, 0, q_obj, k_obj, v_obj, &q, &k, &v) ||
+        attention_options(&d, &s, typenum, mask_obj, kp_obj, &sc,
+                          "attention_backward with dropout > 0 needs the seed the forward used (seed=None)"))
+        return NULL;
+    if (!(d_out = get_array(do_obj, "d_out", typenum, -1)) ||
+        expect_shape(d_out, "d_out", s.rank, s.out, "the output of attention has shape"))
         return NULL;
     if ((o_obj == Py_None) != (lse_obj == Py_None)) {
-        PyErr_SetString(PyExc_ValueError, "give both out and lse from the forward, or neither");
+        PyErr_SetString(PyExc_ValueError, "give both out and lse from attention(..., return_lse=True), or neither");
         return NULL;
     }
     if (o_obj != Py_None) {
-        if (!(o = get_array(o_obj, "out", typenum, 4)) || check_shape(o, "out", 4, out_shape) ||
-            !(lse = get_array(lse_obj, "lse", typenum, 3)) || check_shape(lse, "lse", 3, out_shape))
+        if (!(o = get_array(o_obj, "out", typenum, -1)) ||
+            expect_shape(o, "out", s.rank, s.out, "the output of attention has shape") ||
+            !(lse = get_array(lse_obj, "lse", typenum, -1)) ||
+            expect_shape(lse, "lse", s.rank - 1, s.out, "attention's lse has shape"))
             return NULL;
     }
-    if (!(dq = new_array(4, PyArray_DIMS(q), typenum, 0)) ||
-        !(dk = new_array(4, PyArray_DIMS(k), typenum, 0)) ||
-        !(dv = new_array(4, PyArray_DIMS(v), typenum, 0)))
+    if (!(dq = new_array(s.rank, PyArray_DIMS(q), typenum, 0)) ||
+        !(dk = new_array(s.rank, PyArray_DIMS(k), typenum, 0)) ||
+        !(dv = new_array(s.rank, PyArray_DIMS(v), typenum, 0)))
         goto fail;
     int err;
     Py_BEGIN_ALLOW_THREADS
@@ -360,7 +583,8 @@ fail:
 /* heads, kv_heads, d_head positive, kv_heads dividing heads, heads * d_head representable. */
 static int check_heads(Py_ssize_t heads, Py_ssize_t kv_heads, Py_ssize_t d_head) {
     if (heads <= 0 || kv_heads <= 0 || d_head <= 0 || heads % kv_heads) {
-        PyErr_SetString(PyExc_ValueError, "heads, kv_heads, d_head must be positive with kv_heads dividing heads");
+        PyErr_Format(PyExc_ValueError, "heads, kv_heads, d_head must be positive with kv_heads dividing heads, "
+                     "got heads=%zd, kv_heads=%zd, d_head=%zd", heads, kv_heads, d_head);
         return -1;
     }
     if (heads > PY_SSIZE_T_MAX / d_head) {
@@ -368,31 +592,6 @@ static int check_heads(Py_ssize_t heads, Py_ssize_t kv_heads, Py_ssize_t d_head)
         return -1;
     }
     return 0;
-}
-
-/* query (B, n_q, d_model), key (B, n_new, kdim), value (B, n_new, vdim), C-contiguous of the
- * call's dtype, and the head sizes: checks them and fills dims for a call without a cache
- * (n_k = kv_batch_stride = n_new). */
-static int layer_inputs(mha_layer_dims *m, int typenum, PyObject *xq_obj, PyObject *xk_obj, PyObject *xv_obj,
-                        Py_ssize_t heads, Py_ssize_t kv_heads, Py_ssize_t d_head, PyArrayObject **xq,
-                        PyArrayObject **xk, PyArrayObject **xv) {
-    if (!(*xq = get_array(xq_obj, "query", typenum, 3)) || !(*xk = get_array(xk_obj, "key", typenum, 3)) ||
-        !(*xv = get_array(xv_obj, "value", typenum, 3)) || check_heads(heads, kv_heads, d_head))
-        return -1;
-    memset(m, 0, sizeof *m);
-    m->batch = PyArray_DIM(*xq, 0);
-    m->n_q = PyArray_DIM(*xq, 1);
-    m->n_k = m->n_new = m->kv_batch_stride = PyArray_DIM(*xk, 1);
-    m->d_model = PyArray_DIM(*xq, 2);
-    m->kdim = PyArray_DIM(*xk, 2);
-    m->vdim = PyArray_DIM(*xv, 2);
-    m->heads = heads;
-    m->kv_heads = kv_heads;
-    m->d_head = d_head;
-    return check_dim(*xk, "key", 0, m->batch, "batch") || check_dim(*xv, "value", 0, m->batch, "batch") ||
-                   check_dim(*xv, "value", 1, m->n_new, "n_k")
-               ? -1
-               : 0;
 }
 
 /* The layer's parameters (or their gradients) as arrays, field for field mha.h's
@@ -409,43 +608,47 @@ typedef struct {
      .head_mask = DATA_OR_NULL((a).head_mask)}
 
 /* Every parameter by name: its field, whether it is required, and its shape (rows, cols;
- * cols VECTOR for a vector) in terms of dims. */
+ * cols VECTOR for a vector) in terms of the layer's sizes. W_q, W_k, W_v come first: their
+ * rows give d_model, kdim and vdim, which the inputs and W_o are checked against. */
 enum { D_MODEL, KDIM, VDIM, E_Q, E_KV, HEADS, VECTOR };
 static const struct {
-    const char *name;
+    const char *name, *shape;
     size_t field;
     int required, rows, cols;
 } LAYER_PARAMS[] = {
-    {"W_q", offsetof(layer_arrays, W_q), 1, D_MODEL, E_Q},
-    {"W_k", offsetof(layer_arrays, W_k), 1, KDIM, E_KV},
-    {"W_v", offsetof(layer_arrays, W_v), 1, VDIM, E_KV},
-    {"W_o", offsetof(layer_arrays, W_o), 1, E_Q, D_MODEL},
-    {"b_q", offsetof(layer_arrays, b_q), 0, E_Q, VECTOR},
-    {"b_k", offsetof(layer_arrays, b_k), 0, E_KV, VECTOR},
-    {"b_v", offsetof(layer_arrays, b_v), 0, E_KV, VECTOR},
-    {"b_o", offsetof(layer_arrays, b_o), 0, D_MODEL, VECTOR},
-    {"head_mask", offsetof(layer_arrays, head_mask), 0, HEADS, VECTOR},
+    {"W_q", "(d_model, n_heads*d_head)", offsetof(layer_arrays, W_q), 1, D_MODEL, E_Q},
+    {"W_k", "(kdim, n_kv_heads*d_head)", offsetof(layer_arrays, W_k), 1, KDIM, E_KV},
+    {"W_v", "(vdim, n_kv_heads*d_head)", offsetof(layer_arrays, W_v), 1, VDIM, E_KV},
+    {"W_o", "(n_heads*d_head, d_model)", offsetof(layer_arrays, W_o), 1, E_Q, D_MODEL},
+    {"b_q", "(n_heads*d_head,)", offsetof(layer_arrays, b_q), 0, E_Q, VECTOR},
+    {"b_k", "(n_kv_heads*d_head,)", offsetof(layer_arrays, b_k), 0, E_KV, VECTOR},
+    {"b_v", "(n_kv_heads*d_head,)", offsetof(layer_arrays, b_v), 0, E_KV, VECTOR},
+    {"b_o", "(d_model,)", offsetof(layer_arrays, b_o), 0, D_MODEL, VECTOR},
+    {"head_mask", "(n_heads,)", offsetof(layer_arrays, head_mask), 0, HEADS, VECTOR},
 };
 enum { N_LAYER_PARAMS = sizeof LAYER_PARAMS / sizeof LAYER_PARAMS[0] };
 
 #define FIELD(arrays, i) (*(PyArrayObject **)((char *)(arrays) + LAYER_PARAMS[i].field))
 
-static npy_intp layer_size(int which, const mha_layer_dims *m) {
+/* Where the size `which` lives: in m, or in the products E_q, E_kv and the head count. */
+static int64_t *layer_size(int which, mha_layer_dims *m, int64_t *E_q, int64_t *E_kv, int64_t *heads) {
     switch (which) {
-    case D_MODEL: return m->d_model;
-    case KDIM: return m->kdim;
-    case VDIM: return m->vdim;
-    case E_Q: return m->heads * m->d_head;
-    case E_KV: return m->kv_heads * m->d_head;
-    case HEADS: return m->heads;
-    default: return 0;
+    case D_MODEL: return &m->d_model;
+    case KDIM: return &m->kdim;
+    case VDIM: return &m->vdim;
+    case E_Q: return E_q;
+    case E_KV: return E_kv;
+    case HEADS: return heads;
+    default: return NULL;
     }
 }
 
 /* params: a dict {name: array} of W_q, W_k, W_v, W_o (required) and b_q, b_k, b_v, b_o,
- * head_mask (absent or None: no bias / all ones). Checks dtypes and shapes against dims; the
- * pointers stay valid while params is alive. */
-static int layer_params(layer_arrays *la, PyObject *params, int typenum, const mha_layer_dims *m) {
+ * head_mask (absent or None: no bias / all ones; a head mask of all ones is left out too, the
+ * identity the core then skips). Checks dtypes and shapes against the head sizes in m and
+ * fills m's d_model, kdim, vdim from W_q's, W_k's, W_v's rows; the pointers stay valid while
+ * params is alive. */
+static int layer_params(layer_arrays *la, PyObject *params, int typenum, mha_layer_dims *m) {
     memset(la, 0, sizeof *la);
     if (!PyDict_Check(params)) {
         PyErr_Format(PyExc_TypeError, "params must be a dict {name: array} of W_q, W_k, W_v, W_o and "
@@ -463,6 +666,7 @@ static int layer_params(layer_arrays *la, PyObject *params, int typenum, const m
             return -1;
         }
     }
+    int64_t E_q = m->heads * m->d_head, E_kv = m->kv_heads * m->d_head, heads = m->heads;
     for (int i = 0; i < N_LAYER_PARAMS; i++) {
         const char *name = LAYER_PARAMS[i].name;
         PyObject *obj = PyDict_GetItemString(params, name); /* borrowed */
@@ -475,24 +679,145 @@ static int layer_params(layer_arrays *la, PyObject *params, int typenum, const m
             continue;
         }
         PyArrayObject *a = get_array(obj, name, typenum, ndim);
-        npy_intp shape[2] = {layer_size(LAYER_PARAMS[i].rows, m), layer_size(LAYER_PARAMS[i].cols, m)};
-        if (!a || check_shape(a, name, ndim, shape)) return -1;
+        if (!a) return -1;
+        if (i < 3) *layer_size(LAYER_PARAMS[i].rows, m, &E_q, &E_kv, &heads) = PyArray_DIM(a, 0); /* W_q, W_k, W_v */
+        npy_intp shape[2] = {*layer_size(LAYER_PARAMS[i].rows, m, &E_q, &E_kv, &heads),
+                             ndim == 2 ? *layer_size(LAYER_PARAMS[i].cols, m, &E_q, &E_kv, &heads) : 0};
+        char what[64];
+        snprintf(what, sizeof what, "expected %s =", LAYER_PARAMS[i].shape);
+        if (expect_shape(a, name, ndim, shape, what)) return -1;
+        if (LAYER_PARAMS[i].rows == HEADS) { /* the head mask: all ones is no head mask */
+            int ones = 1;
+            for (int64_t h = 0; h < heads && ones; h++)
+                ones = (typenum == NPY_FLOAT32 ? ((const float *)PyArray_DATA(a))[h] : ((const double *)PyArray_DATA(a))[h]) == 1;
+            if (ones) continue;
+        }
         FIELD(la, i) = a;
     }
     return 0;
 }
 
-/* The array saved[name] (a dict) of dtype typenum and the given shape; NULL (and no error)
- * for an absent or None optional one. */
-static PyArrayObject *get_saved(PyObject *saved, const char *name, int required, int typenum, int ndim,
-                                const npy_intp *shape) {
-    PyObject *obj = PyDict_GetItemString(saved, name); /* borrowed */
-    if (!obj || obj == Py_None) {
-        if (required) PyErr_Format(PyExc_TypeError, "saved has no %s", name);
-        return NULL;
+/* query (B, n_q, d_model), key (B, n_new, kdim), value (B, n_new, vdim), C-contiguous of the
+ * call's dtype, their widths those of W_q's, W_k's and W_v's rows: checks them and fills m
+ * (and la, from params) for a call without a cache (n_k = kv_batch_stride = n_new). */
+static int fill_layer_dims(mha_layer_dims *m, layer_arrays *la, int typenum, PyObject *params,
+                           Py_ssize_t heads, Py_ssize_t kv_heads, Py_ssize_t d_head, PyObject *xq_obj,
+                           PyObject *xk_obj, PyObject *xv_obj, PyArrayObject **xq, PyArrayObject **xk,
+                           PyArrayObject **xv) {
+    if (check_heads(heads, kv_heads, d_head)) return -1;
+    memset(m, 0, sizeof *m);
+    m->heads = heads;
+    m->kv_heads = kv_heads;
+    m->d_head = d_head;
+    if (layer_params(la, params, typenum, m)) return -1;
+    const struct {
+        const char *name, *width, *weight;
+        PyObject *obj;
+        PyArrayObject **a;
+        int64_t expected;
+    } inputs[3] = {{"query", "d_model", "W_q", xq_obj, xq, m->d_model},
+                   {"key", "kdim", "W_k", xk_obj, xk, m->kdim},
+                   {"value", "vdim", "W_v", xv_obj, xv, m->vdim}};
+    for (int i = 0; i < 3; i++) {
+        PyArrayObject *a = *inputs[i].a = get_array(inputs[i].obj, inputs[i].name, typenum, 3);
+        if (!a) return -1;
+        if (PyArray_DIM(a, 2) != inputs[i].expected) {
+            PyObject *shape = shape_of(a);
+            if (shape)
+                PyErr_Format(PyExc_ValueError, "%s has shape %R but its last axis must be %s = %lld (the rows of %s)",
+                             inputs[i].name, shape, inputs[i].width, (long long)inputs[i].expected, inputs[i].weight);
+            Py_XDECREF(shape);
+            return -1;
+        }
     }
-    PyArrayObject *a = get_array(obj, name, typenum, ndim);
-    return a && !check_shape(a, name, ndim, shape) ? a : NULL;
+    if (PyArray_DIM(*xk, 0) != PyArray_DIM(*xq, 0)) return shape_mismatch("query", *xq, "key", *xk, "the batch size must match");
+    if (PyArray_DIM(*xv, 0) != PyArray_DIM(*xq, 0)) return shape_mismatch("query", *xq, "value", *xv, "the batch size must match");
+    if (PyArray_DIM(*xv, 1) != PyArray_DIM(*xk, 1)) return shape_mismatch("key", *xk, "value", *xv, "n_k must match");
+    m->batch = PyArray_DIM(*xq, 0);
+    m->n_q = PyArray_DIM(*xq, 1);
+    m->n_k = m->n_new = m->kv_batch_stride = PyArray_DIM(*xk, 1);
+    return 0;
+}
+
+/* What layer_forward hands back for layer_backward: the forward's inputs, parameters, masks
+ * and sizes, and the buffers the core saved (mha_layer_saved), owned (new references) by an
+ * opaque capsule, so that the backward runs on exactly what the forward ran on. */
+typedef struct {
+    int typenum, key_is_query, value_is_key;
+    mha_layer_dims m;
+    mha_attention_desc d;                /* its mask and key_padding point into mask, key_padding */
+    PyArrayObject *query, *key, *value;
+    layer_arrays params;
+    PyObject *mask, *key_padding;        /* None or the arrays d points into */
+    PyArrayObject *q_proj, *k_proj, *v_proj, *attn, *lse;
+} layer_context;
+
+static const char CONTEXT_NAME[] = "mha._C.layer_context";
+
+static void layer_context_free(layer_context *c) {
+    if (!c) return;
+    Py_XDECREF(c->query);
+    Py_XDECREF(c->key);
+    Py_XDECREF(c->value);
+    for (int i = 0; i < N_LAYER_PARAMS; i++) Py_XDECREF(FIELD(&c->params, i));
+    Py_XDECREF(c->mask);
+    Py_XDECREF(c->key_padding);
+    Py_XDECREF(c->q_proj);
+    Py_XDECREF(c->k_proj);
+    Py_XDECREF(c->v_proj);
+    Py_XDECREF(c->attn);
+    Py_XDECREF(c->lse);
+    free(c);
+}
+
+static void layer_context_destructor(PyObject *capsule) {
+    layer_context_free(PyCapsule_GetPointer(capsule, CONTEXT_NAME));
+}
+
+/* The capsule of a filled context, which takes new references to the inputs, parameters and
+ * masks (it owns the saved buffers already); NULL, with ctx freed, on failure. */
+static PyObject *context_capsule(layer_context *ctx) {
+    Py_INCREF(ctx->query);
+    Py_INCREF(ctx->key);
+    Py_INCREF(ctx->value);
+    for (int i = 0; i < N_LAYER_PARAMS; i++) Py_XINCREF(FIELD(&ctx->params, i));
+    Py_INCREF(ctx->mask);
+    Py_INCREF(ctx->key_padding);
+    PyObject *capsule = PyCapsule_New(ctx, CONTEXT_NAME, layer_context_destructor);
+    if (!capsule) layer_context_free(ctx);
+    return capsule;
+}
+
+/* k_cache and v_cache (B, max_len, H_kv*d_head) of the call's dtype, writable, with room for
+ * m->n_new rows after cache_length: checks them and points m at them (this call's keys and
+ * values go to rows [cache_length, +n_new), and every row before them is attended). */
+static int layer_cache(mha_layer_dims *m, int typenum, PyObject *kc_obj, PyObject *vc_obj, Py_ssize_t cache_length,
+                       PyArrayObject **kc, PyArrayObject **vc) {
+    for (int i = 0; i < 2; i++) { /* a cache of another dtype: made for another layer */
+        PyObject *c = i ? vc_obj : kc_obj;
+        if (PyArray_Check(c) && PyArray_TYPE((PyArrayObject *)c) != typenum) {
+            PyErr_Format(PyExc_ValueError, "%s has dtype %S but this call computes in %s: the KV cache "
+                         "was made for another layer", i ? "v_cache" : "k_cache",
+                         (PyObject *)PyArray_DESCR((PyArrayObject *)c), type_name(typenum));
+            return -1;
+        }
+    }
+    if (!(*kc = get_output_array(kc_obj, "k_cache", typenum, 3)) || !(*vc = get_output_array(vc_obj, "v_cache", typenum, 3)))
+        return -1;
+    npy_intp max_len = PyArray_DIM(*kc, 1);
+    npy_intp shape[3] = {m->batch, max_len, m->kv_heads * m->d_head};
+    if (expect_shape(*kc, "k_cache", 3, shape, "expected (batch, max_len, n_kv_heads*d_head) =") ||
+        expect_shape(*vc, "v_cache", 3, shape, "expected (batch, max_len, n_kv_heads*d_head) ="))
+        return -1;
+    if (cache_length < 0 || cache_length > max_len - m->n_new) { /* no overflow */
+        PyErr_Format(PyExc_ValueError, "the KV cache holds %zd of %zd positions: %zd more do not fit",
+                     cache_length, (Py_ssize_t)max_len, (Py_ssize_t)m->n_new);
+        return -1;
+    }
+    m->kv_row_offset = cache_length;
+    m->kv_batch_stride = max_len;
+    m->n_k = m->kv_row_offset + m->n_new;
+    return 0;
 }
 
 /* The typed core call of py_layer_forward (SFX f32 or f64), its structs filled by name. */
@@ -506,62 +831,57 @@ static PyArrayObject *get_saved(PyObject *saved, const char *name, int required,
                                       PyArray_DATA(xq), PyArray_DATA(xk), PyArray_DATA(xv), &p, &m, &d); \
     } while (0)
 
-static char *layer_forward_kw[] = {"query", "key", "value", "params", "heads", "kv_heads", "d_head",
-                                   "mask", "key_padding_mask", "causal", "dropout", "seed",
-                                   "need_weights", "k_cache", "v_cache", "cache_length", NULL};
+static const char *const layer_forward_kw[] = {"query", "key", "value", "params", "heads", "kv_heads",
+                                               "d_head", "mask", "key_padding_mask", "causal", "dropout",
+                                               "seed", "need_weights", "k_cache", "v_cache", "cache_length",
+                                               "key_is_query", "value_is_key", NULL};
+static call_spec layer_forward_spec = {"layer_forward", layer_forward_kw, 7, {NULL}};
 
-/* -> {"out", "weights" (or None), "q_proj", "k_proj", "v_proj", "attn", "lse"}: the output and
- * what the backward needs (mha.h, mha_layer_saved). With k_cache/v_cache (B, max_len,
- * H_kv*d_head) the new keys/values are written there at rows [cache_length, +n_new) and
- * k_proj/v_proj are the caches themselves. */
-static PyObject *py_layer_forward(PyObject *self, PyObject *args, PyObject *kwargs) {
+/* -> (out (B, n_q, d_model), weights (B, H, n_q, n_k) or None, context): context is what
+ * layer_backward takes, or None after a call with a KV cache (no backward through those).
+ * With k_cache/v_cache (B, max_len, H_kv*d_head) the new keys/values are written there at rows
+ * [cache_length, +n_new) and attended with the cached ones. key_is_query: the key is the query
+ * (self-attention), so that the backward adds its gradient to d_query; likewise value_is_key. */
+static PyObject *py_layer_forward(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     (void)self;
-    PyObject *xq_obj, *xk_obj, *xv_obj, *params, *mask_obj = Py_None, *kp_obj = Py_None;
-    PyObject *kc_obj = Py_None, *vc_obj = Py_None;
-    Py_ssize_t heads, kv_heads, d_head, cache_length = 0;
-    int causal = 0, need_weights = 1;
-    double dropout = 0;
-    unsigned long long seed = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOnnn|OOpdKpOOn", layer_forward_kw, &xq_obj,
-                                     &xk_obj, &xv_obj, &params, &heads, &kv_heads, &d_head,
-                                     &mask_obj, &kp_obj, &causal, &dropout, &seed, &need_weights,
-                                     &kc_obj, &vc_obj, &cache_length))
+    PyObject *a[MAX_PARAMS];
+    Py_ssize_t heads = 0, kv_heads = 0, d_head = 0, cache_length = 0;
+    if (parse_call(&layer_forward_spec, args, nargs, kwnames, a) || get_ssize(a[4], "heads", &heads) ||
+        get_ssize(a[5], "kv_heads", &kv_heads) || get_ssize(a[6], "d_head", &d_head) ||
+        get_ssize(a[15], "cache_length", &cache_length))
         return NULL;
-    int typenum = float_type(xq_obj, "query");
-    if (typenum < 0) return NULL;
+    PyObject *xq_obj = a[0], *xk_obj = a[1], *xv_obj = a[2], *params = a[3];
+    PyObject *mask_obj = OR_NONE(a[7]), *kp_obj = OR_NONE(a[8]);
+    attention_scalars sc = {a[9], NULL, a[10], a[11]};
+    PyObject *need_obj = a[12], *kc_obj = OR_NONE(a[13]), *vc_obj = OR_NONE(a[14]), *kiq_obj = a[16], *vik_obj = a[17];
+    int typenum = float_type(xq_obj, "query"), need_weights = 1, key_is_query = 0, value_is_key = 0;
+    if (typenum < 0 || get_flag(need_obj, "need_weights", &need_weights) ||
+        get_flag(kiq_obj, "key_is_query", &key_is_query) || get_flag(vik_obj, "value_is_key", &value_is_key))
+        return NULL;
     PyArrayObject *xq, *xk, *xv, *kc = NULL, *vc = NULL;
     PyArrayObject *out = NULL, *weights = NULL, *q_proj = NULL, *k_proj = NULL, *v_proj = NULL, *attn = NULL;
     PyArrayObject *lse = NULL;
+    layer_context *ctx;
     mha_layer_dims m;
-    if (layer_inputs(&m, typenum, xq_obj, xk_obj, xv_obj, heads, kv_heads, d_head, &xq, &xk, &xv)) return NULL;
-    const npy_intp E_q = heads * d_head, E_kv = kv_heads * d_head;
-    if (kc_obj != Py_None) {
-        if (!(kc = get_output_array(kc_obj, "k_cache", typenum, 3)) ||
-            !(vc = get_output_array(vc_obj, "v_cache", typenum, 3)))
-            return NULL;
-        npy_intp max_len = PyArray_DIM(kc, 1);
-        npy_intp shape[3] = {m.batch, max_len, E_kv};
-        if (check_shape(kc, "k_cache", 3, shape) || check_shape(vc, "v_cache", 3, shape)) return NULL;
-        if (cache_length < 0 || cache_length > max_len - m.n_new) { /* no overflow */
-            PyErr_Format(PyExc_ValueError, "the KV cache holds %zd of %zd positions: %zd more do not fit",
-                         cache_length, (Py_ssize_t)max_len, (Py_ssize_t)m.n_new);
-            return NULL;
-        }
-        m.kv_row_offset = cache_length;
-        m.kv_batch_stride = max_len;
-        m.n_k = m.kv_row_offset + m.n_new;
-    }
     layer_arrays la;
-    if (layer_params(&la, params, typenum, &m)) return NULL;
+    if (fill_layer_dims(&m, &la, typenum, params, heads, kv_heads, d_head, xq_obj, xk_obj, xv_obj, &xq, &xk, &xv))
+        return NULL;
+    if ((key_is_query && xk != xq) || (value_is_key && xv != xk)) {
+        PyErr_SetString(PyExc_ValueError, "key_is_query / value_is_key need the same array objects");
+        return NULL;
+    }
+    const npy_intp E_q = heads * d_head, E_kv = kv_heads * d_head;
+    if (kc_obj != Py_None && layer_cache(&m, typenum, kc_obj, vc_obj, cache_length, &kc, &vc)) return NULL;
     mha_attention_desc d;
     mha_attention_desc_init(&d, m.batch, m.heads, m.kv_heads, m.n_q, m.n_k, m.d_head, m.d_head);
-    if (fill_masks(&d, typenum, mask_obj, kp_obj, causal, d.scale, dropout, seed)) return NULL;
+    attention_shapes s = {4, {m.batch, m.heads, m.n_q, m.d_head}, {m.batch, m.heads, m.n_q, m.n_k}};
+    if (attention_options(&d, &s, typenum, mask_obj, kp_obj, &sc, "dropout > 0 needs a seed")) return NULL;
 
-    npy_intp out_shape[3] = {m.batch, m.n_q, m.d_model}, w_shape[4] = {m.batch, m.heads, m.n_q, m.n_k};
+    npy_intp out_shape[3] = {m.batch, m.n_q, m.d_model};
     npy_intp q_shape[3] = {m.batch, m.n_q, E_q}, kv_shape[3] = {m.batch, m.n_new, E_kv};
     npy_intp lse_shape[3] = {m.batch, m.heads, m.n_q};
     if (!(out = new_array(3, out_shape, typenum, 0)) || !(lse = new_array(3, lse_shape, typenum, 0)) ||
-        (need_weights && !(weights = new_array(4, w_shape, typenum, 0))) ||
+        (need_weights && !(weights = new_array(4, s.scores, typenum, 0))) ||
         !(q_proj = new_array(3, q_shape, typenum, 0)) || !(attn = new_array(3, q_shape, typenum, 0)))
         goto fail;
     if (kc) {
@@ -582,8 +902,27 @@ static PyObject *py_layer_forward(PyObject *self, PyObject *args, PyObject *kwar
         Py_INCREF(Py_None);
         weights = (PyArrayObject *)Py_None;
     }
-    return Py_BuildValue("{s:N,s:N,s:N,s:N,s:N,s:N,s:N}", "out", out, "weights", weights, "q_proj", q_proj,
-                         "k_proj", k_proj, "v_proj", v_proj, "attn", attn, "lse", lse);
+    if (kc) { /* no backward through a cached call: the cache is rewritten by the next one */
+        Py_CLEAR(q_proj);
+        Py_CLEAR(k_proj);
+        Py_CLEAR(v_proj);
+        Py_CLEAR(attn);
+        Py_CLEAR(lse);
+        Py_INCREF(Py_None);
+        return Py_BuildValue("(NNN)", out, weights, Py_None);
+    }
+    if (!(ctx = calloc(1, sizeof *ctx))) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    *ctx = (layer_context){.typenum = typenum, .key_is_query = key_is_query, .value_is_key = value_is_key,
+                           .m = m, .d = d, .query = xq, .key = xk, .value = xv, .params = la,
+                           .mask = mask_obj, .key_padding = kp_obj, .q_proj = q_proj, .k_proj = k_proj,
+                           .v_proj = v_proj, .attn = attn, .lse = lse};
+    q_proj = k_proj = v_proj = attn = lse = NULL; /* ctx owns them now */
+    PyObject *capsule = context_capsule(ctx);
+    if (!capsule) goto fail;
+    return Py_BuildValue("(NNN)", out, weights, capsule);
 fail:
     Py_XDECREF(lse);
     Py_XDECREF(out);
@@ -598,83 +937,52 @@ fail:
 /* The typed core call of py_layer_backward (SFX f32 or f64), its structs filled by name. */
 #define LAYER_BACKWARD(SFX)                                                                            \
     do {                                                                                           \
-        mha_layer_params_##SFX p = LAYER_POINTERS(la);                                             \
+        mha_layer_params_##SFX p = LAYER_POINTERS(c->params);                                      \
         mha_layer_grads_##SFX gr = LAYER_POINTERS(g);                                              \
-        mha_layer_saved_##SFX saved = {.q_proj = PyArray_DATA(qp), .k_proj = PyArray_DATA(kp),     \
-                                       .v_proj = PyArray_DATA(vp), .attn = PyArray_DATA(attn),     \
-                                       .lse = DATA_OR_NULL(lse)};                                   \
+        mha_layer_saved_##SFX saved = {.q_proj = PyArray_DATA(c->q_proj), .k_proj = PyArray_DATA(c->k_proj), \
+                                       .v_proj = PyArray_DATA(c->v_proj), .attn = PyArray_DATA(c->attn), \
+                                       .lse = PyArray_DATA(c->lse)};                               \
         err = mha_layer_backward_##SFX(PyArray_DATA(d_query), PyArray_DATA(dxk_buf), PyArray_DATA(dxv_buf), \
-                                       &gr, PyArray_DATA(d_out), &saved, PyArray_DATA(xq),         \
-                                       PyArray_DATA(xk), PyArray_DATA(xv), &p, &m, &d);            \
+                                       &gr, PyArray_DATA(d_out), &saved, PyArray_DATA(c->query),   \
+                                       PyArray_DATA(c->key), PyArray_DATA(c->value), &p, &c->m, &c->d); \
     } while (0)
 
-static char *layer_backward_kw[] = {"d_out", "saved", "query", "key", "value", "params", "heads",
-                                    "kv_heads", "d_head", "mask", "key_padding_mask", "causal",
-                                    "dropout", "seed", "key_is_query", "value_is_key", NULL};
+static const char *const layer_backward_kw[] = {"d_out", "context", NULL};
+static call_spec layer_backward_spec = {"layer_backward", layer_backward_kw, 2, {NULL}};
 
-/* saved: a dict with the forward's q_proj, k_proj, v_proj, attn and (optional) lse (the
- * attention's forward runs again without it). key_is_query: key was query, so its gradient is
- * added into d_query and d_key is None; likewise value_is_key.
- * -> {"d_query", "d_key" (or None), "d_value" (or None), "grads": {name: gradient}} with a
- * gradient for every parameter given and for head_mask. */
-static PyObject *py_layer_backward(PyObject *self, PyObject *args, PyObject *kwargs) {
+/* layer_backward(d_out (B, n_q, d_model), context from layer_forward) -> (d_query, d_key or
+ * None, d_value or None, grads {name: gradient}): a gradient for every parameter the forward
+ * was given and for head_mask; d_key (d_value) is None when the key was the query (the value
+ * the key): its gradient is added there. */
+static PyObject *py_layer_backward(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     (void)self;
-    PyObject *do_obj, *saved_obj, *xq_obj, *xk_obj, *xv_obj, *params;
-    PyObject *mask_obj = Py_None, *kpm_obj = Py_None;
-    Py_ssize_t heads, kv_heads, d_head;
-    int causal = 0, key_is_query = 0, value_is_key = 0;
-    double dropout = 0;
-    unsigned long long seed = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOnnn|OOpdKpp", layer_backward_kw, &do_obj,
-                                     &saved_obj, &xq_obj, &xk_obj, &xv_obj, &params, &heads,
-                                     &kv_heads, &d_head, &mask_obj, &kpm_obj, &causal, &dropout,
-                                     &seed, &key_is_query, &value_is_key))
-        return NULL;
-    int typenum = float_type(xq_obj, "query");
-    if (typenum < 0) return NULL;
-    if (!PyDict_Check(saved_obj)) {
-        PyErr_Format(PyExc_TypeError, "saved must be the dict of the forward's q_proj, k_proj, v_proj, "
-                     "attn, lse, not %.100s", Py_TYPE(saved_obj)->tp_name);
+    PyObject *a[MAX_PARAMS];
+    if (parse_call(&layer_backward_spec, args, nargs, kwnames, a)) return NULL;
+    PyObject *do_obj = a[0], *ctx_obj = a[1];
+    if (!PyCapsule_IsValid(ctx_obj, CONTEXT_NAME)) {
+        PyErr_Format(PyExc_TypeError, "context must be the one layer_forward returned (from a call without a "
+                     "KV cache), not %.100s", Py_TYPE(ctx_obj)->tp_name);
         return NULL;
     }
-    PyArrayObject *xq, *xk, *xv, *d_out, *qp, *kp, *vp, *attn, *lse;
-    mha_layer_dims m;
-    if (layer_inputs(&m, typenum, xq_obj, xk_obj, xv_obj, heads, kv_heads, d_head, &xq, &xk, &xv)) return NULL;
-    const npy_intp E_q = heads * d_head, E_kv = kv_heads * d_head;
-    npy_intp out_shape[3] = {m.batch, m.n_q, m.d_model}, q_shape[3] = {m.batch, m.n_q, E_q};
-    npy_intp kv_shape[3] = {m.batch, m.n_k, E_kv}, lse_shape[3] = {m.batch, m.heads, m.n_q};
-    if (!(d_out = get_array(do_obj, "d_out", typenum, 3)) || check_shape(d_out, "d_out", 3, out_shape))
-        return NULL;
-    if (!(qp = get_saved(saved_obj, "q_proj", 1, typenum, 3, q_shape)) ||
-        !(kp = get_saved(saved_obj, "k_proj", 1, typenum, 3, kv_shape)) ||
-        !(vp = get_saved(saved_obj, "v_proj", 1, typenum, 3, kv_shape)) ||
-        !(attn = get_saved(saved_obj, "attn", 1, typenum, 3, q_shape)))
-        return NULL;
-    if (!(lse = get_saved(saved_obj, "lse", 0, typenum, 3, lse_shape)) && PyErr_Occurred()) return NULL;
-    layer_arrays la;
-    if (layer_params(&la, params, typenum, &m)) return NULL;
-    mha_attention_desc d;
-    mha_attention_desc_init(&d, m.batch, m.heads, m.kv_heads, m.n_q, m.n_k, m.d_head, m.d_head);
-    if (fill_masks(&d, typenum, mask_obj, kpm_obj, causal, d.scale, dropout, seed)) return NULL;
-
-    if ((key_is_query && (xk != xq)) || (value_is_key && (xv != xk))) {
-        PyErr_SetString(PyExc_ValueError, "key_is_query / value_is_key need the same array objects");
-        return NULL;
-    }
+    const layer_context *c = PyCapsule_GetPointer(ctx_obj, CONTEXT_NAME);
+    const int typenum = c->typenum;
+    npy_intp out_shape[3] = {c->m.batch, c->m.n_q, c->m.d_model};
+    PyArrayObject *d_out = get_array(do_obj, "d_out", typenum, -1);
+    if (!d_out || expect_shape(d_out, "d_out", 3, out_shape, "the output has shape")) return NULL;
     PyArrayObject *d_query = NULL, *d_key = NULL, *d_value = NULL;
     layer_arrays g = {0};
     PyObject *grads = NULL;
-    if (!(d_query = new_array(3, PyArray_DIMS(xq), typenum, 0)) ||
-        (!key_is_query && !(d_key = new_array(3, PyArray_DIMS(xk), typenum, 0))) ||
-        (!value_is_key && !(d_value = new_array(3, PyArray_DIMS(xv), typenum, 0))))
+    if (!(d_query = new_array(3, PyArray_DIMS(c->query), typenum, 0)) ||
+        (!c->key_is_query && !(d_key = new_array(3, PyArray_DIMS(c->key), typenum, 0))) ||
+        (!c->value_is_key && !(d_value = new_array(3, PyArray_DIMS(c->value), typenum, 0))))
         goto fail;
     /* the buffers the core writes: an aliased input shares the buffer of the one it is */
-    PyArrayObject *dxk_buf = key_is_query ? d_query : d_key;
-    PyArrayObject *dxv_buf = value_is_key ? dxk_buf : d_value;
+    PyArrayObject *dxk_buf = c->key_is_query ? d_query : d_key;
+    PyArrayObject *dxv_buf = c->value_is_key ? dxk_buf : d_value;
     /* a gradient for every parameter given, and for the head mask whether or not it was */
     for (int i = 0; i < N_LAYER_PARAMS; i++) {
-        PyArrayObject *a = FIELD(&la, i);
-        npy_intp hshape[1] = {m.heads};
+        PyArrayObject *a = FIELD(&c->params, i);
+        npy_intp hshape[1] = {c->m.heads};
         int is_head_mask = LAYER_PARAMS[i].rows == HEADS;
         if ((a || is_head_mask) &&
             !(FIELD(&g, i) = a ? new_array(PyArray_NDIM(a), PyArray_DIMS(a), typenum, 0) : new_array(1, hshape, typenum, 0)))
@@ -693,8 +1001,7 @@ static PyObject *py_layer_backward(PyObject *self, PyObject *args, PyObject *kwa
     PyObject *none_key = d_key ? (PyObject *)d_key : Py_None, *none_value = d_value ? (PyObject *)d_value : Py_None;
     if (!d_key) Py_INCREF(Py_None);
     if (!d_value) Py_INCREF(Py_None);
-    return Py_BuildValue("{s:N,s:N,s:N,s:N}", "d_query", d_query, "d_key", none_key, "d_value", none_value,
-                         "grads", grads);
+    return Py_BuildValue("(NNNN)", d_query, none_key, none_value, grads);
 fail:
     Py_XDECREF(d_query);
     Py_XDECREF(d_key);
@@ -706,15 +1013,18 @@ fail:
 
 /* ---- building blocks ---------------------------------------------------------------------- */
 
-static char *matmul_kw[] = {"a", "b", "trans_a", "trans_b", NULL};
+static const char *const matmul_kw[] = {"a", "b", "trans_a", "trans_b", NULL};
+static call_spec matmul_spec = {"matmul", matmul_kw, 2, {NULL}};
 
 /* op(a) @ op(b) for 2-D C-contiguous float arrays of one dtype: the core's GEMM. */
-static PyObject *py_matmul(PyObject *self, PyObject *args, PyObject *kwargs) {
+static PyObject *py_matmul(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     (void)self;
-    PyObject *a_obj, *b_obj;
+    PyObject *arg[MAX_PARAMS];
     int ta = 0, tb = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|pp", matmul_kw, &a_obj, &b_obj, &ta, &tb))
+    if (parse_call(&matmul_spec, args, nargs, kwnames, arg) || get_flag(arg[2], "trans_a", &ta) ||
+        get_flag(arg[3], "trans_b", &tb))
         return NULL;
+    PyObject *a_obj = arg[0], *b_obj = arg[1];
     int typenum = float_type(a_obj, "a");
     if (typenum < 0) return NULL;
     PyArrayObject *a = get_array(a_obj, "a", typenum, 2), *b;
@@ -748,7 +1058,7 @@ static int get_opt_vector(PyObject *obj, const char *name, int typenum, npy_intp
     *out = NULL;
     if (!obj || obj == Py_None) return 0;
     if (!(*out = get_array(obj, name, typenum, 1))) return -1;
-    return check_dim(*out, name, 0, n, "size");
+    return check_shape(*out, name, 1, &n);
 }
 
 /* The array to write: `out` when given (checked for dtype, shape, layout, writability; a new
@@ -771,11 +1081,11 @@ static PyArrayObject *get_or_new(PyObject *out_obj, int ndim, const npy_intp *sh
     } while (0)
 #define DPTR(a) ((void *)((a) ? PyArray_DATA(a) : NULL))
 
-static int check_act(int act) {
-    int kind = act & ~MHA_ACT_GATED;
-    if ((act & ~(MHA_ACT_GATED | 15)) || kind < MHA_ACT_NONE || kind > MHA_ACT_RELU) {
+static int check_act(Py_ssize_t act) {
+    Py_ssize_t kind = act & ~(Py_ssize_t)MHA_ACT_GATED;
+    if ((act & ~(Py_ssize_t)(MHA_ACT_GATED | 15)) || kind < MHA_ACT_NONE || kind > MHA_ACT_RELU) {
         PyErr_Format(PyExc_ValueError, "act must be an activation code in [0, %d], or'ed with %d "
-                     "(gated), got %d", MHA_ACT_RELU, MHA_ACT_GATED, act);
+                     "(gated), got %zd", MHA_ACT_RELU, MHA_ACT_GATED, act);
         return -1;
     }
     return 0;
@@ -789,15 +1099,17 @@ static npy_intp pack_width(int typenum) {
     return (npy_intp)w;
 }
 
-static char *pack_weight_kw[] = {"b", "trans_b", NULL};
+static const char *const pack_weight_kw[] = {"b", "trans_b", NULL};
+static call_spec pack_weight_spec = {"pack_weight", pack_weight_kw, 1, {NULL}};
 
 /* pack_weight(b (K, N) or (N, K) with trans_b, trans_b=False) -> op(b) packed whole, a new
  * (ceil(N / W), K, W) array (W = the path's panel width), for linear(a, packed, columns=N). */
-static PyObject *py_pack_weight(PyObject *self, PyObject *args, PyObject *kwargs) {
+static PyObject *py_pack_weight(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     (void)self;
-    PyObject *b_obj;
+    PyObject *arg[MAX_PARAMS];
     int tb = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|p", pack_weight_kw, &b_obj, &tb)) return NULL;
+    if (parse_call(&pack_weight_spec, args, nargs, kwnames, arg) || get_flag(arg[1], "trans_b", &tb)) return NULL;
+    PyObject *b_obj = arg[0];
     int typenum = float_type(b_obj, "b");
     if (typenum < 0) return NULL;
     PyArrayObject *b = get_array(b_obj, "b", typenum, 2);
@@ -815,21 +1127,26 @@ static PyObject *py_pack_weight(PyObject *self, PyObject *args, PyObject *kwargs
     return (PyObject *)p;
 }
 
-static char *linear_kw[] = {"a", "b", "bias", "act", "trans_b", "out", "columns", NULL};
+static const char *const linear_kw[] = {"a", "b", "bias", "act", "trans_b", "out", "columns", NULL};
+static call_spec linear_spec = {"linear", linear_kw, 2, {NULL}};
 
 /* linear(a (M, K), b (K, N') or (N', K) with trans_b, bias (N') or None, act=0, trans_b=False,
  * out=None, columns=None) -> act(a @ op(b) + bias) (M, N), N = N' / 2 when act is gated; with
  * out (M, N): out += a @ op(b) + bias in place (act must be 0), and out is returned. b may be
  * packed by pack_weight ((P, K, W), trans_b False): columns then gives N'. */
-static PyObject *py_linear(PyObject *self, PyObject *args, PyObject *kwargs) {
+static PyObject *py_linear(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     (void)self;
-    PyObject *a_obj, *b_obj, *bias_obj = Py_None, *out_obj = Py_None, *cols_obj = Py_None;
-    int act = 0, tb = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|OipOO", linear_kw, &a_obj, &b_obj, &bias_obj,
-                                     &act, &tb, &out_obj, &cols_obj))
+    PyObject *arg[MAX_PARAMS];
+    Py_ssize_t act_code = 0;
+    int tb = 0;
+    if (parse_call(&linear_spec, args, nargs, kwnames, arg) || get_ssize(arg[3], "act", &act_code) ||
+        check_act(act_code) || get_flag(arg[4], "trans_b", &tb))
         return NULL;
+    PyObject *a_obj = arg[0], *b_obj = arg[1], *bias_obj = OR_NONE(arg[2]), *out_obj = OR_NONE(arg[5]);
+    PyObject *cols_obj = OR_NONE(arg[6]);
+    const int act = (int)act_code;
     int typenum = float_type(a_obj, "a");
-    if (typenum < 0 || check_act(act)) return NULL;
+    if (typenum < 0) return NULL;
     const int packed = PyArray_Check(b_obj) && PyArray_NDIM((PyArrayObject *)b_obj) == 3;
     PyArrayObject *a = get_array(a_obj, "a", typenum, 2), *b, *bias;
     if (!a || !(b = get_array(b_obj, "b", typenum, packed ? 3 : 2))) return NULL;
@@ -895,17 +1212,22 @@ static PyObject *py_linear(PyObject *self, PyObject *args, PyObject *kwargs) {
     return (PyObject *)c;
 }
 
-static char *activation_kw[] = {"x", "act", "out", NULL};
+static const char *const activation_kw[] = {"x", "act", "out", NULL};
+static call_spec activation_spec = {"activation", activation_kw, 2, {NULL}};
 
 /* activation(x (rows, n) [or (rows, 2n) gated], act, out=None) -> act(x) (rows, n); out may be
  * x itself (in place). */
-static PyObject *py_activation(PyObject *self, PyObject *args, PyObject *kwargs) {
+static PyObject *py_activation(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     (void)self;
-    PyObject *x_obj, *out_obj = Py_None;
-    int act;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "Oi|O", activation_kw, &x_obj, &act, &out_obj)) return NULL;
+    PyObject *arg[MAX_PARAMS];
+    Py_ssize_t act_code = 0;
+    if (parse_call(&activation_spec, args, nargs, kwnames, arg) || get_ssize(arg[1], "act", &act_code) ||
+        check_act(act_code))
+        return NULL;
+    PyObject *x_obj = arg[0], *out_obj = OR_NONE(arg[2]);
+    const int act = (int)act_code;
     int typenum = float_type(x_obj, "x");
-    if (typenum < 0 || check_act(act)) return NULL;
+    if (typenum < 0) return NULL;
     PyArrayObject *x = get_array(x_obj, "x", typenum, 2);
     if (!x) return NULL;
     int gated = (act & MHA_ACT_GATED) != 0;
@@ -938,17 +1260,21 @@ static PyObject *py_activation(PyObject *self, PyObject *args, PyObject *kwargs)
     return (PyObject *)y;
 }
 
-static char *norm_kw[] = {"x", "gain", "bias", "eps", "out", NULL};
-static char *rms_norm_kw[] = {"x", "gain", "eps", "out", NULL};
+static const char *const norm_kw[] = {"x", "gain", "bias", "eps", "out", NULL};
+static const char *const rms_norm_kw[] = {"x", "gain", "eps", "out", NULL};
+static call_spec norm_spec = {"layer_norm", norm_kw, 4, {NULL}};
+static call_spec rms_norm_spec = {"rms_norm", rms_norm_kw, 3, {NULL}};
 
 /* layer_norm(x (rows, d), gain (d) or None, bias (d) or None, eps, out=None) -> (rows, d);
  * rms_norm(x, gain, eps, out=None) the same without bias. out may be x itself. */
-static PyObject *norm(PyObject *args, PyObject *kwargs, int rms) {
-    PyObject *x_obj, *g_obj, *b_obj = Py_None, *out_obj = Py_None;
-    double eps;
-    int parsed = rms ? PyArg_ParseTupleAndKeywords(args, kwargs, "OOd|O", rms_norm_kw, &x_obj, &g_obj, &eps, &out_obj)
-                     : PyArg_ParseTupleAndKeywords(args, kwargs, "OOOd|O", norm_kw, &x_obj, &g_obj, &b_obj, &eps, &out_obj);
-    if (!parsed) return NULL;
+static PyObject *norm(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, int rms) {
+    PyObject *arg[5] = {NULL};
+    double eps = 0;
+    if (parse_call(rms ? &rms_norm_spec : &norm_spec, args, nargs, kwnames, arg)) return NULL;
+    /* layer_norm: x, gain, bias, eps, out; rms_norm: x, gain, eps, out */
+    PyObject *x_obj = arg[0], *g_obj = arg[1], *b_obj = rms ? Py_None : OR_NONE(arg[2]);
+    PyObject *out_obj = OR_NONE(arg[rms ? 3 : 4]);
+    if (get_double(arg[rms ? 2 : 3], "eps", &eps)) return NULL;
     int typenum = float_type(x_obj, "x");
     if (typenum < 0) return NULL;
     if (!(eps >= 0)) {
@@ -975,26 +1301,29 @@ static PyObject *norm(PyObject *args, PyObject *kwargs, int rms) {
     return (PyObject *)y;
 }
 
-static PyObject *py_layer_norm(PyObject *self, PyObject *args, PyObject *kwargs) {
+static PyObject *py_layer_norm(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     (void)self;
-    return norm(args, kwargs, 0);
+    return norm(args, nargs, kwnames, 0);
 }
 
-static PyObject *py_rms_norm(PyObject *self, PyObject *args, PyObject *kwargs) {
+static PyObject *py_rms_norm(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     (void)self;
-    return norm(args, kwargs, 1);
+    return norm(args, nargs, kwnames, 1);
 }
 
-static char *rope_kw[] = {"x", "heads", "d_head", "cos", "sin", NULL};
+static const char *const rope_kw[] = {"x", "heads", "d_head", "cos", "sin", NULL};
+static call_spec rope_spec = {"rope", rope_kw, 5, {NULL}};
 
 /* rope(x (rows, width), heads, d_head, cos (period, d_head / 2), sin (same)) -> None: rotates
  * the first heads * d_head columns of every row in place, row r by row r % period of cos, sin. */
-static PyObject *py_rope(PyObject *self, PyObject *args, PyObject *kwargs) {
+static PyObject *py_rope(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     (void)self;
-    PyObject *x_obj, *c_obj, *s_obj;
-    Py_ssize_t heads, d_head;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OnnOO", rope_kw, &x_obj, &heads, &d_head, &c_obj, &s_obj))
+    PyObject *arg[MAX_PARAMS];
+    Py_ssize_t heads = 0, d_head = 0;
+    if (parse_call(&rope_spec, args, nargs, kwnames, arg) || get_ssize(arg[1], "heads", &heads) ||
+        get_ssize(arg[2], "d_head", &d_head))
         return NULL;
+    PyObject *x_obj = arg[0], *c_obj = arg[3], *s_obj = arg[4];
     int typenum = float_type(x_obj, "x");
     if (typenum < 0) return NULL;
     PyArrayObject *x = get_output_array(x_obj, "x", typenum, 2), *c, *s;
@@ -1018,16 +1347,18 @@ static PyObject *py_rope(PyObject *self, PyObject *args, PyObject *kwargs) {
     Py_RETURN_NONE;
 }
 
-static char *embedding_kw[] = {"table", "ids", "out", "accumulate", NULL};
+static const char *const embedding_kw[] = {"table", "ids", "out", "accumulate", NULL};
+static call_spec embedding_spec = {"embedding", embedding_kw, 2, {NULL}};
 
 /* embedding(table (vocab, d), ids int64 (n,), out=None, accumulate=False) -> (n, d): rows of
  * table; with accumulate, added to out (required). */
-static PyObject *py_embedding(PyObject *self, PyObject *args, PyObject *kwargs) {
+static PyObject *py_embedding(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     (void)self;
-    PyObject *t_obj, *ids_obj, *out_obj = Py_None;
+    PyObject *arg[MAX_PARAMS];
     int accumulate = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|Op", embedding_kw, &t_obj, &ids_obj, &out_obj, &accumulate))
+    if (parse_call(&embedding_spec, args, nargs, kwnames, arg) || get_flag(arg[3], "accumulate", &accumulate))
         return NULL;
+    PyObject *t_obj = arg[0], *ids_obj = arg[1], *out_obj = OR_NONE(arg[2]);
     int typenum = float_type(t_obj, "table");
     if (typenum < 0) return NULL;
     PyArrayObject *t = get_array(t_obj, "table", typenum, 2), *ids;
@@ -1058,12 +1389,14 @@ static PyObject *py_embedding(PyObject *self, PyObject *args, PyObject *kwargs) 
 /* attention_flow(weights, sources=None) -> (n_sources, n): weights (L, n, n) float64,
  * C-contiguous, finite, >= 0; sources int64 (n_sources,) or None for all positions
  * (mha.analysis.attention_flow fuses the heads, adds the residual and checks the values). */
-static char *attention_flow_kw[] = {"weights", "sources", NULL};
+static const char *const attention_flow_kw[] = {"weights", "sources", NULL};
+static call_spec attention_flow_spec = {"attention_flow", attention_flow_kw, 1, {NULL}};
 
-static PyObject *py_attention_flow(PyObject *self, PyObject *args, PyObject *kwargs) {
+static PyObject *py_attention_flow(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     (void)self;
-    PyObject *w_obj, *s_obj = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O", attention_flow_kw, &w_obj, &s_obj)) return NULL;
+    PyObject *arg[MAX_PARAMS];
+    if (parse_call(&attention_flow_spec, args, nargs, kwnames, arg)) return NULL;
+    PyObject *w_obj = arg[0], *s_obj = OR_NONE(arg[1]);
     PyArrayObject *w = get_array(w_obj, "weights", NPY_FLOAT64, 3), *src = NULL;
     if (!w) return NULL;
     npy_intp L = PyArray_DIM(w, 0), n = PyArray_DIM(w, 1), n_src = n;
@@ -1113,8 +1446,8 @@ static PyObject *py_set_num_threads(PyObject *self, PyObject *arg) {
     (void)self;
     long n = PyLong_AsLong(arg);
     if (n == -1 && PyErr_Occurred()) return NULL;
-    if (n < 1 || n > 4096) {
-        PyErr_Format(PyExc_ValueError, "n must be between 1 and 4096, got %ld", n);
+    if (n < 1 || n > MHA_MAX_THREADS) {
+        PyErr_Format(PyExc_ValueError, "n must be between 1 and %d, got %ld", MHA_MAX_THREADS, n);
         return NULL;
     }
     mha_set_num_threads((int)n);
@@ -1134,39 +1467,37 @@ static PyObject *py_build_info(PyObject *self, PyObject *unused) {
 }
 
 static PyMethodDef methods[] = {
-    {"attention_forward", (PyCFunction)(void (*)(void))py_attention_forward, METH_VARARGS | METH_KEYWORDS,
-     "attention_forward(q, k, v, mask, key_padding_mask, causal, scale, dropout, seed, need_weights, return_lse) -> (out, weights[, lse])"},
-    {"attention_backward", (PyCFunction)(void (*)(void))py_attention_backward, METH_VARARGS | METH_KEYWORDS,
+    {"attention_forward", (PyCFunction)(void (*)(void))py_attention_forward, METH_FASTCALL | METH_KEYWORDS,
+     "attention_forward(q, k, v, mask, key_padding_mask, causal, scale, dropout, seed, need_weights, return_lse, out, weights_out) -> (out, weights[, lse])"},
+    {"attention_backward", (PyCFunction)(void (*)(void))py_attention_backward, METH_FASTCALL | METH_KEYWORDS,
      "attention_backward(d_out, q, k, v, mask, key_padding_mask, causal, scale, dropout, seed, out, lse) -> (dq, dk, dv)"},
-    {"layer_forward", (PyCFunction)(void (*)(void))py_layer_forward, METH_VARARGS | METH_KEYWORDS,
+    {"layer_forward", (PyCFunction)(void (*)(void))py_layer_forward, METH_FASTCALL | METH_KEYWORDS,
      "layer_forward(query, key, value, params, heads, kv_heads, d_head, mask, key_padding_mask, causal, "
-     "dropout, seed, need_weights, k_cache, v_cache, cache_length) -> {out, weights, q_proj, k_proj, "
-     "v_proj, attn, lse}; params: {W_q, W_k, W_v, W_o[, b_q, b_k, b_v, b_o, head_mask]}"},
-    {"layer_backward", (PyCFunction)(void (*)(void))py_layer_backward, METH_VARARGS | METH_KEYWORDS,
-     "layer_backward(d_out, saved, query, key, value, params, heads, kv_heads, d_head, mask, "
-     "key_padding_mask, causal, dropout, seed, key_is_query, value_is_key) -> {d_query, d_key, "
-     "d_value, grads}; saved: {q_proj, k_proj, v_proj, attn[, lse]} from layer_forward"},
-    {"matmul", (PyCFunction)(void (*)(void))py_matmul, METH_VARARGS | METH_KEYWORDS,
+     "dropout, seed, need_weights, k_cache, v_cache, cache_length, key_is_query, value_is_key) -> (out, "
+     "weights, context); params: {W_q, W_k, W_v, W_o[, b_q, b_k, b_v, b_o, head_mask]}"},
+    {"layer_backward", (PyCFunction)(void (*)(void))py_layer_backward, METH_FASTCALL | METH_KEYWORDS,
+     "layer_backward(d_out, context) -> (d_query, d_key, d_value, grads); context from layer_forward"},
+    {"matmul", (PyCFunction)(void (*)(void))py_matmul, METH_FASTCALL | METH_KEYWORDS,
      "matmul(a, b, trans_a=False, trans_b=False): the core's GEMM on 2-D C-contiguous arrays"},
-    {"linear", (PyCFunction)(void (*)(void))py_linear, METH_VARARGS | METH_KEYWORDS,
+    {"linear", (PyCFunction)(void (*)(void))py_linear, METH_FASTCALL | METH_KEYWORDS,
      "linear(a, b, bias=None, act=0, trans_b=False, out=None, columns=None) -> act(a @ op(b) + bias), "
      "or out += a @ op(b) + bias; b may be pack_weight's (P, K, W), with columns=N"},
-    {"pack_weight", (PyCFunction)(void (*)(void))py_pack_weight, METH_VARARGS | METH_KEYWORDS,
+    {"pack_weight", (PyCFunction)(void (*)(void))py_pack_weight, METH_FASTCALL | METH_KEYWORDS,
      "pack_weight(b, trans_b=False) -> op(b) (K, N) packed whole for linear: (ceil(N / W), K, W)"},
-    {"activation", (PyCFunction)(void (*)(void))py_activation, METH_VARARGS | METH_KEYWORDS,
+    {"activation", (PyCFunction)(void (*)(void))py_activation, METH_FASTCALL | METH_KEYWORDS,
      "activation(x, act, out=None) -> act(x) (gated: act(x[:, :n]) * x[:, n:])"},
-    {"layer_norm", (PyCFunction)(void (*)(void))py_layer_norm, METH_VARARGS | METH_KEYWORDS,
+    {"layer_norm", (PyCFunction)(void (*)(void))py_layer_norm, METH_FASTCALL | METH_KEYWORDS,
      "layer_norm(x, gain, bias, eps, out=None) -> LayerNorm of the rows of x"},
-    {"rms_norm", (PyCFunction)(void (*)(void))py_rms_norm, METH_VARARGS | METH_KEYWORDS,
+    {"rms_norm", (PyCFunction)(void (*)(void))py_rms_norm, METH_FASTCALL | METH_KEYWORDS,
      "rms_norm(x, gain, eps, out=None) -> RMSNorm of the rows of x"},
-    {"rope", (PyCFunction)(void (*)(void))py_rope, METH_VARARGS | METH_KEYWORDS,
+    {"rope", (PyCFunction)(void (*)(void))py_rope, METH_FASTCALL | METH_KEYWORDS,
      "rope(x, heads, d_head, cos, sin) -> None: rotary embedding in place"},
-    {"embedding", (PyCFunction)(void (*)(void))py_embedding, METH_VARARGS | METH_KEYWORDS,
+    {"embedding", (PyCFunction)(void (*)(void))py_embedding, METH_FASTCALL | METH_KEYWORDS,
      "embedding(table, ids, out=None, accumulate=False) -> rows of table"},
-    {"attention_flow", (PyCFunction)(void (*)(void))py_attention_flow, METH_VARARGS | METH_KEYWORDS,
+    {"attention_flow", (PyCFunction)(void (*)(void))py_attention_flow, METH_FASTCALL | METH_KEYWORDS,
      "attention_flow(weights (L, n, n) float64, sources=None) -> (n_sources, n) maximum flows"},
     {"dropout_uniform", py_dropout_uniform, METH_VARARGS, "dropout_uniform(seed, b, h, i, j) -> float in [0, 1)"},
-    {"set_num_threads", py_set_num_threads, METH_O, "set_num_threads(n)"},
+    {"set_num_threads", py_set_num_threads, METH_O, "set_num_threads(n): n in 1 .. MAX_THREADS"},
     {"get_num_threads", py_get_num_threads, METH_NOARGS, "get_num_threads() -> int"},
     {"build_info", py_build_info, METH_NOARGS, "build_info() -> str"},
     {NULL, NULL, 0, NULL},
@@ -1177,5 +1508,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "mha._C", "mha's C co
 
 PyMODINIT_FUNC PyInit__C(void) {
     import_array();
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    if (m && PyModule_AddIntConstant(m, "MAX_THREADS", MHA_MAX_THREADS) < 0) Py_CLEAR(m);
+    return m;
 }

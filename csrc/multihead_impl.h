@@ -115,28 +115,26 @@ static int FN(mha_layer_forward)(real *out, real *weights, const SAVED *saved, c
     return err;
 }
 
-/* The backward's scratch: one block of `total` elements holding, at these element offsets,
- * dC (rows_q, H*d_head), the masked concatenation (rows_q, H*d_head; none without a head
- * mask), dQ (rows_q, H*d_head), dK and dV (rows_k, H_kv*d_head). ok = 0 when a size overflows. */
+/* The layer backward's scratch (rows_q = B * n_q, rows_k = B * n_k). */
 typedef struct {
-    size_t dC, masked, dQ, dK, dV, total;
-    int ok;
-} FN(backward_scratch);
+    real *dC;     /* (rows_q, H*d_head): d of the heads' concatenation */
+    real *masked; /* (rows_q, H*d_head): the concatenation times head_mask; empty without one */
+    real *dQ;     /* (rows_q, H*d_head) */
+    real *dK;     /* (rows_k, H_kv*d_head) */
+    real *dV;     /* (rows_k, H_kv*d_head) */
+} FN(layer_scratch);
 
-static FN(backward_scratch) FN(backward_scratch_parts)(const mha_layer_dims *m, int head_mask) {
-    FN(backward_scratch) s = {.ok = 1};
-    const size_t q_elems = mha_mul_size(mha_mul_size((size_t)m->batch, (size_t)m->n_q, &s.ok),
-                                        (size_t)(m->heads * m->d_head), &s.ok);
-    const size_t k_elems = mha_mul_size(mha_mul_size((size_t)m->batch, (size_t)m->n_k, &s.ok),
-                                        (size_t)(m->kv_heads * m->d_head), &s.ok);
-    const size_t sizes[5] = {q_elems, head_mask ? q_elems : 0, q_elems, k_elems, k_elems};
-    size_t *offsets[5] = {&s.dC, &s.masked, &s.dQ, &s.dK, &s.dV};
-    for (int i = 0; i < 5; i++) {
-        *offsets[i] = s.total;
-        s.total = mha_add_size(s.total, sizes[i], &s.ok);
-    }
-    if (s.total > SIZE_MAX / sizeof(real)) s.ok = 0;
-    return s;
+static void FN(layer_scratch_layout)(FN(layer_scratch) *s, mha_carver *c, const mha_layer_dims *m,
+                                     int head_mask) {
+    const size_t q_elems = mha_mul_size(mha_mul_size((size_t)m->batch, (size_t)m->n_q, &c->ok),
+                                        (size_t)(m->heads * m->d_head), &c->ok);
+    const size_t k_elems = mha_mul_size(mha_mul_size((size_t)m->batch, (size_t)m->n_k, &c->ok),
+                                        (size_t)(m->kv_heads * m->d_head), &c->ok);
+    s->dC = mha_carve(c, q_elems, sizeof(real));
+    s->masked = mha_carve(c, head_mask ? q_elems : 0, sizeof(real));
+    s->dQ = mha_carve(c, q_elems, sizeof(real));
+    s->dK = mha_carve(c, k_elems, sizeof(real));
+    s->dV = mha_carve(c, k_elems, sizeof(real));
 }
 
 /* Backward: mirrors the forward's passes in reverse.
@@ -152,12 +150,14 @@ static int FN(mha_layer_backward)(real *dx_q, real *dx_k, real *dx_v, const GRAD
     const int64_t E_q = H * dh, E_kv = m->kv_heads * dh;
     const int64_t rows_q = B * m->n_q, rows_k = B * m->n_k;
     const real *attn = saved->attn;
-    const FN(backward_scratch) parts = FN(backward_scratch_parts)(m, p->head_mask != NULL);
-    if (!parts.ok) return MHA_ENOMEM;
-    real *scratch = mha_alloc(parts.total * sizeof(real));
+    FN(layer_scratch) ws;
+    mha_carver size = {NULL, 0, 1};
+    FN(layer_scratch_layout)(&ws, &size, m, p->head_mask != NULL);
+    char *scratch = size.ok ? mha_alloc(size.bytes) : NULL;
     if (!scratch) return MHA_ENOMEM;
-    real *dC = scratch + parts.dC, *masked = scratch + parts.masked, *dQ = scratch + parts.dQ;
-    real *dK = scratch + parts.dK, *dV = scratch + parts.dV;
+    mha_carver block = {scratch, 0, 1};
+    FN(layer_scratch_layout)(&ws, &block, m, p->head_mask != NULL);
+    real *dC = ws.dC, *masked = ws.masked, *dQ = ws.dQ, *dK = ws.dK, *dV = ws.dV;
     int err = MHA_OK;
 
     // 3. out = concat W_o + b_o  ->  dconcat = d_out W_o^T, dW_o = concat^T d_out, db_o

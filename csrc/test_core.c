@@ -5,7 +5,7 @@
  * four transpose combinations (and products sharing A, bitwise against single products),
  * attention forward with every mask kind, causal, GQA and dropout, its backward against
  * central finite differences (float64), the layer against projections + attention composed by
- * hand, and fully masked rows giving 0.
+ * hand, and fully masked rows giving 0; the thread layer runs every task of a job once.
  */
 #include <math.h>
 #include <stdio.h>
@@ -550,10 +550,10 @@ static double act_naive(int act, double x) {
     }
 }
 
-static void test_block(void) {
+/* mha_linear: every activation, plain and gated, float and double, against
+ * act(A @ B + bias) in double; M spans the small path, one block and several blocks */
+static void test_linear(void) {
     char what[96];
-    /* mha_linear: every activation, plain and gated, float and double, against
-     * act(A @ B + bias) in double; M spans the small path, one block and several blocks */
     const int64_t Ms[] = {2, 37, 300}, K = 70, N = 45;
     for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++)
         for (int act = MHA_ACT_NONE; act <= MHA_ACT_RELU; act++)
@@ -592,175 +592,251 @@ static void test_block(void) {
                 expect(e <= 2e-5, what, e, 2e-5);
                 free(A), free(B), free(bias), free(want), free(C), free(Af), free(Bf), free(biasf), free(Cf);
             }
-    /* weights packed once (mha_pack_weight): mha_linear_packed bitwise equal to mha_linear
-     * (to rounding where mha_linear runs a small product unpacked), for B as it is and transposed, plain, gated and residual, one row to several blocks,
-     * a shared axis in one slice and in three (K = 700) */
-    {
-        const int64_t Ms[] = {1, 3, 37, 300}, Ks[] = {70, 700}, N = 45;
-        int64_t width = 0;
-        mha_pack_width_f32(&width);
-        expect(width > 0 && width % 4 == 0, "pack width f32 a multiple of 4", (double)width, 0);
-        for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++)
-            for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++)
-                for (int mode = 0; mode < 4; mode++) { /* B, B transposed, gated, residual */
-                    const int64_t M = Ms[mi], K = Ks[ki], NB = mode == 2 ? 2 * N : N;
-                    const int tb = mode == 1, act = mode == 2 ? (MHA_ACT_SILU | MHA_ACT_GATED) : 0;
-                    const float beta = mode == 3 ? 1.0f : 0.0f;
-                    const int64_t panels = (NB + width - 1) / width;
-                    float *A = malloc(sizeof(float) * (size_t)(M * K)), *B = malloc(sizeof(float) * (size_t)(K * NB));
-                    float *bias = malloc(sizeof(float) * (size_t)NB);
-                    float *Bp = malloc(sizeof(float) * (size_t)(K * width * panels));
-                    float *want = malloc(sizeof(float) * (size_t)(M * N)), *C = malloc(sizeof(float) * (size_t)(M * N));
-                    for (int64_t i = 0; i < M * K; i++) A[i] = (float)randn();
-                    for (int64_t i = 0; i < K * NB; i++) B[i] = (float)(randn() / sqrt((double)K));
-                    for (int64_t i = 0; i < NB; i++) bias[i] = (float)randn();
-                    for (int64_t i = 0; i < M * N; i++) want[i] = C[i] = (float)randn();
-                    const int64_t ldb = tb ? K : NB;
-                    int err = mha_pack_weight_f32(Bp, B, ldb, tb, K, NB);
-                    err |= mha_linear_f32(M, N, K, A, K, B, ldb, tb, bias, act, beta, want, N);
-                    err |= mha_linear_packed_f32(M, N, K, A, K, Bp, bias, act, beta, C, N);
-                    size_t differ = 0; /* not bitwise equal, or (small products) beyond rounding */
-                    const int small = M * NB * K <= 16384; /* mha_linear's unpacked loops: other order */
-                    for (int64_t i = 0; i < M * N; i++)
-                        differ += small ? fabsf(C[i] - want[i]) > 1e-5f * (1 + fabsf(want[i]))
-                                        : memcmp(C + i, want + i, sizeof(float)) != 0;
-                    snprintf(what, sizeof what, "linear packed f32 M=%lld K=%lld mode=%d (elements differing)",
-                             (long long)M, (long long)K, mode);
-                    expect(!err && differ == 0, what, (double)differ, 0);
-                    free(A), free(B), free(bias), free(Bp), free(want), free(C);
-                }
-        /* double, one case */
-        const int64_t M = 20, K = 33, Nd = 19;
-        mha_pack_width_f64(&width);
-        const int64_t panels = (Nd + width - 1) / width;
-        double *A = random_array((size_t)(M * K)), *B = random_array((size_t)(K * Nd));
-        double *Bp = malloc(sizeof(double) * (size_t)(K * width * panels));
-        double *want = malloc(sizeof(double) * (size_t)(M * Nd)), *C = malloc(sizeof(double) * (size_t)(M * Nd));
-        int err = mha_pack_weight_f64(Bp, B, Nd, 0, K, Nd);
-        err |= mha_linear_f64(M, Nd, K, A, K, B, Nd, 0, NULL, MHA_ACT_GELU, 0, want, Nd);
-        err |= mha_linear_packed_f64(M, Nd, K, A, K, Bp, NULL, MHA_ACT_GELU, 0, C, Nd);
-        double e = err ? INFINITY : max_abs_diff(C, want, (size_t)(M * Nd));
-        expect(e == 0, "linear packed f64, GELU", e, 0);
-        expect(mha_pack_weight_f64(Bp, B, Nd, 0, -1, Nd) == MHA_EINVAL, "pack_weight: negative K refused", 0, 0);
-        free(A), free(B), free(Bp), free(want), free(C);
-    }
-    /* a residual added in place (beta = 1), B read transposed; act with beta != 0 refused */
-    {
-        const int64_t M = 50, Kr = 64, Nr = 33;
-        double *A = random_array((size_t)(M * Kr)), *Bt = random_array((size_t)(Nr * Kr));
-        double *bias = random_array((size_t)Nr), *C = random_array((size_t)(M * Nr));
-        double *want = malloc(sizeof(double) * (size_t)(M * Nr));
-        for (int64_t i = 0; i < M; i++)
-            for (int64_t j = 0; j < Nr; j++) {
-                double s = C[i * Nr + j] + bias[j];
-                for (int64_t p = 0; p < Kr; p++) s += A[i * Kr + p] * Bt[j * Kr + p];
-                want[i * Nr + j] = s;
+}
+
+/* weights packed once (mha_pack_weight): mha_linear_packed bitwise equal to mha_linear
+ * (to rounding where mha_linear runs a small product unpacked), for B as it is and
+ * transposed, plain, gated and residual, one row to several blocks, a shared axis in one
+ * slice and in three (K = 700) */
+static void test_linear_packed(void) {
+    char what[96];
+    const int64_t Ms[] = {1, 3, 37, 300}, Ks[] = {70, 700}, N = 45;
+    int64_t width = 0;
+    mha_pack_width_f32(&width);
+    expect(width > 0 && width % 4 == 0, "pack width f32 a multiple of 4", (double)width, 0);
+    for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++)
+        for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++)
+            for (int mode = 0; mode < 4; mode++) { /* B, B transposed, gated, residual */
+                const int64_t M = Ms[mi], K = Ks[ki], NB = mode == 2 ? 2 * N : N;
+                const int tb = mode == 1, act = mode == 2 ? (MHA_ACT_SILU | MHA_ACT_GATED) : 0;
+                const float beta = mode == 3 ? 1.0f : 0.0f;
+                const int64_t panels = (NB + width - 1) / width;
+                float *A = malloc(sizeof(float) * (size_t)(M * K)), *B = malloc(sizeof(float) * (size_t)(K * NB));
+                float *bias = malloc(sizeof(float) * (size_t)NB);
+                float *Bp = malloc(sizeof(float) * (size_t)(K * width * panels));
+                float *want = malloc(sizeof(float) * (size_t)(M * N)), *C = malloc(sizeof(float) * (size_t)(M * N));
+                for (int64_t i = 0; i < M * K; i++) A[i] = (float)randn();
+                for (int64_t i = 0; i < K * NB; i++) B[i] = (float)(randn() / sqrt((double)K));
+                for (int64_t i = 0; i < NB; i++) bias[i] = (float)randn();
+                for (int64_t i = 0; i < M * N; i++) want[i] = C[i] = (float)randn();
+                const int64_t ldb = tb ? K : NB;
+                int err = mha_pack_weight_f32(Bp, B, ldb, tb, K, NB);
+                err |= mha_linear_f32(M, N, K, A, K, B, ldb, tb, bias, act, beta, want, N);
+                err |= mha_linear_packed_f32(M, N, K, A, K, Bp, bias, act, beta, C, N);
+                size_t differ = 0; /* not bitwise equal, or (small products) beyond rounding */
+                const int small = M * NB * K <= 16384; /* mha_linear's unpacked loops: other order */
+                for (int64_t i = 0; i < M * N; i++)
+                    differ += small ? fabsf(C[i] - want[i]) > 1e-5f * (1 + fabsf(want[i]))
+                                    : memcmp(C + i, want + i, sizeof(float)) != 0;
+                snprintf(what, sizeof what, "linear packed f32 M=%lld K=%lld mode=%d (elements differing)",
+                         (long long)M, (long long)K, mode);
+                expect(!err && differ == 0, what, (double)differ, 0);
+                free(A), free(B), free(bias), free(Bp), free(want), free(C);
             }
-        int err = mha_linear_f64(M, Nr, Kr, A, Kr, Bt, Kr, 1, bias, MHA_ACT_NONE, 1, C, Nr);
-        double e = err ? INFINITY : max_abs_diff(C, want, (size_t)(M * Nr));
-        expect(e <= 1e-12, "linear f64: residual in place, B transposed", e, 1e-12);
-        err = mha_linear_f64(M, Nr, Kr, A, Kr, Bt, Kr, 1, bias, MHA_ACT_GELU, 1, C, Nr);
-        expect(err == MHA_EINVAL, "linear: an activation with beta != 0 is refused", err, 0);
-        expect(mha_linear_f64(M, Nr, Kr, A, Kr, Bt, Kr, 1, bias, 9, 0, C, Nr) == MHA_EINVAL,
-               "linear: an unknown activation is refused", 0, 0);
-        free(A), free(Bt), free(bias), free(C), free(want);
-    }
-    /* mha_activation in place, float (edge values included) */
-    {
-        enum { n = 203 };
-        float x[n], y[n];
-        for (int i = 0; i < n; i++) x[i] = (float)(12.0 * randn());
-        x[0] = -100, x[1] = 100, x[2] = 0, x[3] = -88.5f;
-        for (int act = MHA_ACT_GELU; act <= MHA_ACT_RELU; act++) {
-            memcpy(y, x, sizeof x);
-            int err = mha_activation_f32(y, n, y, n, 1, n, act);
-            double e = err ? INFINITY : 0;
-            for (int i = 0; i < n; i++) {
-                double w = act_naive(act, x[i]);
-                e = MHA_MAX(e, fabs(y[i] - w) / MHA_MAX(1.0, fabs(w)));
-            }
-            snprintf(what, sizeof what, "activation f32 act=%d", act);
-            expect(e <= 2e-6, what, e, 2e-6);
+    /* double, one case */
+    const int64_t M = 20, K = 33, Nd = 19;
+    mha_pack_width_f64(&width);
+    const int64_t panels = (Nd + width - 1) / width;
+    double *A = random_array((size_t)(M * K)), *B = random_array((size_t)(K * Nd));
+    double *Bp = malloc(sizeof(double) * (size_t)(K * width * panels));
+    double *want = malloc(sizeof(double) * (size_t)(M * Nd)), *C = malloc(sizeof(double) * (size_t)(M * Nd));
+    int err = mha_pack_weight_f64(Bp, B, Nd, 0, K, Nd);
+    err |= mha_linear_f64(M, Nd, K, A, K, B, Nd, 0, NULL, MHA_ACT_GELU, 0, want, Nd);
+    err |= mha_linear_packed_f64(M, Nd, K, A, K, Bp, NULL, MHA_ACT_GELU, 0, C, Nd);
+    double e = err ? INFINITY : max_abs_diff(C, want, (size_t)(M * Nd));
+    expect(e == 0, "linear packed f64, GELU", e, 0);
+    expect(mha_pack_weight_f64(Bp, B, Nd, 0, -1, Nd) == MHA_EINVAL, "pack_weight: negative K refused", 0, 0);
+    free(A), free(B), free(Bp), free(want), free(C);
+}
+
+/* a residual added in place (beta = 1), B read transposed; act with beta != 0 refused */
+static void test_linear_residual(void) {
+    const int64_t M = 50, Kr = 64, Nr = 33;
+    double *A = random_array((size_t)(M * Kr)), *Bt = random_array((size_t)(Nr * Kr));
+    double *bias = random_array((size_t)Nr), *C = random_array((size_t)(M * Nr));
+    double *want = malloc(sizeof(double) * (size_t)(M * Nr));
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < Nr; j++) {
+            double s = C[i * Nr + j] + bias[j];
+            for (int64_t p = 0; p < Kr; p++) s += A[i * Kr + p] * Bt[j * Kr + p];
+            want[i * Nr + j] = s;
         }
-    }
-    /* LayerNorm and RMSNorm against two-pass double loops; y == x allowed */
-    {
-        const int64_t rows = 9, d = 77;
-        double *x = random_array((size_t)(rows * d)), *g = random_array((size_t)d), *c = random_array((size_t)d);
-        double *y = malloc(sizeof(double) * (size_t)(rows * d)), *want = malloc(sizeof(double) * (size_t)(rows * d));
-        float *xf = malloc(sizeof(float) * (size_t)(rows * d)), *gf = malloc(sizeof(float) * (size_t)d);
-        float *cf = malloc(sizeof(float) * (size_t)d);
-        for (int64_t i = 0; i < rows * d; i++) xf[i] = (float)(x[i] = 3 + 2 * x[i]);
-        for (int64_t j = 0; j < d; j++) gf[j] = (float)g[j], cf[j] = (float)c[j];
-        for (int rms = 0; rms <= 1; rms++) {
-            for (int64_t i = 0; i < rows; i++) {
-                double mean = 0, var = 0;
-                if (!rms) {
-                    for (int64_t j = 0; j < d; j++) mean += x[i * d + j];
-                    mean /= (double)d;
-                }
-                for (int64_t j = 0; j < d; j++) var += (x[i * d + j] - mean) * (x[i * d + j] - mean);
-                double inv = 1 / sqrt(var / (double)d + 1e-5);
-                for (int64_t j = 0; j < d; j++)
-                    want[i * d + j] = (x[i * d + j] - mean) * inv * g[j] + (rms ? 0 : c[j]);
-            }
-            int err = rms ? mha_rms_norm_f64(y, d, x, d, rows, d, g, 1e-5)
-                          : mha_layer_norm_f64(y, d, x, d, rows, d, g, c, 1e-5);
-            double e = err ? INFINITY : max_abs_diff(y, want, (size_t)(rows * d));
-            expect(e <= 1e-12, rms ? "rms_norm f64" : "layer_norm f64", e, 1e-12);
-            float *yf = malloc(sizeof(float) * (size_t)(rows * d));
-            memcpy(yf, xf, sizeof(float) * (size_t)(rows * d));
-            err = rms ? mha_rms_norm_f32(yf, d, yf, d, rows, d, gf, 1e-5)
-                      : mha_layer_norm_f32(yf, d, yf, d, rows, d, gf, cf, 1e-5);
-            for (int64_t i = 0; i < rows * d; i++) y[i] = yf[i];
-            e = err ? INFINITY : max_abs_diff(y, want, (size_t)(rows * d));
-            expect(e <= 1e-4, rms ? "rms_norm f32 in place" : "layer_norm f32 in place", e, 1e-4);
-            free(yf);
-        }
-        expect(mha_layer_norm_f64(y, d, x, d, rows, d, g, c, -1) == MHA_EINVAL, "layer_norm: eps < 0 refused", 0, 0);
-        free(x), free(g), free(c), free(y), free(want), free(xf), free(gf), free(cf);
-    }
-    /* RoPE: rows of 2 heads of 6 and 3 more columns, period 4; norms kept, pairs turned */
-    {
-        enum { rows = 8, heads = 2, dh = 6, width = heads * dh + 3, period = 4 };
-        double x[rows * width], y[rows * width], cs[period * dh / 2], sn[period * dh / 2];
-        for (int i = 0; i < rows * width; i++) x[i] = randn();
-        for (int p = 0; p < period; p++)
-            for (int i = 0; i < dh / 2; i++) {
-                double angle = p * pow(10000.0, -2.0 * i / dh);
-                cs[p * dh / 2 + i] = cos(angle), sn[p * dh / 2 + i] = sin(angle);
-            }
+    int err = mha_linear_f64(M, Nr, Kr, A, Kr, Bt, Kr, 1, bias, MHA_ACT_NONE, 1, C, Nr);
+    double e = err ? INFINITY : max_abs_diff(C, want, (size_t)(M * Nr));
+    expect(e <= 1e-12, "linear f64: residual in place, B transposed", e, 1e-12);
+    err = mha_linear_f64(M, Nr, Kr, A, Kr, Bt, Kr, 1, bias, MHA_ACT_GELU, 1, C, Nr);
+    expect(err == MHA_EINVAL, "linear: an activation with beta != 0 is refused", err, 0);
+    expect(mha_linear_f64(M, Nr, Kr, A, Kr, Bt, Kr, 1, bias, 9, 0, C, Nr) == MHA_EINVAL,
+           "linear: an unknown activation is refused", 0, 0);
+    free(A), free(Bt), free(bias), free(C), free(want);
+}
+
+/* mha_activation in place, float (edge values included) */
+static void test_activation_in_place(void) {
+    char what[96];
+    enum { n = 203 };
+    float x[n], y[n];
+    for (int i = 0; i < n; i++) x[i] = (float)(12.0 * randn());
+    x[0] = -100, x[1] = 100, x[2] = 0, x[3] = -88.5f;
+    for (int act = MHA_ACT_GELU; act <= MHA_ACT_RELU; act++) {
         memcpy(y, x, sizeof x);
-        int err = mha_rope_f64(y, width, rows, heads, dh, cs, sn, period);
+        int err = mha_activation_f32(y, n, y, n, 1, n, act);
         double e = err ? INFINITY : 0;
-        for (int r = 0; r < rows; r++) {
-            for (int h = 0; h < heads; h++)
-                for (int i = 0; i < dh / 2; i++) {
-                    const double c = cs[(r % period) * dh / 2 + i], s = sn[(r % period) * dh / 2 + i];
-                    const double a = x[r * width + h * dh + i], b = x[r * width + h * dh + dh / 2 + i];
-                    e = MHA_MAX(e, fabs(y[r * width + h * dh + i] - (a * c - b * s)));
-                    e = MHA_MAX(e, fabs(y[r * width + h * dh + dh / 2 + i] - (b * c + a * s)));
-                }
-            for (int j = heads * dh; j < width; j++) e = MHA_MAX(e, fabs(y[r * width + j] - x[r * width + j]));
+        for (int i = 0; i < n; i++) {
+            double w = act_naive(act, x[i]);
+            e = MHA_MAX(e, fabs(y[i] - w) / MHA_MAX(1.0, fabs(w)));
         }
-        expect(e <= 1e-14, "rope f64", e, 1e-14);
-        expect(mha_rope_f64(y, width, rows, heads, 5, cs, sn, period) == MHA_EINVAL, "rope: odd d_head refused", 0, 0);
+        snprintf(what, sizeof what, "activation f32 act=%d", act);
+        expect(e <= 2e-6, what, e, 2e-6);
     }
-    /* embedding gather and accumulate; an id out of range writes nothing */
-    {
-        float table[5 * 3], out[4 * 3], before[4 * 3];
-        for (int i = 0; i < 15; i++) table[i] = (float)i;
-        const int64_t ids[4] = {4, 0, 2, 4}, bad[4] = {1, 2, 5, 0};
-        int err = mha_embedding_f32(out, 3, table, 5, 3, ids, 4, 0);
-        err |= mha_embedding_f32(out, 3, table, 5, 3, ids, 4, 1);
-        double e = err ? INFINITY : 0;
-        for (int i = 0; i < 4; i++)
-            for (int j = 0; j < 3; j++) e = MHA_MAX(e, fabs(out[i * 3 + j] - 2.0 * table[ids[i] * 3 + j]));
-        expect(e == 0, "embedding f32 gather + accumulate", e, 0);
-        memcpy(before, out, sizeof out);
-        err = mha_embedding_f32(out, 3, table, 5, 3, bad, 4, 1);
-        expect(err == MHA_EINVAL && memcmp(before, out, sizeof out) == 0, "embedding: an id out of range writes nothing", err, 0);
+}
+
+/* LayerNorm and RMSNorm against two-pass double loops; y == x allowed */
+static void test_norms(void) {
+    const int64_t rows = 9, d = 77;
+    double *x = random_array((size_t)(rows * d)), *g = random_array((size_t)d), *c = random_array((size_t)d);
+    double *y = malloc(sizeof(double) * (size_t)(rows * d)), *want = malloc(sizeof(double) * (size_t)(rows * d));
+    float *xf = malloc(sizeof(float) * (size_t)(rows * d)), *gf = malloc(sizeof(float) * (size_t)d);
+    float *cf = malloc(sizeof(float) * (size_t)d);
+    for (int64_t i = 0; i < rows * d; i++) xf[i] = (float)(x[i] = 3 + 2 * x[i]);
+    for (int64_t j = 0; j < d; j++) gf[j] = (float)g[j], cf[j] = (float)c[j];
+    for (int rms = 0; rms <= 1; rms++) {
+        for (int64_t i = 0; i < rows; i++) {
+            double mean = 0, var = 0;
+            if (!rms) {
+                for (int64_t j = 0; j < d; j++) mean += x[i * d + j];
+                mean /= (double)d;
+            }
+            for (int64_t j = 0; j < d; j++) var += (x[i * d + j] - mean) * (x[i * d + j] - mean);
+            double inv = 1 / sqrt(var / (double)d + 1e-5);
+            for (int64_t j = 0; j < d; j++)
+                want[i * d + j] = (x[i * d + j] - mean) * inv * g[j] + (rms ? 0 : c[j]);
+        }
+        int err = rms ? mha_rms_norm_f64(y, d, x, d, rows, d, g, 1e-5)
+                      : mha_layer_norm_f64(y, d, x, d, rows, d, g, c, 1e-5);
+        double e = err ? INFINITY : max_abs_diff(y, want, (size_t)(rows * d));
+        expect(e <= 1e-12, rms ? "rms_norm f64" : "layer_norm f64", e, 1e-12);
+        float *yf = malloc(sizeof(float) * (size_t)(rows * d));
+        memcpy(yf, xf, sizeof(float) * (size_t)(rows * d));
+        err = rms ? mha_rms_norm_f32(yf, d, yf, d, rows, d, gf, 1e-5)
+                  : mha_layer_norm_f32(yf, d, yf, d, rows, d, gf, cf, 1e-5);
+        for (int64_t i = 0; i < rows * d; i++) y[i] = yf[i];
+        e = err ? INFINITY : max_abs_diff(y, want, (size_t)(rows * d));
+        expect(e <= 1e-4, rms ? "rms_norm f32 in place" : "layer_norm f32 in place", e, 1e-4);
+        free(yf);
     }
+    expect(mha_layer_norm_f64(y, d, x, d, rows, d, g, c, -1) == MHA_EINVAL, "layer_norm: eps < 0 refused", 0, 0);
+    free(x), free(g), free(c), free(y), free(want), free(xf), free(gf), free(cf);
+}
+
+/* RoPE: rows of 2 heads of 6 and 3 more columns, period 4; norms kept, pairs turned */
+static void test_rope(void) {
+    enum { rows = 8, heads = 2, dh = 6, width = heads * dh + 3, period = 4 };
+    double x[rows * width], y[rows * width], cs[period * dh / 2], sn[period * dh / 2];
+    for (int i = 0; i < rows * width; i++) x[i] = randn();
+    for (int p = 0; p < period; p++)
+        for (int i = 0; i < dh / 2; i++) {
+            double angle = p * pow(10000.0, -2.0 * i / dh);
+            cs[p * dh / 2 + i] = cos(angle), sn[p * dh / 2 + i] = sin(angle);
+        }
+    memcpy(y, x, sizeof x);
+    int err = mha_rope_f64(y, width, rows, heads, dh, cs, sn, period);
+    double e = err ? INFINITY : 0;
+    for (int r = 0; r < rows; r++) {
+        for (int h = 0; h < heads; h++)
+            for (int i = 0; i < dh / 2; i++) {
+                const double c = cs[(r % period) * dh / 2 + i], s = sn[(r % period) * dh / 2 + i];
+                const double a = x[r * width + h * dh + i], b = x[r * width + h * dh + dh / 2 + i];
+                e = MHA_MAX(e, fabs(y[r * width + h * dh + i] - (a * c - b * s)));
+                e = MHA_MAX(e, fabs(y[r * width + h * dh + dh / 2 + i] - (b * c + a * s)));
+            }
+        for (int j = heads * dh; j < width; j++) e = MHA_MAX(e, fabs(y[r * width + j] - x[r * width + j]));
+    }
+    expect(e <= 1e-14, "rope f64", e, 1e-14);
+    expect(mha_rope_f64(y, width, rows, heads, 5, cs, sn, period) == MHA_EINVAL, "rope: odd d_head refused", 0, 0);
+}
+
+/* embedding gather and accumulate; an id out of range writes nothing */
+static void test_embedding(void) {
+    float table[5 * 3], out[4 * 3], before[4 * 3];
+    for (int i = 0; i < 15; i++) table[i] = (float)i;
+    const int64_t ids[4] = {4, 0, 2, 4}, bad[4] = {1, 2, 5, 0};
+    int err = mha_embedding_f32(out, 3, table, 5, 3, ids, 4, 0);
+    err |= mha_embedding_f32(out, 3, table, 5, 3, ids, 4, 1);
+    double e = err ? INFINITY : 0;
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 3; j++) e = MHA_MAX(e, fabs(out[i * 3 + j] - 2.0 * table[ids[i] * 3 + j]));
+    expect(e == 0, "embedding f32 gather + accumulate", e, 0);
+    memcpy(before, out, sizeof out);
+    err = mha_embedding_f32(out, 3, table, 5, 3, bad, 4, 1);
+    expect(err == MHA_EINVAL && memcmp(before, out, sizeof out) == 0, "embedding: an id out of range writes nothing", err, 0);
+}
+
+
+/* The thread layer (threads.c): every task of a job runs once, on a thread numbered below
+ * the job's thread count, whether the pool holds more workers than the job uses (jobs of 2
+ * and 3 threads after one of 8) or fewer; a task's own jobs run on its thread; the thread
+ * count stays within 1 .. MHA_MAX_THREADS. */
+typedef struct {
+    int *runs, *thread_of, *inner_ok;
+    int inner;
+} count_job;
+
+static void count_inner_task(void *ctx, int64_t i, int thread) {
+    (void)i;
+    *(int *)ctx &= thread == 0;
+}
+
+static void count_task(void *ctx, int64_t i, int thread) {
+    const count_job *j = ctx;
+    j->runs[i]++;
+    j->thread_of[i] = thread;
+    if (j->inner) {
+        int ok = 1;
+        mha_parallel_for(4, 3, 1, count_inner_task, &ok);
+        j->inner_ok[i] = ok;
+    }
+}
+
+static void test_threads(void) {
+    enum { N = 2000 };
+    static int runs[N], thread_of[N], inner_ok[N];
+    const int old = mha_get_num_threads();
+    const int serial = strstr(mha_build_info(), "threads=serial") != NULL;
+    mha_set_num_threads(MHA_MAX_THREADS + 1000);
+    expect(mha_get_num_threads() == (serial ? 1 : MHA_MAX_THREADS), "threads: n past MHA_MAX_THREADS counts as the limit",
+           mha_get_num_threads(), MHA_MAX_THREADS);
+    mha_set_num_threads(0);
+    expect(mha_get_num_threads() >= 1 && mha_get_num_threads() <= MHA_MAX_THREADS,
+           "threads: the default within 1 .. MHA_MAX_THREADS", mha_get_num_threads(), MHA_MAX_THREADS);
+    const struct { int threads; int64_t n, chunk; int inner; } jobs[] = {
+        {8, N, 1, 0}, {2, N, 1, 0}, {3, N, 7, 0}, {8, 5, 1, 0}, {2, 1, 1, 0},
+        {8, 64, 1, 1}, {2, N, 1000, 0}, {8, N, 3, 0}, {1, 100, 1, 0},
+    };
+    for (int round = 0; round < 50; round++)
+        for (size_t k = 0; k < sizeof jobs / sizeof jobs[0]; k++) {
+            const int64_t n = jobs[k].n;
+            memset(runs, 0, sizeof runs);
+            count_job job = {runs, thread_of, inner_ok, jobs[k].inner};
+            for (int64_t i = 0; i < n; i++) thread_of[i] = -1, inner_ok[i] = 1;
+            mha_parallel_for(jobs[k].threads, n, jobs[k].chunk, count_task, &job);
+            int once = 1, numbered = 1, inner = 1;
+            for (int64_t i = 0; i < n; i++) {
+                once &= runs[i] == 1;
+                numbered &= thread_of[i] >= 0 && thread_of[i] < jobs[k].threads;
+                inner &= inner_ok[i];
+            }
+            if (round == 49 || !(once && numbered && inner)) {
+                char what[96];
+                snprintf(what, sizeof what, "threads: job %zu (%d threads, %lld tasks)", k,
+                         jobs[k].threads, (long long)n);
+                expect(once, what, once, 0);
+                expect(numbered, what, numbered, 0);
+                expect(inner, what, inner, 0);
+                if (!(once && numbered && inner)) break;
+            }
+        }
+    mha_set_num_threads(old);
 }
 
 int main(int argc, char **argv) {
@@ -775,6 +851,7 @@ int main(int argc, char **argv) {
         printf("FAIL MHA_SIMD=%s, but the kernels run the %s path\n", want, mha_simd_path());
         return 1;
     }
+    test_threads();
     test_gemm();
     test_gemm_shared_a();
     const attention_case cases[] = {
@@ -792,7 +869,13 @@ int main(int argc, char **argv) {
     test_exp_f32();
     test_nan_scores();
     test_attention_flow();
-    test_block();
+    test_linear();
+    test_linear_packed();
+    test_linear_residual();
+    test_activation_in_place();
+    test_norms();
+    test_rope();
+    test_embedding();
     printf("%d passed, %d failed\n", checks - failures, failures);
     return failures != 0;
 }

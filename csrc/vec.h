@@ -206,7 +206,7 @@ MHA_INLINE double mha_exp_sum_f64(double *x, int64_t n, double shift) {
  * e / (1 + e) below; relative error about 3e-7; a NaN t gives NaN.
  * erf(u), |u| clamped to 4 (erf(4) rounds to 1 in float): u P(u^2) / Q(u^2), the rational
  * fit of degree 13/8 that Eigen and XLA use for float erf, max abs error 6.5e-8 in exact
- * arithmetic, about 4e-7 in float (mha.models.ops measured the same coefficients). */
+ * arithmetic, about 4e-7 in float. */
 #define MHA_SIGMOID_F32(out, t_in, T, SEL, MAX, POW2)                                           \
     do {                                                                                        \
         T st_ = (t_in);                                                                         \

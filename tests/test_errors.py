@@ -1,6 +1,10 @@
-"""Bad input, as DESIGN.md "Conventions" says: TypeError for non-float dtypes and non-arrays,
+"""Bad input, as every public function treats it: TypeError for non-float dtypes and non-arrays,
 ValueError naming the argument (and both shapes for a mismatch), MemoryError rather than a
-crash or an integer overflow when a buffer would not fit, and nothing modified in place."""
+crash or an integer overflow when a buffer would not fit, and nothing modified in place.
+
+The messages come from the one place that owns each check: the binding (csrc/module.c) for
+what reaches the C core, mha.checks for the dtype policy, broadcasting, defaults and a layer's
+configuration."""
 import os
 import re
 import subprocess
@@ -153,7 +157,7 @@ CASES = [
     err("layer-query-rank-1", lambda: layer()(arr(8)), ValueError, ["query"], [(8,)]),
     err("layer-query-rank-4", lambda: layer()(arr(1, 2, 5, 8)), ValueError, ["query"],
         [(1, 2, 5, 8)]),
-    err("layer-key-width", lambda: layer(kdim=5)(arr(2, 5, 8), arr(2, 6, 4)), ValueError,
+    err("layer-key-width", lambda: layer(kdim=5)(arr(2, 5, 8), arr(2, 6, 4), arr(2, 6, 8)), ValueError,
         ["key"], [(2, 6, 4)]),
     err("layer-value-width", lambda: layer(vdim=3)(arr(2, 5, 8), arr(2, 6, 8), arr(2, 6, 4)),
         ValueError, ["value"], [(2, 6, 4)]),

@@ -196,17 +196,32 @@ class Page:
             return {hash: h, ink: ink, width: c.width, height: c.height};
         }""")
 
+    def settle(self):
+        """Wait until no draw is pending and the last one shows the scroll position now."""
+        self.page.wait_for_function(f"{self.api}.stats().settled", timeout=10_000)
+
     def redraw_after(self, action):
+        """Act on a settled view, then wait for the draw the action asked for (drawCount counts
+        only the action's draws, since nothing else was pending)."""
+        self.settle()
         before = self.stats()["drawCount"]
         action()
-        self.page.wait_for_function(f"{self.api}.stats().drawCount > {before}", timeout=10_000)
+        self.page.wait_for_function(f"{self.api}.stats().drawCount > {before} && {self.api}.stats().settled",
+                                    timeout=10_000)
+
+    def window_point(self, what):
+        """Scroll the picture point the page's api gives for `what` (a call such as
+        "tokenPoint('L', 3)") into the window; its window coordinates."""
+        pt = self.page.evaluate(f"{self.api}.{what}")
+        self.page.evaluate(f"window.scrollTo(0, {max(0, pt['y'] - 300)})")
+        self.settle()
+        pt = self.page.evaluate(f"{self.api}.{what}")
+        scroll = self.page.evaluate("[window.scrollX, window.scrollY]")
+        return pt["x"] - scroll[0], pt["y"] - scroll[1]
 
     def hover(self, side, k):
-        pt = self.page.evaluate(f"mhaHeadView.tokenPoint('{side}', {k})")
-        self.page.evaluate(f"window.scrollTo(0, {max(0, pt['y'] - 300)})")
-        pt = self.page.evaluate(f"mhaHeadView.tokenPoint('{side}', {k})")
-        scroll = self.page.evaluate("[window.scrollX, window.scrollY]")
-        self.redraw_after(lambda: self.page.mouse.move(pt["x"] - scroll[0], pt["y"] - scroll[1]))
+        x, y = self.window_point(f"tokenPoint('{side}', {k})")
+        self.redraw_after(lambda: self.page.mouse.move(x, y))
 
     def svg_text(self):
         return self.page.evaluate("mhaHeadView.svg()")
@@ -274,7 +289,7 @@ def test_heads_layers_filter_and_pin(small_view):
     pinned = view.canvas()["hash"]
     view.redraw_after(lambda: page.mouse.move(1, 1))
     assert view.canvas()["hash"] == pinned
-    assert "astronomer" in page.inner_text("#mha-status")
+    assert page.inner_text("#mha-status").startswith("Pinned: \u201castronomer\u201d")
     assert view.errors == []
 
 
@@ -320,12 +335,9 @@ def test_several_views_coexist_in_one_notebook_page(browser, tmp_path):
     errors = []
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.goto(path.as_uri())
-    frames = []
-    deadline = time.time() + 20
-    while len(frames) < 2 and time.time() < deadline:
-        frames = [f for f in page.frames if f != page.main_frame]
-        page.wait_for_timeout(50)
-    assert len(frames) == 2
+    frames = [page.locator("iframe").nth(i).element_handle(timeout=20_000).content_frame()
+              for i in range(2)]
+    assert page.locator("iframe").count() == 2 and None not in frames
     for frame, n_heads in zip(frames, (2, 3)):
         frame.wait_for_selector("body[data-ready='1']", timeout=20_000)
         assert frame.evaluate("document.querySelectorAll('.mha-head').length") == n_heads
@@ -384,11 +396,10 @@ def rich_view(browser, tmp_path):
 
 def click_token(view, side, k, modifiers=None):
     view.hover(side, k)
-    pt = view.page.evaluate(f"mhaHeadView.tokenPoint('{side}', {k})")
-    scroll = view.page.evaluate("[window.scrollX, window.scrollY]")
+    x, y = view.window_point(f"tokenPoint('{side}', {k})")
     for key in modifiers or []:
         view.page.keyboard.down(key)
-    view.redraw_after(lambda: view.page.mouse.click(pt["x"] - scroll[0], pt["y"] - scroll[1]))
+    view.redraw_after(lambda: view.page.mouse.click(x, y))
     for key in modifiers or []:
         view.page.keyboard.up(key)
 
@@ -510,11 +521,7 @@ class ModelPage(Page):
     api = "mhaModelView"
 
     def at(self, what, *args):
-        pt = self.page.evaluate(f"mhaModelView.{what}({', '.join(map(str, args))})")
-        self.page.evaluate(f"window.scrollTo(0, {max(0, pt['y'] - 300)})")
-        pt = self.page.evaluate(f"mhaModelView.{what}({', '.join(map(str, args))})")
-        scroll = self.page.evaluate("[window.scrollX, window.scrollY]")
-        return pt["x"] - scroll[0], pt["y"] - scroll[1]
+        return self.window_point(f"{what}({', '.join(map(str, args))})")
 
 
 def test_model_view_thumbnails_open_large(browser, tmp_path):
@@ -524,13 +531,16 @@ def test_model_view_thumbnails_open_large(browser, tmp_path):
     assert repr(view).startswith("<ModelView: 3 layers x 4 heads x 13 tokens")
     data = page_data(view.html)
     thumbs = np.frombuffer(zlib.decompress(base64.b64decode(data["sources"][0]["thumbs"])), np.uint8)
-    assert np.array_equal(thumbs.reshape(att.shape), np.rint(att * 255))      # small: not pooled
+    top = att.max(axis=(2, 3))                            # small: not pooled; each on its own scale
+    assert np.array_equal(thumbs.reshape(att.shape), np.rint(255 * np.sqrt(att / top[..., None, None])))
+    assert np.allclose(data["sources"][0]["thumb_top"], top, rtol=1e-12)
     page = ModelPage(browser, path)
     try:
         assert page.stats()["mode"] == "grid" and page.canvas()["ink"] > 2000
         x, y = page.at("thumbPoint", 2, 3)
         page.redraw_after(lambda: page.page.mouse.move(x, y))
-        assert "Layer 2, head 3" in page.page.inner_text("#mha-status")
+        assert page.page.inner_text("#mha-status").startswith(
+            f"Layer 2, head 3: largest weight {att[2, 3].max():.2f}")
         page.redraw_after(lambda: page.page.mouse.click(x, y))
         assert page.stats()["mode"] == "open" and page.page.is_visible("#mha-back")
         x, y = page.at("cellPoint", 5, 8)
@@ -583,8 +593,9 @@ def test_model_view_at_512_tokens_12_layers_12_heads(browser, tmp_path):
     path = tmp_path / "model_big.html"
     view = viz.model_view(att, [f"t{i}" for i in range(512)], path=path)
     pooled = np.frombuffer(zlib.decompress(base64.b64decode(page_data(view.html)["sources"][0]["thumbs"])), np.uint8)
-    expected = np.rint(att * 255).reshape(12, 12, 64, 8, 64, 8).max(axis=(3, 5))
-    assert np.array_equal(pooled.reshape(12, 12, 64, 64), expected)             # block max, 8 x 8
+    block_max = att.reshape(12, 12, 64, 8, 64, 8).max(axis=(3, 5))               # 8 x 8 blocks
+    expected = np.rint(255 * np.sqrt(block_max / block_max.max(axis=(2, 3), keepdims=True)))
+    assert np.array_equal(pooled.reshape(12, 12, 64, 64), expected)
     start = time.perf_counter()
     page = ModelPage(browser, path)
     load = time.perf_counter() - start
@@ -601,17 +612,78 @@ def test_model_view_at_512_tokens_12_layers_12_heads(browser, tmp_path):
         page.close()
 
 
+# per thumbnail of the model view, measured from the canvas: [darkest relative luminance (white
+# 1), share of its pixels visibly tinted (luminance < 0.9), width in pixels]
+THUMBNAIL_CONTRAST = """([L, H]) => {
+    const ctx = document.getElementById('mha-canvas').getContext('2d'), out = [];
+    for (let l = 0; l < L; l++) for (let h = 0; h < H; h++) {
+        const b = mhaModelView.thumbBox(l, h), d = ctx.getImageData(b.x, b.y, b.width, b.height).data;
+        let darkest = 1, tinted = 0;
+        for (let i = 0; i < d.length; i += 4) {
+            const y = (0.2126 * d[i] + 0.7152 * d[i + 1] + 0.0722 * d[i + 2]) / 255;
+            darkest = Math.min(darkest, y);
+            if (y < 0.9) tinted++;
+        }
+        out.push([darkest, tinted / (d.length / 4), b.width]);
+    }
+    return out;
+}"""
+
+
+@pytest.mark.parametrize("n", [13, 43, 512])
+def test_model_view_thumbnails_have_contrast_at_any_length(browser, tmp_path, n):
+    # Each thumbnail runs from white to the darkest blue (relative luminance 0.36) at its own
+    # largest value, on a square-root scale, and is about 72 px wide (65 at 13 tokens): so every
+    # head reaches the dark end (MiniLM's weakest head at 43 tokens peaks at 0.18, this data's at
+    # 0.56) and the typical thumbnail shows more than its peaks.
+    att = _big_attention(1)[:6] if n == 512 else realistic_attention(6, 12, n, seed=3)
+    path = tmp_path / f"model_{n}.html"
+    viz.model_view(att, [f"t{i}" for i in range(n)], path=path)
+    page = ModelPage(browser, path, viewport=(1100, 800))
+    try:
+        page.settle()
+        assert page.stats()["height"] < 800                      # every thumbnail on the canvas
+        stats = np.array(page.page.evaluate(THUMBNAIL_CONTRAST, [6, 12]))
+        darkest, tinted, width = stats.T
+        print(f"\nmodel view thumbnails at {n} tokens: darkest luminance <= {darkest.max():.3f}, "
+              f"tinted pixels {np.median(tinted):.1%} (median), {width[0]:.0f} px wide")
+        assert darkest.max() < 0.45                              # every head reaches dark blue
+        assert np.median(tinted) > 0.06
+        assert width.min() >= 64
+        assert "square-root scale" in page.page.evaluate("mhaModelView.svg()")
+        assert page.errors == []
+    finally:
+        page.close()
+
+
+def test_every_character_the_views_write_has_a_glyph():
+    """The non-ASCII characters of the views' scripts and controls are all in DejaVu Sans, the
+    last named font of the pages' font stack (shipped with matplotlib): no glyph is missing
+    where no other font is installed."""
+    from importlib import resources
+
+    import matplotlib.font_manager as font_manager
+    import matplotlib.ft2font as ft2font
+    charmap = ft2font.FT2Font(font_manager.findfont("DejaVu Sans", fallback_to_default=False)).get_charmap()
+    folder = resources.files("mha.headview")
+    names = [f.name for f in folder.iterdir() if f.name.endswith((".js", ".html"))]
+    assert {"common.js", "head.js", "model.js", "neuron.js", "page.html"} <= set(names)
+    for name in names:
+        text = folder.joinpath(name).read_text(encoding="utf-8")
+        text = re.sub(r"\\u([0-9a-fA-F]{4})", lambda m: chr(int(m.group(1), 16)), html.unescape(text))
+        text = text.encode("utf-16", "surrogatepass").decode("utf-16")      # join surrogate pairs
+        missing = sorted({f"U+{ord(c):04X}" for c in text if ord(c) > 127 and ord(c) not in charmap})
+        assert not missing, f"{name} writes characters DejaVu Sans lacks: {missing}"
+
+
 # --- the neuron view ----------------------------------------------------------------------------
 
 class NeuronPage(Page):
     api = "mhaNeuronView"
 
     def select(self, k):
-        pt = self.page.evaluate(f"mhaNeuronView.tokenPoint({k})")
-        self.page.evaluate(f"window.scrollTo(0, {max(0, pt['y'] - 300)})")
-        pt = self.page.evaluate(f"mhaNeuronView.tokenPoint({k})")
-        scroll = self.page.evaluate("[window.scrollX, window.scrollY]")
-        self.redraw_after(lambda: self.page.mouse.click(pt["x"] - scroll[0], pt["y"] - scroll[1]))
+        x, y = self.window_point(f"tokenPoint({k})")
+        self.redraw_after(lambda: self.page.mouse.click(x, y))
 
 
 @pytest.fixture(scope="module")
@@ -638,7 +710,7 @@ def test_neuron_view_reproduces_the_models_attention(browser, tmp_path, minilm):
             r = page.page.evaluate("mhaNeuronView.result()")
             assert (r["layer"], r["i"]) == (layer, query)
             assert np.abs(np.array(r["p"]) - att[layer, head, query]).max() < 1e-5
-        assert tokens[9] in page.page.inner_text("#mha-status")
+        assert page.page.inner_text("#mha-status").startswith(f"Pinned: \u201c{tokens[9]}\u201d")
         svg = page.page.evaluate("mhaNeuronView.svg()")
         assert "softmax" in svg and "layer 0, head 2" in svg
         assert page.errors == []

@@ -139,6 +139,26 @@ def test_kv_cache_views_share_the_rows():
         KVCache(2, 3, 0, 4)
 
 
+def test_kv_cache_append_writes_rows_and_returns_every_position():
+    """What the causal models use: each step's (B, H_kv, n, d_head) keys and values go after the
+    cached ones as rows, and the views of all of them are what the attention kernel reads."""
+    rng = np.random.default_rng(0)
+    cache = KVCache(2, 3, 5, 4, np.float32)
+    steps = [rng.standard_normal((2, 3, n, 4)).astype(np.float32) for n in (2, 1, 2)]
+    for t, k in enumerate(steps):
+        keys, values = cache.append(k, -k)
+        seen = np.concatenate(steps[:t + 1], axis=2)
+        assert cache.length == seen.shape[2] and keys.shape == (2, 3, cache.length, 4)
+        np.testing.assert_array_equal(keys, seen)
+        np.testing.assert_array_equal(values, -seen)
+        assert np.shares_memory(keys, cache.k_rows) and keys.strides[-1] == 4   # a view, last axis contiguous
+    # rows layout: position p of head h is columns [4 h, 4 h + 4) of row p
+    np.testing.assert_array_equal(cache.k_rows[1, 3, 8:12], steps[2][1, 2, 0])   # step 2 began at 3
+    with pytest.raises(ValueError, match="cache overflow: 5 cached \\+ 1 new positions > max_len=5"):
+        cache.append(steps[1], steps[1])
+    assert cache.length == 5
+
+
 # --- the LayerBase skeleton, around a stub layer -------------------------------------------------
 
 class Stub(LayerBase):

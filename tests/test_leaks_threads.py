@@ -6,7 +6,8 @@ tracemalloc stay flat and the reference counts of the inputs do not move.
 
 Threads: 8 Python threads calling the same functions at once get bitwise the results of serial
 calls; the GIL is released inside every call into the core (another Python thread runs
-meanwhile).
+meanwhile). The thread count's limit is one constant (mha.h's MHA_MAX_THREADS) for the
+binding, the thread pool, OMP_NUM_THREADS and the docstring.
 
 Determinism: bitwise identical from run to run, in one process and across processes; thread
 counts 1 and 2 agree within 1e-6 relative in float32 (in fact bitwise).
@@ -339,14 +340,14 @@ def gil_calls():
     params = dict(W_q=W, W_k=W, W_v=W, W_o=W)
     x, xs = q[0], qs[0]                                               # (1, n, 64)
     fwd = _C.layer_forward(xs, xs, xs, params, 1, 1, 64, need_weights=False)
-    saved = {name: fwd[name] for name in ("q_proj", "k_proj", "v_proj", "attn")}
+    context = fwd[2]                                                  # what the backward replays
     return {
         "attention_forward": lambda: _C.attention_forward(q, q, q, None, None, False, 0.125, 0.0, 0,
                                                           False),
         "attention_backward": lambda: _C.attention_backward(qs, qs, qs, qs, None, None, False,
                                                             0.125),
         "layer_forward": lambda: _C.layer_forward(x, x, x, params, 1, 1, 64, need_weights=False),
-        "layer_backward": lambda: _C.layer_backward(xs, saved, xs, xs, xs, params, 1, 1, 64),
+        "layer_backward": lambda: _C.layer_backward(xs, context),
         "matmul": lambda: _C.matmul(np.ones((1200, 1200), np.float32),
                                     np.ones((1200, 1200), np.float32)),
     }
@@ -439,3 +440,40 @@ def test_default_threads_read_once():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=True).stdout.split()
     assert out[1] == out[0] and out[0] in ("2", "1")   # 1: a serial build
+
+
+def test_thread_limit_is_one_constant():
+    """MHA_MAX_THREADS (mha.h, exported as _C.MAX_THREADS) bounds every way to set the thread
+    count: set_num_threads takes 1 .. the limit and refuses the rest naming the range, a job on
+    that many threads gives the one-thread result bitwise, OMP_NUM_THREADS above the limit
+    counts as the limit."""
+    limit = _C.MAX_THREADS
+    assert limit == 256
+    serial = "threads=serial" in mha.build_info()
+    r = np.random.default_rng(0)
+    q, k, v = (r.standard_normal((8, 8, 512, 64)).astype(np.float32) for _ in range(3))
+    old = mha.get_num_threads()
+    try:
+        mha.set_num_threads(1)
+        one, _ = mha.attention(q, k, v, need_weights=False)
+        mha.set_num_threads(limit)
+        assert mha.get_num_threads() == (1 if serial else limit)
+        many, _ = mha.attention(q, k, v, need_weights=False)   # 512 tasks, 4.3 GFLOP: all threads
+        assert_same_bits([many], [one], f"{limit} threads vs 1")
+        for bad in (0, -1, limit + 1, 4096):
+            with pytest.raises(ValueError, match=rf"^n must be between 1 and {limit}, got {bad}$"):
+                mha.set_num_threads(bad)
+        assert mha.get_num_threads() == (1 if serial else limit)   # a refused n changes nothing
+    finally:
+        mha.set_num_threads(old)
+    code = "import mha; print(mha.get_num_threads())"
+    env = dict(os.environ, OMP_NUM_THREADS=str(limit + 1000))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == ["1" if serial else str(limit)]
+
+
+def test_set_num_threads_docstring_states_the_limit():
+    limit = _C.MAX_THREADS
+    doc = mha.set_num_threads.__doc__
+    assert f"from 1 to {limit}" in doc and f"outside [1, {limit}]" in doc, doc

@@ -190,9 +190,9 @@ def test_every_attention_layer_calls_the_attention_kernel(minilm, monkeypatch):
     calls = []
     real = mha._C.attention_forward
 
-    def spy(q, k, v, mask, key_padding_mask, causal, *args):
-        calls.append((q.shape, causal))
-        return real(q, k, v, mask, key_padding_mask, causal, *args)
+    def spy(**kw):
+        calls.append((kw["q"].shape, kw["causal"]))
+        return real(**kw)
 
     monkeypatch.setattr(mha._C, "attention_forward", spy)
     enc = minilm.encode("Every head runs on the kernels.", need_weights=False)
@@ -417,7 +417,7 @@ def test_head_patterns(minilm):
         assert np.all((s >= -1e-6) & (s <= 1 + 1e-6)), name
     w = result["attentions"]
     n = w.shape[-1]
-    # seed 000's definitions, recomputed by hand for one head
+    # the pattern scores' definitions (local, first, previous, next token), recomputed by hand for one head
     head = w[2, 3]
     assert np.isclose(scores["local"][2, 3],
                       np.mean([head[i, max(0, i - 1):i + 1].sum() for i in range(n)]), atol=1e-6)
@@ -499,7 +499,7 @@ def test_unsupported_architecture(tmp_path):
 
 
 def test_erf_and_gelu_accuracy():
-    from mha import _C
+    from mha import _core
     from mha.reference import block
     x = np.linspace(-9, 9, 20001)
     exact_erf = np.array([math.erf(v) for v in x])
@@ -510,12 +510,12 @@ def test_erf_and_gelu_accuracy():
     assert max_diff(block.gelu_(x.astype(np.float32)), exact) < 2e-6
     assert max_diff(block.gelu_tanh_(x.copy()), exact) < 1e-3          # the tanh approximation
     # the C kernels (code 1: GELU)
-    assert max_diff(_C.activation(x[None], 1)[0], exact) < 1e-14
-    assert max_diff(_C.activation(x[None].astype(np.float32), 1)[0], exact) < 2e-6
+    assert max_diff(_core.activation(x[None], act=1)[0], exact) < 1e-14
+    assert max_diff(_core.activation(x[None].astype(np.float32), act=1)[0], exact) < 2e-6
 
 
 @needs_minilm
 def test_benchmark_encode_runs(minilm):
-    r = mha.models.benchmark_encode(minilm, n_tokens=32, repeats=1, warmup=0,
+    r = mha.apps.encode_speed.benchmark_encode(minilm, n_tokens=32, repeats=1, warmup=0,
                                     compare_torch=False)
     assert r["n_tokens"] == 32 and r["mha_ms"] > 0 and r["mha_no_weights_ms"] > 0

@@ -381,7 +381,6 @@ def test_rope_frequencies_match_transformers(scaling):
 
 
 def test_rope_rotates_half_split_pairs():
-    from mha import _C
     from mha.models import ops
     from mha.reference import block
     rng = np.random.default_rng(0)

@@ -1,10 +1,14 @@
-"""What a new user meets: the README's first command, run exactly as written from the root of a
-fresh clone, and `import mha` from a source tree that has no compiled core.
+"""What a new user meets: the README's commands, run exactly as written from the root of a
+fresh clone, each in the environment the one before it made, and `import mha` from a source
+tree that has no compiled core.
 
-The first test clones the committed HEAD of this checkout into a temporary folder and runs the
-first command line of the README's first ```bash block there with bash, with a plain PATH and no
-active virtual environment (what shared/tools/try-as-newcomer does). It needs git, a network to
-the package index and a few minutes; set MHA_SKIP_NEWCOMER=1 to skip it.
+The README's first ```bash block holds three commands: 1 sets up a virtual environment and
+runs the tour, 2 is `bash .ci/run` (the run of the tests this file is part of: a test cannot
+start it again), 3 builds the documentation in the environment of command 1. The test clones
+the committed HEAD of this checkout into a temporary folder and runs 1, then 3 after
+activating the environment 1 made (as the user's shell has it), with a plain PATH and no other
+virtual environment active. It needs git, the package index and a few minutes; set
+MHA_SKIP_NEWCOMER=1 to skip it.
 """
 import os
 import re
@@ -18,38 +22,52 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def readme_first_command(text):
-    """The first non-comment line of the README's first ```bash block (no leading '$ ')."""
+def readme_commands(text):
+    """The command lines of the README's first ```bash block (comments and blank lines left
+    out, a leading '$ ' removed)."""
     block = re.search(r"^```(?:bash|sh|console)\n(.*?)^```", text, re.S | re.M)
     assert block, "the README has no ```bash block"
-    for line in block.group(1).splitlines():
-        if line.strip() and not line.lstrip().startswith("#"):
-            return line[2:] if line.startswith("$ ") else line
-    raise AssertionError("the README's first bash block has no command")
+    lines = [line for line in block.group(1).splitlines()
+             if line.strip() and not line.lstrip().startswith("#")]
+    assert lines, "the README's first bash block has no command"
+    return [line[2:] if line.startswith("$ ") else line for line in lines]
 
 
-def test_readme_first_command_parser():
+def test_readme_commands_parser():
     text = "# t\n```python\nx = 1\n```\n```bash\n# a comment\n\n$ make it && run\nsecond\n```\n"
-    assert readme_first_command(text) == "make it && run"
+    assert readme_commands(text) == ["make it && run", "second"]
+
+
+def test_readme_has_the_three_commands():
+    commands = readme_commands((ROOT / "README.md").read_text())
+    assert len(commands) == 3, commands
+    assert "python -m mha tour" in commands[0] and ". .venv/bin/activate" in commands[0]
+    assert commands[1] == "bash .ci/run"
+    assert "sphinx" in commands[2] and "docs/_build/html" in commands[2]
 
 
 @pytest.mark.skipif(os.environ.get("MHA_SKIP_NEWCOMER") == "1", reason="MHA_SKIP_NEWCOMER=1")
-def test_readme_first_command_works_from_a_fresh_clone(tmp_path):
+def test_readme_commands_work_in_order_from_a_fresh_clone(tmp_path):
     if shutil.which("git") is None or not (ROOT / ".git").exists():
         pytest.skip("needs git and a git checkout of mha")
     repo = tmp_path / "repo"
     subprocess.run(["git", "clone", "-q", str(ROOT), str(repo)], check=True, timeout=120)
-    command = readme_first_command((repo / "README.md").read_text())
+    setup, _ci, docs = readme_commands((repo / "README.md").read_text())
     env = {k: v for k, v in os.environ.items()
            if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME") and not k.startswith("MHA_")}
     env["PATH"] = os.pathsep.join(["/usr/local/bin", "/usr/bin", "/bin"])
     # the python3 that runs this test, so that the command finds a Python with venv
     env["PATH"] = os.path.dirname(os.path.realpath(sys.executable)) + os.pathsep + env["PATH"]
-    done = subprocess.run(["bash", "-c", command], cwd=repo, env=env, capture_output=True,
-                          text=True, timeout=1800)
-    assert done.returncode == 0, (f"`{command}` failed in a fresh clone with exit status "
-                                  f"{done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
-    assert (repo / "mha-tour" / "index.html").is_file(), done.stdout[-2000:]
+    # command 1 activates .venv in the user's shell; command 3 runs in that shell afterwards
+    for command, script, made in (
+            (setup, setup, repo / "mha-tour" / "index.html"),
+            (docs, f". .venv/bin/activate && {docs}",
+             repo / "docs" / "_build" / "html" / "reference" / "mha.corpus.html")):
+        done = subprocess.run(["bash", "-c", script], cwd=repo, env=env, capture_output=True,
+                              text=True, timeout=1800)
+        assert done.returncode == 0, (f"`{command}` failed in a fresh clone with exit status "
+                                      f"{done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
+        assert made.is_file(), done.stdout[-2000:]
 
 
 def test_import_from_a_source_tree_without_the_core_says_what_to_do(tmp_path):

@@ -2,7 +2,7 @@
 
 The kernel is this interpreter (sys.executable, through a kernelspec written to a temporary
 folder), with MPLBACKEND=Agg and a temporary working directory. Each notebook also has to
-print what its seed computes (a few cheap facts checked below) and draw its figures.
+print what its experiments compute (a few cheap facts checked below) and draw its figures.
 The notebooks are committed without outputs, built from notebooks/src/ by notebooks/build.py.
 """
 import json
@@ -24,14 +24,14 @@ PATHS = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
 TIME_LIMIT = 180.0
 KERNEL_NAME = "mha-tests-python"
 
-#: Text each notebook must print (what the seed computes), by notebook file name prefix.
+#: Text each notebook must print (what its experiments compute), by notebook file name prefix.
 EXPECTED_TEXT = {
     "01": ["max |C - NumPy|", "rows sum to 1: True", "equivariant: True"],
     "02": ["1,050,624", "1,048,576", "W_o (8, 4)", "money bank: C layer == step by step: True"],
     "03": ["Dominant", "she -> doctor", "telescope"],
     "04": ["layer output == concat @ W_o: True", "prune_heads == head_mask: True"],
     "05": ["1 Head", "4 Heads", "8 Heads", "parameters"],
-    "06": ["E12.2", "E12.3", "prunable"],
+    "06": ["The sweep over head counts", "The head-pruning procedure", "prunable"],
     "07": ["262,144", "ms"],
     "08": ["maximum flows in", "share of weight", "Kobayashi's finding reproduced", "broad heads",
            "head map"],
@@ -90,7 +90,7 @@ def outputs_of(nb):
     return "\n".join(text), mimes
 
 
-def test_there_is_a_notebook_per_seed_topic():
+def test_there_is_a_notebook_per_topic():
     prefixes = {p.name[:2] for p in PATHS}
     assert prefixes >= set(EXPECTED_TEXT), f"missing notebooks: {set(EXPECTED_TEXT) - prefixes}"
 

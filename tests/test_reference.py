@@ -1,8 +1,8 @@
 """Tests of mha.reference, the NumPy oracle: it must be right before the C kernels are held to it.
 
 Gradients are checked against central finite differences in float64 (eps = 1e-6, relative
-error <= 1e-6 in the max norm); everything else against the seeds' formulas, properties of
-attention, and torch.nn.MultiheadAttention.
+error <= 1e-6 in the max norm); everything else against the textbook NumPy formulas, properties
+of attention, and torch.nn.MultiheadAttention.
 """
 
 import warnings
@@ -53,7 +53,7 @@ def assert_grad_close(name, analytic, numeric, tol=GRAD_TOL):
 
 
 def single_head_attention_numpy(Q, K, V, mask=None):
-    """Seed 000's formula, verbatim (softmax_numpy inlined)."""
+    """The textbook single-head NumPy attention, one step per line (stable softmax inlined)."""
     d_k = Q.shape[-1]
     scores = Q @ K.T
     scores = scores / np.sqrt(d_k)
@@ -67,7 +67,7 @@ def single_head_attention_numpy(Q, K, V, mask=None):
 
 
 def multi_head_attention_numpy(X, n_heads, W_q, W_k, W_v, W_o, mask=None):
-    """Seed 000's multi-head formula, verbatim (loop over heads, concat, project)."""
+    """The textbook multi-head NumPy attention: loop over heads, concatenate, project."""
     seq_len, d_model = X.shape
     d_k = d_model // n_heads
     Q_heads = (X @ W_q).reshape(seq_len, n_heads, d_k)
@@ -142,21 +142,21 @@ def test_dropout_keep_rate_and_edges():
 # attention forward
 
 
-def test_rank2_equals_seed_single_head_formula():
+def test_rank2_equals_textbook_single_head_formula():
     rng = np.random.default_rng(0)
     Q, K, V = rng.standard_normal((5, 4)), rng.standard_normal((5, 4)), rng.standard_normal((5, 3))
     out, weights = attention(Q, K, V)
-    seed_out, seed_weights = single_head_attention_numpy(Q, K, V)
-    np.testing.assert_allclose(out, seed_out, rtol=1e-12, atol=1e-12)
-    np.testing.assert_allclose(weights, seed_weights, rtol=1e-12, atol=1e-12)
+    textbook_out, textbook_weights = single_head_attention_numpy(Q, K, V)
+    np.testing.assert_allclose(out, textbook_out, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(weights, textbook_weights, rtol=1e-12, atol=1e-12)
 
-    causal_mask = np.tril(np.ones((5, 5), dtype=int))                   # the seeds' 1/0 mask
+    causal_mask = np.tril(np.ones((5, 5), dtype=int))                   # the textbook 1/0 mask
     # (an int 0/1 mask is a bool mask; a FLOAT 0/1 mask would be added to the scores)
-    seed_out, seed_weights = single_head_attention_numpy(Q, K, V, causal_mask)
+    textbook_out, textbook_weights = single_head_attention_numpy(Q, K, V, causal_mask)
     for out, weights in (attention(Q, K, V, causal_mask), attention(Q, K, V, causal=True),
                          attention(Q, K, V, causal_mask.astype(bool))):
-        np.testing.assert_allclose(out, seed_out, rtol=1e-12, atol=1e-12)
-        np.testing.assert_allclose(weights, seed_weights, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(out, textbook_out, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(weights, textbook_weights, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("lead", [(), (3,), (2, 4)])
@@ -382,10 +382,10 @@ def test_parameter_count_does_not_depend_on_heads(n_heads):
     assert MultiHeadAttention(d, n_heads, seed=0).num_parameters() == 4 * d * d + 4 * d
 
 
-def test_parameter_count_of_the_seeds():
-    assert MultiHeadAttention(512, 8, seed=0).num_parameters() == 1_050_624       # seed 001
-    assert MultiHeadAttention(512, 8, bias=False, seed=0).num_parameters() == 4 * 512**2  # seed 002
-    layer = MultiHeadAttention(4, 2, d_head=4, bias=False, seed=0)                 # seed 004
+def test_parameter_count_of_the_base_transformer_and_of_wide_heads():
+    assert MultiHeadAttention(512, 8, seed=0).num_parameters() == 1_050_624       # with bias
+    assert MultiHeadAttention(512, 8, bias=False, seed=0).num_parameters() == 4 * 512**2
+    layer = MultiHeadAttention(4, 2, d_head=4, bias=False, seed=0)     # heads as wide as d_model
     assert layer.params["W_q"].shape == (4, 8) and layer.params["W_o"].shape == (8, 4)
 
 
@@ -460,7 +460,7 @@ def test_layer_shapes_dtype_and_weights():
         layer(np.ones((2, 5, 16), dtype=int))
 
 
-def test_layer_equals_seed_multi_head_formula():
+def test_layer_equals_textbook_multi_head_formula():
     rng = np.random.default_rng(42)
     X = rng.standard_normal((5, 8))
     layer = MultiHeadAttention(8, 4, bias=False, dtype=np.float64, seed=1)

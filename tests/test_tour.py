@@ -14,7 +14,8 @@ import pytest
 pytest.importorskip("PIL")
 from PIL import Image
 
-from mha import tour
+from mha.apps import tour
+from mha.apps.tour import schedule
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +102,7 @@ def test_schedule_draws_each_figure_once_a_group_in_one_process_and_the_timed_on
     import multiprocessing
 
     done = []
-    tour._draw_all(tour.Tour(tmp_path, "no model needed"), STUBS, jobs, done.extend)
+    schedule.draw_all(tour.Tour(tmp_path, "no model needed"), STUBS, jobs, done.extend)
     names = [name for name, _, _ in done]
     pid = {name: int(sentence) for name, sentence, _ in done}
     assert sorted(names) == sorted(f.name for f in STUBS)
@@ -120,7 +121,7 @@ def test_schedule_raises_a_workers_error_and_stops_it(tmp_path):
 
     stubs = (tour.Figure("g1", "G1", _stub_fail, group="g"),) + STUBS[:1]
     with pytest.raises(RuntimeError, match="g1 failed in its process"):
-        tour._draw_all(tour.Tour(tmp_path, "no model needed"), stubs, 2, lambda results: None)
+        schedule.draw_all(tour.Tour(tmp_path, "no model needed"), stubs, 2, lambda results: None)
     assert not multiprocessing.active_children()
 
 

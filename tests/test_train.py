@@ -1,5 +1,6 @@
-"""mha.train: the pattern task, the small model trained on the C backward, and the experiments
-of seeds 000 (1 vs 4 vs 8 heads) and 002 (E12.1 to E12.3).
+"""mha.train: the period-3 task, the small model trained on the C backward, the parameter counts,
+and the experiments of mha.apps.training (1 vs 4 vs 8 heads, the sweep over head counts, the
+head-pruning procedure).
 
 The model's gradient is held to finite differences (float64) and its training run to the same
 model written in PyTorch, started from the same weights (loss per epoch within 1e-6 relative).
@@ -12,6 +13,7 @@ import pytest
 import mha
 from conftest import assert_close, numeric_grad
 from mha import train
+from mha.apps import epoch_speed, training, training_figures
 from mha.train import (Adam, SimpleAttentionModel, cross_entropy, fit, pattern_ceiling,
                        pattern_data, pattern_min_loss)
 
@@ -35,7 +37,7 @@ def _one_thread():
 
 # --- the task --------------------------------------------------------------------------------
 
-def test_pattern_data_is_the_seeds_task():
+def test_pattern_data_is_the_period_3_task():
     x, y = pattern_data(300, seq_len=12, vocab_size=5, period=3, seed=0)
     assert x.shape == y.shape == (300, 12) and x.dtype == y.dtype == np.int64
     assert x.min() >= 0 and x.max() == 4
@@ -91,7 +93,7 @@ def test_model_shapes_parameters_and_validation():
     assert model.dtype == np.float32
     assert list(model.params) == ["token_embedding", "pos_embedding", "W_q", "W_k", "W_v",
                                   "W_o", "W_out", "b_out"]
-    # the seed's count: 5*32 + 12*32 + 4*32*32 + 32*5 + 5
+    # embeddings 5*32 + 12*32, attention 4*32*32, output layer 32*5 + 5
     assert model.num_parameters() == 160 + 384 + 4096 + 160 + 5 == 4805
     assert all(model.params[k] is model.attention.params[k] for k in ("W_q", "W_o"))
     x, _ = pattern_data(7, seed=0)
@@ -214,7 +216,7 @@ def test_loss_curve_matches_torch(n_heads, bias):
     assert t_losses[-1] < 0.8 * t_losses[0]                           # it did learn
 
 
-def test_torch_model_is_the_seeds_model_with_our_weights():
+def test_torch_model_holds_our_weights():
     torch = pytest.importorskip("torch")
     for n_heads in (1, 4):
         model = SimpleAttentionModel(5, 16, n_heads, 12, dtype=np.float64, seed=n_heads)
@@ -257,10 +259,10 @@ def test_fit_history_minibatches_and_progress(capsys):
     assert "tiny" in err and "2/2" in err and "loss=" in err
 
 
-# --- seed 000, part 7 ------------------------------------------------------------------------
+# --- one head against many -------------------------------------------------------------------
 
 def test_compare_heads_learns_the_pattern():
-    results = train.compare_heads((1, 4), d_model=32, epochs=60, lr=0.01, n_train=150,
+    results = training.compare_heads((1, 4), d_model=32, epochs=60, lr=0.01, n_train=150,
                                   n_test=50, seed=0, progress=False)
     assert list(results) == [1, 4]
     ceiling = pattern_ceiling()
@@ -272,18 +274,18 @@ def test_compare_heads_learns_the_pattern():
     assert results[1]["final_test_accuracy"] > ceiling - 0.03
     assert results[4]["final_test_accuracy"] > ceiling - 0.03
     # the single head, and some head of the 4, look only at copies of the next token
-    assert train.period_mass(results[1]["attention"])[0] > 0.95
-    assert train.period_mass(results[4]["attention"]).max() > 0.95
+    assert training.period_mass(results[1]["attention"])[0] > 0.95
+    assert training.period_mass(results[4]["attention"]).max() > 0.95
     assert len(set(results[4]["tokens"][:3].tolist())) == 3             # a clear example
-    figs = train.compare_heads_figures(results)
+    figs = training_figures.compare_heads_figures(results)
     assert set(figs) == {"summary", "patterns"}
     assert len(figs["summary"].axes) == 2
     assert len([ax for ax in figs["patterns"].axes if ax.get_visible()]) >= 4
 
 
-# --- E12.1 -----------------------------------------------------------------------------------
+# --- parameter counts ------------------------------------------------------------------------
 
-def test_parameter_counts_e12_1():
+def test_parameter_counts_with_and_without_bias():
     base = train.parameter_count(512, 8, bias=False)
     assert base["d_head"] == 64 and base["W_q"] == 512 * 512 and base["total"] == 1_048_576
     with_bias = train.parameter_count(512, 8, bias=True)
@@ -316,14 +318,14 @@ def test_parameter_counts_e12_1():
     assert len(text.splitlines()) == 6
 
 
-# --- E12.2 -----------------------------------------------------------------------------------
+# --- the sweep over head counts --------------------------------------------------------------
 
 def test_offset_profile():
     n = 5
     eye = np.eye(n)
     prev = np.eye(n, k=-1)
     prev[0, 0] = 1.0
-    profile = train.offset_profile(np.stack([eye, prev]))
+    profile = training.offset_profile(np.stack([eye, prev]))
     assert_close(profile[0], [1, 0, 0, 0, 0], 1e-15, "diagonal head")
     assert_close(profile[1], [0.2, 1, 0, 0, 0], 1e-15, "previous-token head")
 
@@ -332,20 +334,20 @@ def test_period_mass():
     n = 7
     copy_head = np.eye(n, k=-2)                       # attends to i-2, the token to copy
     copy_head[0, 0] = copy_head[1, 1] = 1.0
-    assert train.period_mass(copy_head) == pytest.approx(1.0)
+    assert training.period_mass(copy_head) == pytest.approx(1.0)
     far_copy = np.zeros((n, n))                       # i-5 (same token, period 3), else key 0
     for i in range(n):
         far_copy[i, max(i - 5, 0)] = 1.0
     # rows 2..6: key 0 is 2, 3, 4 back (copy, no, no), then i-5 twice (copy)
-    assert train.period_mass(far_copy) == pytest.approx(3 / 5)
+    assert training.period_mass(far_copy) == pytest.approx(3 / 5)
     uniform = np.tril(np.ones((n, n))) / np.arange(1, n + 1)[:, None]
     # rows 2..6 have 1, 1, 1, 2, 2 copy positions among 3..7 keys
     expected = np.mean([1 / 3, 1 / 4, 1 / 5, 2 / 6, 2 / 7])
-    assert train.period_mass(np.stack([uniform, copy_head])) == pytest.approx([expected, 1.0])
+    assert training.period_mass(np.stack([uniform, copy_head])) == pytest.approx([expected, 1.0])
 
 
 def test_heads_sweep_small():
-    results = train.heads_sweep((1, 2, 4), d_model=16, epochs=4, lr=0.01, n_train=20,
+    results = training.heads_sweep((1, 2, 4), d_model=16, epochs=4, lr=0.01, n_train=20,
                                 n_test=10, seed=0, progress=False)
     uniform = np.mean(np.log(np.arange(1, 13)))
     for h, r in results.items():
@@ -358,14 +360,14 @@ def test_heads_sweep_small():
         assert r["epochs_to_loss"] is None or 1 <= r["epochs_to_loss"] <= 4
         assert r["period_mass"].shape == (h,)
         assert np.all((r["period_mass"] >= 0) & (r["period_mass"] <= 1 + 1e-9))
-    figs = train.heads_sweep_figures(results)
+    figs = training_figures.heads_sweep_figures(results)
     assert set(figs) == {"summary", "entropy"}
 
 
-# --- E12.3 -----------------------------------------------------------------------------------
+# --- the head-pruning procedure --------------------------------------------------------------
 
 def test_prune_experiment_small():
-    r = train.prune_experiment(4, d_model=16, epochs=30, lr=0.02, n_train=100, n_test=60,
+    r = training.prune_experiment(4, d_model=16, epochs=30, lr=0.02, n_train=100, n_test=60,
                                seed=0, progress=False)
     model, curve = r["model"], r["curve"]
     xt, yt = r["test_data"]
@@ -388,7 +390,7 @@ def test_prune_experiment_small():
     # removing the pruned heads for real scores what masking them scored
     assert r["pruned_accuracy"] == pytest.approx(curve.metric[curve.prunable])
     assert r["attention"].shape == (4, 12, 12) and r["offsets"].shape == (4, 12)
-    figs = train.prune_figures(r)
+    figs = training_figures.prune_figures(r)
     assert set(figs) == {"importance", "pruning", "surviving"}
 
 
@@ -396,7 +398,7 @@ def test_prune_experiment_small():
 
 def test_benchmark_epoch_runs():
     pytest.importorskip("torch")
-    b = train.benchmark_epoch(2, d_model=16, n_samples=20, threads=1, repeats=2, warmup=1)
+    b = epoch_speed.benchmark_epoch(2, d_model=16, n_samples=20, threads=1, repeats=2, warmup=1)
     assert len(b["mha_times"]) == len(b["torch_times"]) == 2
     assert b["mha_seconds"] > 0 and b["torch_seconds"] > 0
     assert b["speedup"] == pytest.approx(b["torch_seconds"] / b["mha_seconds"])

@@ -1,4 +1,4 @@
-"""mha.viz: every figure renders to a non-blank PNG with the seeds' labels (Agg backend)."""
+"""mha.viz: every figure renders to a non-blank PNG with its labels (Agg backend)."""
 import io
 
 import matplotlib
@@ -41,7 +41,7 @@ def texts(fig):
     return {t.get_text() for ax in fig.axes for t in ax.texts}
 
 
-def test_heatmap_has_tokens_annotations_and_seed_axis_titles(attention):
+def test_heatmap_has_tokens_annotations_and_axis_titles(attention):
     fig = viz.heatmap(attention[0, 0], TOKENS, title="Single-Head Attention")
     render(fig)
     ax = fig.axes[0]

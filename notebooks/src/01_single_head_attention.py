@@ -8,8 +8,8 @@
 # - $Q$: the queries (what am I looking for?), $K$: the keys (what do I contain?),
 #   $V$: the values (what do I carry?), $d_k$: the width of queries and keys.
 #
-# This notebook writes the seeds' NumPy version (seeds 000 and 001) next to `mha.attention`,
-# the C kernel, and checks they agree. Then: a sentence heatmap, batched shapes, the causal
+# This notebook writes the textbook NumPy version next to `mha.attention`, the C kernel, and
+# checks they agree. Then: a sentence heatmap, batched shapes, the causal
 # mask, why we scale by $\sqrt{d_k}$, permutation equivariance, and the backward pass.
 # Everything runs in a few seconds on a CPU.
 
@@ -24,11 +24,10 @@ np.random.seed(42)
 print("mha", mha.__version__, "| C core:", mha.build_info()["simd"], "|", mha.build_info()["threads"])
 
 # %% [markdown]
-# ## The seed's NumPy attention
+# ## The textbook NumPy attention
 #
 # Five steps: scores $QK^T$, scale by $1/\sqrt{d_k}$, mask, softmax, weighted sum of the
-# values. This is seed 000's code, unchanged (a numerically stable softmax subtracts the row
-# maximum first).
+# values, one line each (a numerically stable softmax subtracts the row maximum first).
 
 # %%
 def softmax_numpy(x, axis=-1):
@@ -72,7 +71,7 @@ print(f"max |C - mha.reference| = {np.abs(out_c - out_ref).max():.1e}")
 # %% [markdown]
 # ## One head on a sentence
 #
-# Seed 000 gives five tokens random 8-dimensional embeddings and one set of projections
+# Five tokens get random 8-dimensional embeddings and one set of projections
 # $W_Q, W_K, W_V$. A single head has to fit every relationship into this one table.
 
 # %%
@@ -94,7 +93,7 @@ viz.heatmap(weights, tokens, title="Single-Head Attention")
 # ## Batches and heads: the shapes
 #
 # `mha.attention` takes `(n, d)`, `(B, n, d)` or `(B, H, n, d)`: batch first, heads second,
-# like PyTorch. Seed 001's example: a batch of 2 sequences of 4 tokens, $d_k = d_v = 8$.
+# like PyTorch. For example, a batch of 2 sequences of 4 tokens, $d_k = d_v = 8$.
 
 # %%
 rng = np.random.default_rng(42)
@@ -109,7 +108,7 @@ viz.heatmap(w_b[0], title="Scaled Dot-Product Attention Weights", fmt=".3f", cma
 # ## The causal mask
 #
 # A decoder may not look ahead: query $i$ sees keys $j \le i$. In `mha` a boolean mask is
-# **True where a query may attend**, exactly the seeds' `mask == 0 -> -inf` and
+# **True where a query may attend**, exactly the textbook `mask == 0 -> -inf` and
 # `torch.nn.functional.scaled_dot_product_attention` (it is the *opposite* of
 # `torch.nn.MultiheadAttention`'s `attn_mask`). `causal=True` builds the same mask for you.
 
@@ -122,9 +121,9 @@ viz.mask_heatmap(causal_mask, title="Causal Attention Mask")
 x = rng.standard_normal((n, 8))
 _, w_masked = mha.attention(x, x, x, mask=causal_mask)
 _, w_causal = mha.attention(x, x, x, causal=True)
-_, w_seed = single_head_attention_numpy(x, x, x, mask=causal_mask.astype(int))
+_, w_textbook = single_head_attention_numpy(x, x, x, mask=causal_mask.astype(int))
 print("mask= and causal=True agree:", bool(np.allclose(w_masked, w_causal)))
-print("the seed's 0/1 mask gives the same weights:", bool(np.allclose(w_masked, w_seed)))
+print("the textbook 0/1 mask gives the same weights:", bool(np.allclose(w_masked, w_textbook)))
 print("nothing above the diagonal:", bool(np.all(np.triu(w_causal, 1) == 0)))
 viz.heatmap(w_causal, [f"t{i}" for i in range(n)], title="Masked (causal) attention")
 
@@ -149,7 +148,7 @@ for width in (4, 64, 512):
 # ## Attention is permutation equivariant
 #
 # Self-attention has no notion of order: shuffle the tokens and the outputs are shuffled the
-# same way (seed 001, "key properties"). Position must be added to the embeddings, which is
+# same way. Position must be added to the embeddings, which is
 # what the small model of notebook 05 does with a position embedding.
 
 # %%
@@ -184,5 +183,5 @@ print(f"dL/dq{idx}: backward {dq[idx]:.8f}, finite differences {(up - down) / (2
 
 # %% [markdown]
 # **Takeaway.** One head computes one table of weights per sentence. The C kernel gives the
-# same numbers as the seed's five lines of NumPy, on any batch of heads, with masks and a
+# same numbers as the five lines of textbook NumPy, on any batch of heads, with masks and a
 # backward pass. Notebook 02 runs several heads in parallel.

@@ -5,13 +5,12 @@
 # \qquad \text{head}_i = \text{Attention}(Q W_i^Q, K W_i^K, V W_i^V)$$
 #
 # One head computes one table of weights. Several heads, each with its own projections into a
-# smaller subspace, can each follow a different relationship (a "committee of experts",
-# seed 003). This notebook builds the seeds' loop-over-heads NumPy version, checks that
-# `mha.MultiHeadAttention` (one call into C) gives the same numbers, and reproduces:
-# seed 004's "money bank" example (2 heads of width 4, $W_O$ of 8x4) and its 512/8/64
-# dimension table; the parameter counts of seeds 000, 001 and 002; seed 001's annotated
-# sentence heatmaps and masked attention; seed 002's cross-attention, padding and per-head
-# grid; seed 003's hand-made heads.
+# smaller subspace, can each follow a different relationship (a "committee of experts").
+# This notebook builds the textbook loop-over-heads NumPy version, checks that
+# `mha.MultiHeadAttention` (one call into C) gives the same numbers, and works through: the
+# "money bank" example (2 heads of width 4, $W_O$ of 8x4) and the 512/8/64 dimension table of
+# the original Transformer; parameter counts; annotated sentence heatmaps and masked
+# attention; dropout; cross-attention, padding and the per-head grid; hand-made heads.
 
 # %%
 # %matplotlib inline
@@ -22,9 +21,9 @@ import mha
 import mha.viz as viz
 
 # %% [markdown]
-# ## The seed's loop over heads, and the C layer
+# ## The textbook loop over heads, and the C layer
 #
-# Seed 000 projects once with $d_{model} \times d_{model}$ matrices, cuts the result into
+# The textbook version projects once with $d_{model} \times d_{model}$ matrices, cuts the result into
 # `n_heads` slices of width $d_k = d_{model}/h$, runs single-head attention on each slice,
 # concatenates and projects with $W_O$. The same weights loaded into `mha.MultiHeadAttention`
 # (stored `(in, out)`, so that `x @ W` is the projection) must give the same output.
@@ -36,7 +35,7 @@ def softmax_numpy(x, axis=-1):
 
 
 def multi_head_attention_numpy(X, n_heads, W_q, W_k, W_v, W_o):
-    """Seed 000: X (n, d_model) -> output (n, d_model), list of per-head weights (n, n)."""
+    """Loop over heads: X (n, d_model) -> output (n, d_model), list of weights (n, n) per head."""
     seq_len, d_model = X.shape
     d_k = d_model // n_heads
     Q, K, V = X @ W_q, X @ W_k, X @ W_v
@@ -61,11 +60,11 @@ layer.params.update(W_q=W_q, W_k=W_k, W_v=W_v, W_o=W_o)
 out_c, weights_c = layer(X)                                  # (n, d_model), (heads, n, n)
 print(f"d_model = {d_model}, n_heads = {n_heads}, d_k per head = {d_model // n_heads}")
 print(f"input {X.shape} -> output {out_c.shape}; weights {weights_c.shape} = (heads, n_q, n_k)")
-print("C layer == seed's NumPy loop:", bool(np.allclose(out_c, out_numpy, atol=1e-12)
-                                         and np.allclose(weights_c, weights_numpy, atol=1e-12)))
+print("C layer == NumPy loop over heads:", bool(np.allclose(out_c, out_numpy, atol=1e-12)
+                                              and np.allclose(weights_c, weights_numpy, atol=1e-12)))
 
 # %% [markdown]
-# The seed's weights are random and small (x 0.1), so every row is close to uniform (1/5 =
+# These weights are random and small (x 0.1), so every row is close to uniform (1/5 =
 # 0.2) and the heads differ only a little: on one colour scale from 0 to the largest weight
 # the four tables would look alike. Each panel below is coloured on its own range (given in
 # its title), so that the small differences show: each head ranks the keys in its own order.
@@ -93,7 +92,7 @@ for h in range(n_heads):
 # %% [markdown]
 # ## Reshape, don't loop
 #
-# Seeds 002 and 003 avoid the Python loop: reshape the projection
+# Efficient implementations avoid the Python loop: reshape the projection
 # `(B, n, d_model) -> (B, n, h, d_k)`, transpose to `(B, h, n, d_k)` so that heads sit next to
 # the batch, and run every head in one call. `mha.attention` accepts that 4-D layout directly.
 
@@ -108,13 +107,13 @@ print("shapes:", Q4.shape, "->", O4.shape, "->", merged.shape)
 print("reshape version == loop version:", bool(np.allclose(merged[0] @ W_o, out_numpy, atol=1e-12)))
 
 # %% [markdown]
-# ## Seed 004: "money bank", two heads of width 4
+# ## "money bank": two heads of width 4
 #
 # Two words with 4-dimensional embeddings, $E$ of shape 2x4. Each head has its own
 # $W_Q^i, W_K^i, W_V^i$ of 4x4 (here the head width equals $d_{model}$: `d_head=4`), makes
 # its own 2x2 table of weights and its own output $Z_i$ (2x4). The two outputs are
 # concatenated (2x8) and $W_O$ (8x4) brings them back to 2x4. (Heads are numbered from 0
-# below: the seed's head 1 is head 0.)
+# below: head 1 of the equations above is head 0.)
 
 # %%
 words = ["money", "bank"]
@@ -144,10 +143,9 @@ viz.head_grid(w_bank, words, n_cols=2, annot=True, vmax=1.0, panel_size=3.2,
               title="money bank: two heads, two tables of weights")
 
 # %% [markdown]
-# A note on seed 004's own numbers: its diagram turns the scores $[0.8, 0.2]$ into the
-# weights $[0.69, 0.31]$. Softmax gives $[0.65, 0.35]$ for those scores; $[0.69, 0.31]$ is
-# the softmax of two scores $0.8$ apart, such as $[0.8, 0.0]$. An easy slip, and a good
-# reminder that softmax only sees the *differences* between scores:
+# A slip that is easy to make with such small tables: softmax turns the scores $[0.8, 0.2]$
+# into $[0.65, 0.35]$, not $[0.69, 0.31]$; $[0.69, 0.31]$ is the softmax of two scores $0.8$
+# apart, such as $[0.8, 0.0]$. Softmax only sees the *differences* between scores:
 
 # %%
 for scores in ([0.8, 0.2], [0.8, 0.0], [1.8, 1.0]):
@@ -186,17 +184,17 @@ print("matches the layer:", bool(np.allclose(final512, layer512(E512)[0], atol=1
 # ## Parameter counts: more heads are free
 #
 # With $d_k = d_{model}/h$, the heads' matrices together are $d_{model} \times d_{model}$
-# whatever $h$: $4\,d_{model}^2$ weights (seed 002, §12.3), plus $4\,d_{model}$ biases.
+# whatever $h$: $4\,d_{model}^2$ weights, plus $4\,d_{model}$ biases.
 
 # %%
 for d, heads, bias in ((64, 1, False), (64, 4, False), (64, 8, False)):
     n = mha.MultiHeadAttention(d, heads, bias=bias).num_parameters()
-    print(f"seed 000, d_model={d}, {heads} head(s), no bias: {n:,} parameters")
+    print(f"d_model={d}, {heads} head(s), no bias: {n:,} parameters")
 n512 = mha.MultiHeadAttention(512, 8, bias=True).num_parameters()
-print(f"seed 001, d_model=512, 8 heads, with bias:  {n512:,} parameters  (4*512^2 + 4*512)")
+print(f"d_model=512, 8 heads, with bias: {n512:,} parameters  (4*512^2 + 4*512)")
 
 # %% [markdown]
-# Seed 002's test, on the C layer: shapes, parameter count $4 d_{model}^2$ without bias, and
+# The usual unit test of a multi-head layer, on the C layer: shapes, parameter count $4 d_{model}^2$ without bias, and
 # rows of weights that sum to 1.
 
 # %%
@@ -219,7 +217,7 @@ def test_multi_head_attention():
 test_multi_head_attention()
 
 # %% [markdown]
-# Seed 001 compares with `torch.nn.MultiheadAttention`. When PyTorch is installed,
+# PyTorch has its own layer, `torch.nn.MultiheadAttention`. When PyTorch is installed,
 # `mha.MultiHeadAttention.from_torch` copies its weights and both give the same output.
 
 # %%
@@ -242,10 +240,10 @@ if torch is not None:
           f"weights {np.abs(w_m - w_t.numpy()).max():.1e}")
 
 # %% [markdown]
-# ## Seed 001: a sentence, annotated, then masked
+# ## A sentence, annotated, then masked
 #
-# Seed 001 makes "cat" and "sat" lean towards later words by adding half of their embeddings,
-# then looks at four heads of a $d_{model} = 64$ layer. With random projections the
+# "cat" and "sat" lean towards later words ("the", "mat": half of their embeddings is added),
+# then four heads of a $d_{model} = 64$ layer look at the sentence. With random projections the
 # structure is faint; what matters is that each head makes its own table.
 
 # %%
@@ -267,9 +265,10 @@ viz.head_grid(w_masked, words6, n_cols=4, annot=True, cmap="YlOrRd", vmax=None,
 # %% [markdown]
 # ### Dropout on the weights
 #
-# Seed 001's layer is built with `dropout=0.1`: while training, each attention weight is
-# zeroed with probability $p = 0.1$ and the survivors are scaled by $1/(1-p)$, so that the
-# output keeps its expected value; in eval mode nothing is dropped. `mha` draws each weight's
+# A layer built with `dropout=0.1` (as `torch.nn.MultiheadAttention(..., dropout=0.1)`):
+# while training, each attention weight is zeroed with probability $p = 0.1$ and the
+# survivors are scaled by $1/(1-p)$, so that the output keeps its expected value; in eval
+# mode nothing is dropped. `mha` draws each weight's
 # coin from a counter-based generator keyed by (seed, batch, head, query, key), so a seed
 # gives the same mask on any number of threads, and the backward regenerates it instead of
 # storing it. The weights the layer returns are the probabilities *before* dropout.
@@ -293,7 +292,7 @@ print(f"dropped {int((~keep).sum())} of {keep.size} weights;",
 viz.mask_heatmap(keep, words6, title=f"Which weights survive dropout (p = {p}, seed 7)")
 
 # %% [markdown]
-# ## Seed 002: cross-attention and padding
+# ## Cross-attention and padding
 #
 # Queries and keys may come from different sequences ($n_q \ne n_k$, e.g. a decoder reading an
 # encoder). A `key_padding_mask` (True = real token) keeps the queries off padding.
@@ -315,7 +314,7 @@ for head, ax in enumerate(fig.subplots(1, 2)):
 fig
 
 # %% [markdown]
-# ## Seed 002: every head of a layer, `n_cols` per row
+# ## Every head of a layer, `n_cols` per row
 
 # %%
 sentence = "the quick brown fox jumps over the lazy dog".split()
@@ -324,11 +323,10 @@ _, w8 = layer8(rng.standard_normal((len(sentence), 64)).astype(np.float32) * 2)
 viz.head_grid(w8, sentence, n_cols=4, title="Attention Patterns per Head")
 
 # %% [markdown]
-# ## Seed 003: a committee of experts, by hand
+# ## A committee of experts, by hand
 #
-# Seed 003 draws two made-up heads on "The cat sat on the mat because it was soft": a
-# "meaning" head that links *it* and *soft* to *mat*, and a "grammar" head that links *sat*
-# and *cat*. Real heads (notebook 03) are messier, but this is the idea.
+# Two made-up heads on "The cat sat on the mat because it was soft": a "meaning" head that
+# links *it* and *soft* to *mat*, and a "grammar" head that links *sat* and *cat*. Real heads (notebook 03) are messier, but this is the idea.
 
 # %%
 toks = ["The", "cat", "sat", "on", "the", "mat", "because", "it", "was", "soft"]

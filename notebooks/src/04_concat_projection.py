@@ -9,8 +9,8 @@
 #
 # where $W_O^{(i)}$ are the rows of $W_O$ that face head $i$. The second form says what $W_O$
 # does: every output feature mixes information from every head. This notebook opens up
-# `mha.MultiHeadAttention`, rebuilds its output by hand from the heads (seed 000, part 6),
-# draws seed 000's concat + project picture with the layer's real numbers, and shows that
+# `mha.MultiHeadAttention`, rebuilds its output by hand from the heads, draws the usual
+# concat + project picture with the layer's real numbers, and shows that
 # switching a head off (`head_mask`) is removing its rows of $W_O$ (`prune_heads`).
 
 # %%
@@ -24,7 +24,7 @@ import mha.viz as viz
 # %% [markdown]
 # ## The heads' outputs, one by one
 #
-# Seed 000's sizes: $d_{model} = 8$, 4 heads of $d_k = 2$, 3 tokens.
+# A layer small enough to print: $d_{model} = 8$, 4 heads of $d_k = 2$, 3 tokens.
 
 # %%
 d_model, n_heads, seq_len = 8, 4, 3
@@ -57,7 +57,7 @@ print("layer output == concat @ W_o:", bool(np.allclose(out, projected, atol=1e-
 print(f"The output projection mixes information from all {n_heads} heads!")
 
 # %% [markdown]
-# Seed 000's picture, with these numbers: token 0's head outputs, their concatenation (white
+# The concat + project picture, with these numbers: token 0's head outputs, their concatenation (white
 # lines mark the heads' boundaries), and the projected vector in which every feature is a
 # mixture of all heads.
 

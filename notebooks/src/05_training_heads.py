@@ -1,8 +1,8 @@
 # %% [markdown]
 # # 05 · Training one head against many
 #
-# Seed 000, part 7: train the same small model with 1, 4 and 8 heads on a task that needs
-# attention, and compare loss curves, test accuracy and the patterns the heads learn.
+# Train the same small model with 1, 4 and 8 heads on a task that needs attention (the
+# period-3 task), and compare loss curves, test accuracy and the patterns the heads learn.
 #
 # **The task.** Sequences repeat a random pattern of 3 tokens (`A B C A B C ...`, vocabulary
 # of 5, length 12); the model predicts the next token at every position. From position 2 on,
@@ -12,7 +12,7 @@
 #
 # **The model.** Token embedding + position embedding -> one causal `mha.MultiHeadAttention`
 # (forward *and backward* on the C kernels) -> linear layer to the vocabulary; cross-entropy
-# and Adam in NumPy (`mha.train`). The seed's settings: 500 training and 100 test sequences,
+# and Adam in NumPy (`mha.train`). The settings: 500 training and 100 test sequences,
 # $d_{model} = 32$, 100 full-batch epochs, learning rate 0.005.
 
 # %%
@@ -21,9 +21,10 @@ import numpy as np
 
 import mha
 from mha import train
+from mha.apps import training, training_figures
 
-# the data train.compare_heads(seed=0) trains and tests on
-(x_train, y_train), (x_test, y_test), _ = train.experiment_data(500, 100, seed=0)
+# the data training.compare_heads(seed=0) trains and tests on
+(x_train, y_train), (x_test, y_test), _ = training.experiment_data(500, 100, seed=0)
 print(f"Training data: {x_train.shape}, test data: {x_test.shape}")
 print(f"Sample sequence: {x_train[0].tolist()}")
 print(f"Sample target:   {y_train[0].tolist()}")
@@ -54,19 +55,18 @@ for name, idx in (("W_q", (3, 5)), ("W_o", (7, 1)), ("token_embedding", (2, 4)))
 # %% [markdown]
 # ## 1 vs 4 vs 8 heads
 #
-# `train.compare_heads` trains the three models on the same data from the same seed (the
-# seed's `torch.manual_seed(42)` before each model) and keeps their histories
-# (`progress=True` would show a bar per model).
+# `training.compare_heads` trains the three models on the same data from the same random
+# seed and keeps their histories (`progress=True` would show a bar per model).
 
 # %%
-results = train.compare_heads((1, 4, 8), d_model=32, epochs=100, lr=0.005, seed=0, progress=False)
+results = training.compare_heads((1, 4, 8), d_model=32, epochs=100, lr=0.005, seed=0, progress=False)
 for h, r in results.items():
     print(f"{h} Head{'s' if h > 1 else ' '}: final loss {r['final_loss']:.4f}, "
           f"test accuracy {r['final_test_accuracy']:.1%}, {r['n_parameters']:,} parameters, "
           f"{r['seconds']:.1f} s")
 
 # %%
-figures = train.compare_heads_figures(results)
+figures = training_figures.compare_heads_figures(results)
 figures["summary"]
 
 # %% [markdown]

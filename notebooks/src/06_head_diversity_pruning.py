@@ -3,14 +3,14 @@
 #
 # Do the heads really do different things, and does the model need all of them?
 #
-# 1. **Diversity** (seed 000, part 8): pairwise cosine similarity between the heads'
-#    attention maps, per layer of MiniLM; plus the Jensen-Shannon distance of Clark et al.
-#    (2019) and the entropy of each head.
-# 2. **How many heads?** (seed 002, exercise E12.2): the pattern task of notebook 05 at
+# 1. **Diversity**: pairwise cosine similarity between the heads' attention maps, per layer
+#    of MiniLM; plus the Jensen-Shannon distance of Clark et al. (2019) and the entropy of
+#    each head.
+# 2. **How many heads?** A sweep over head counts: the period-3 task of notebook 05 at
 #    $d_{model} = 256$ with $h \in \{1, 2, 4, 8, 16\}$: convergence, accuracy, entropy per head.
-# 3. **Which heads matter?** (E12.3): zero one head at a time, rank the heads, prune the least
-#    important until accuracy drops by more than one point (Michel et al. 2019), and look at
-#    the survivors.
+# 3. **Which heads matter?** The head-pruning procedure: zero one head at a time, rank the
+#    heads, prune the least important until accuracy drops by more than one point (Michel et
+#    al. 2019), and look at the survivors.
 #
 # Everything is trained and evaluated on the C kernels; `layer.head_mask` switches heads off.
 
@@ -21,13 +21,14 @@ import numpy as np
 import mha
 import mha.models
 import mha.viz as viz
-from mha import analysis, train
+from mha import analysis
+from mha.apps import training, training_figures
 
 # %% [markdown]
 # ## 1. Diversity of MiniLM's heads
 #
 # Each head's map is flattened to a vector; similarity 1 means two heads attend identically,
-# low values mean diverse heads. Seed 000 reads it as: green (low) = heads learn different
+# low values mean diverse heads. Read the colours as: green (low) = heads learn different
 # patterns, red (high) = redundant heads.
 
 # %%
@@ -58,7 +59,7 @@ viz.heatmap(analysis.entropy(attentions), [f"Layer {l}" for l in range(model.n_l
             figsize=(11, 4))
 
 # %% [markdown]
-# ## 2. E12.2: how many heads?
+# ## 2. How many heads? A sweep over head counts
 #
 # Same data and seed for every model; $d_{model} = 256$ fixed, so each head has width
 # $256/h$. Convergence = the first epoch at which test accuracy reaches 97% of the task's
@@ -66,14 +67,15 @@ viz.heatmap(analysis.entropy(attentions), [f"Layer {l}" for l in range(model.n_l
 # in under 10; more epochs only polish the loss), full batch, lr 0.002.
 
 # %%
-sweep = train.heads_sweep((1, 2, 4, 8, 16), d_model=256, epochs=20, lr=0.002, n_train=200,
+sweep = training.heads_sweep((1, 2, 4, 8, 16), d_model=256, epochs=20, lr=0.002, n_train=200,
                           n_test=200, seed=0, progress=False)
-print("E12.2  heads | d_k | epochs to target | test accuracy | mean entropy per head (nats)")
+print("The sweep over head counts at d_model = 256:")
+print("heads | d_k | epochs to target | test accuracy | mean entropy per head (nats)")
 for h, r in sweep.items():
-    print(f"      {h:6d} | {256 // h:3d} | {str(r['epochs_to_target']):>16s} | "
+    print(f"{h:5d} | {256 // h:3d} | {str(r['epochs_to_target']):>16s} | "
           f"{r['final_test_accuracy']:13.1%} | {r['entropy'].mean():.2f} "
           f"(min {r['entropy'].min():.2f}, max {r['entropy'].max():.2f})")
-sweep_figures = train.heads_sweep_figures(sweep)
+sweep_figures = training_figures.heads_sweep_figures(sweep)
 sweep_figures["summary"]
 
 # %%
@@ -87,9 +89,9 @@ sweep_figures["entropy"]
 # spread their weight. The table above shows whether more heads converge faster (here they
 # do not).
 #
-# ## 3. E12.3: importance and pruning
+# ## 3. Head importance and pruning
 #
-# An 8-head model ($d_{model}=32$) trained as in notebook 05 (seed's settings, 100 epochs).
+# An 8-head model ($d_{model}=32$) trained as in notebook 05 (same settings, 100 epochs).
 # Then, on 500 test sequences:
 #
 # - **ablation importance**: accuracy drop when the head alone is zeroed (`head_mask`);
@@ -100,9 +102,9 @@ sweep_figures["entropy"]
 #   than 1 point. The survivors are then removed for real with `prune_heads` and re-scored.
 
 # %%
-prune = train.prune_experiment(8, d_model=32, epochs=100, lr=0.005, n_test=500, seed=0,
+prune = training.prune_experiment(8, d_model=32, epochs=100, lr=0.005, n_test=500, seed=0,
                                progress=False)
-print("E12.3")
+print("The head-pruning procedure on the 8-head model:")
 print(f"baseline accuracy: {prune['baseline_accuracy']:.2%}")
 print("ablation importance (accuracy drop, points):",
       np.round(100 * prune["ablation"], 2).tolist())
@@ -114,7 +116,7 @@ for n_pruned, acc in zip(curve.n_pruned, curve.metric):
 print(f"prunable: {prune['prunable']} of 8 heads can go before accuracy drops > 1 point; "
       f"surviving heads {prune['surviving_heads'].tolist()}; accuracy of the pruned layer "
       f"(prune_heads, smaller matrices): {prune['pruned_accuracy']:.2%}")
-prune_figs = train.prune_figures(prune)
+prune_figs = training_figures.prune_figures(prune)
 prune_figs["importance"]
 
 # %%

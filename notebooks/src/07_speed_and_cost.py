@@ -4,10 +4,11 @@
 # Multi-head attention is "free": with $d_k = d_{model}/h$ the heads share the parameters and
 # the arithmetic of one big head. This notebook checks the claim three ways:
 #
-# 1. parameters: 1, 4, 8, 16 heads, and seed 002's exercise E12.1 (512 / 8, with and without
-#    bias, and the share of attention against the feed-forward layers in a Transformer);
-# 2. arithmetic: seed 004's operation count, one 512-wide head against 8 heads of 64;
-# 3. time: seed 000's benchmark (batch 16, 128 tokens, $d_{model} = 256$, 1/4/8/16 heads) on
+# 1. parameters: 1, 4, 8, 16 heads, and the parameter-count exercise (512 / 8, with and
+#    without bias, and the share of attention against the feed-forward layers in a
+#    Transformer);
+# 2. arithmetic: the operation count of one 512-wide head against 8 heads of 64;
+# 3. time: the speed test of 1, 4, 8 and 16 heads (batch 16, 128 tokens, $d_{model} = 256$) on
 #    mha's C kernels, against the NumPy reference and PyTorch (when installed), measured in
 #    the same run. Times depend on the machine and its load, and so do ratios: every time
 #    below comes with its spread, and a second run may differ by more than the spread.
@@ -20,7 +21,8 @@ from matplotlib.figure import Figure
 import mha
 import mha.viz as viz
 from mha import train
-from mha.timing import quartiles, time_in_turns
+from mha.apps import bench, epoch_speed
+from mha.apps.timing import quartiles, time_in_turns
 
 try:
     import torch
@@ -41,9 +43,10 @@ for h in (1, 4, 8, 16):
           f"{with_bias:,} with bias")
 
 # %% [markdown]
-# **E12.1.** The base Transformer ($d_{model} = 512$, $h = 8$, $d_{ff} = 2048$):
-# $d_k = d_v = 64$; $W_Q, W_K, W_V, W_O$ with and without bias; single-head ($h = 1$,
-# $d_k = 512$) has the same count; and the share of one encoder block that is attention.
+# **The parameter-count exercise.** The base Transformer ($d_{model} = 512$, $h = 8$,
+# $d_{ff} = 2048$): $d_k = d_v = 64$; $W_Q, W_K, W_V, W_O$ with and without bias;
+# single-head ($h = 1$, $d_k = 512$) has the same count; and the share of one encoder block
+# that is attention.
 
 # %%
 rows = train.parameter_table(512, (1, 8), bias=(False, True))
@@ -56,16 +59,15 @@ print(f"\nWhole base Transformer (6 + 6 layers, shared 37k-token embedding): "
       f"layer norms {whole['layer_norm_share']:.2%}")
 
 # %% [markdown]
-# ## 2. Arithmetic (seed 004)
+# ## 2. Arithmetic
 #
 # Per token, the Q, K, V projections cost $3 \times 512 \times 512$ multiply-adds for one
 # 512-wide head, and $8 \times 3 \times 512 \times 64$ for eight heads of 64: the same.
 # The attention itself ($QK^T$ and the weighted sum) costs $2 n^2 d_k$ per head, so
 # $h \cdot 2 n^2 (d_{model}/h)$ in all: the same again.
 #
-# A small slip to watch for in seed 004: it writes the eight heads' cost as
-# "8 × 64² × 3 matrices ≈ 786k operations". Its total is right, but $8 \times 64^2 \times 3$
-# is only 98,304: each head's $W_Q^i$ is $512 \times 64$ (it reads the whole 512-wide
+# A slip to watch for: writing the eight heads' cost as "8 × 64² × 3 matrices ≈ 786k
+# operations". The total is right, but $8 \times 64^2 \times 3$ is only 98,304: each head's $W_Q^i$ is $512 \times 64$ (it reads the whole 512-wide
 # embedding), not $64 \times 64$, so the count is $8 \times 3 \times 512 \times 64 = 786{,}432
 # = 3 \times 512^2$.
 
@@ -74,23 +76,22 @@ n = 128
 single_proj, multi_proj = 3 * 512 * 512, 8 * 3 * 512 * 64
 single_attn, multi_attn = 2 * n * n * 512, 8 * 2 * n * n * 64
 print(f"projections per token: single head {single_proj:,}, 8 heads {multi_proj:,}"
-      f" (seed 004's 8 x 64^2 x 3 = {8 * 64**2 * 3:,})")
+      f" (not 8 x 64^2 x 3 = {8 * 64**2 * 3:,})")
 print(f"attention for n = {n}: single head {single_attn:,}, 8 heads {multi_attn:,}")
 print("forward FLOPs of the whole layer, B=16, n=128, d_model=256: "
-      + ", ".join(f"{h} heads {mha.bench.layer_flops(16, 128, 128, 256, h, 256 // h) / 1e9:.2f} G"
+      + ", ".join(f"{h} heads {bench.layer_flops(16, 128, 128, 256, h, 256 // h) / 1e9:.2f} G"
                   for h in (1, 4, 8, 16)))
 
 # %% [markdown]
 # ## 3. Time: 1, 4, 8 and 16 heads
 #
-# Seed 000's setting: a batch of 16 sequences of 128 tokens, $d_{model} = 256$, forward pass
-# returning the attention weights (as the seed's model does). Three implementations of the
-# same layer: `mha.MultiHeadAttention` (C), `mha.reference.MultiHeadAttention` (the seeds'
-# NumPy, on NumPy's BLAS) and `torch.nn.MultiheadAttention`, with the same number of threads.
-# They take turns (`mha.timing.time_in_turns`): in each of 5 rounds every implementation runs
-# untimed for 0.1 s, then is timed call by call for 0.1 s. We report the median of all its
-# timed calls and, in parentheses, its quartiles (half of the calls fall between them). The seed
-# takes the mean of 50 calls in a row instead.
+# The setting: a batch of 16 sequences of 128 tokens, $d_{model} = 256$, forward pass
+# returning the attention weights. Three implementations of the same layer:
+# `mha.MultiHeadAttention` (C), `mha.reference.MultiHeadAttention` (the textbook NumPy, on
+# NumPy's BLAS) and `torch.nn.MultiheadAttention`, with the same number of threads. They
+# take turns (`mha.apps.timing.time_in_turns`): in each of 5 rounds every implementation
+# runs untimed for 0.1 s, then is timed call by call for 0.1 s. We report the median of all its
+# timed calls and, in parentheses, its quartiles (half of the calls fall between them).
 
 # %%
 B, n, d_model, rounds = 16, 128, 256, 5
@@ -174,12 +175,12 @@ for impl, t in times.items():
 # ## Training: one epoch of notebook 05's task
 #
 # Forward, cross-entropy, backward (attention on the C backward) and an Adam step on 500
-# sequences, against the seed's PyTorch model with the same weights (needs PyTorch). The two
+# sequences, against the same model in PyTorch with the same weights (needs PyTorch). The two
 # take turns for 5 rounds; each turn runs two untimed epochs, then times one.
 
 # %%
 if torch is not None:
-    epoch = train.benchmark_epoch(n_heads=4, repeats=5, warmup=2, threads=mha.get_num_threads())
+    epoch = epoch_speed.benchmark_epoch(n_heads=4, repeats=5, warmup=2, threads=mha.get_num_threads())
     (m1, m2, m3), (t1, t2, t3) = (quartiles(1e3 * np.array(epoch[k])) for k in ("mha_times", "torch_times"))
     print(f"one epoch: mha {m2:.1f} ms ({m1:.1f}-{m3:.1f}), PyTorch {t2:.1f} ms ({t1:.1f}-{t3:.1f}); "
           f"in this run mha was {epoch['speedup']:.1f}x "

@@ -148,7 +148,7 @@ viz.clark_metrics_figure(model, metrics=metrics)
 # heads of the same kind cluster, whatever their layer.
 
 # %%
-points, distances = analysis.head_map(enc.attentions)
+points, distances = analysis.head_map(enc.attentions, attention_mask=enc.attention_mask)
 print("head map:", points.shape, "coordinates; distances", distances.shape)
 viz.head_map(points=points, color=metrics["entropy"], color_label="mean entropy (nats)")
 

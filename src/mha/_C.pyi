@@ -2,8 +2,9 @@
 
 Every function of module.c's method table, with the keywords of its kwlist and the defaults of
 its C locals. Arrays are float32 or float64 (one dtype per call, taken from the first array);
-the binding raises TypeError for other dtypes and ValueError for shapes that do not match.
-The public, documented API is mha.attention, mha.attention_backward and mha.MultiHeadAttention.
+the binding raises TypeError for other dtypes and ValueError for shapes that do not match, with
+the messages users see. Inside the package only mha._core calls these (by keyword); the public,
+documented API is mha.attention, mha.attention_backward and mha.MultiHeadAttention.
 """
 from typing import Any, Literal, overload
 
@@ -13,14 +14,15 @@ from numpy.typing import ArrayLike, NDArray
 _Float = np.float32 | np.float64
 _Array = NDArray[Any]
 
-# attention: q (B, H, n_q, d_k), k (B, H_kv, n_k, d_k), v (B, H_kv, n_k, d_v), already 4-D;
-# mask broadcasts to (B, H, n_q, n_k) (bool: True = may attend; float: added to the scores);
-# key_padding_mask (B, n_k) bool, True = real token.
+# attention: q (..., n_q, d_k), k (..., n_k, d_k), v (..., n_k, d_v) of one rank: 2, 3 or 4
+# ((B, H, n, d), k and v with H_kv heads dividing H); mask of the scores' shape (..., n_q, n_k),
+# any strides (bool: True = may attend; float: added to the scores); key_padding_mask (B, n_k)
+# bool, True = real token. seed: required when dropout > 0.
 @overload
 def attention_forward(
     q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None = None,
     key_padding_mask: ArrayLike | None = None, causal: bool = False, scale: float | None = None,
-    dropout: float = 0.0, seed: int = 0, need_weights: bool = True,
+    dropout: float = 0.0, seed: int | None = None, need_weights: bool = True,
     return_lse: Literal[False] = False, out: _Array | None = None,
     weights_out: _Array | None = None,
 ) -> tuple[_Array, _Array | None]: ...
@@ -28,35 +30,33 @@ def attention_forward(
 def attention_forward(
     q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None = None,
     key_padding_mask: ArrayLike | None = None, causal: bool = False, scale: float | None = None,
-    dropout: float = 0.0, seed: int = 0, need_weights: bool = True, *,
+    dropout: float = 0.0, seed: int | None = None, need_weights: bool = True, *,
     return_lse: Literal[True], out: _Array | None = None, weights_out: _Array | None = None,
 ) -> tuple[_Array, _Array | None, _Array]: ...
 def attention_backward(
     d_out: ArrayLike, q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None = None,
     key_padding_mask: ArrayLike | None = None, causal: bool = False, scale: float | None = None,
-    dropout: float = 0.0, seed: int = 0, out: ArrayLike | None = None,
+    dropout: float = 0.0, seed: int | None = None, out: ArrayLike | None = None,
     lse: ArrayLike | None = None,
 ) -> tuple[_Array, _Array, _Array]: ...
 
 # the layer: query (B, n_q, d_model), key (B, n_k, kdim), value (B, n_k, vdim); params maps
 # "W_q", "W_k", "W_v", "W_o" (and optionally "b_q", "b_k", "b_v", "b_o", "head_mask") to arrays.
-# -> {"out", "weights" (or None), "q_proj", "k_proj", "v_proj", "attn", "lse"}
+# -> (out, weights or None, context): context is an opaque object (a capsule) holding what the
+# backward replays, or None after a call with a KV cache.
 def layer_forward(
     query: ArrayLike, key: ArrayLike, value: ArrayLike, params: dict[str, _Array], heads: int,
     kv_heads: int, d_head: int, mask: ArrayLike | None = None,
     key_padding_mask: ArrayLike | None = None, causal: bool = False, dropout: float = 0.0,
-    seed: int = 0, need_weights: bool = True, k_cache: _Array | None = None,
-    v_cache: _Array | None = None, cache_length: int = 0,
-) -> dict[str, _Array | None]: ...
-
-# -> {"d_query", "d_key" (or None), "d_value" (or None), "grads": {name: gradient}}
-def layer_backward(
-    d_out: ArrayLike, saved: dict[str, _Array | None], query: ArrayLike, key: ArrayLike,
-    value: ArrayLike, params: dict[str, _Array], heads: int, kv_heads: int, d_head: int,
-    mask: ArrayLike | None = None, key_padding_mask: ArrayLike | None = None,
-    causal: bool = False, dropout: float = 0.0, seed: int = 0, key_is_query: bool = False,
+    seed: int | None = None, need_weights: bool = True, k_cache: _Array | None = None,
+    v_cache: _Array | None = None, cache_length: int = 0, key_is_query: bool = False,
     value_is_key: bool = False,
-) -> dict[str, Any]: ...
+) -> tuple[_Array, _Array | None, Any]: ...
+
+# -> (d_query, d_key or None, d_value or None, grads {name: gradient})
+def layer_backward(
+    d_out: ArrayLike, context: Any,
+) -> tuple[_Array, _Array | None, _Array | None, dict[str, _Array]]: ...
 
 # op(a) @ op(b) on 2-D arrays of one float dtype: the core's GEMM
 def matmul(a: ArrayLike, b: ArrayLike, trans_a: bool = False, trans_b: bool = False) -> _Array: ...
@@ -91,6 +91,8 @@ def attention_flow(
 
 # the counter-based dropout RNG: a uniform number in [0, 1) for (seed, batch, head, query, key)
 def dropout_uniform(seed: int, b: int, h: int, i: int, j: int, /) -> float: ...
+MAX_THREADS: int
+
 def set_num_threads(n: int, /) -> None: ...
 def get_num_threads() -> int: ...
 def build_info() -> str: ...

@@ -11,7 +11,7 @@ everything, the oracle of the tests. See docs/semantics.md for the exact numeric
 """
 import os as _os
 
-# On POSIX systems the kernels run on mha's own thread pool (csrc/core.c), whose idle threads
+# On POSIX systems the kernels run on mha's own thread pool (csrc/threads.c), whose idle threads
 # spin 0.1 ms and then sleep, whatever else the process loaded. Windows builds use OpenMP,
 # whose threads spin for GOMP_SPINCOUNT iterations after each region: a short spin bridges the
 # gaps between the regions of one call without starving other threads between calls, which
@@ -46,7 +46,7 @@ __all__ = [
     "reference",
 ]
 
-_SUBMODULES = ("analysis", "viz", "models", "train", "bench", "tour", "timing", "corpus")
+_SUBMODULES = ("analysis", "viz", "models", "train", "corpus", "apps")
 
 
 def __getattr__(name):
@@ -60,17 +60,20 @@ def __getattr__(name):
 
 
 def set_num_threads(n: int) -> None:
-    """Set the number of threads of the C kernels (OpenMP); results do not depend on it.
+    """Set the number of threads of the C kernels; results do not depend on it.
+
+    On POSIX systems the kernels run on mha's own thread pool, elsewhere on OpenMP; a serial
+    build always runs one thread.
 
     Parameters
     ----------
     n : int
-        The thread count, from 1 to 4096.
+        The thread count, from 1 to 256 (``mha._C.MAX_THREADS``).
 
     Raises
     ------
     ValueError
-        n outside [1, 4096].
+        n outside [1, 256].
 
     Examples
     --------
@@ -84,7 +87,7 @@ def set_num_threads(n: int) -> None:
 
 
 def get_num_threads() -> int:
-    """Return the number of threads the C kernels use (1 when built without OpenMP).
+    """Return the number of threads the C kernels use (1 in a serial build).
 
     Returns
     -------

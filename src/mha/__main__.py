@@ -1,5 +1,5 @@
-"""`python -m mha COMMAND`: bench (the benchmark table), tour (the seeds' figures), corpus
-(head statistics over a corpus)."""
+"""`python -m mha COMMAND`: bench (the benchmark table), tour (every experiment's figures),
+corpus (head statistics over a corpus). The commands live in mha.apps."""
 import sys
 
 
@@ -7,7 +7,7 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     commands = {
         "bench": "speed and memory against torch and NumPy, measured in one run",
-        "tour": "the seeds' figures on the C kernels, as PNGs and an index.html",
+        "tour": "every experiment's figures on the C kernels, as PNGs and an index.html",
         "corpus": "head statistics over a text file, on this machine or a Dask cluster",
     }
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
@@ -17,15 +17,15 @@ def main(argv=None):
         print("\n`python -m mha COMMAND --help` explains each command's options.")
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     if argv[0] == "bench":
-        from .bench import main as command
+        from .apps.bench import main as command
     elif argv[0] == "corpus":
         try:
-            from .corpus import main as command
+            from .apps.corpus import main as command
         except ImportError as e:                 # dask or xarray missing: say what to install
             print(f"python -m mha corpus: error: {e}", file=sys.stderr)
             return 2
     else:
-        from .tour import main as command
+        from .apps.tour import main as command
     return command(argv[1:])
 
 

@@ -1,8 +1,21 @@
-"""Argument checks and the dtype policy of every public function, written once.
+"""Argument checks and the dtype policy of mha's public functions, written once.
 
-The C-backed functions and layer (`mha.functional`, `mha.layer`) and the NumPy oracle
-(`mha.reference`) validate their arguments here, so that both give the same errors with the same
-messages. Each check returns the argument in the form the caller computes with, or raises:
+Who checks what (one owner per check):
+
+- The binding (csrc/module.c) checks everything that reaches the C core: each array's dtype,
+  rank, layout and sizes against the others and against the parameters, and each scalar's type
+  and range. The C-backed `mha.functional` and `mha.layer` do not check these again: the
+  binding's messages are the ones users see.
+- This module checks what the binding cannot see: the dtype policy (`float_array`,
+  `compute_dtype`), broadcasting (`mask`), defaults, memory budgets (`fits`), a layer's
+  configuration (`layer_dims`, `layer_dtype`, `dropout`, `generator`) and the layer's own
+  batching and defaults (`layer_inputs`).
+- The NumPy oracle (`mha.reference`) has no binding, so the checks that the binding makes for
+  the C path are here too, for it alone: `qkv`, `scale`, `flag`, `dropout_seed`, `layer_sizes`,
+  `key_padding_shape`, `head_mask_shape`, `d_out_shape`, `cache`. Their messages say what the
+  binding's say.
+
+Each check returns the argument in the form the caller computes with, or raises:
 
 - TypeError for the wrong kind of object or dtype,
 - ValueError for a wrong value or shape,
@@ -24,8 +37,9 @@ import numpy as np
 __all__ = [
     "float_array", "compute_dtype", "contiguous", "flag", "default_scale", "scale", "qkv",
     "mask", "dropout", "seed", "dropout_seed", "fits", "positive_int", "layer_dims",
-    "layer_dtype", "generator", "layer_inputs", "key_padding_mask", "head_mask", "d_out",
-    "cache_sizes", "cache",
+    "layer_dtype", "generator", "layer_inputs", "layer_sizes", "key_padding_mask",
+    "key_padding_shape", "head_mask", "head_mask_shape", "d_out", "d_out_shape", "cache_sizes",
+    "cache",
 ]
 
 
@@ -352,14 +366,18 @@ def fits(what, shape, dtype):
 def positive_int(name, value):
     """`value` as a positive Python int.
 
+    The one positive-integer check of the package (sizes, counts, limits).
+
     Raises
     ------
     TypeError
-        `value` is not an integer (floats and strings are refused).
+        `value` is not an integer (bools, floats and strings are refused).
     ValueError
         `value` <= 0.
     """
     try:
+        if isinstance(value, (bool, np.bool_)):
+            raise TypeError
         value = operator.index(value)
     except TypeError:
         raise TypeError(f"{name} must be a positive int, not {type(value).__name__} {value!r}") from None
@@ -440,6 +458,11 @@ def generator(seed_value):
 
 
 # ---- the layer's call --------------------------------------------------------------------------
+#
+# What the layer itself decides: the dtype policy, batching (2-D input gets a batch axis) and the
+# defaults (key = query, value = key). The sizes of its arrays against the parameters are checked
+# by the binding for the C layer (csrc/module.c); `layer_sizes`, `key_padding_shape`,
+# `head_mask_shape`, `d_out_shape` and `cache` check them for the NumPy oracle, which has none.
 
 def _layer_input(x, name, width, dtype):
     try:
@@ -448,13 +471,15 @@ def _layer_input(x, name, width, dtype):
         raise ValueError(f"{name} is not a rectangular array: {e}") from None
     if not np.issubdtype(x.dtype, np.floating):
         raise TypeError(f"{name} must be a floating-point array, got dtype {x.dtype}")
-    if x.ndim not in (2, 3) or x.shape[-1] != width:
+    if x.ndim not in (2, 3):
         raise ValueError(f"{name} has shape {x.shape} but expected (B, n, {width}) or (n, {width})")
     return x.astype(dtype, copy=False)
 
 
 def layer_inputs(query, key, value, *, d_model, kdim, vdim, dtype):
     """A layer call's query, key and value, batched, C-contiguous and of the layer's dtype.
+
+    Their sizes are not checked here (see `layer_sizes`).
 
     Parameters
     ----------
@@ -473,16 +498,16 @@ def layer_inputs(query, key, value, *, d_model, kdim, vdim, dtype):
     -------
     (query, key, value, unbatched)
         (B, n, width) arrays. An omitted key is the query array itself and an omitted value the
-        key array itself (the same objects: the backward adds their gradients there);
-        unbatched is True for 2-D input.
+        key array itself (the same objects: the backward adds their gradients there), and a
+        given one never is; unbatched is True for 2-D input.
 
     Raises
     ------
     TypeError
         A non-floating input.
     ValueError
-        A wrong width or rank, an omitted argument whose default has the wrong width, inputs
-        not all batched or all unbatched, or batch sizes and key/value lengths that differ.
+        A rank other than 2 or 3, an omitted argument whose default has the wrong width, or
+        inputs not all batched or all unbatched.
     """
     key_given, value_given = key is not None, value is not None
     query = _layer_input(query, "query", d_model, dtype)
@@ -492,31 +517,55 @@ def layer_inputs(query, key, value, *, d_model, kdim, vdim, dtype):
     if not key_given and kdim != d_model:
         raise ValueError(f"key must be given: it defaults to query (width d_model="
                          f"{d_model}) but this layer has kdim={kdim}")
-    if not value_given and vdim != key.shape[-1]:
-        raise ValueError(f"value must be given: it defaults to key (width {key.shape[-1]}) "
+    if not value_given and vdim != kdim:
+        raise ValueError(f"value must be given: it defaults to key (width {kdim}) "
                          f"but this layer has vdim={vdim}")
     if key.ndim != query.ndim or value.ndim != query.ndim:
         raise ValueError(f"query, key, value must all be batched or all unbatched, got "
                          f"shapes {query.shape}, {key.shape}, {value.shape}")
-    if key.shape[-2] != value.shape[-2] or (not unbatched and key.shape[0] != query.shape[0]) \
-            or (not unbatched and key.shape[0] != value.shape[0]):
-        raise ValueError(f"query {query.shape}, key {key.shape}, value {value.shape}: "
-                         "batch sizes and key/value lengths must match")
     query = contiguous(query[None] if unbatched else query)
     key = contiguous(key[None] if unbatched else key) if key_given else query
     value = contiguous(value[None] if unbatched else value) if value_given else key
+    # a given key (value) is never the query (key) object itself, even when the caller passed
+    # that array twice: its gradient is then returned apart
+    if key_given and key is query:
+        key = key[...]
+    if value_given and value is key:
+        value = value[...]
     return query, key, value, unbatched
 
 
-def key_padding_mask(m, batch, n_k, unbatched):
-    """A layer's key_padding_mask as a C-contiguous bool (batch, n_k) array.
+def layer_sizes(query, key, value, *, d_model, kdim, vdim):
+    """Check the widths, batch sizes and key/value lengths of a layer call's batched inputs.
+
+    Parameters
+    ----------
+    query, key, value : ndarray
+        (B, n_q, d_model), (B, n_k, kdim), (B, n_k, vdim), from `layer_inputs`.
+    d_model, kdim, vdim : int
+        The layer's widths.
+
+    Raises
+    ------
+    ValueError
+        A wrong width, or batch sizes and key/value lengths that differ.
+    """
+    for x, name, width in ((query, "query", d_model), (key, "key", kdim), (value, "value", vdim)):
+        if x.shape[-1] != width:
+            raise ValueError(f"{name} has shape {x.shape} but expected (B, n, {width}) or (n, {width})")
+    if key.shape[-2] != value.shape[-2] or key.shape[0] != query.shape[0] \
+            or key.shape[0] != value.shape[0]:
+        raise ValueError(f"query {query.shape}, key {key.shape}, value {value.shape}: "
+                         "batch sizes and key/value lengths must match")
+
+
+def key_padding_mask(m, unbatched):
+    """A layer's key_padding_mask as a C-contiguous bool array, batched.
 
     Parameters
     ----------
     m : array_like
         bool or integer, (batch, n_k), True (nonzero) = real token; (n_k,) for unbatched input.
-    batch, n_k : int
-        The call's batch size and number of keys (cached ones included).
     unbatched : bool
         The call's query was 2-D.
 
@@ -524,62 +573,80 @@ def key_padding_mask(m, batch, n_k, unbatched):
     ------
     TypeError
         A dtype other than bool or integer.
-    ValueError
-        Another shape.
     """
     m = np.asarray(m)
     if m.dtype.kind not in "biu":
         raise TypeError(f"key_padding_mask must be bool (True = real token), got dtype {m.dtype}")
     if unbatched and m.ndim == 1:
         m = m[None]
-    if m.shape != (batch, n_k):
-        raise ValueError(f"key_padding_mask has shape {m.shape} but expected (batch, n_k) = {(batch, n_k)}")
     return np.ascontiguousarray(m != 0)
 
 
-def head_mask(m, n_heads, dtype):
-    """A layer's head_mask as an (n_heads,) array of the layer's dtype.
+def key_padding_shape(m, batch, n_k):
+    """Check that a key_padding_mask (from `key_padding_mask`) is (batch, n_k).
 
     Raises
     ------
     ValueError
         Another shape.
     """
-    m = np.asarray(m, dtype=dtype)
+    if m.shape != (batch, n_k):
+        raise ValueError(f"key_padding_mask has shape {m.shape} but expected (batch, n_k) = {(batch, n_k)}")
+
+
+def head_mask(m, dtype):
+    """A layer's head_mask as an array of the layer's dtype."""
+    return np.asarray(m, dtype=dtype)
+
+
+def head_mask_shape(m, n_heads):
+    """Check that a head_mask is (n_heads,).
+
+    Raises
+    ------
+    ValueError
+        Another shape.
+    """
     if m.shape != (n_heads,):
         raise ValueError(f"head_mask has shape {m.shape} but expected ({n_heads},)")
-    return m
 
 
-def d_out(g, out_shape, unbatched, dtype):
-    """The gradient a layer's backward receives, batched and of the layer's dtype.
-
-    Parameters
-    ----------
-    g : array_like
-        Shaped like the forward's output: (B, n_q, d_model), or (n_q, d_model) if unbatched.
-    out_shape : tuple of int
-        The batched output shape (B, n_q, d_model).
-    unbatched : bool
-        The forward's input was 2-D.
-    dtype : dtype
-        The layer's dtype.
+def d_out(g, unbatched, dtype):
+    """The gradient a layer's backward receives, of the layer's dtype, batched when it is 2-D
+    and the forward's input was unbatched.
 
     Raises
     ------
     TypeError
         A non-floating array.
+    """
+    g = float_array(g, "d_out")
+    if unbatched and g.ndim == 2:
+        g = g[None]
+    return g.astype(dtype, copy=False)
+
+
+def d_out_shape(g, out_shape, unbatched):
+    """Check that a layer's d_out (from `d_out`) has the output's batched shape.
+
+    Parameters
+    ----------
+    g : ndarray
+        The gradient as `d_out` returns it.
+    out_shape : tuple of int
+        The batched output shape (B, n_q, d_model).
+    unbatched : bool
+        The forward's input was 2-D (the message then gives the unbatched shapes).
+
+    Raises
+    ------
     ValueError
         Another shape (the message gives both).
     """
-    g = float_array(g, "d_out")
-    given = g.shape
-    if unbatched and g.ndim == 2:
-        g = g[None]
     if g.shape != tuple(out_shape):
+        given = g.shape[1:] if unbatched and g.ndim == 3 and g.shape[0] == 1 else g.shape
         shape = tuple(out_shape[1:]) if unbatched else tuple(out_shape)
         raise ValueError(f"d_out has shape {given} but the output has shape {shape}")
-    return g.astype(dtype, copy=False)
 
 
 def cache_sizes(batch_size, max_len):

@@ -22,12 +22,13 @@ dtypes
 """
 from __future__ import annotations
 
+import os
 from typing import Literal, overload
 
 import numpy as np
 from numpy.typing import ArrayLike
 
-from . import _C, checks
+from . import _core, checks
 
 __all__ = ["attention", "attention_backward"]
 
@@ -48,30 +49,25 @@ def core_view(a, dtype):
     return a if readable else checks.contiguous(a, dtype)
 
 
-def core_mask(mask):
-    """A mask of the scores' shape (`mha.checks.mask`) as the 4-D (B, H, n_q, n_k) view the
-    core reads; None stays None."""
-    if mask is None:
-        return None
-    if mask.ndim == 3:  # (B, n_q, n_k): one head
-        return mask[:, None]
-    return mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
+def _prepare(q, k, v, mask, *also):
+    """q, k, v as floating arrays, the dtype they compute in (with the arrays `also`), the
+    scores' shape, and the mask broadcast to it.
 
-
-def _to4(a, B, H):
-    """(n, d) or (B, n, d) -> (B, H, n, d) by inserting axes (a view, never a copy)."""
-    return a.reshape((B, H) + a.shape[-2:]) if a.ndim < 4 else a
-
-
-def _prepare(q, k, v, mask, scale, *also):
-    """Checked q, k, v (and the dtype they compute in with the arrays `also`), their sizes,
-    the scores' shape, the mask as the core reads it, and the scale."""
+    The shapes are the binding's to check: when q's and k's ranks are not ones attention
+    takes, the scores' shape is None and the mask is passed on as it is (the binding then
+    reports the ranks)."""
     q, k, v = (checks.float_array(a, n) for a, n in zip((q, k, v), ("q", "k", "v")))
     dtype = checks.compute_dtype(q, k, v, *also)
-    B, H, H_kv, n_q, n_k, d_k, d_v = checks.qkv(q, k, v)
-    scores_shape = q.shape[:-2] + (n_q, n_k)
-    mask4 = core_mask(checks.mask(mask, scores_shape, dtype))
-    return q, k, v, dtype, (B, H, H_kv, n_q, n_k, d_k, d_v), scores_shape, mask4, checks.scale(scale, d_k)
+    scores_shape = None
+    if 2 <= q.ndim <= 4 and k.ndim == q.ndim:
+        scores_shape = q.shape[:-2] + (q.shape[-2], k.shape[-2])
+        mask = checks.mask(mask, scores_shape, dtype)
+    return q, k, v, dtype, scores_shape, mask
+
+
+def _fresh_seed():
+    """A dropout seed in [0, 2**63) from the operating system's entropy."""
+    return int.from_bytes(os.urandom(8), "little") >> 1
 
 
 @overload
@@ -151,19 +147,16 @@ def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None =
     >>> np.allclose(w.sum(-1), 1)
     True
     """
-    q, k, v, dtype, dims, scores_shape, mask4, scale = _prepare(q, k, v, mask, scale)
-    B, H, H_kv, n_q, n_k, d_k, d_v = dims
-    causal, need_weights = checks.flag(causal, "causal"), checks.flag(need_weights, "need_weights")
-    return_lse = checks.flag(return_lse, "return_lse")
-    p, seed = checks.dropout_seed(dropout, seed)
-    checks.fits("output", q.shape[:-1] + (d_v,), dtype)
-    if need_weights:
-        checks.fits("weights", scores_shape, dtype)
-    q4, k4, v4 = _to4(core_view(q, dtype), B, H), _to4(core_view(k, dtype), B, H_kv), _to4(core_view(v, dtype), B, H_kv)
-    res = _C.attention_forward(q4, k4, v4, mask4, None, causal, scale, p, seed, need_weights, return_lse)
-    out, weights = res[0].reshape(q.shape[:-1] + (d_v,)), res[1]
-    weights = weights.reshape(scores_shape) if weights is not None else None
-    return (out, weights, res[2].reshape(q.shape[:-1])) if return_lse else (out, weights)
+    q, k, v, dtype, scores_shape, mask = _prepare(q, k, v, mask)
+    need_weights = checks.flag(need_weights, "need_weights")     # read for the memory budget
+    if scores_shape is not None and v.ndim == q.ndim:
+        checks.fits("output", q.shape[:-1] + (v.shape[-1],), dtype)
+        if need_weights:
+            checks.fits("weights", scores_shape, dtype)
+    return _core.attention_forward(
+        core_view(q, dtype), core_view(k, dtype), core_view(v, dtype), mask=mask, causal=causal,
+        scale=scale, dropout=dropout, seed=_fresh_seed() if seed is None else seed,
+        need_weights=need_weights, return_lse=return_lse)
 
 
 def attention_backward(d_out: ArrayLike, q: ArrayLike, k: ArrayLike, v: ArrayLike,
@@ -221,26 +214,13 @@ def attention_backward(d_out: ArrayLike, q: ArrayLike, k: ArrayLike, v: ArrayLik
     (5, 4)
     """
     d_out = checks.float_array(d_out, "d_out")
-    q, k, v, dtype, dims, scores_shape, mask4, scale = _prepare(q, k, v, mask, scale, d_out)
-    B, H, H_kv, n_q, n_k, d_k, d_v = dims
-    expected = q.shape[:-1] + (d_v,)
-    if d_out.shape != expected:
-        raise ValueError(f"d_out has shape {d_out.shape} but the output of attention has shape {expected}")
-    causal = checks.flag(causal, "causal")
-    p, seed = checks.dropout_seed(dropout, seed, backward=True)
+    q, k, v, dtype, _, mask = _prepare(q, k, v, mask, d_out)
     # the gradients are written through q's, k's and v's views: the backward reads contiguous ones
     c = checks.contiguous
-    q4, k4, v4 = _to4(c(q, dtype), B, H), _to4(c(k, dtype), B, H_kv), _to4(c(v, dtype), B, H_kv)
-    do4 = _to4(c(d_out, dtype), B, H)
-    saved = {}
-    if (out is None) != (lse is None):
-        raise ValueError("give both out and lse from attention(..., return_lse=True), or neither")
     if out is not None:
-        out, lse = checks.float_array(out, "out"), checks.float_array(lse, "lse")
-        if out.shape != expected:
-            raise ValueError(f"out has shape {out.shape} but the output of attention has shape {expected}")
-        if lse.shape != expected[:-1]:
-            raise ValueError(f"lse has shape {lse.shape} but attention's lse has shape {expected[:-1]}")
-        saved = dict(out=_to4(c(out, dtype), B, H), lse=c(lse, dtype).reshape(B, H, n_q))
-    dq, dk, dv = _C.attention_backward(do4, q4, k4, v4, mask4, None, causal, scale, p, seed, **saved)
-    return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
+        out = c(checks.float_array(out, "out"), dtype)
+    if lse is not None:
+        lse = c(checks.float_array(lse, "lse"), dtype)
+    return _core.attention_backward(
+        c(d_out, dtype), c(q, dtype), c(k, dtype), c(v, dtype), mask=mask, causal=causal,
+        scale=scale, dropout=dropout, seed=seed, out=out, lse=lse)

@@ -3,23 +3,19 @@
 The configuration, parameters, checks and bookkeeping come from `mha.layer_base.LayerBase`
 (shared with the NumPy oracle `mha.reference.MultiHeadAttention`); this class runs the forward
 and the backward as one call each into the C core (projections, every head's attention, head
-mask and output projection), with the GIL released. The binding takes and returns named arrays
-(dicts keyed by parameter and buffer names), never positions.
+mask and output projection), with the GIL released. The forward hands back one opaque context
+(the forward's inputs, parameters, masks and saved buffers) that the backward replays; the
+binding checks every size against the parameters, so this layer leaves `_check_sizes` empty.
 """
 from __future__ import annotations
 
 import numpy as np
 from numpy.typing import ArrayLike
 
-from . import _C, checks
-from .functional import core_mask
+from . import _core, checks
 from .layer_base import KVCache, LayerBase
 
 __all__ = ["MultiHeadAttention", "KVCache"]
-
-#: What the core's forward keeps for its backward (see mha.h, mha_layer_saved).
-_SAVED = ("q_proj", "k_proj", "v_proj", "attn", "lse")
-
 
 class MultiHeadAttention(LayerBase):
     """Run a multi-head attention layer on the C core, forward and backward.
@@ -90,42 +86,29 @@ class MultiHeadAttention(LayerBase):
     >>> d_x, _, _ = layer.backward(np.ones_like(out))
     """
 
-    def _core_params(self, head_mask):
-        """The parameters as the core reads them, by name; head_mask only when it is not all
-        ones (all ones is the identity: the core then skips the scaled copy of the heads)."""
-        params = {name: checks.contiguous(a, self.dtype) for name, a in self.params.items()}
-        if not np.all(head_mask == 1):
-            params["head_mask"] = checks.contiguous(head_mask)
-        return params
+    def _check_sizes(self, query, key, value, *, key_padding_mask, head_mask, cache):
+        """Nothing: the binding checks the sizes against the parameters (csrc/module.c)."""
+
+    def _check_d_out(self, d_out, out_shape, unbatched):
+        """Nothing: the binding checks d_out against the forward's output."""
 
     def _forward(self, query, key, value, *, mask, key_padding_mask, causal, need_weights,
                  head_mask, dropout, seed, cache):
-        params = self._core_params(head_mask)
-        mask = core_mask(mask)
-        seed = 0 if seed is None else seed
-        cached = {} if cache is None else dict(k_cache=cache.k_rows, v_cache=cache.v_rows,
-                                               cache_length=cache.length)
-        result = _C.layer_forward(
-            query, key, value, params, heads=self.n_heads, kv_heads=self.n_kv_heads,
+        # the parameters as the core reads them, by name (the binding leaves out a head mask of
+        # all ones, the identity)
+        params = {name: checks.contiguous(a, self.dtype) for name, a in self.params.items()}
+        params["head_mask"] = checks.contiguous(head_mask)
+        out, weights, context = _core.layer_forward(
+            query, key, value, params=params, heads=self.n_heads, kv_heads=self.n_kv_heads,
             d_head=self.d_head, mask=mask, key_padding_mask=key_padding_mask, causal=causal,
-            dropout=dropout, seed=seed, need_weights=need_weights, **cached)
-        if cache is not None:
-            cache.length += key.shape[1]
-        saved = dict(core={name: result[name] for name in _SAVED}, query=query, key=key,
-                     value=value, params=params, mask=mask, key_padding_mask=key_padding_mask,
-                     causal=causal, dropout=dropout, seed=seed)
-        return result["out"], result["weights"], saved
+            dropout=dropout, seed=seed, need_weights=need_weights, cache=cache,
+            key_is_query=key is query, value_is_key=value is key)
+        return out, weights, {"context": context}
 
-    def _backward(self, d_out, s):
-        # an omitted input was the same array as another one: the core adds its gradient
-        # there and returns None for it
-        result = _C.layer_backward(
-            checks.contiguous(d_out, self.dtype), s["core"], s["query"], s["key"], s["value"],
-            s["params"], heads=self.n_heads, kv_heads=self.n_kv_heads, d_head=self.d_head,
-            mask=s["mask"], key_padding_mask=s["key_padding_mask"], causal=s["causal"],
-            dropout=s["dropout"], seed=s["seed"], key_is_query=not s["key_given"],
-            value_is_key=not s["value_given"])
-        return result["d_query"], result["d_key"], result["d_value"], result["grads"]
+    def _backward(self, d_out, saved):
+        d_query, d_key, d_value, grads = _core.layer_backward(
+            checks.contiguous(d_out, self.dtype), saved["context"])
+        return d_query, d_key, d_value, grads
 
     def attention_norms(self, query: ArrayLike, key: ArrayLike | None = None,
                         value: ArrayLike | None = None, *, mask: ArrayLike | None = None,
@@ -183,7 +166,7 @@ class MultiHeadAttention(LayerBase):
             query, key, value, d_model=self.d_model, kdim=self.kdim, vdim=self.vdim, dtype=self.dtype)
         B, n_k, _ = value.shape
         P, H_kv, D = self.params, self.n_kv_heads, self.d_head
-        v = _C.matmul(value.reshape(B * n_k, self.vdim), checks.contiguous(P["W_v"], self.dtype))
+        v = _core.matmul(value.reshape(B * n_k, self.vdim), checks.contiguous(P["W_v"], self.dtype))
         if "b_v" in P:
             v += P["b_v"]
         v = v.reshape(B, n_k, H_kv, D).transpose(0, 2, 1, 3)            # (B, H_kv, n_k, D)

@@ -6,7 +6,8 @@
 - `KVCache`, the keys and values of step-by-step decoding.
 - `LayerBase`, a layer's configuration and bookkeeping: the constructor, train/eval, head_mask,
   prune_heads, from_torch, new_cache, and the checks of ``__call__`` and ``backward`` around the
-  two methods each layer implements, ``_forward`` and ``_backward``.
+  two methods each layer implements, ``_forward`` and ``_backward`` (the size checks, which the
+  C layer's binding makes itself, in ``_check_sizes`` and ``_check_d_out``).
 
 Neither layer's arithmetic is here, and this module imports neither layer. A bug here would sit
 on both sides of every test that compares the two layers, so tests/test_layer_base.py tests it on
@@ -252,7 +253,9 @@ class KVCache:
     """Hold the keys and values of the tokens seen so far, for step-by-step decoding.
 
     Stored as the projections come out of the core, (batch_size, max_len, n_kv_heads*d_head),
-    so that a step appends rows without copying heads apart. Both layers use this class.
+    so that a step appends rows without copying heads apart. Both layers use this class, and the
+    causal language models keep one per layer (`append`); the attention kernel reads the heads
+    view ``k[:, :, :length]`` (last axis contiguous) in place.
 
     Parameters
     ----------
@@ -264,7 +267,8 @@ class KVCache:
     Attributes
     ----------
     k_rows, v_rows : ndarray
-        (batch_size, max_len, n_kv_heads*d_head); rows [0, length) are filled.
+        (batch_size, max_len, n_kv_heads*d_head); rows [0, length) are filled. The buffers are
+        fixed (written in place, never replaced).
     k, v : ndarray
         Views of k_rows, v_rows as (batch_size, n_kv_heads, max_len, d_head).
     length : int
@@ -292,18 +296,17 @@ class KVCache:
         self.k_rows = np.zeros((batch_size, max_len, n_kv_heads * d_head), dtype)
         self.v_rows = np.zeros((batch_size, max_len, n_kv_heads * d_head), dtype)
         self.length = 0
-
-    def _heads(self, rows):
-        B, max_len, _ = rows.shape
-        return rows.reshape(B, max_len, self.n_kv_heads, self.d_head).transpose(0, 2, 1, 3)
+        # the heads views, made once (a decode step appends to them for every layer)
+        self._k, self._v = (rows.reshape(batch_size, max_len, self.n_kv_heads, self.d_head)
+                            .transpose(0, 2, 1, 3) for rows in (self.k_rows, self.v_rows))
 
     @property
     def k(self):
-        return self._heads(self.k_rows)
+        return self._k
 
     @property
     def v(self):
-        return self._heads(self.v_rows)
+        return self._v
 
     @property
     def batch_size(self):
@@ -316,6 +319,33 @@ class KVCache:
     def reset(self) -> None:
         """Forget the cached tokens (the buffers are reused)."""
         self.length = 0
+
+    def append(self, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Write new keys and values after the cached ones; return views of all of them.
+
+        Parameters
+        ----------
+        k, v : ndarray, shape (batch_size, n_kv_heads, n, d_head)
+            The new positions' keys and values (any strides).
+
+        Returns
+        -------
+        k, v : ndarray, shape (batch_size, n_kv_heads, length, d_head)
+            Views of every cached position, this call's included (``length`` has moved on).
+
+        Raises
+        ------
+        ValueError
+            More positions than ``max_len``.
+        """
+        start, stop = self.length, self.length + k.shape[2]
+        if stop > self.max_len:
+            raise ValueError(f"cache overflow: {self.length} cached + {k.shape[2]} new "
+                             f"positions > max_len={self.max_len}")
+        self._k[:, :, start:stop] = k
+        self._v[:, :, start:stop] = v
+        self.length = stop
+        return self._k[:, :, :stop], self._v[:, :, :stop]
 
     def __repr__(self):
         return (f"KVCache(batch_size={self.batch_size}, n_kv_heads={self.n_kv_heads}, "
@@ -333,6 +363,11 @@ class LayerBase:
     - ``_backward(d_out, saved) -> (d_query, d_key, d_value, grads)`` with d_key (d_value) None
       when the key (value) was omitted, its gradient added to the query's (key's); ``saved``
       holds the dict ``_forward`` returned plus key_given and value_given.
+
+    ``__call__`` and ``backward`` apply the dtype policy, batching, defaults and broadcasting;
+    the sizes of the arrays against each other and the parameters are checked by
+    ``_check_sizes`` and ``_check_d_out``, which the C layer overrides with nothing (its binding
+    checks them).
 
     The constructor's parameters are those of `mha.MultiHeadAttention`.
     """
@@ -485,25 +520,31 @@ class LayerBase:
         if cache is not None:
             if not isinstance(cache, KVCache):
                 raise TypeError(f"cache must come from layer.new_cache(), not {type(cache).__name__}")
-            checks.cache(cache, B, self.n_kv_heads, self.d_head, self.dtype, n_new=n_k)
             n_k += cache.length
+        if key_padding_mask is not None:
+            key_padding_mask = checks.key_padding_mask(key_padding_mask, unbatched)
+        head_mask = checks.head_mask(self.head_mask, self.dtype)
+        self._check_sizes(query, key, value, key_padding_mask=key_padding_mask, head_mask=head_mask,
+                          cache=cache)
         scores_shape = (B, self.n_heads, n_q, n_k)
         mask = checks.mask(mask, scores_shape, self.dtype)
-        if key_padding_mask is not None:
-            key_padding_mask = checks.key_padding_mask(key_padding_mask, B, n_k, unbatched)
-        head_mask = checks.head_mask(self.head_mask, self.n_heads, self.dtype)
         causal = checks.flag(causal, "causal")
         need_weights = checks.flag(need_weights, "need_weights")
         average_weights = checks.flag(average_weights, "average_weights")
         if need_weights:
             checks.fits("weights", scores_shape, self.dtype)
-        # drawn last, so that a call that fails its checks leaves the dropout stream alone
+        # a call that fails (here or in the binding's checks) leaves the dropout stream alone
         p = self.dropout if self.training else 0.0
+        state = self._rng.bit_generator.state if p > 0 else None
         seed = int(self._rng.integers(0, 2**63)) if p > 0 else None
-
-        out, weights, saved = self._forward(
-            query, key, value, mask=mask, key_padding_mask=key_padding_mask, causal=causal,
-            need_weights=need_weights, head_mask=head_mask, dropout=p, seed=seed, cache=cache)
+        try:
+            out, weights, saved = self._forward(
+                query, key, value, mask=mask, key_padding_mask=key_padding_mask, causal=causal,
+                need_weights=need_weights, head_mask=head_mask, dropout=p, seed=seed, cache=cache)
+        except BaseException:
+            if state is not None:
+                self._rng.bit_generator.state = state
+            raise
         self._saved = dict(saved, out_shape=out.shape, unbatched=unbatched, key_given=key_given,
                            value_given=value_given, cached=cache is not None)
 
@@ -545,11 +586,32 @@ class LayerBase:
             raise RuntimeError("backward() needs a forward call first")
         if s["cached"]:
             raise RuntimeError("backward() after a forward with a KV cache is not supported")
-        d_out = checks.d_out(d_out, s["out_shape"], s["unbatched"], self.dtype)
+        d_out = checks.d_out(d_out, s["unbatched"], self.dtype)
+        self._check_d_out(d_out, s["out_shape"], s["unbatched"])
         d_query, d_key, d_value, self.grads = self._backward(d_out, s)
         if s["unbatched"]:
             d_query, d_key, d_value = (None if d is None else d[0] for d in (d_query, d_key, d_value))
         return d_query, d_key, d_value
+
+    def _check_sizes(self, query, key, value, *, key_padding_mask, head_mask, cache):
+        """Check a call's sizes against each other and the parameters: widths, batch sizes,
+        key/value lengths, key_padding_mask, head_mask and the cache (``mha.checks``).
+
+        For the NumPy oracle, which has no binding to check them; the C layer leaves them to
+        its binding (csrc/module.c) and overrides this with nothing.
+        """
+        checks.layer_sizes(query, key, value, d_model=self.d_model, kdim=self.kdim, vdim=self.vdim)
+        B, n_k = key.shape[0], key.shape[1]
+        if cache is not None:
+            checks.cache(cache, B, self.n_kv_heads, self.d_head, self.dtype, n_new=n_k)
+            n_k += cache.length
+        if key_padding_mask is not None:
+            checks.key_padding_shape(key_padding_mask, B, n_k)
+        checks.head_mask_shape(head_mask, self.n_heads)
+
+    def _check_d_out(self, d_out, out_shape, unbatched):
+        """Check that backward's d_out has the output's shape (see `_check_sizes`)."""
+        checks.d_out_shape(d_out, out_shape, unbatched)
 
     def prune_heads(self, heads: Iterable[int]) -> None:
         """Remove query heads for real: smaller W matrices, the outputs of ``head_mask[heads] = 0``.

@@ -8,8 +8,8 @@
 #
 # The core's own test program already runs under ASan (make -C csrc asan); this build puts the
 # *binding* (argument checks, buffer sizes handed to the core, reference counting on error
-# paths) under the sanitizers too, driven by the fuzz target or by pytest. OpenMP stays on so
-# the parallel paths are checked; both SIMD units are built (the AVX2 one with its flags, on
+# paths) under the sanitizers too, driven by the fuzz target or by pytest. The thread pool is
+# built (POSIX threads), so the parallel paths are checked; both SIMD units are built (the AVX2 one with its flags, on
 # x86-64), so MHA_SIMD picks the path under test. Needs gcc (or clang) with libasan/libubsan;
 # numpy from the Python used.
 set -euo pipefail
@@ -28,15 +28,16 @@ find "$OUT/mha" -name '__pycache__' -prune -exec rm -rf {} +
 
 read -r PYINC NPINC SUFFIX < <("$PY" -c 'import sysconfig, numpy; print(sysconfig.get_paths()["include"], numpy.get_include(), sysconfig.get_config_var("EXT_SUFFIX"))')
 FLAGS=(-std=c11 -O1 -g -fno-omit-frame-pointer -fPIC -fsanitize=address,undefined
-       -fno-sanitize-recover=undefined -fopenmp -Wall -Wextra -I"$ROOT/csrc" -I"$PYINC" -I"$NPINC")
+       -fno-sanitize-recover=undefined -pthread -Wall -Wextra -I"$ROOT/csrc" -I"$PYINC" -I"$NPINC")
 UNITS=()
 case "$("$CC" -dumpmachine)" in
     x86_64*|amd64*)
         "$CC" "${FLAGS[@]}" -mavx2 -mfma -c "$ROOT/csrc/kernels_avx2.c" -o "$OUT/kernels_avx2.o" >&2
         UNITS=("$OUT/kernels_avx2.o") ;;
 esac
-"$CC" "${FLAGS[@]}" -shared "$ROOT/csrc/module.c" "$ROOT/csrc/core.c" "$ROOT/csrc/dispatch.c" \
-    "$ROOT/csrc/kernels_baseline.c" "$ROOT/csrc/flow.c" "${UNITS[@]}" -lm \
+# the core's sources as setup.py and csrc/Makefile read them (csrc/sources.mk)
+CORE=($(sed -n 's/^CORE_SOURCES *= *//p' "$ROOT/csrc/sources.mk"))
+"$CC" "${FLAGS[@]}" -shared "$ROOT/csrc/module.c" "${CORE[@]/#/$ROOT/csrc/}" "${UNITS[@]}" -lm \
     -o "$OUT/mha/_C$SUFFIX" >&2
 
 ASAN_LIB="$("$CC" -print-file-name=libasan.so)"

@@ -367,24 +367,30 @@ def target_binding_layer(src):
     if src.chance(20):
         sizes[src.int(0, 2)] = src.choice([0, -1, 3, 2**31, 2**40, 2**62, 2**63 - 1])
     if backward:
+        # the backward replays a forward's context: a well-formed forward first, then the
+        # fuzzed gradient (the context is opaque, so d_out is all the backward reads from Python)
+        try:
+            _, _, context = _C.layer_forward(xq, xk, xv, params, heads, kv_heads, d_head,
+                                             causal=src.chance(40), dropout=src.choice([0.0, 0.3]),
+                                             seed=src.int(0, 2**64 - 1))
+        except (TypeError, ValueError, MemoryError, OverflowError):
+            return
         d_out = a(B, n_q, d_model)
-        saved = dict(q_proj=a(B, n_q, E_q), k_proj=a(B, n_new, E_kv), v_proj=a(B, n_new, E_kv),
-                     attn=a(B, n_q, E_q))
-        args = [d_out, saved, xq, xk, xv, params] + sizes + \
-            [None, None, src.chance(40), src.choice([0.0, 0.3]), src.int(0, 2**64 - 1)]
-        n_arrays = 5
-    else:
-        cache = src.chance(40)
-        max_len = n_new + src.choice([0, 1, 5])
-        length = src.choice([0, 0, max_len - n_new, max_len - n_new + 1, -1, 2**62, 2**63 - 1])
-        kc = np.zeros((B, max_len, E_kv), dtype) if cache else None
-        vc = np.zeros((B, max_len, E_kv), dtype) if cache else None
-        args = [xq, xk, xv, params] + sizes + [None, None, src.chance(40), src.choice([0.0, 0.3]),
-                                               src.int(0, 2**64 - 1), src.chance(50), kc, vc, length]
-        n_arrays = 3
+        if src.chance(60):
+            d_out = mutate_array(src, d_out) if src.chance(80) else src.choice(ODD_SCALARS)
+        call(_C.layer_backward, [d_out, context])
+        return
+    cache = src.chance(40)
+    max_len = n_new + src.choice([0, 1, 5])
+    length = src.choice([0, 0, max_len - n_new, max_len - n_new + 1, -1, 2**62, 2**63 - 1])
+    kc = np.zeros((B, max_len, E_kv), dtype) if cache else None
+    vc = np.zeros((B, max_len, E_kv), dtype) if cache else None
+    args = [xq, xk, xv, params] + sizes + [None, None, src.chance(40), src.choice([0.0, 0.3]),
+                                           src.int(0, 2**64 - 1), src.chance(50), kc, vc, length]
+    n_arrays = 3
     for _ in range(src.int(0, 3)):
         i = src.int(0, len(args) - 1)
-        if isinstance(args[i], dict):                            # params or saved: one entry
+        if isinstance(args[i], dict):                            # params: one entry
             entries = dict(args[i])
             name = src.choice(sorted(entries))
             value = entries[name]
@@ -397,12 +403,11 @@ def target_binding_layer(src):
     h, kvh, dh = (as_index(s) for s in args[n_arrays + 1:n_arrays + 4])
     if None not in (h, kvh, dh):                                  # the products overflow int64
         known(3, h * dh >= 2**63 or kvh * dh >= 2**63)
-    if not backward:
-        length_arg, new_rows = args[-1], getattr(args[1], "shape", (0, 0))
-        known(4, as_index(length_arg) is not None and len(new_rows) > 1 and
-              as_index(length_arg) + new_rows[1] >= 2**63)
-        known(5, any(isinstance(c, np.ndarray) and not c.flags.writeable for c in args[-3:-1]))
-    call(_C.layer_backward if backward else _C.layer_forward, args)
+    length_arg, new_rows = args[-1], getattr(args[1], "shape", (0, 0))
+    known(4, as_index(length_arg) is not None and len(new_rows) > 1 and
+          as_index(length_arg) + new_rows[1] >= 2**63)
+    known(5, any(isinstance(c, np.ndarray) and not c.flags.writeable for c in args[-3:-1]))
+    call(_C.layer_forward, args)
 
 
 def target_binding_small(src):

@@ -279,9 +279,11 @@ var MHA = (function () {
   }
 
   // a view's drawing: render() now (d.now) or at the next frame (d.later, one pending at most);
-  // d.count and d.ms (the last one's time, by performance.now) for tests
+  // d.count, d.ms (the last one's time, by performance.now) and d.idle() (no draw pending) for
+  // tests
   function drawing(render) {
     var pending = false, d = { count: 0, ms: 0 };
+    d.idle = function () { return !pending; };
     d.now = function () { var t0 = performance.now(); render(); d.count++; d.ms = performance.now() - t0; };
     d.later = function () {
       if (pending) return;
@@ -357,9 +359,12 @@ var MHA = (function () {
     canvas.style.top = "0";
     this.canvas = canvas; this.wrap = wrap; this.spacer = spacer;
     this.width = 1; this.height = 1; this.h = 1; this.dpr = 1; this.y0 = 0;
+    this.scrollSeen = scrollPosition();
+    window.addEventListener("scroll", function () { self.scrollSeen = scrollPosition(); }, { passive: true });
     window.addEventListener("scroll", onScroll, { passive: true });
     window.addEventListener("resize", function () { self.setSize(self.width, self.height); onScroll(); });
   }
+  function scrollPosition() { return window.scrollX + "," + window.scrollY; }
   Viewport.prototype = {
     setSize: function (width, height) {
       this.width = width; this.height = height;
@@ -382,6 +387,10 @@ var MHA = (function () {
       ctx.setTransform(this.dpr, 0, 0, this.dpr, 0, -this.y0 * this.dpr);
       return { y0: this.y0, y1: this.y0 + this.h };
     },
+    // the last draw shows what is on screen now: the window's last scroll has reached the page
+    // (its event handled) and the band drawn is the band under the canvas (tests wait for this,
+    // with the view's drawing idle, before they act)
+    drawn: function () { return this.scrollSeen === scrollPosition() && this.y0 === this.bandTop(); },
     pointer: function (ev) {      // picture coordinates of a mouse event
       var r = this.canvas.getBoundingClientRect();
       return { x: ev.clientX - r.left, y: ev.clientY - r.top + this.bandTop() };

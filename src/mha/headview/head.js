@@ -299,7 +299,7 @@
       f.rows.slice(0, 4).map(function (k) { return "\u201c" + myTokens[mine[k]] + "\u201d"; }).join(" ") + (f.rows.length > 4 ? " \u2026" : "") + ")"
       : "\u201c" + myTokens[mine[f.rows[0]]] + "\u201d (#" + mine[f.rows[0]] + ")";
     var verb = f.side === "L" ? " attends to: " : " is attended by: ";
-    statusEl.textContent = (f.pinned ? "\ud83d\udccc " : "") + who + verb +
+    statusEl.textContent = (f.pinned ? "Pinned: " : "") + who + verb +
       (parts.length ? parts.join(" \u00b7 ") : "(nothing above 0.002)") +
       (fv.length > 1 ? "  [mean of " + fv.length + " heads]" : fv.length ? (fv[0].pic.head >= 0 ? "  [head " + fv[0].pic.head + "]" : "  [" + state.headMode + " of heads]") : "  [no head selected]");
   }
@@ -430,7 +430,7 @@
   // for tests and the curious: read-only peeks at the view
   window.mhaHeadView = {
     state: state,
-    stats: function () { return { drawCount: drawer.count, lastDrawMs: drawer.ms, width: geo.width, height: geo.height, timings: timings }; },
+    stats: function () { return { drawCount: drawer.count, settled: drawer.idle() && vp.drawn(), lastDrawMs: drawer.ms, width: geo.width, height: geo.height, timings: timings }; },
     layerSum: function (l, s) { var A = stores[s || 0](l), t = 0; for (var i = 0; i < A.length; i++) t += A[i]; return t; },
     tokenPoint: function (side, k) {     // page coordinates of a token's row
       return vp.pagePoint(side === "L" ? (geo.x0 + geo.x1) / 2 : (geo.x2 + geo.x3) / 2, rowY(k));

@@ -1,7 +1,9 @@
 (function () {
   "use strict";
   // data.sources[s]: {name, label, kind, n_heads, scale: [L], layers: [b64 (heads, n_q, n_k) bytes],
-  //                   thumbs: b64 (L, heads, tq, tk) bytes (block max), thumb_shape: [tq, tk]}
+  //                   thumbs: b64 (L, heads, tq, tk) bytes round(255 sqrt(v / top)) of the block
+  //                   max v, thumb_top: [L][heads] top (each thumbnail's largest value),
+  //                   thumb_shape: [tq, tk]}
   var data = JSON.parse(document.getElementById("mha-data").textContent);
   var L = data.n_layers, NQ = data.n_q, NK = data.n_k;
   var qTokens = data.tokens, kTokens = data.key_tokens || data.tokens;
@@ -26,10 +28,12 @@
   function layout() {
     var s = src(), t = s.thumb_shape, H = s.n_heads;
     if (!state.open) {
-      var cell = Math.max(1, Math.floor(72 / Math.max(t[0], t[1])));
-      var tw = t[1] * cell, th = t[0] * cell, gapCells = Math.max(1, Math.round(8 / cell)), gap = gapCells * cell, left = 62, top = 44;
+      // thumbnails about 72 px on their longer side at any length: a fractional cell below 3 px,
+      // whole pixels from 3 px up (57 to 72 px)
+      var fit = 72 / Math.max(t[0], t[1]), cell = fit >= 3 ? Math.floor(fit) : fit;
+      var tw = t[1] * cell, th = t[0] * cell, gapCells = Math.max(1, Math.round(8 / cell)), gap = gapCells * cell, left = 62, top = 58;
       geo = { mode: "grid", cell: cell, gapCells: gapCells, tw: tw, th: th, gap: gap, left: left, top: top,
-              width: Math.max(left + H * (tw + gap) + 10, 360), height: top + L * (th + gap) + 10 };
+              width: Math.max(left + H * (tw + gap) + 10, 480), height: top + L * (th + gap) + 10 };
     } else {
       var n = Math.max(NQ, NK), c = Math.max(1, Math.min(24, Math.floor(640 / n)));
       var labels = c >= 9, font = Math.min(c - 1, 12) + "px " + MHA.FONT, lw = 0;
@@ -79,6 +83,8 @@
       MHA.heading(c, g.width, g.height, title + L + " layers \u00d7 " + H + " heads");
       c.font = "11px " + MHA.FONT;
       c.fillStyle = "#666";
+      c.textAlign = "left";
+      c.fillText(MHA.fit(c, LEGEND, g.width - 20), 10, 32);
       c.textAlign = "center";
       for (var h = 0; h < H; h++) c.fillText(H > 1 ? "head " + h : "", thumbX(h) + g.tw / 2, g.top - 10);
       c.textAlign = "right";
@@ -141,6 +147,7 @@
   }
 
   function fmt(v) { return src().kind === "norm" ? v.toPrecision(3) : v.toFixed(2); }
+  var LEGEND = "Each thumbnail: white 0 to dark blue at its own largest value, square-root scale";
 
   var drawer = MHA.drawing(function () { vp.begin(ctx); paint(ctx); });
   function draw() { drawer.now(); }
@@ -162,7 +169,9 @@
   function status() {
     var hv = state.hover, s = src();
     if (!state.open) {
-      statusEl.textContent = hv ? "Layer " + hv.layer + (s.n_heads > 1 ? ", head " + hv.head : "") + ": click to open it"
+      statusEl.textContent = hv ? "Layer " + hv.layer + (s.n_heads > 1 ? ", head " + hv.head : "") + ": largest " +
+                                  (s.kind === "norm" ? "value " : "weight ") + fmt(s.thumb_top[hv.layer][hv.head]) +
+                                  " (its darkest blue); click to open it"
                                 : "Click a head to open it; arrow keys step through heads and layers, Esc comes back.";
       return;
     }
@@ -216,10 +225,15 @@
   document.body.setAttribute("data-ready", "1");
   window.mhaModelView = {
     state: state,
-    stats: function () { return { drawCount: drawer.count, lastDrawMs: drawer.ms, width: geo.width, height: geo.height, mode: geo.mode }; },
+    stats: function () { return { drawCount: drawer.count, settled: drawer.idle() && vp.drawn(), lastDrawMs: drawer.ms, width: geo.width, height: geo.height, mode: geo.mode }; },
     open: open,
     svg: svg,
     thumbPoint: function (l, h) { return vp.pagePoint(thumbX(h) + geo.tw / 2, thumbY(l) + geo.th / 2); },
+    // a thumbnail's box in canvas pixels as last drawn (inside its border)
+    thumbBox: function (l, h) {
+      return { x: Math.round(thumbX(h) * vp.dpr), y: Math.round((thumbY(l) - vp.y0) * vp.dpr),
+               width: Math.floor(geo.tw * vp.dpr), height: Math.floor(geo.th * vp.dpr) };
+    },
     cellPoint: function (i, j) { return vp.pagePoint(geo.left + (j + 0.5) * geo.c, geo.top + (i + 0.5) * geo.c); },
     thumbSum: function () { var T = thumbData(state.source), t = 0; for (var i = 0; i < T.length; i++) t += T[i]; return t; }
   };

@@ -100,7 +100,7 @@
   var last = null, drawer = MHA.drawing(function () {
     last = paint(ctx, vp.begin(ctx));
     var order = Array.from(last.p.keys()).sort(function (a, b) { return last.p[b] - last.p[a]; }).slice(0, 4);
-    statusEl.textContent = (state.hover === null ? "\ud83d\udccc " : "") + "\u201c" + tokens[last.i] + "\u201d (#" + last.i + ") attends to: " +
+    statusEl.textContent = (state.hover === null ? "Pinned: " : "") + "\u201c" + tokens[last.i] + "\u201d (#" + last.i + ") attends to: " +
       order.map(function (j) { return tokens[j] + " " + last.p[j].toFixed(2); }).join(" \u00b7 ");
   });
   function draw() { drawer.now(); }
@@ -138,7 +138,7 @@
   document.body.setAttribute("data-ready", "1");
   window.mhaNeuronView = {
     state: state,
-    stats: function () { return { drawCount: drawer.count, lastDrawMs: drawer.ms, width: geo.width, height: geo.height }; },
+    stats: function () { return { drawCount: drawer.count, settled: drawer.idle() && vp.drawn(), lastDrawMs: drawer.ms, width: geo.width, height: geo.height }; },
     result: function () { return { i: last.i, layer: last.layer, p: Array.from(last.p), score: Array.from(last.score), q: Array.from(last.q) }; },
     svg: svg,
     tokenPoint: function (j) { return vp.pagePoint(geo.x0 + geo.colW / 2, rowY(j)); }

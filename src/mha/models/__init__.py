@@ -20,8 +20,8 @@ generated token). A model is a local Hugging Face folder with config.json, model
 (float32, float64, float16 or bfloat16; read without torch) and tokenizer.json (read with the
 tokenizers library). Nothing is downloaded, ever; torch and transformers are not needed.
 
-The seed experiments (head pattern classification, the coreference probe, the ambiguous
-sentences) are in :mod:`mha.models.probes`.
+Probes of a model's heads (positional pattern classification, the coreference probe, the
+ambiguous sentences) are in :mod:`mha.models.probes`.
 """
 from __future__ import annotations
 
@@ -33,7 +33,6 @@ import numpy as np
 from numpy.typing import DTypeLike
 
 from .base import Encoding, TransformerModel
-from .bench import benchmark_encode
 from .bert import BertModel, DistilBertModel, RobertaModel
 from .causal import Generation
 from .config import READERS, ModelConfig
@@ -48,7 +47,7 @@ from . import probes
 __all__ = ["load", "minilm_path", "resolve", "TransformerModel", "BertModel", "RobertaModel",
            "DistilBertModel", "GPT2Model", "LlamaModel", "Encoding", "Generation",
            "ModelConfig", "CheckpointError", "Tokenizer", "TokenizedText", "aggregate_to_words",
-           "group_words", "benchmark_encode", "probes", "MINILM_INSTALL", "SUPPORTED_TYPES"]
+           "group_words", "probes", "MINILM_INSTALL", "SUPPORTED_TYPES"]
 
 _CLASSES = {"bert": BertModel, "roberta": RobertaModel, "distilbert": DistilBertModel,
             "gpt2": GPT2Model, "llama": LlamaModel, "qwen2": LlamaModel, "mistral": LlamaModel}

@@ -9,7 +9,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 import mha
-from mha import _C
+from mha import _core
 
 from . import ops
 from .words import aggregate_to_words, group_words
@@ -749,8 +749,9 @@ class TransformerModel:
         pre-norm model) -> (the attention's output projected, (B*n, d_model); weights).
 
         p: the layer's weights (W_qkv, b_qkv, W_o, b_o; the biases optional). rope: (cos, sin)
-        of the tokens' positions, applied to q and k (LLaMA family); cache: a KVCache the new
-        keys and values are appended to, attended with all earlier ones (causal models).
+        of the tokens' positions, applied to q and k (LLaMA family); cache: one mha.KVCache per
+        layer; this layer's new keys and values are appended to its own and attended with all
+        earlier ones (causal models).
         residual: (B*n, d_model) C-contiguous, or None: the projected output is added to it in
         place (inside the product) and it is returned. weights_out: where the kernel may
         write the weights (B, H, n, n_k) when it is C-contiguous (the layer's slice of the
@@ -762,7 +763,7 @@ class TransformerModel:
             ops.rope_(qkv, H + H_kv, self.d_head, *rope)
         q, k, v = ops.split_heads(qkv, B, n, (H, H_kv, H_kv), self.d_head)
         if cache is not None:
-            k, v = cache.append(layer, k, v)
+            k, v = cache[layer].append(k, v)
         heads, weights = self._attention(layer, q, k, v, pad_mask, need_weights, head_mask,
                                          capture, weights_out)
         return ops.linear(heads, self._dense((layer, "W_o"), p["W_o"]), p.get("b_o"),
@@ -777,9 +778,10 @@ class TransformerModel:
         axis, of the model's dtype (the kernel reads them as they are). pad_mask: (B, n_k)
         bool, True = real key, or None. Causal models attend bottom-right aligned (a KV-cache
         step sees every earlier key); sliding windows and head_mask[layer] (multipliers on
-        each head's output) are applied here. The kernel is called directly, without
-        mha.attention's checks (the model made these arrays) and writes the heads side by
-        side per token, as the output projection reads them.
+        each head's output) are applied here. The kernel is called directly (mha._core), without
+        mha.attention's dtype policy and broadcasting (the model made these arrays; the binding
+        checks them), and writes the heads side by side per token, as the output projection
+        reads them.
         """
         B, H, n_q, d_head = q.shape
         n_k = k.shape[2]
@@ -789,9 +791,10 @@ class TransformerModel:
         out = heads.reshape(B, n_q, H, d_head).transpose(0, 2, 1, 3)     # a view: no merging
         if weights_out is not None and not weights_out.flags.c_contiguous:
             weights_out = None
-        _, weights = _C.attention_forward(q, k, v, mask, pad_mask, self.causal,
-                                          self.attention_scale(layer), 0.0, 0, need_weights,
-                                          False, out, weights_out)
+        _, weights = _core.attention_forward(
+            q, k, v, mask=mask, key_padding_mask=pad_mask, causal=self.causal,
+            scale=self.attention_scale(layer), need_weights=need_weights, out=out,
+            weights_out=weights_out)
         if capture is not None:
             capture.append((q, k, v))
         if head_mask is not None:

@@ -1,12 +1,11 @@
 """Causal language models (GPT-2, the LLaMA family): next-token logits and generation on a
 KV cache, with the attention of every generated token.
 
-The models keep their own cache arrays and call ``mha.attention`` on views of them, rather
-than mha.MultiHeadAttention's ``new_cache``/``cache=``: in the LLaMA family the rotary
-embedding sits between the projection and the attention, where the layer's fused C forward
-has no place for it, and the same mechanism then serves GPT-2. Each layer's keys and values
-live in one (B, H_kv, max_len, d_head) array per cache, so the keys of one head are
-contiguous rows and a step hands the kernel the view ``[:, :, :length]`` (last axis
+The models keep one `mha.KVCache` per layer and call the attention kernel on views of it,
+rather than mha.MultiHeadAttention's ``cache=``: in the LLaMA family the rotary embedding sits
+between the projection and the attention, where the layer's fused C forward has no place for
+it, and the same mechanism then serves GPT-2. A layer's new keys and values are appended as
+rows (``KVCache.append``) and the kernel reads the heads view ``[:, :, :length]`` (last axis
 contiguous) without gathering anything.
 """
 from __future__ import annotations
@@ -17,42 +16,10 @@ from typing import Callable
 import numpy as np
 from numpy.typing import ArrayLike
 
+from .. import checks
+from ..layer_base import KVCache
 from . import ops
 from .base import Encoding
-
-
-class KVCache:
-    """The keys and values of the tokens seen so far, for every layer.
-
-    Attributes
-    ----------
-    k, v : list of (batch_size, n_kv_heads, max_len, d_head) arrays, one per layer; positions
-        [0, length) are filled
-    length : int
-        Number of cached positions.
-    """
-
-    def __init__(self, n_layers, batch_size, n_kv_heads, max_len, d_head, dtype):
-        shape = (batch_size, n_kv_heads, max_len, d_head)
-        self.k = [np.zeros(shape, dtype) for _ in range(n_layers)]
-        self.v = [np.zeros(shape, dtype) for _ in range(n_layers)]
-        self.max_len = max_len
-        self.length = 0
-
-    def append(self, layer, k, v):
-        """Write ``layer``'s new keys and values (B, H_kv, n, d_head) after the cached ones;
-        return views of all of them, (B, H_kv, length + n, d_head). ``length`` moves on when
-        the model calls :meth:`advance` after its last layer."""
-        start, stop = self.length, self.length + k.shape[2]
-        if stop > self.max_len:
-            raise ValueError(f"KV cache overflow: {self.length} cached + {k.shape[2]} new "
-                             f"positions > max_len={self.max_len}")
-        self.k[layer][:, :, start:stop] = k
-        self.v[layer][:, :, start:stop] = v
-        return self.k[layer][:, :, :stop], self.v[layer][:, :, :stop]
-
-    def advance(self, n):
-        self.length += n
 
 
 @dataclass
@@ -109,15 +76,16 @@ class CausalLM:
     """What GPT-2 and the LLaMA family add to TransformerModel: logits and generation.
 
     A family implements ``_vocab_matrix()`` -> (vocab, d_model), the LM head's weight, and a
-    ``_forward`` that takes ``cache=`` (a :class:`KVCache`: positions start at its length,
-    keys and values are appended to it).
+    ``_forward`` that takes ``cache=`` (a list of one `mha.KVCache` per layer: positions start
+    at their length, each layer's keys and values are appended to its own).
     """
     causal = True
 
     def _new_cache(self, max_len, batch_size=1):
-        """An empty :class:`KVCache` for ``batch_size`` sequences of up to ``max_len`` tokens."""
-        return KVCache(self.n_layers, batch_size, self.n_kv_heads, max_len, self.d_head,
-                       self.dtype)
+        """Empty KV caches, one per layer, for ``batch_size`` sequences of up to ``max_len``
+        tokens."""
+        return [KVCache(batch_size, self.n_kv_heads, max_len, self.d_head, self.dtype)
+                for _ in range(self.n_layers)]
 
     def _vocab_matrix(self):
         raise NotImplementedError
@@ -219,13 +187,11 @@ class CausalLM:
             if ids.dtype.kind not in "iu" or ids.ndim != 1:
                 raise TypeError(f"text must be a str or a 1-D array of token ids, got "
                                 f"{type(text).__name__} {getattr(ids, 'shape', '')}")
-        if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+        max_new_tokens = checks.positive_int("max_new_tokens", max_new_tokens)
         if not greedy and not temperature > 0:
             raise ValueError(f"temperature must be > 0, got {temperature!r}")
-        if not greedy and top_k is not None and not (
-                isinstance(top_k, (int, np.integer)) and top_k >= 1):
-            raise ValueError(f"top_k must be an int >= 1, got {top_k!r}")
+        if not greedy and top_k is not None:
+            top_k = checks.positive_int("top_k", top_k)
         ids = self._check_ids(ids[None], int(max_new_tokens))[0]
         n_prompt, total = len(ids), len(ids) + int(max_new_tokens)
 
@@ -239,7 +205,7 @@ class CausalLM:
         tokens = list(ids)
 
         def feed(new_ids):          # run new tokens on the cache, keep their rows
-            start, n = cache.length, len(new_ids)
+            start, n = cache[0].length, len(new_ids)
             ones = np.ones((1, n), bool)
             h, a = self._forward(np.asarray(new_ids, np.int64)[None], ones,
                                  np.zeros((1, n), np.int64), need_weights, None, cache=cache)

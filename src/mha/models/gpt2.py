@@ -126,7 +126,7 @@ class GPT2Model(CausalLM, TransformerModel):
         B, n = ids.shape
         L, H, d = cfg.n_layers, cfg.n_heads, cfg.d_model
         eps = cfg.norm_eps
-        start = 0 if cache is None else cache.length
+        start = 0 if cache is None else cache[0].length
         n_k = start + n
 
         x = ops.embedding(self.wte, ids)                                # (B*n, d)
@@ -151,6 +151,4 @@ class GPT2Model(CausalLM, TransformerModel):
             if i < L - 1:
                 hidden[:, i + 1] = x.reshape(B, n, d)
         hidden[:, L] = ops.layer_norm_(x, *self.ln_f, eps).reshape(B, n, d)
-        if cache is not None:
-            cache.advance(n)
         return hidden, attn

@@ -136,7 +136,7 @@ class LlamaModel(CausalLM, TransformerModel):
         B, n = ids.shape
         L, H, d = cfg.n_layers, cfg.n_heads, cfg.d_model
         eps = cfg.norm_eps
-        start = 0 if cache is None else cache.length
+        start = 0 if cache is None else cache[0].length
         cos, sin = self._rope(start, start + n)
 
         x = ops.embedding(self.embed_tokens, ids)                       # (B*n, d)
@@ -162,6 +162,4 @@ class LlamaModel(CausalLM, TransformerModel):
             if i < L - 1:
                 hidden[:, i + 1] = x.reshape(B, n, d)
         hidden[:, L] = ops.rms_norm(x, self.norm, eps).reshape(B, n, d)
-        if cache is not None:
-            cache.advance(n)
         return hidden, attn

@@ -1,6 +1,6 @@
 """The pieces of a transformer block that are not attention, on mha's C core.
 
-Dense layers with their activation fused into the product (``_C.linear``), LayerNorm and
+Dense layers with their activation fused into the product (``_core.linear``), LayerNorm and
 RMSNorm, the embedding gather and rotary position embedding are C kernels (csrc/block_impl.h;
 their NumPy twins are in :mod:`mha.reference.block`); this module maps the models' calls and
 the Hugging Face activation names onto them. Attention itself is never computed here; the
@@ -8,7 +8,7 @@ models call the C attention kernel for every head.
 """
 import numpy as np
 
-from mha import _C
+from mha import _core
 
 # --- activations --------------------------------------------------------------------------------
 
@@ -39,7 +39,7 @@ def activation(name):
 
 class Packed:
     """A dense weight packed once for mha's GEMM: what :func:`linear` and :func:`unembed` read
-    instead of packing the weight on every call (``_C.pack_weight``: panels of W columns,
+    instead of packing the weight on every call (``_core.pack_weight``: panels of W columns,
     W set by the SIMD path in use, each holding the whole shared axis).
 
     source is the array it was packed from, made read-only so that it cannot change under
@@ -51,7 +51,7 @@ class Packed:
 
     def __init__(self, source, trans=False):
         self.source = source
-        self.data = _C.pack_weight(np.ascontiguousarray(source), bool(trans))
+        self.data = _core.pack_weight(np.ascontiguousarray(source), trans_b=bool(trans))
         self.columns = source.shape[0] if trans else source.shape[1]
         source.flags.writeable = False
 
@@ -73,8 +73,8 @@ def linear(x, weight, bias=None, act=0, out=None):
     """
     x = np.ascontiguousarray(x)
     if isinstance(weight, Packed):
-        return _C.linear(x, weight.data, bias, act, False, out, weight.columns)
-    return _C.linear(x, weight, bias, act, False, out)
+        return _core.linear(x, weight.data, bias=bias, act=act, out=out, columns=weight.columns)
+    return _core.linear(x, weight, bias=bias, act=act, out=out)
 
 
 def unembed(x, table):
@@ -83,25 +83,25 @@ def unembed(x, table):
     is never transposed or copied per call."""
     x = np.ascontiguousarray(x)
     if isinstance(table, Packed):
-        return _C.linear(x, table.data, None, 0, False, None, table.columns)
-    return _C.linear(x, table, None, 0, True)
+        return _core.linear(x, table.data, columns=table.columns)
+    return _core.linear(x, table, trans_b=True)
 
 
 def layer_norm_(x, gain, bias, eps):
     """LayerNorm over the last axis of x (rows, d), C-contiguous, in place (biased variance,
     like torch)."""
-    return _C.layer_norm(x, gain, bias, eps, x)
+    return _core.layer_norm(x, gain=gain, bias=bias, eps=eps, out=x)
 
 
 def layer_norm(x, gain, bias, eps):
     """LayerNorm over the last axis into a new array. x: (rows, d)."""
-    return _C.layer_norm(np.ascontiguousarray(x), gain, bias, eps)
+    return _core.layer_norm(np.ascontiguousarray(x), gain=gain, bias=bias, eps=eps)
 
 
 def rms_norm(x, gain, eps):
     """RMSNorm over the last axis into a new array: ``gain * x / sqrt(mean(x^2) + eps)``
     (Zhang and Sennrich 2019; transformers' LlamaRMSNorm). x: (rows, d)."""
-    return _C.rms_norm(np.ascontiguousarray(x), gain, eps)
+    return _core.rms_norm(np.ascontiguousarray(x), gain=gain, eps=eps)
 
 
 # --- embeddings, heads, rotary positions ------------------------------------------------------
@@ -110,7 +110,7 @@ def embedding(table, ids, out=None):
     """Rows of ``table`` (vocab, d) for the integer ``ids`` (any shape) -> (ids.size, d), new;
     with ``out`` (ids.size, d) they are added to it in place."""
     ids = np.ascontiguousarray(np.asarray(ids).reshape(-1), dtype=np.int64)
-    return _C.embedding(table, ids, out, out is not None)
+    return _core.embedding(table, ids, out=out, accumulate=out is not None)
 
 
 def split_heads(x, B, n, heads, d_head):
@@ -126,13 +126,6 @@ def split_heads(x, B, n, heads, d_head):
         views.append(parts[:, :, start:start + h].transpose(0, 2, 1, 3))
         start += h
     return views
-
-
-def merge_heads(x):
-    """(B, H, n, d_head) -> (B*n, H*d_head), new and C-contiguous: the heads side by side per
-    token, as the output projection reads them."""
-    B, H, n, d = x.shape
-    return np.ascontiguousarray(x.transpose(0, 2, 1, 3)).reshape(B * n, H * d)
 
 
 def rope_frequencies(d_head, theta, scaling=None):
@@ -175,5 +168,5 @@ def rope_(x, heads, d_head, cos, sin):
     projection); cos, sin: (n, d_head / 2) from :func:`rope_table`; row r turns by the angles
     of row r % n (rows = B * n tokens, n per text).
     """
-    _C.rope(x, heads, d_head, cos, sin)
+    _core.rope(x, heads=heads, d_head=d_head, cos=cos, sin=sin)
     return x

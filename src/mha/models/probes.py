@@ -1,15 +1,16 @@
-"""The seed experiments on real pretrained heads, as functions a notebook calls and plots.
+"""Probes of real pretrained heads, as functions a notebook calls and plots.
 
-Seed 000 runs them on GPT-2; here they run on any model of :func:`mha.models.load`, by default
-the embedded MiniLM (all-MiniLM-L6-v2, 6 layers x 12 heads), always on mha's C kernels.
-Every function returns plain NumPy arrays, lists and dicts.
+They run on any model of :func:`mha.models.load`, by default the embedded MiniLM
+(all-MiniLM-L6-v2, 6 layers x 12 heads), always on mha's C kernels. Every function returns
+plain NumPy arrays, lists and dicts.
 
-- :func:`head_patterns`: per-head pattern scores (seed 000's local, first token, previous
+- :func:`head_patterns`: per-head positional pattern scores (local, first token, previous
   token; plus next token and the attention mass on [CLS] and [SEP]) and each head's class.
 - :func:`coreference_probe`: "The doctor said that she would help the patient": every layer
-  and head whose she -> doctor weight exceeds 0.1 (seed 000).
-- :func:`ambiguity_probe` / :func:`ambiguous_sentences`: seed 004's ambiguous sentences, with
-  the attention from the ambiguous word to the words of each reading, per head.
+  and head whose she -> doctor weight exceeds 0.1.
+- :func:`ambiguity_probe` / :func:`ambiguous_sentences`: ambiguous sentences (attachment and
+  word-sense ambiguities), with the attention from the ambiguous word to the words of each
+  reading, per head.
 
 Word-level weights follow Clark et al. (2019): attention to a word split into subword tokens is
 the sum over its tokens, attention from it the mean (:func:`mha.models.aggregate_to_words`).
@@ -18,15 +19,15 @@ import numpy as np
 
 from mha import analysis
 
-#: Seed 000's sentence for the pattern analysis.
+#: The sentence of the pattern analysis.
 PATTERN_TEXT = "The cat sat on the mat because it was tired"
-#: Seed 000's coreference sentence.
+#: The sentence of the coreference probe: "she" refers to "doctor".
 COREF_TEXT = "The doctor said that she would help the patient"
 
-#: Seed 004's ambiguous sentences -> (ambiguous word, words that each reading links it to).
-#: The first one is the seed's own analysis (man <-> telescope: the man uses the telescope;
-#: astronomer <-> telescope: the astronomer has it); the other pairs are our reading of the
-#: seed's comments ("financial vs geographical", "tool vs possession", ...).
+#: Ambiguous sentences -> (ambiguous word, words that each reading links it to). The first is
+#: a prepositional-phrase attachment ambiguity (man <-> telescope: the man uses the telescope;
+#: astronomer <-> telescope: the astronomer has it); the other pairs name a word that each
+#: reading ties the ambiguous word to (financial vs geographical bank, tool vs possession, ...).
 AMBIGUOUS_SENTENCES = {
     "The man saw the astronomer with a telescope": ("telescope", ("man", "astronomer")),
     "The bank by the river is closed": ("bank", ("river", "closed")),
@@ -57,9 +58,9 @@ def head_patterns(model=None, text=PATTERN_TEXT):
     Returns a dict:
       text, tokens (n), attentions (L, H, n, n);
       scores: name -> (L, H) for ``previous_token``, ``next_token``, ``first_token``, ``local``
-      (seed 000's definitions, from :func:`mha.analysis.pattern_scores`), ``cls`` and ``sep``
+      (:func:`mha.analysis.pattern_scores`), ``cls`` and ``sep``
       (mean over queries of the weight on [CLS] / [SEP] tokens; 0 if the text has none);
-      dominant: (L, H) str, the winner among seed 000's positional patterns
+      dominant: (L, H) str, the winner among the positional patterns
       (:func:`mha.analysis.dominant_pattern`);
       dominant_with_special: (L, H) str, the winner when [CLS]/[SEP] mass competes too
       (ties go to the earlier name of :data:`PATTERN_NAMES`).
@@ -94,13 +95,13 @@ def _find_word(words, word, what):
 
 def coreference_probe(model=None, text=COREF_TEXT, pronoun="she", antecedent="doctor",
                       threshold=0.1):
-    """Seed 000's coreference probe: which heads make ``pronoun`` attend to ``antecedent``?
+    """Probe coreference: which heads make ``pronoun`` attend to ``antecedent``?
 
     Returns a dict:
       text, words (W), word_attentions (L, H, W, W), pronoun_index, antecedent_index;
       weights: (L, H), the pronoun -> antecedent weight of every head;
       hits: [(layer, head, weight)] for every head above ``threshold``, in layer-then-head
-      order as the seed prints them (empty if none: attention may be spread over heads);
+      order (empty if none: attention may be spread over heads);
       strongest: (layer, head, weight) of the largest weight.
     """
     model = _model(model)
@@ -152,7 +153,7 @@ def ambiguity_probe(model=None, sentence="The man saw the astronomer with a tele
 
 
 def ambiguous_sentences(model=None, sentences=None):
-    """Run :func:`ambiguity_probe` on seed 004's sentences (default :data:`AMBIGUOUS_SENTENCES`).
+    """Run :func:`ambiguity_probe` on several sentences (default :data:`AMBIGUOUS_SENTENCES`).
 
     sentences: a dict sentence -> (word, candidates), or a list of sentences from
     AMBIGUOUS_SENTENCES. Returns a list of the probes' dicts, in order.

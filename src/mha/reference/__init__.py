@@ -1,7 +1,7 @@
 """Pure NumPy multi-head attention: the oracle the C kernels are tested against.
 
-Everything here follows docs/semantics.md to the letter and is written to be read, like the
-NumPy cells of the seed notebooks: one step per line, shapes in the comments, no tricks. It is
+Everything here follows docs/semantics.md to the letter and is written to be read, like a
+textbook's NumPy: one step per line, shapes in the comments, no tricks. It is
 slow on purpose; `mha.attention` and `mha.MultiHeadAttention` are the fast C twins with the same
 signatures. This package never imports the C path, and the C path never imports it: what both
 share (argument checks, parameters, the layer's bookkeeping) is in `mha.checks` and
@@ -9,7 +9,7 @@ share (argument checks, parameters, the layer's bookkeeping) is in `mha.checks` 
 
 Mask convention
     A bool mask is True where a query MAY attend to a key and False where the key is masked,
-    like the seeds' `mask == 0 -> -inf` and torch.nn.functional.scaled_dot_product_attention.
+    like the textbook `mask == 0 -> -inf` and torch.nn.functional.scaled_dot_product_attention.
     This is the OPPOSITE of torch.nn.MultiheadAttention, whose bool masks are True = masked:
     pass `~torch_mask` here. Integer masks count as bool (nonzero = may attend); a float mask
     is added to the scores. Masks broadcast to the scores' shape (..., n_q, n_k).

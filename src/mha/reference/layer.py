@@ -2,8 +2,8 @@
 `mha.MultiHeadAttention`.
 
 The configuration, parameters, checks and bookkeeping come from `mha.layer_base.LayerBase`
-(shared with the C layer); this module holds only the layer's arithmetic, written like the
-seeds' NumPy cells.
+(shared with the C layer); this module holds only the layer's arithmetic, written like a
+textbook's NumPy.
 """
 import numpy as np
 

@@ -1,4 +1,4 @@
-"""Seed 000's period-3 pattern task: predict the next token of a repeating sequence."""
+"""The period-3 pattern task: predict the next token of a repeating sequence."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,12 +8,12 @@ __all__ = ["pattern_data", "pattern_ceiling", "pattern_min_loss"]
 
 def pattern_data(n_samples: int = 500, seq_len: int = 12, vocab_size: int = 5, period: int = 3,
                  seed: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Generate repeating-pattern sequences and their next tokens (seed 000's task).
+    """Generate repeating-pattern sequences and their next tokens (the period-3 task).
 
     Each sample draws a pattern of `period` tokens uniformly from [0, vocab_size) and repeats it:
     with period 3, ``A B C A B C ...``. To predict the token after position i (i >= period - 1)
     a model must look ``period - 1`` positions back; the first ``period - 1`` targets are
-    random. This is seed 000's ``generate_pattern_data``.
+    random.
 
     Parameters
     ----------

@@ -1,4 +1,4 @@
-"""Seed 000's small attention model, its loss, Adam, and the training loop.
+"""A small attention model for the period-3 task, its loss, Adam, and the training loop.
 
     tokens (B, n) -> token_embedding[tokens] + pos_embedding[:n]      x (B, n, d_model)
                   -> MultiHeadAttention(x, causal=True)               h (B, n, d_model)
@@ -70,9 +70,10 @@ def cross_entropy(logits: ArrayLike, targets: ArrayLike) -> tuple[float, np.ndar
 
 
 class SimpleAttentionModel:
-    """Build seed 000's ``SimpleAttentionModel``: embedding, causal attention, linear.
+    """Build a small next-token model: embedding, causal attention, linear.
 
-    Initialisation follows PyTorch's defaults for the seed's modules: embeddings N(0, 1);
+    Initialisation follows PyTorch's defaults for the same modules (``nn.Embedding``,
+    ``nn.Linear``, as in :func:`mha.train.torch_model`): embeddings N(0, 1);
     output layer U(-1/sqrt(d_model), 1/sqrt(d_model)) for weight and bias; the attention layer
     initialises itself (docs/semantics.md).
 
@@ -83,14 +84,14 @@ class SimpleAttentionModel:
     d_model : int, default 32
         The embedding width.
     n_heads : int, default 4
-        Attention heads (d_head = d_model // n_heads; with one head this is the seed's
-        ``SingleHeadAttention``, scale 1/sqrt(d_model)).
+        Attention heads (d_head = d_model // n_heads; with one head this is plain
+        single-head attention, scale 1/sqrt(d_model)).
     seq_len : int, default 12
         The longest sequence (rows of the position embedding).
     bias : bool, default False
-        Biases on the attention's four projections (the seed has none).
+        Biases on the attention's four projections.
     dtype : {numpy.float32, numpy.float64}, default numpy.float32
-        What the model computes in (float32 like the seed's torch model).
+        What the model computes in (float32 like a default torch model).
     seed : int, optional
         Seeds every initial weight (reproducible).
 
@@ -437,7 +438,7 @@ def fit(model: Any, tokens: ArrayLike, targets: ArrayLike, test_tokens: ArrayLik
         batch_size: int | None = None, optimizer: Any = None, eval_every: int = 1,
         seed: int | None = None, progress: bool = True, desc: str | None = None,
         ) -> dict[str, Any]:
-    """Train a model with Adam (seed 000's ``train_model``) and return its history.
+    """Train a model with Adam and return its history.
 
     Parameters
     ----------

@@ -1,5 +1,6 @@
-"""Parameter counts (seed 002's exercise E12.1): one attention layer, a whole Transformer, and a
-Markdown table of them."""
+"""Parameter counts: one attention layer, a whole Transformer, and a Markdown table of them (the
+parameter-count exercise: with and without bias, one head against many, attention against the
+feed-forward network)."""
 from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
@@ -124,7 +125,7 @@ def transformer_parameters(d_model: int = 512, n_heads: int = 8, d_ff: int | Non
 def parameter_table(d_model: int = 512, n_heads_list: Sequence[int] = (1, 8), *,
                     bias: bool | Sequence[bool] = (False, True), d_ff: int | None = None,
                     ) -> list[dict[str, Any]]:
-    """Tabulate E12.1: one row per (n_heads, bias), d_head = d_model // n_heads.
+    """Tabulate the parameter counts: one row per (n_heads, bias), d_head = d_model // n_heads.
 
     Parameters
     ----------

@@ -1,7 +1,9 @@
-"""Seed 000's PyTorch model, loaded with the weights of a :class:`SimpleAttentionModel`.
+"""The PyTorch twin of :class:`SimpleAttentionModel`, loaded with its weights: textbook
+single-head and multi-head attention modules (``nn.Linear`` projections, the heads split by
+``view`` and ``transpose``) under an embedding and an output layer.
 
-The peer of the speed comparison (:func:`mha.train.benchmark_epoch`). torch is optional: it is
-imported only when :func:`torch_model` is called.
+The peer of the speed comparison (:func:`mha.apps.epoch_speed.benchmark_epoch`). torch is
+optional: it is imported only when :func:`torch_model` is called.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ def _classes():
     import torch.nn.functional as F
 
     class SingleHeadAttention(nn.Module):
-        """Seed 000, part 3 (with an optional bias)."""
+        """One head of width d_model, scale 1/sqrt(d_model), with an optional bias."""
 
         def __init__(self, d_model, bias=False):
             super().__init__()
@@ -42,7 +44,7 @@ def _classes():
             return self.W_o(torch.matmul(attn_weights, V)), attn_weights
 
     class MultiHeadAttention(nn.Module):
-        """Seed 000, part 3 (with an optional bias)."""
+        """Heads of width d_model // n_heads, split and combined by reshape, optional bias."""
 
         def __init__(self, d_model, n_heads, bias=False):
             super().__init__()
@@ -72,7 +74,7 @@ def _classes():
             return self.W_o(context), attn_weights
 
     class SimpleAttentionModel(nn.Module):
-        """Seed 000, part 7: embedding -> attention -> output."""
+        """Token and position embedding -> causal attention -> output layer."""
 
         def __init__(self, vocab_size, d_model, n_heads, seq_len, bias=False):
             super().__init__()
@@ -99,7 +101,7 @@ def _classes():
 
 
 def torch_model(model: SimpleAttentionModel) -> Any:
-    """Build seed 000's torch ``SimpleAttentionModel`` holding a copy of `model`'s weights.
+    """Build the torch twin of `model` (an ``nn.Module``) holding a copy of its weights.
 
     The torch model has the model's dtype (float32 or float64); nn.Linear stores weights
     (out, in), so each W is transposed. torch is imported here only.
@@ -112,12 +114,12 @@ def torch_model(model: SimpleAttentionModel) -> Any:
     Returns
     -------
     torch.nn.Module
-        The seed's model with the same weights, in train mode.
+        The torch model with the same weights, in train mode.
 
     Raises
     ------
     ValueError
-        A model the seed's torch model cannot hold.
+        A model the torch twin cannot hold.
     ImportError
         torch is not installed.
 
@@ -136,7 +138,7 @@ def torch_model(model: SimpleAttentionModel) -> Any:
     if att.d_head * att.n_heads != model.d_model or att.n_kv_heads != att.n_heads:
         raise ValueError("torch_model needs d_head = d_model // n_heads and no grouped heads")
     if not np.all(np.asarray(att.head_mask) == 1):
-        raise ValueError("torch_model: the seed's torch model has no head mask; "
+        raise ValueError("torch_model: the torch model has no head mask; "
                          "reset model.attention.head_mask to ones first")
     cls = _classes()
     dtype = torch.float64 if np.dtype(model.dtype) == np.float64 else torch.float32

@@ -82,7 +82,7 @@ def benchmark_encode(model=None, n_tokens=128, repeats=10, *, threads=None, warm
     (16, True)
     """
     if model is None:
-        from . import load
+        from ..models import load
         model = load("minilm")
     if threads is not None:
         mha.set_num_threads(threads)

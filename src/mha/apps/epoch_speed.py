@@ -1,4 +1,4 @@
-"""The speed of a training epoch: mha's C backward against the seed's PyTorch model."""
+"""The speed of a training epoch: mha's C backward against the same model in PyTorch."""
 from __future__ import annotations
 
 from typing import Any
@@ -6,9 +6,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import DTypeLike
 
-from ..timing import time_in_turns
-from .data import pattern_data
-from .model import Adam, SimpleAttentionModel
+from .timing import time_in_turns
+from ..train.data import pattern_data
+from ..train.model import Adam, SimpleAttentionModel
 
 __all__ = ["benchmark_epoch"]
 
@@ -17,16 +17,16 @@ def benchmark_epoch(n_heads: int = 4, *, d_model: int = 32, n_samples: int = 500
                     vocab_size: int = 5, threads: int = 2, repeats: int = 10, warmup: int = 1,
                     dtype: DTypeLike = np.float32, lr: float = 0.005, seed: int = 0,
                     ) -> dict[str, Any]:
-    """Time one full-batch training epoch of seed 000's task in mha and in the seed's torch model.
+    """Time one full-batch training epoch of the period-3 task in mha and in PyTorch.
 
     An epoch is the forward, cross-entropy, backward and one Adam step on all n_samples
     sequences. Both models start from the same weights and run on the same thread count; they
-    take turns (`mha.timing.time_in_turns`), so that both see the same machine load.
+    take turns (`mha.apps.timing.time_in_turns`), so that both see the same machine load.
 
     Parameters
     ----------
     n_heads, d_model, n_samples, seq_len, vocab_size : int
-        The model and the data (seed 000's sizes by default).
+        The model and the data (the sizes of `mha.apps.training.compare_heads` by default).
     threads : int
         Threads for mha and torch, restored afterwards.
     repeats : int
@@ -60,7 +60,7 @@ def benchmark_epoch(n_heads: int = 4, *, d_model: int = 32, n_samples: int = 500
 
     import mha
 
-    from .torch_port import torch_model
+    from ..train.torch_port import torch_model
 
     tokens, targets = pattern_data(n_samples, seq_len, vocab_size, seed=seed)
     model = SimpleAttentionModel(vocab_size, d_model, n_heads, seq_len, dtype=dtype, seed=seed)

@@ -1,10 +1,11 @@
-"""The seeds' training experiments on the period-3 pattern task, as functions returning plain
-results (dicts of arrays). Their figures are in `mha.train.figures`, the parameter counts of
-E12.1 in `mha.train.tables`, the speed of an epoch in `mha.train.speed`.
+"""The training experiments on the period-3 pattern task, as functions returning plain results
+(dicts of arrays). Their figures are in `mha.apps.training_figures`, the parameter counts in
+`mha.train.tables`, the speed of an epoch in `mha.apps.epoch_speed`.
 
-- `compare_heads`: seed 000 part 7, 1 vs 4 vs 8 heads
-- `heads_sweep`: E12.2, h in {1, 2, 4, 8, 16} at d_model 256
-- `prune_experiment`: E12.3, ablation, importance ranking, iterative pruning
+- `compare_heads`: one head against many, 1 vs 4 vs 8 heads at the same width
+- `heads_sweep`: the sweep over head counts, h in {1, 2, 4, 8, 16} at d_model 256
+- `prune_experiment`: the head-pruning procedure: ablation, importance ranking, iterative
+  pruning
 - `offset_profile`, `period_mass`: where a head of the task looks
 """
 from __future__ import annotations
@@ -16,11 +17,11 @@ import numpy as np
 from numpy.typing import ArrayLike, DTypeLike
 
 from .. import analysis
-from .data import pattern_ceiling, pattern_data, pattern_min_loss
-from .model import SimpleAttentionModel, fit
+from ..train.data import pattern_ceiling, pattern_data, pattern_min_loss
+from ..train.model import SimpleAttentionModel, fit
 
 __all__ = ["experiment_data", "compare_heads", "heads_sweep", "offset_profile", "period_mass",
-           "prune_experiment", "head_label"]
+           "prune_experiment"]
 
 
 def _seeds(seed, n):
@@ -63,7 +64,18 @@ def experiment_data(n_train: int = 500, n_test: int = 100, *, seq_len: int = 12,
 
 
 def head_label(h):
-    """"1 Head", "4 Heads": the label of a head count in figures and progress bars."""
+    """Label a head count for figures and progress bars: "1 Head", "4 Heads".
+
+    Parameters
+    ----------
+    h : int
+        The number of heads.
+
+    Returns
+    -------
+    str
+        The label.
+    """
     return f"{h} Head" if h == 1 else f"{h} Heads"
 
 
@@ -86,16 +98,16 @@ def _train_one(n_heads, train, test, *, d_model, epochs, lr, batch_size, dtype, 
     return history
 
 
-# --- seed 000, part 7 ------------------------------------------------------------------------
+# --- one head against many --------------------------------------------------------------------
 
 def compare_heads(head_counts: Sequence[int] = (1, 4, 8), *, d_model: int = 32, epochs: int = 100,
                   lr: float = 0.005, n_train: int = 500, n_test: int = 100, seq_len: int = 12,
                   vocab_size: int = 5, period: int = 3, batch_size: int | None = None,
                   dtype: DTypeLike = np.float32, seed: int = 0, progress: bool = True) -> dict[int, dict[str, Any]]:
-    """Seed 000's single-head vs multi-head comparison on the period-3 pattern task.
+    """Compare single-head and multi-head models of the same width on the period-3 pattern task.
 
-    Every model sees the same data and starts from the same seed (the seed's
-    ``torch.manual_seed(42)`` before each model); full-batch Adam by default.
+    Every model sees the same data and starts from the same random seed; full-batch Adam by
+    default.
 
     Parameters
     ----------
@@ -108,7 +120,7 @@ def compare_heads(head_counts: Sequence[int] = (1, 4, 8), *, d_model: int = 32, 
     n_train, n_test, seq_len, vocab_size, period : int
         The data (`mha.train.pattern_data`).
     batch_size : int, optional
-        None: full batch, one step per epoch (the seed).
+        None: full batch, one step per epoch.
     dtype : {numpy.float32, numpy.float64}
         What the models compute in.
     seed : int
@@ -139,7 +151,7 @@ def compare_heads(head_counts: Sequence[int] = (1, 4, 8), *, d_model: int = 32, 
             for h in head_counts}
 
 
-# --- E12.2: how many heads? ------------------------------------------------------------------
+# --- the sweep over head counts: how many heads? ----------------------------------------------
 
 def offset_profile(weights: ArrayLike) -> np.ndarray:
     """Compute the mean attention a head pays to the key `k` positions back, k = 0 .. n-1.
@@ -202,7 +214,7 @@ def heads_sweep(head_counts: Sequence[int] = (1, 2, 4, 8, 16), *, d_model: int =
                 seq_len: int = 12, vocab_size: int = 5, period: int = 3,
                 batch_size: int | None = None, target: float = 0.97, loss_margin: float = 0.1,
                 dtype: DTypeLike = np.float32, seed: int = 0, progress: bool = True) -> dict[int, dict[str, Any]]:
-    """E12.2: the same task at a fixed d_model with more and more heads.
+    """Sweep over head counts: the same task at a fixed d_model with more and more heads.
 
     Trains one model per head count on the period-3 task (same data, same seed) and measures
     convergence speed, final accuracy and attention entropy per head.
@@ -221,11 +233,11 @@ def heads_sweep(head_counts: Sequence[int] = (1, 2, 4, 8, 16), *, d_model: int =
     batch_size : int, optional
         None: full batch, one step per epoch.
     target : float
-        Fraction of the task's ceiling (`mha.train.pattern_ceiling`: 0.867 at the seed's
+        Fraction of the task's ceiling (`mha.train.pattern_ceiling`: 0.867 at the default
         sizes) that counts as converged.
     loss_margin : float
-        Nats above `mha.train.pattern_min_loss` (0.268 at the seed's sizes, the loss of a
-        perfect model) that count as converged.
+        Nats above `mha.train.pattern_min_loss` (0.268 at the default sizes, the loss
+        of a perfect model) that count as converged.
     dtype : {numpy.float32, numpy.float64}
         What the models compute in.
     seed : int
@@ -273,14 +285,14 @@ def heads_sweep(head_counts: Sequence[int] = (1, 2, 4, 8, 16), *, d_model: int =
     return results
 
 
-# --- E12.3: head importance and pruning -------------------------------------------------------
+# --- the head-pruning procedure: head importance and pruning ----------------------------------
 
 def prune_experiment(n_heads: int = 8, *, d_model: int = 32, epochs: int = 100, lr: float = 0.005,
                      n_train: int = 500, n_test: int = 500, seq_len: int = 12, vocab_size: int = 5,
                      period: int = 3, max_drop: float = 0.01, step: int | float = 1,
                      dtype: DTypeLike = np.float32, seed: int = 0, progress: bool = True, model: Any = None,
                      test_data: tuple[ArrayLike, ArrayLike] | None = None) -> dict[str, Any]:
-    """E12.3: zero one head at a time, rank heads, prune until accuracy drops > max_drop.
+    """Prune heads: zero one head at a time, rank heads, prune until accuracy drops > max_drop.
 
     Trains a model on the period-3 task (or takes `model` and `test_data`), then, on the test
     set:

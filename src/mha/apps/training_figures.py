@@ -1,12 +1,12 @@
 """Figures of the training experiments (matplotlib, drawn with `mha.viz`): each function takes an
-experiment's result (`mha.train.experiments`) and returns a dict of named figures."""
+experiment's result (`mha.apps.training`) and returns a dict of named figures."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
-from .experiments import head_label
+from .training import head_label
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -16,7 +16,7 @@ __all__ = ["compare_heads_figures", "heads_sweep_figures", "prune_figures"]
 
 def compare_heads_figures(results: Mapping[int, Mapping[str, Any]], *,
                           pattern_heads: int | None = None) -> dict[str, Figure]:
-    """Draw seed 000's figures of a `compare_heads` result.
+    """Draw the figures of a `compare_heads` result: loss curves, accuracy bars, learned patterns.
 
     Parameters
     ----------
@@ -33,6 +33,7 @@ def compare_heads_figures(results: Mapping[int, Mapping[str, Any]], *,
 
     Examples
     --------
+    >>> from mha.apps.training import compare_heads
     >>> results = compare_heads((1, 2), d_model=16, epochs=3, n_train=32, n_test=16, progress=False)
     >>> sorted(compare_heads_figures(results))
     ['patterns', 'summary']
@@ -54,7 +55,7 @@ def compare_heads_figures(results: Mapping[int, Mapping[str, Any]], *,
 
 
 def heads_sweep_figures(results: Mapping[int, Mapping[str, Any]]) -> dict[str, Figure]:
-    """Draw E12.2's figures of a `heads_sweep` result.
+    """Draw the figures of a `heads_sweep` result (the sweep over head counts).
 
     Parameters
     ----------
@@ -69,6 +70,7 @@ def heads_sweep_figures(results: Mapping[int, Mapping[str, Any]]) -> dict[str, F
 
     Examples
     --------
+    >>> from mha.apps.training import heads_sweep
     >>> sweep = heads_sweep((1, 2), d_model=16, epochs=3, n_train=32, n_test=16, progress=False)
     >>> sorted(heads_sweep_figures(sweep))
     ['entropy', 'summary']
@@ -98,7 +100,7 @@ def heads_sweep_figures(results: Mapping[int, Mapping[str, Any]]) -> dict[str, F
 
 
 def prune_figures(result: Mapping[str, Any]) -> dict[str, Figure]:
-    """Draw E12.3's figures of a `prune_experiment` result.
+    """Draw the figures of a `prune_experiment` result (the head-pruning procedure).
 
     Parameters
     ----------
@@ -113,6 +115,7 @@ def prune_figures(result: Mapping[str, Any]) -> dict[str, Figure]:
 
     Examples
     --------
+    >>> from mha.apps.training import prune_experiment
     >>> result = prune_experiment(4, d_model=16, epochs=3, n_train=32, n_test=32, progress=False)
     >>> sorted(prune_figures(result))
     ['importance', 'pruning', 'surviving']

@@ -29,8 +29,14 @@ def times_by_round(fns, repeats=7, settle=0.25, measure=0.1, *, warmup=1):
 
     Parameters
     ----------
-    fns, repeats, settle, measure, warmup
-        As `time_in_turns`.
+    fns : dict of str to callable
+        Functions of no arguments, by name.
+    repeats : int
+        Rounds, as in `time_in_turns`.
+    settle, measure : float
+        Seconds untimed and timed in each turn, as in `time_in_turns`.
+    warmup : int
+        Untimed calls that open every turn.
 
     Returns
     -------
@@ -102,13 +108,25 @@ def median_times(fns, repeats=7, settle=0.25, measure=0.1, *, warmup=1):
 
     Parameters
     ----------
-    fns, repeats, settle, measure, warmup
-        As `time_in_turns`.
+    fns : dict of str to callable
+        Functions of no arguments, by name.
+    repeats : int
+        Rounds, as in `time_in_turns`.
+    settle, measure : float
+        Seconds untimed and timed in each turn, as in `time_in_turns`.
+    warmup : int
+        Untimed calls that open every turn.
 
     Returns
     -------
     dict of str to float
         Seconds.
+
+    Examples
+    --------
+    >>> medians = median_times({"sum": lambda: sum(range(1000))}, repeats=3, settle=0, measure=0)
+    >>> medians["sum"] > 0
+    True
     """
     times = time_in_turns(fns, repeats, settle, measure, warmup=warmup)
     return {name: float(np.median(ts)) for name, ts in times.items()}
@@ -120,11 +138,17 @@ def quartiles(times):
     Parameters
     ----------
     times : sequence of float
+        Timings, in any one unit.
 
     Returns
     -------
     (float, float, float)
         Lower quartile, median, upper quartile, in the unit of `times`.
+
+    Examples
+    --------
+    >>> quartiles([1.0, 2.0, 3.0, 4.0, 5.0])
+    (2.0, 3.0, 4.0)
     """
     q1, q2, q3 = np.percentile(np.asarray(times, dtype=np.float64), [25, 50, 75])
     return float(q1), float(q2), float(q3)

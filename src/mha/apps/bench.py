@@ -1,23 +1,23 @@
 """Speed and memory of mha against its peers, measured in one run: `python -m mha bench`.
 
 Peers: PyTorch (torch.nn.MultiheadAttention and torch.nn.functional.scaled_dot_product_attention,
-when torch is installed, with the same thread count), the seeds' NumPy implementation
+when torch is installed, with the same thread count), the textbook NumPy implementation
 (`mha.reference`, which runs on NumPy's BLAS), and NumPy's own float32 matmul as the
 machine's practical GEMM ceiling. The implementations compared in a row take turns, each warm
-(`mha.timing.times_by_round`), so that the machine's load drifts over all of them alike and their
-ratio is not skewed by when each ran. Every time is the median of the calls timed over all
+(`mha.apps.timing.times_by_round`), so that the machine's load drifts over all of them alike
+and their ratio is not skewed by when each ran. Every time is the median of the calls timed over all
 rounds; beside each ratio the table gives the range of the ratios of the rounds (each the ratio
 of two medians timed next to each other), the spread a rerun of the same code may show.
 
 Cases (float32):
-  a  seed 000's shape: batch 16, seq 128, d_model 256, heads 1/4/8/16 (the layer)
+  a  the speed test of 1/4/8/16 heads: batch 16, seq 128, d_model 256 (the layer)
   b  batch 4, seq 1024, d_model 512, 8 heads, with and without causal (the layer)
   c  attention core at b=1, L=1024, H=25, D=64 (the shape of PyTorch's CPU flash-attention RFC)
   d  seq 16384, 8 heads, d_head 64, need_weights=False: time and extra peak memory
   e  MiniLM (mha.models) on a 128- and a 512-token text against transformers on torch: with
      every attention map (torch: eager attention, output_attentions) and hidden states only
      (torch: SDPA); import order, onnxruntime and a LLaMA-family model: benchmarks/models.py
-  f  one epoch of seed 000's training task (mha.train) against the seed's torch model
+  f  one epoch of the period-3 task (mha.train) against the same model in PyTorch
 """
 
 import json
@@ -131,8 +131,8 @@ def _encode_case(threads, ceiling, repeats, lengths=(128, 512)):
     skipped with a line on stderr when a package is missing."""
     try:
         import torch
-        from .models import load
-        from .models.bench import _ids, torch_encoders
+        from ..models import load
+        from .encode_speed import _ids, torch_encoders
         model = load("minilm")
         eager, sdpa = torch_encoders(model, threads)
     except (ImportError, OSError) as e:  # no torch/transformers, or the MiniLM package
@@ -156,15 +156,15 @@ def _encode_case(threads, ceiling, repeats, lengths=(128, 512)):
 
 
 def _epoch_case(threads, ceiling, repeats):
-    """Case f: one epoch of seed 000's training task, against the seed's torch model; skipped
-    with a line on stderr without torch."""
+    """Case f: one epoch of the period-3 task, against the same model in PyTorch; skipped with a
+    line on stderr without torch."""
     try:
-        from .train import benchmark_epoch
+        from .epoch_speed import benchmark_epoch
         r = benchmark_epoch(4, threads=threads, repeats=max(repeats, 10))
     except ImportError as e:
         print(f"case f skipped: {e}", file=sys.stderr)
         return []
-    label = "f: seed 000 training epoch, 4 heads, 500 x 12 tokens"
+    label = "f: training epoch, period-3 task, 4 heads, 500 x 12 tokens"
     return [_row(label, "forward+backward+Adam", "mha", r["mha_seconds"], None, ceiling),
             _row(label, "forward+backward+Adam", "torch", r["torch_seconds"], None, ceiling)]
 

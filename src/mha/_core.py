@@ -1,0 +1,163 @@
+"""The one caller of mha's compiled core, the private binding `mha._C` (csrc/module.c).
+
+Every function here passes its arguments to the binding by name, so that a call site reads
+what each value is and a reordered parameter cannot shift them. The binding checks everything
+it receives (dtypes, ranks, layouts, sizes, scalar ranges) and raises the errors users see;
+callers apply the dtype policy, broadcasting and defaults first (`mha.checks`). Arrays are
+float32 or float64, one dtype per call; nothing is copied here.
+
+Only mha/__init__.py reaches `_C` otherwise (threads and build_info).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import _C
+
+__all__ = [
+    "attention_forward", "attention_backward", "LayerContext", "layer_forward", "layer_backward", "matmul",
+    "linear", "pack_weight", "activation", "layer_norm", "rms_norm", "rope", "embedding",
+    "attention_flow",
+]
+
+
+# ---- attention ---------------------------------------------------------------------------------
+
+def attention_forward(q, k, v, *, mask=None, key_padding_mask=None, causal=False, scale=None,
+                      dropout=0.0, seed=None, need_weights=True, return_lse=False, out=None,
+                      weights_out=None):
+    """softmax(scale * q k^T + mask) v -> (out, weights or None[, lse]).
+
+    q (..., n_q, d_k), k (..., n_k, d_k), v (..., n_k, d_v) of one rank, 2, 3 or 4 ((B, H, n,
+    d), k and v with H_kv heads dividing H), views with a contiguous last axis; mask None or of
+    the scores' shape (..., n_q, n_k), bool or the inputs' dtype, any strides;
+    key_padding_mask None or bool (B, n_k); scale None: 1/sqrt(d_k); seed required when
+    dropout > 0. out: None or a writable view of the output's shape to write into;
+    weights_out: None or a C-contiguous array of the weights' shape.
+    """
+    return _C.attention_forward(
+        q=q, k=k, v=v, mask=mask, key_padding_mask=key_padding_mask, causal=causal, scale=scale,
+        dropout=dropout, seed=seed, need_weights=need_weights, return_lse=return_lse, out=out,
+        weights_out=weights_out)
+
+
+def attention_backward(d_out, q, k, v, *, mask=None, key_padding_mask=None, causal=False,
+                       scale=None, dropout=0.0, seed=None, out=None, lse=None):
+    """-> (dq, dk, dv) shaped like q, k, v (C-contiguous, as d_out). The arguments are the
+    forward's; out and lse (both or neither) spare the forward's recomputation."""
+    return _C.attention_backward(
+        d_out=d_out, q=q, k=k, v=v, mask=mask, key_padding_mask=key_padding_mask, causal=causal,
+        scale=scale, dropout=dropout, seed=seed, out=out, lse=lse)
+
+
+# ---- the layer ---------------------------------------------------------------------------------
+
+class LayerContext:
+    """What a layer forward hands its backward: opaque, owned by the binding (the forward's
+    inputs, parameters, masks, sizes and saved buffers).
+
+    Nothing writes into what it holds (the backward only reads), so a copy is the context
+    itself; it cannot be pickled.
+    """
+    __slots__ = ("_capsule",)
+
+    def __init__(self, capsule):
+        self._capsule = capsule
+
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
+
+    def __reduce__(self):
+        raise TypeError("a layer's backward context cannot be pickled: run backward first, or "
+                        "pickle the layer before its forward")
+
+
+def layer_forward(query, key, value, *, params, heads, kv_heads, d_head, mask=None,
+                  key_padding_mask=None, causal=False, dropout=0.0, seed=None, need_weights=True,
+                  cache=None, key_is_query=False, value_is_key=False) -> tuple[Any, Any, Any]:
+    """The fused layer forward -> (out (B, n_q, d_model), weights (B, H, n_q, n_k) or None,
+    context).
+
+    query (B, n_q, d_model), key (B, n_k, kdim), value (B, n_k, vdim), C-contiguous; params
+    {W_q, W_k, W_v, W_o[, b_q, b_k, b_v, b_o, head_mask]}; mask None or (B, H, n_q, n_k) any
+    strides; key_padding_mask None or bool (B, n_k). cache: None or a `mha.KVCache`, whose
+    rows the new keys and values are written to (its length is then moved on). key_is_query:
+    key is the query array (self-attention), value_is_key likewise.
+
+    context: a `LayerContext` holding what the backward replays (the forward's inputs,
+    parameters, masks and saved buffers), for `layer_backward`; None after a call with a cache.
+    """
+    cached = {} if cache is None else dict(k_cache=cache.k_rows, v_cache=cache.v_rows,
+                                           cache_length=cache.length)
+    result = _C.layer_forward(
+        query=query, key=key, value=value, params=params, heads=heads, kv_heads=kv_heads,
+        d_head=d_head, mask=mask, key_padding_mask=key_padding_mask, causal=causal,
+        dropout=dropout, seed=seed, need_weights=need_weights, key_is_query=key_is_query,
+        value_is_key=value_is_key, **cached)
+    if cache is not None:
+        cache.length += key.shape[1]
+    out, weights, capsule = result
+    return out, weights, None if capsule is None else LayerContext(capsule)
+
+
+def layer_backward(d_out, context):
+    """-> (d_query, d_key or None, d_value or None, grads {name: gradient}) for d_out (B, n_q,
+    d_model) and the context `layer_forward` returned. d_key (d_value) is None when the key was
+    the query (the value the key): its gradient is added there."""
+    return _C.layer_backward(d_out=d_out, context=context._capsule)
+
+
+# ---- building blocks ---------------------------------------------------------------------------
+
+def matmul(a, b, *, trans_a=False, trans_b=False) -> np.ndarray:
+    """op(a) @ op(b) on the core's GEMM; a, b 2-D C-contiguous of one dtype."""
+    return _C.matmul(a=a, b=b, trans_a=trans_a, trans_b=trans_b)
+
+
+def linear(a, b, *, bias=None, act=0, trans_b=False, out=None, columns=None) -> np.ndarray:
+    """act(a @ op(b) + bias), or ``out += a @ op(b) + bias`` in place with out (act 0); b (K, N)
+    or (N, K) with trans_b, or `pack_weight`'s (P, K, W) with columns = N."""
+    return _C.linear(a=a, b=b, bias=bias, act=act, trans_b=trans_b, out=out, columns=columns)
+
+
+def pack_weight(b, *, trans_b=False) -> np.ndarray:
+    """op(b) (K, N) packed whole for `linear`: (ceil(N / W), K, W), W the SIMD path's width."""
+    return _C.pack_weight(b=b, trans_b=trans_b)
+
+
+def activation(x, *, act, out=None) -> np.ndarray:
+    """act(x) row by row (gated codes: act(x[:, :n]) * x[:, n:]); out may be x (in place)."""
+    return _C.activation(x=x, act=act, out=out)
+
+
+def layer_norm(x, *, gain, bias, eps, out=None) -> np.ndarray:
+    """LayerNorm of the rows of x (rows, d); out may be x (in place)."""
+    return _C.layer_norm(x=x, gain=gain, bias=bias, eps=eps, out=out)
+
+
+def rms_norm(x, *, gain, eps, out=None) -> np.ndarray:
+    """RMSNorm of the rows of x (rows, d); out may be x (in place)."""
+    return _C.rms_norm(x=x, gain=gain, eps=eps, out=out)
+
+
+def rope(x, *, heads, d_head, cos, sin) -> None:
+    """Half-split rotary embedding in place on the first heads * d_head columns of x (rows,
+    width), row r by row r % period of cos, sin (period, d_head // 2)."""
+    _C.rope(x=x, heads=heads, d_head=d_head, cos=cos, sin=sin)
+
+
+def embedding(table, ids, *, out=None, accumulate=False) -> np.ndarray:
+    """Rows of table (vocab, d) at the int64 ids (n,) -> (n, d), or added into out with
+    accumulate."""
+    return _C.embedding(table=table, ids=ids, out=out, accumulate=accumulate)
+
+
+def attention_flow(weights, *, sources=None) -> np.ndarray:
+    """Maximum flows (n_sources, n) through weights (L, n, n) float64, finite, >= 0; sources
+    int64 (n_sources,) or None for every position."""
+    return _C.attention_flow(weights=weights, sources=sources)
