@@ -16,6 +16,197 @@ static int FN(act_valid)(int act) {
     return kind >= MHA_ACT_NONE && kind <= MHA_ACT_RELU;
 }
 
+/* ---- derivatives of the activations (the backward's part of the epilogue) ---------------- */
+
+#ifndef MHA_BLOCK_DACT_DEFINED /* type-specific: defined once per unit, for float and double */
+#define MHA_BLOCK_DACT_DEFINED
+/* d = act'(x) and a = act(x) of one activation, float32, on a float or a float vector T (SEL,
+ * MAX, POW2 as vec.h's activations), from the same pieces as the forward (MHA_ACT_F32):
+ *   GELU       a = x Phi(x), d = Phi(x) + x phi(x), phi(x) = exp(-x^2 / 2) / sqrt(2 pi);
+ *   GELU tanh  s = sigmoid(2u) = (1 + tanh u) / 2, u = sqrt(2/pi) (x + 0.044715 x^3):
+ *              a = x s, d = s + 2 x s (1 - s) u', u' = sqrt(2/pi) (1 + 3 * 0.044715 x^2);
+ *   SiLU       s = sigmoid(x): a = x s, d = s + x s (1 - s); quick GELU the same at 1.702 x;
+ *   ReLU       d = 0 where x <= 0, else 1 (a NaN x passes the gradient, as torch). */
+#define MHA_DACT_F32(d_out, a_out, x_in, act, T, SEL, MAX, POW2)                                 \
+    do {                                                                                         \
+        T gx_ = (x_in), gd_, ga_, gs_;                                                           \
+        switch (act) {                                                                           \
+        case MHA_ACT_GELU:                                                                       \
+            MHA_ERF_F32(gs_, gx_ * 0.70710678118654752f, T, SEL);                                \
+            gs_ = 0.5f + 0.5f * gs_;                                                             \
+            MHA_EXP_NONPOS(gd_, (T){0} - 0.5f * gx_ * gx_, T, MAX, POW2);                         \
+            gd_ = gs_ + gx_ * (0.39894228040143268f * gd_);                                      \
+            ga_ = gx_ * gs_;                                                                     \
+            break;                                                                               \
+        case MHA_ACT_GELU_TANH:                                                                  \
+            MHA_SIGMOID_F32(gs_, (1.5957691216057308f * gx_) * (1.0f + 0.044715f * gx_ * gx_),   \
+                            T, SEL, MAX, POW2);                                                  \
+            gd_ = 1.5957691216057308f * (1.0f + 0.134145f * gx_ * gx_);  /* 2 u' */            \
+            gd_ = gs_ + gx_ * gs_ * (1.0f - gs_) * gd_;                                        \
+            ga_ = gx_ * gs_;                                                                     \
+            break;                                                                               \
+        case MHA_ACT_SILU:                                                                       \
+            MHA_SIGMOID_F32(gs_, gx_, T, SEL, MAX, POW2);                                        \
+            gd_ = gs_ + gx_ * gs_ * (1.0f - gs_);                                                \
+            ga_ = gx_ * gs_;                                                                     \
+            break;                                                                               \
+        case MHA_ACT_QUICK_GELU:                                                                 \
+            MHA_SIGMOID_F32(gs_, 1.702f * gx_, T, SEL, MAX, POW2);                               \
+            gd_ = gs_ + 1.702f * gx_ * gs_ * (1.0f - gs_);                                       \
+            ga_ = gx_ * gs_;                                                                     \
+            break;                                                                               \
+        case MHA_ACT_RELU:                                                                       \
+            gd_ = SEL(gx_ <= (T){0}, (T){0}, (T){0} + 1.0f);                                     \
+            ga_ = SEL(gx_ < (T){0}, (T){0}, gx_);                                                \
+            break;                                                                               \
+        default:                                                                                 \
+            gd_ = (T){0} + 1.0f;                                                                 \
+            ga_ = gx_;                                                                           \
+        }                                                                                        \
+        (d_out) = gd_;                                                                           \
+        (a_out) = ga_;                                                                           \
+    } while (0)
+
+#if MHA_GNU_C
+#define MHA_DACT_LOOP_F32(d, a, x, n, act)                                                       \
+    do {                                                                                         \
+        int64_t j_ = 0;                                                                          \
+        for (; j_ + MHA_VL_F32 <= (n); j_ += MHA_VL_F32) {                                       \
+            mha_vf32 v_, dv_, av_;                                                               \
+            MHA_VLOAD(v_, (x) + j_);                                                             \
+            MHA_DACT_F32(dv_, av_, v_, act, mha_vf32, MHA_VSEL, MHA_VMAX, MHA_VPOW2_BITS);       \
+            MHA_VSTORE((d) + j_, dv_);                                                           \
+            MHA_VSTORE((a) + j_, av_);                                                           \
+        }                                                                                        \
+        for (; j_ < (n); j_++)                                                                   \
+            MHA_DACT_F32((d)[j_], (a)[j_], (x)[j_], act, float, MHA_SSEL, MHA_SMAX,              \
+                         mha_pow2_bits_f32);                                                     \
+    } while (0)
+#else
+#define MHA_DACT_LOOP_F32(d, a, x, n, act)                                                       \
+    do {                                                                                         \
+        for (int64_t j_ = 0; j_ < (n); j_++)                                                     \
+            MHA_DACT_F32((d)[j_], (a)[j_], (x)[j_], act, float, MHA_SSEL, MHA_SMAX,              \
+                         mha_pow2_bits_f32);                                                     \
+    } while (0)
+#endif
+
+/* d[j] = act'(x[j]), a[j] = act(x[j]) for j < n (one loop per activation, as mha_act_row). */
+static void mha_dact_row_f32(float *d, float *a, const float *x, int64_t n, int act) {
+    switch (act) {
+    case MHA_ACT_GELU: MHA_DACT_LOOP_F32(d, a, x, n, MHA_ACT_GELU); break;
+    case MHA_ACT_GELU_TANH: MHA_DACT_LOOP_F32(d, a, x, n, MHA_ACT_GELU_TANH); break;
+    case MHA_ACT_SILU: MHA_DACT_LOOP_F32(d, a, x, n, MHA_ACT_SILU); break;
+    case MHA_ACT_QUICK_GELU: MHA_DACT_LOOP_F32(d, a, x, n, MHA_ACT_QUICK_GELU); break;
+    case MHA_ACT_RELU: MHA_DACT_LOOP_F32(d, a, x, n, MHA_ACT_RELU); break;
+    default: MHA_DACT_LOOP_F32(d, a, x, n, MHA_ACT_NONE); break;
+    }
+}
+
+/* The same in float64 on libm (the formulas above, tanh in place of the sigmoid). */
+static void mha_dact_row_f64(double *d, double *a, const double *x, int64_t n, int act) {
+    for (int64_t j = 0; j < n; j++) {
+        const double v = x[j];
+        double s, t;
+        switch (act) {
+        case MHA_ACT_GELU:
+            s = 0.5 * (1.0 + erf(v * 0.70710678118654752));
+            d[j] = s + v * 0.39894228040143268 * exp(-0.5 * v * v);
+            a[j] = v * s;
+            break;
+        case MHA_ACT_GELU_TANH:
+            t = tanh(0.79788456080286536 * (v + 0.044715 * v * v * v));
+            d[j] = 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * 0.79788456080286536 * (1.0 + 0.134145 * v * v);
+            a[j] = 0.5 * v * (1.0 + t);
+            break;
+        case MHA_ACT_SILU:
+        case MHA_ACT_QUICK_GELU: {
+            const double k = act == MHA_ACT_SILU ? 1.0 : 1.702;
+            s = 1.0 / (1.0 + exp(-k * v));
+            d[j] = s + k * v * s * (1.0 - s);
+            a[j] = v * s;
+            break;
+        }
+        case MHA_ACT_RELU:
+            d[j] = v <= 0 ? 0.0 : 1.0;
+            a[j] = v < 0 ? 0.0 : v;
+            break;
+        default:
+            d[j] = 1.0;
+            a[j] = v;
+        }
+    }
+}
+#endif /* MHA_BLOCK_DACT_DEFINED */
+
+/* dx = dy * act'(x) on one row (mha_activation_backward); dx may be x, or dy when not gated:
+ * each chunk of x is read whole before its gradient is written. */
+#define DACT_CHUNK 256
+static void FN(act_backward_row)(real *dx, const real *dy, const real *x, int64_t n, int act) {
+    const int kind = act & ~MHA_ACT_GATED, gated = (act & MHA_ACT_GATED) != 0;
+    real d[DACT_CHUNK], a[DACT_CHUNK];
+    for (int64_t j0 = 0; j0 < n; j0 += DACT_CHUNK) {
+        const int64_t m = MHA_MIN(DACT_CHUNK, n - j0);
+        VN(mha_dact_row)(d, a, x + j0, m, kind);
+        if (!gated) { /* forward: y = act(x) */
+            for (int64_t j = 0; j < m; j++) dx[j0 + j] = dy[j0 + j] * d[j];
+            continue;
+        }
+        /* forward: y[j] = act(gate[j]) * up[j], gate = x[:n], up = x[n:] */
+        const real *up = x + n + j0;
+        for (int64_t j = 0; j < m; j++) {
+            const real u = up[j], g = dy[j0 + j];
+            dx[j0 + j] = g * u * d[j];  /* d gate */
+            dx[n + j0 + j] = g * a[j];  /* d up   */
+        }
+    }
+}
+
+typedef struct {
+    real *dx;
+    const real *dy, *x;
+    int64_t lddx, lddy, ldx, n;
+    int act;
+} FN(act_grad_job);
+
+static void FN(act_grad_task)(void *ctx, int64_t i, int thread) {
+    const FN(act_grad_job) *j = ctx;
+    (void)thread;
+    FN(act_backward_row)(j->dx + i * j->lddx, j->dy + i * j->lddy, j->x + i * j->ldx, j->n, j->act);
+}
+
+static void FN(act_grad_rows)(real *dx, int64_t lddx, const real *dy, int64_t lddy,
+                              const real *x, int64_t ldx, int64_t rows, int64_t n, int act) {
+    FN(act_grad_job) job = {dx, dy, x, lddx, lddy, ldx, n, act};
+    mha_parallel_for(mha_threads_for(30.0 * (double)rows * (double)n), rows, 4, FN(act_grad_task), &job);
+}
+
+/* sum[c] += x[r][c] over the rows r in order, for c < cols: tasks own blocks of columns, so
+ * every sum is added in the same order whatever the threads. */
+#define COLUMN_BLOCK 64
+typedef struct {
+    real *sum;
+    const real *x;
+    int64_t ldx, rows, cols;
+} FN(colsum_job);
+
+static void FN(colsum_task)(void *ctx, int64_t blk, int thread) {
+    const FN(colsum_job) *j = ctx;
+    (void)thread;
+    const int64_t c0 = blk * COLUMN_BLOCK, c1 = MHA_MIN(j->cols, c0 + COLUMN_BLOCK);
+    real *sum = j->sum;
+    for (int64_t r = 0; r < j->rows; r++) {
+        const real *xr = j->x + r * j->ldx;
+        for (int64_t c = c0; c < c1; c++) sum[c] += xr[c];
+    }
+}
+
+static void FN(column_sums)(real *sum, const real *x, int64_t ldx, int64_t rows, int64_t cols) {
+    FN(colsum_job) job = {sum, x, ldx, rows, cols};
+    mha_parallel_for(mha_threads_for((double)rows * (double)cols), (cols + COLUMN_BLOCK - 1) / COLUMN_BLOCK,
+                     1, FN(colsum_task), &job);
+}
+
 /* mha_linear with op(B) given as it is (B, ldb, trans_b) or packed whole (Bp). */
 static int FN(linear)(int64_t M, int64_t N, int64_t K, const real *A, int64_t lda, const real *B,
                       int64_t ldb, int trans_b, const real *Bp, const real *bias, int act,
@@ -53,6 +244,41 @@ static int FN(mha_linear_packed)(int64_t M, int64_t N, int64_t K, const real *A,
     return FN(linear)(M, N, K, A, lda, NULL, 0, 0, Bp, bias, act, beta, C, ldc);
 }
 
+/* Backward of mha_linear (mha.h). Its forward, per row:  z = A @ op(B) + bias;  C = act(z). */
+static int FN(mha_linear_backward)(real *dA, int64_t ldda, real *dB, real *dbias, const real *dC,
+                                   int64_t lddc, const real *A, int64_t lda, const real *B,
+                                   int64_t ldb, int trans_b, const real *bias, const real *z,
+                                   int act, int64_t M, int64_t N, int64_t K) {
+    if (M < 0 || N < 0 || K < 0 || !FN(act_valid)(act)) return MHA_EINVAL;
+    const int64_t NB = act & MHA_ACT_GATED ? 2 * N : N; /* z's columns */
+    const real *dz = dC;
+    int64_t lddz = lddc;
+    real *scratch = NULL;
+    int err = MHA_OK;
+    if (act != MHA_ACT_NONE) { /* C = act(z): dz = dC * act'(z), in scratch (M, NB) */
+        int ok = 1;
+        size_t bytes = mha_mul_size(mha_mul_size((size_t)M, (size_t)NB, &ok), sizeof(real), &ok);
+        if (!ok || !(scratch = mha_alloc(MHA_MAX(bytes, 1)))) return MHA_ENOMEM;
+        if (!z) { /* the forward's product again, without its activation */
+            err = FN(linear)(M, NB, K, A, lda, B, ldb, trans_b, NULL, bias, MHA_ACT_NONE, 0, scratch, NB);
+            z = scratch;
+        }
+        if (!err) FN(act_grad_rows)(scratch, NB, dC, lddc, z, NB, M, N, act);
+        dz = scratch;
+        lddz = NB;
+    }
+    /* z = ... + bias:          dbias += sum over rows of dz */
+    if (!err && dbias) FN(column_sums)(dbias, dz, lddz, M, NB);
+    /* z = A @ op(B):           dA += dz @ op(B)^T */
+    if (!err && dA) err = FN(mha_gemm)(0, !trans_b, M, K, NB, 1, dz, lddz, B, ldb, 1, dA, ldda);
+    /*                          d op(B) += A^T @ dz: dB += A^T dz, or (dz^T A) for B stored (NB, K) */
+    if (!err && dB)
+        err = trans_b ? FN(mha_gemm)(1, 0, NB, K, M, 1, dz, lddz, A, lda, 1, dB, ldb)
+                      : FN(mha_gemm)(1, 0, K, NB, M, 1, A, lda, dz, lddz, 1, dB, ldb);
+    mha_free(scratch);
+    return err;
+}
+
 typedef struct {
     real *y;
     const real *x;
@@ -71,6 +297,15 @@ static int FN(mha_activation)(real *y, int64_t ldy, const real *x, int64_t ldx, 
     if (rows < 0 || n < 0 || !FN(act_valid)(act)) return MHA_EINVAL;
     FN(act_job) job = {y, x, ldy, ldx, n, act};
     mha_parallel_for(mha_threads_for(20.0 * (double)rows * (double)n), rows, 4, FN(act_task), &job);
+    return MHA_OK;
+}
+
+/* Backward of mha_activation. Forward: y = act(x) (gated: y = act(gate) * up). */
+static int FN(mha_activation_backward)(real *dx, int64_t lddx, const real *dy, int64_t lddy,
+                                       const real *x, int64_t ldx, int64_t rows, int64_t n,
+                                       int act) {
+    if (rows < 0 || n < 0 || !FN(act_valid)(act)) return MHA_EINVAL;
+    FN(act_grad_rows)(dx, lddx, dy, lddy, x, ldx, rows, n, act);
     return MHA_OK;
 }
 
@@ -157,8 +392,104 @@ static int FN(mha_rms_norm)(real *y, int64_t ldy, const real *x, int64_t ldx, in
     return FN(norm_rows)(y, ldy, x, ldx, rows, d, gain, NULL, eps, 1);
 }
 
-static int FN(mha_rope)(real *x, int64_t ldx, int64_t rows, int64_t heads, int64_t d_head,
-                        const real *cos, const real *sin, int64_t period) {
+/* Backward of LayerNorm (rms = 0) and RMSNorm (rms = 1). Forward, per row:
+ *   mean = sum(x) / d (LayerNorm; 0 for RMSNorm);  rstd = 1 / sqrt(sum((x - mean)^2) / d + eps);
+ *   xhat = (x - mean) rstd;  y = xhat * gain + bias.
+ * mean and rstd are recomputed by the forward's own code (row_moments), not saved: one more
+ * read of each row, small beside the products around a norm, and the forward stays as it
+ * is, callable without a buffer for them. Pass 1 (rows in parallel) writes dx and keeps each
+ * row's mean and rstd; pass 2 (blocks of columns in parallel) sums dgain and dbias over the
+ * rows in order. */
+typedef struct {
+    real *dx, *dgain, *dbias, *mean, *rstd;
+    const real *dy, *x, *gain;
+    int64_t lddx, lddy, ldx, rows, d;
+    double eps;
+    int rms;
+} FN(norm_grad_job);
+
+static void FN(norm_grad_row_task)(void *ctx, int64_t i, int thread) {
+    const FN(norm_grad_job) *j = ctx;
+    (void)thread;
+    const int64_t d = j->d;
+    const real *xi = j->x + i * j->ldx, *dyi = j->dy + i * j->lddy, *gain = j->gain;
+    real sum, sq, mean = 0;
+    if (!j->rms) {
+        FN(row_moments)(xi, d, 0, &sum, &sq);
+        mean = sum / (real)d;
+    }
+    FN(row_moments)(xi, d, mean, &sum, &sq);
+    const real rstd = (real)(1.0 / sqrt((double)(sq / (real)d) + j->eps));
+    j->mean[i] = mean;
+    j->rstd[i] = rstd;
+    if (!j->dx) return;
+    /* y = xhat * gain:  g = dy * gain;  xhat = (x - mean) rstd:
+     * dx = rstd (g - mean(g) - xhat mean(g xhat)), without mean(g) for RMSNorm */
+    double sg = 0, sgx = 0;
+    for (int64_t c = 0; c < d; c++) {
+        const real g = gain ? dyi[c] * gain[c] : dyi[c];
+        sg += g;
+        sgx += (double)g * (double)((xi[c] - mean) * rstd);
+    }
+    const real mg = j->rms ? 0 : (real)(sg / (double)d), mgx = (real)(sgx / (double)d);
+    real *dxi = j->dx + i * j->lddx;
+    for (int64_t c = 0; c < d; c++) {
+        const real g = gain ? dyi[c] * gain[c] : dyi[c], xhat = (xi[c] - mean) * rstd;
+        dxi[c] += rstd * (g - mg - xhat * mgx);
+    }
+}
+
+static void FN(norm_grad_column_task)(void *ctx, int64_t blk, int thread) {
+    const FN(norm_grad_job) *j = ctx;
+    (void)thread;
+    const int64_t c0 = blk * COLUMN_BLOCK, c1 = MHA_MIN(j->d, c0 + COLUMN_BLOCK);
+    for (int64_t r = 0; r < j->rows; r++) {
+        const real *xr = j->x + r * j->ldx, *dyr = j->dy + r * j->lddy;
+        const real mean = j->mean[r], rstd = j->rstd[r];
+        if (j->dgain) /* y = xhat * gain + ...: dgain += dy xhat */
+            for (int64_t c = c0; c < c1; c++) j->dgain[c] += dyr[c] * ((xr[c] - mean) * rstd);
+        if (j->dbias) /* y = ... + bias:        dbias += dy */
+            for (int64_t c = c0; c < c1; c++) j->dbias[c] += dyr[c];
+    }
+}
+
+static int FN(norm_backward)(real *dx, int64_t lddx, real *dgain, real *dbias, const real *dy,
+                             int64_t lddy, const real *x, int64_t ldx, const real *gain,
+                             int64_t rows, int64_t d, double eps, int rms) {
+    if (rows < 0 || d < 0 || !(eps >= 0)) return MHA_EINVAL;
+    if (!gain) dgain = NULL;
+    if (d == 0 || rows == 0 || (!dx && !dgain && !dbias)) return MHA_OK;
+    int ok = 1;
+    size_t bytes = mha_mul_size(mha_mul_size((size_t)rows, 2, &ok), sizeof(real), &ok);
+    real *stats = ok ? mha_alloc(bytes) : NULL;
+    if (!stats) return MHA_ENOMEM;
+    FN(norm_grad_job) job = {dx, dgain, dbias, stats, stats + rows, dy, x, gain, lddx, lddy, ldx,
+                             rows, d, eps, rms};
+    const double work = (double)rows * (double)d;
+    mha_parallel_for(mha_threads_for(12.0 * work), rows, 8, FN(norm_grad_row_task), &job);
+    if (dgain || dbias)
+        mha_parallel_for(mha_threads_for(4.0 * work), (d + COLUMN_BLOCK - 1) / COLUMN_BLOCK, 1,
+                         FN(norm_grad_column_task), &job);
+    mha_free(stats);
+    return MHA_OK;
+}
+
+static int FN(mha_layer_norm_backward)(real *dx, int64_t lddx, real *dgain, real *dbias,
+                                       const real *dy, int64_t lddy, const real *x, int64_t ldx,
+                                       const real *gain, int64_t rows, int64_t d, double eps) {
+    return FN(norm_backward)(dx, lddx, dgain, dbias, dy, lddy, x, ldx, gain, rows, d, eps, 0);
+}
+
+static int FN(mha_rms_norm_backward)(real *dx, int64_t lddx, real *dgain, const real *dy,
+                                     int64_t lddy, const real *x, int64_t ldx, const real *gain,
+                                     int64_t rows, int64_t d, double eps) {
+    return FN(norm_backward)(dx, lddx, dgain, NULL, dy, lddy, x, ldx, gain, rows, d, eps, 1);
+}
+
+/* Rotates the pairs of every head of every row by the angles of row r % period: by +angle
+ * (sign 1, the forward) or by -angle (sign -1, its transpose: the backward). */
+static int FN(rope_rows)(real *x, int64_t ldx, int64_t rows, int64_t heads, int64_t d_head,
+                         const real *cos, const real *sin, int64_t period, real sign) {
     if (rows < 0 || heads < 0 || d_head < 0 || d_head % 2 || (rows > 0 && period < 1))
         return MHA_EINVAL;
     const int64_t half = d_head / 2;
@@ -167,13 +498,26 @@ static int FN(mha_rope)(real *x, int64_t ldx, int64_t rows, int64_t heads, int64
         for (int64_t h = 0; h < heads; h++) {
             real *lo = x + r * ldx + h * d_head, *hi = lo + half;
             for (int64_t i = 0; i < half; i++) {
-                const real a = lo[i], b = hi[i];
-                lo[i] = a * c[i] - b * s[i];
-                hi[i] = b * c[i] + a * s[i];
+                const real a = lo[i], b = hi[i], sn = sign * s[i];
+                lo[i] = a * c[i] - b * sn;
+                hi[i] = b * c[i] + a * sn;
             }
         }
     }
     return MHA_OK;
+}
+
+static int FN(mha_rope)(real *x, int64_t ldx, int64_t rows, int64_t heads, int64_t d_head,
+                        const real *cos, const real *sin, int64_t period) {
+    return FN(rope_rows)(x, ldx, rows, heads, d_head, cos, sin, period, 1);
+}
+
+/* Its backward. Forward, per pair: lo' = a c - b s, hi' = b c + a s, a linear map whose
+ * transpose takes (g_lo, g_hi) to (g_lo c + g_hi s, g_hi c - g_lo s): the rotation by -s. */
+static int FN(mha_rope_backward)(real *dx, int64_t ldx, int64_t rows, int64_t heads,
+                                 int64_t d_head, const real *cos, const real *sin,
+                                 int64_t period) {
+    return FN(rope_rows)(dx, ldx, rows, heads, d_head, cos, sin, period, -1);
 }
 
 static int FN(mha_embedding)(real *out, int64_t ldo, const real *table, int64_t vocab,
@@ -192,6 +536,122 @@ static int FN(mha_embedding)(real *out, int64_t ldo, const real *table, int64_t 
     return MHA_OK;
 }
 
+/* Backward of mha_embedding. Forward: out[i] = table[ids[i]]. So d_table[ids[i]] += d_out[i]:
+ * tasks own blocks of columns and run over i in order, so a row hit twice sums its gradients
+ * in the same order whatever the threads (no atomics, no per-thread copies of the table). */
+typedef struct {
+    real *d_table;
+    const real *d_out;
+    const int64_t *ids;
+    int64_t ldo, n, d;
+} FN(embed_grad_job);
+
+static void FN(embed_grad_task)(void *ctx, int64_t blk, int thread) {
+    const FN(embed_grad_job) *j = ctx;
+    (void)thread;
+    const int64_t c0 = blk * COLUMN_BLOCK, c1 = MHA_MIN(j->d, c0 + COLUMN_BLOCK);
+    for (int64_t i = 0; i < j->n; i++) {
+        real *row = j->d_table + j->ids[i] * j->d;
+        const real *g = j->d_out + i * j->ldo;
+        for (int64_t c = c0; c < c1; c++) row[c] += g[c];
+    }
+}
+
+static int FN(mha_embedding_backward)(real *d_table, const real *d_out, int64_t ldo,
+                                      const int64_t *ids, int64_t n, int64_t vocab, int64_t d) {
+    if (vocab < 0 || d < 0 || n < 0) return MHA_EINVAL;
+    for (int64_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= vocab) return MHA_EINVAL;
+    FN(embed_grad_job) job = {d_table, d_out, ids, ldo, n, d};
+    mha_parallel_for(mha_threads_for((double)n * (double)d), (d + COLUMN_BLOCK - 1) / COLUMN_BLOCK, 1,
+                     FN(embed_grad_task), &job);
+    return MHA_OK;
+}
+
+/* ---- softmax cross-entropy over the LM head, in chunks of rows ---------------------------- */
+
+/* One chunk's rows: each row of logits becomes its gradient in place, its loss goes to
+ * loss[i] (0 for an ignored row). Forward, per counted row:
+ *   loss_i = logsumexp(logits_i) - logits_i[label]   (mean over the count rows)
+ * Backward:  d_logits_i = (softmax(logits_i) - onehot(label)) / count. */
+#define IGNORE_LABEL (-100)
+typedef struct {
+    real *logits;
+    double *loss;
+    const int64_t *labels;
+    int64_t vocab;
+    real inv_count;
+} FN(xent_job);
+
+static void FN(xent_row_task)(void *ctx, int64_t i, int thread) {
+    const FN(xent_job) *j = ctx;
+    (void)thread;
+    real *x = j->logits + i * j->vocab;
+    const int64_t label = j->labels[i];
+    if (label == IGNORE_LABEL) {
+        j->loss[i] = 0;
+        memset(x, 0, (size_t)j->vocab * sizeof(real));
+        return;
+    }
+    const real target = x[label], max = VN(mha_max)(x, j->vocab);
+    const real sum = VN(mha_exp_sum)(x, j->vocab, max); /* x = exp(x - max) */
+    j->loss[i] = (double)max + log((double)sum) - (double)target;
+    VN(mha_scale)(x, j->vocab, j->inv_count / sum);
+    x[label] -= j->inv_count;
+}
+
+static int FN(mha_cross_entropy)(double *loss, real *d_hidden, int64_t ldd, real *dW,
+                                 const real *hidden, int64_t ldh, const real *W, int64_t ldw,
+                                 int trans_w, const int64_t *labels, int64_t n, int64_t d,
+                                 int64_t vocab, int64_t chunk) {
+    if (n < 0 || d < 0 || vocab < 0) return MHA_EINVAL;
+    int64_t count = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (labels[i] == IGNORE_LABEL) continue;
+        if (labels[i] < 0 || labels[i] >= vocab) return MHA_EINVAL;
+        count++;
+    }
+    if (count == 0) {
+        *loss = NAN;
+        return MHA_OK;
+    }
+    if (chunk <= 0) chunk = MHA_MAX(1, ((int64_t)1 << 22) / vocab);
+    chunk = MHA_MIN(chunk, n);
+    int ok = 1;
+    size_t bytes = mha_mul_size(mha_mul_size((size_t)chunk, (size_t)vocab, &ok), sizeof(real), &ok);
+    bytes = mha_add_size(bytes, mha_mul_size((size_t)chunk, sizeof(double), &ok), &ok);
+    char *scratch = ok ? mha_alloc(bytes) : NULL;
+    if (!scratch) return MHA_ENOMEM;
+    real *logits = (real *)scratch; /* (chunk, vocab) */
+    double *row_loss = (double *)(scratch + (size_t)chunk * (size_t)vocab * sizeof(real));
+    FN(xent_job) job = {logits, row_loss, NULL, vocab, (real)(1.0 / (double)count)};
+    double total = 0;
+    int err = MHA_OK;
+    for (int64_t r0 = 0; r0 < n && !err; r0 += chunk) {
+        const int64_t R = MHA_MIN(chunk, n - r0);
+        const real *h = hidden + r0 * ldh;
+        /* logits = hidden @ op(W) */
+        err = FN(mha_gemm)(0, trans_w, R, vocab, d, 1, h, ldh, W, ldw, 0, logits, vocab);
+        if (err) break;
+        job.labels = labels + r0;
+        mha_parallel_for(mha_threads_for(20.0 * (double)R * (double)vocab), R, 1, FN(xent_row_task), &job);
+        for (int64_t i = 0; i < R; i++) total += row_loss[i];
+        /* logits = hidden @ op(W):  d_hidden += d_logits @ op(W)^T */
+        if (d_hidden)
+            err = FN(mha_gemm)(0, !trans_w, R, d, vocab, 1, logits, vocab, W, ldw, 1, d_hidden + r0 * ldd, ldd);
+        /*                           d op(W) += hidden^T @ d_logits (transposed for W (vocab, d)) */
+        if (!err && dW)
+            err = trans_w ? FN(mha_gemm)(1, 0, vocab, d, R, 1, logits, vocab, h, ldh, 1, dW, ldw)
+                          : FN(mha_gemm)(1, 0, d, vocab, R, 1, h, ldh, logits, vocab, 1, dW, ldw);
+    }
+    mha_free(scratch);
+    if (!err) *loss = total / (double)count;
+    return err;
+}
+
+#undef DACT_CHUNK
+#undef COLUMN_BLOCK
+#undef IGNORE_LABEL
 #if MHA_GNU_C
 #undef BVEC
 #undef BVL

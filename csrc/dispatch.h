@@ -69,6 +69,36 @@
       (T *out, int64_t ldo, const T *table, int64_t vocab, int64_t d, const int64_t *ids,      \
        int64_t n, int accumulate),                                                             \
       (out, ldo, table, vocab, d, ids, n, accumulate))                                         \
+    X(mha_linear_backward_##SFX,                                                               \
+      (T *dA, int64_t ldda, T *dB, T *dbias, const T *dC, int64_t lddc, const T *A,            \
+       int64_t lda, const T *B, int64_t ldb, int trans_b, const T *bias, const T *z, int act,  \
+       int64_t M, int64_t N, int64_t K),                                                       \
+      (dA, ldda, dB, dbias, dC, lddc, A, lda, B, ldb, trans_b, bias, z, act, M, N, K))         \
+    X(mha_activation_backward_##SFX,                                                           \
+      (T *dx, int64_t lddx, const T *dy, int64_t lddy, const T *x, int64_t ldx, int64_t rows,  \
+       int64_t n, int act),                                                                    \
+      (dx, lddx, dy, lddy, x, ldx, rows, n, act))                                              \
+    X(mha_layer_norm_backward_##SFX,                                                           \
+      (T *dx, int64_t lddx, T *dgain, T *dbias, const T *dy, int64_t lddy, const T *x,         \
+       int64_t ldx, const T *gain, int64_t rows, int64_t d, double eps),                       \
+      (dx, lddx, dgain, dbias, dy, lddy, x, ldx, gain, rows, d, eps))                          \
+    X(mha_rms_norm_backward_##SFX,                                                             \
+      (T *dx, int64_t lddx, T *dgain, const T *dy, int64_t lddy, const T *x, int64_t ldx,      \
+       const T *gain, int64_t rows, int64_t d, double eps),                                    \
+      (dx, lddx, dgain, dy, lddy, x, ldx, gain, rows, d, eps))                                 \
+    X(mha_rope_backward_##SFX,                                                                 \
+      (T *dx, int64_t ldx, int64_t rows, int64_t heads, int64_t d_head, const T *cos,          \
+       const T *sin, int64_t period),                                                          \
+      (dx, ldx, rows, heads, d_head, cos, sin, period))                                        \
+    X(mha_embedding_backward_##SFX,                                                            \
+      (T *d_table, const T *d_out, int64_t ldo, const int64_t *ids, int64_t n, int64_t vocab,  \
+       int64_t d),                                                                             \
+      (d_table, d_out, ldo, ids, n, vocab, d))                                                 \
+    X(mha_cross_entropy_##SFX,                                                                 \
+      (double *loss, T *d_hidden, int64_t ldd, T *dW, const T *hidden, int64_t ldh,            \
+       const T *W, int64_t ldw, int trans_w, const int64_t *labels, int64_t n, int64_t d,      \
+       int64_t vocab, int64_t chunk),                                                          \
+      (loss, d_hidden, ldd, dW, hidden, ldh, W, ldw, trans_w, labels, n, d, vocab, chunk))     \
     X(mha_attention_forward_lse_##SFX,                                                         \
       (T *out, T *weights, T *lse, const T *q, const T *k, const T *v,                         \
        const mha_attention_desc *desc),                                                        \

@@ -201,6 +201,19 @@ enum mha_activation {
     int mha_linear_##SFX(int64_t M, int64_t N, int64_t K, const T *A, int64_t lda,            \
                          const T *B, int64_t ldb, int trans_b, const T *bias, int act,         \
                          T beta, T *C, int64_t ldc);                                           \
+    /* Backward of mha_linear (beta = 0), accumulating (+=, as llm.c: zero the outputs         \
+     * first for a plain gradient; residual branches then add up):                             \
+     *   z = A @ op(B) + bias (M, N'), C = act(z) (M, N); dz = dC * act'(z) (gated: d gate =   \
+     *   dC * up * act'(gate), d up = dC * act(gate));                                         \
+     *   dA (M, K) += dz @ op(B)^T; dB (B's shape, leading dimension ldb) += A^T dz (or its    \
+     *   transpose with trans_b); dbias (N') += the column sums of dz, rows in order.          \
+     * Any of dA, dB, dbias may be NULL (not computed). z: the forward's pre-activation        \
+     * (M, N') contiguous, or NULL: recomputed from A, B and bias (one more product); unused   \
+     * when act is MHA_ACT_NONE (dz is dC). Results do not depend on the thread count. */      \
+    int mha_linear_backward_##SFX(T *dA, int64_t ldda, T *dB, T *dbias, const T *dC,           \
+                                  int64_t lddc, const T *A, int64_t lda, const T *B,           \
+                                  int64_t ldb, int trans_b, const T *bias, const T *z,         \
+                                  int act, int64_t M, int64_t N, int64_t K);                   \
     /* Weights packed once for many products (a model's dense layers): mha_pack_weight writes \
      * op(B) (K, N) into ceil(N / W) panels of K x W, W = *width from mha_pack_width (it      \
      * depends on the SIMD path in use; zero-padded columns), K * W * ceil(N / W) elements;   \
@@ -217,24 +230,67 @@ enum mha_activation {
      * leading dimension); otherwise they must not overlap. */                                 \
     int mha_activation_##SFX(T *y, int64_t ldy, const T *x, int64_t ldx, int64_t rows,        \
                              int64_t n, int act);                                              \
+    /* Backward of mha_activation from its input x: dx = dy * act'(x) on rows of n (dy),       \
+     * overwritten; gated: x and dx rows of 2n, d gate = dy * up * act'(gate), d up = dy *     \
+     * act(gate). ReLU passes dy where x > 0 or x is NaN (torch's rule). dx may be x (same     \
+     * leading dimension), or dy when not gated. */                                            \
+    int mha_activation_backward_##SFX(T *dx, int64_t lddx, const T *dy, int64_t lddy,          \
+                                      const T *x, int64_t ldx, int64_t rows, int64_t n,        \
+                                      int act);                                                \
     /* LayerNorm over each row of d: y = (x - mean) / sqrt(var + eps) * gain + bias (biased     \
      * variance, like torch); gain, bias may be NULL (1 and 0). y may be x. */                 \
     int mha_layer_norm_##SFX(T *y, int64_t ldy, const T *x, int64_t ldx, int64_t rows,        \
                              int64_t d, const T *gain, const T *bias, double eps);             \
+    /* Backward of mha_layer_norm from its input x (each row's mean and rstd = 1 /             \
+     * sqrt(var + eps) recomputed as the forward computes them), accumulating (+=):            \
+     *   xhat = (x - mean) rstd, g = dy * gain;                                                \
+     *   dx += rstd (g - mean(g) - xhat mean(g xhat)); dgain += sum over rows of dy xhat;      \
+     *   dbias += sum over rows of dy (rows in order, whatever the threads).                   \
+     * gain NULL means 1 (no dgain); any output may be NULL; dx must not overlap dy. */        \
+    int mha_layer_norm_backward_##SFX(T *dx, int64_t lddx, T *dgain, T *dbias, const T *dy,    \
+                                      int64_t lddy, const T *x, int64_t ldx, const T *gain,    \
+                                      int64_t rows, int64_t d, double eps);                    \
     /* RMSNorm (Zhang and Sennrich 2019): y = x / sqrt(mean(x^2) + eps) * gain (gain may be     \
      * NULL). y may be x. */                                                                   \
     int mha_rms_norm_##SFX(T *y, int64_t ldy, const T *x, int64_t ldx, int64_t rows,          \
                            int64_t d, const T *gain, double eps);                              \
+    /* Backward of mha_rms_norm the same way: xhat = x rstd, g = dy * gain;                    \
+     *   dx += rstd (g - xhat mean(g xhat)); dgain += sum over rows of dy xhat. */             \
+    int mha_rms_norm_backward_##SFX(T *dx, int64_t lddx, T *dgain, const T *dy, int64_t lddy,  \
+                                    const T *x, int64_t ldx, const T *gain, int64_t rows,      \
+                                    int64_t d, double eps);                                    \
     /* Rotary position embedding in place, the half-split form of Hugging Face's LLaMA         \
      * (Su et al. 2021): in each of `heads` consecutive d_head-wide slices of a row, the pair \
      * (x_i, x_{i + d_head/2}) becomes (x_i c - x_{i+h} s, x_{i+h} c + x_i s) with c, s row    \
      * r % period of cos and sin ((period, d_head / 2) each). d_head must be even. */           \
     int mha_rope_##SFX(T *x, int64_t ldx, int64_t rows, int64_t heads, int64_t d_head,        \
                        const T *cos, const T *sin, int64_t period);                            \
+    /* Backward of mha_rope, in place on the gradient: the rotation's transpose, the pair      \
+     * (g_i, g_{i+h}) becomes (g_i c + g_{i+h} s, g_{i+h} c - g_i s). Same arguments. */       \
+    int mha_rope_backward_##SFX(T *dx, int64_t ldx, int64_t rows, int64_t heads,               \
+                                int64_t d_head, const T *cos, const T *sin, int64_t period);   \
     /* Rows of an embedding table (vocab, d) for n ids: out[i] = table[ids[i]], or += when    \
      * accumulate; MHA_EINVAL, with nothing written, when an id is outside [0, vocab). */      \
     int mha_embedding_##SFX(T *out, int64_t ldo, const T *table, int64_t vocab, int64_t d,    \
-                            const int64_t *ids, int64_t n, int accumulate);
+                            const int64_t *ids, int64_t n, int accumulate);                    \
+    /* Backward of mha_embedding: d_table (vocab, d) += the rows of d_out (n, d) at ids, each  \
+     * table row summing its ids in order (a row hit twice adds both, the same bits whatever   \
+     * the threads); MHA_EINVAL, with nothing written, for an id outside [0, vocab). */        \
+    int mha_embedding_backward_##SFX(T *d_table, const T *d_out, int64_t ldo,                  \
+                                     const int64_t *ids, int64_t n, int64_t vocab, int64_t d); \
+    /* Softmax cross-entropy over an LM head in chunks of rows, never the whole (n, vocab)     \
+     * logits: logits = hidden (n, d) @ op(W) (d, vocab) (W (d, vocab), or (vocab, d) with     \
+     * trans_w: a tied embedding table); *loss = the mean over counted rows of                 \
+     * logsumexp(logits_i) - logits_i[labels[i]], a row whose label is -100 not counted (as    \
+     * transformers); no counted row: NaN (as torch) and no gradient. With d_logits =          \
+     * (softmax - onehot) / count: d_hidden (n, d) += d_logits @ op(W)^T, dW (W's shape,       \
+     * leading dimension ldw) += hidden^T d_logits (or its transpose with trans_w), `chunk`    \
+     * rows at a time (chunk <= 0: as many as keep a chunk within 2^22 logits); d_hidden, dW   \
+     * may be NULL. MHA_EINVAL, nothing written, for a label outside [0, vocab) but -100. */   \
+    int mha_cross_entropy_##SFX(double *loss, T *d_hidden, int64_t ldd, T *dW,                 \
+                                const T *hidden, int64_t ldh, const T *W, int64_t ldw,         \
+                                int trans_w, const int64_t *labels, int64_t n, int64_t d,      \
+                                int64_t vocab, int64_t chunk);
 
 MHA_DECLARE_BLOCK(float, f32)
 MHA_DECLARE_BLOCK(double, f64)
