@@ -34,15 +34,15 @@ static int FN(act_valid)(int act) {
         case MHA_ACT_GELU:                                                                       \
             MHA_ERF_F32(gs_, gx_ * 0.70710678118654752f, T, SEL);                                \
             gs_ = 0.5f + 0.5f * gs_;                                                             \
-            MHA_EXP_NONPOS(gd_, (T){0} - 0.5f * gx_ * gx_, T, MAX, POW2);                         \
+            MHA_EXP_NONPOS(gd_, (T){0} - 0.5f * gx_ * gx_, T, MAX, POW2);                        \
             gd_ = gs_ + gx_ * (0.39894228040143268f * gd_);                                      \
             ga_ = gx_ * gs_;                                                                     \
             break;                                                                               \
         case MHA_ACT_GELU_TANH:                                                                  \
             MHA_SIGMOID_F32(gs_, (1.5957691216057308f * gx_) * (1.0f + 0.044715f * gx_ * gx_),   \
                             T, SEL, MAX, POW2);                                                  \
-            gd_ = 1.5957691216057308f * (1.0f + 0.134145f * gx_ * gx_);  /* 2 u' */            \
-            gd_ = gs_ + gx_ * gs_ * (1.0f - gs_) * gd_;                                        \
+            gd_ = 1.5957691216057308f * (1.0f + 0.134145f * gx_ * gx_);  /* 2 u' */              \
+            gd_ = gs_ + gx_ * gs_ * (1.0f - gs_) * gd_;                                          \
             ga_ = gx_ * gs_;                                                                     \
             break;                                                                               \
         case MHA_ACT_SILU:                                                                       \
@@ -622,8 +622,8 @@ static int FN(mha_cross_entropy)(double *loss, real *d_hidden, int64_t ldd, real
     bytes = mha_add_size(bytes, mha_mul_size((size_t)chunk, sizeof(double), &ok), &ok);
     char *scratch = ok ? mha_alloc(bytes) : NULL;
     if (!scratch) return MHA_ENOMEM;
-    real *logits = (real *)scratch; /* (chunk, vocab) */
-    double *row_loss = (double *)(scratch + (size_t)chunk * (size_t)vocab * sizeof(real));
+    double *row_loss = (double *)scratch;                                      /* (chunk)        */
+    real *logits = (real *)(scratch + (size_t)chunk * sizeof(double));        /* (chunk, vocab) */
     FN(xent_job) job = {logits, row_loss, NULL, vocab, (real)(1.0 / (double)count)};
     double total = 0;
     int err = MHA_OK;

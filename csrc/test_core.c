@@ -772,6 +772,370 @@ static void test_embedding(void) {
     expect(err == MHA_EINVAL && memcmp(before, out, sizeof out) == 0, "embedding: an id out of range writes nothing", err, 0);
 }
 
+/* ---- the block's backward (block_impl.h) ---------------------------------------------------- */
+
+/* act'(x) by the textbook derivatives in double (held to central differences of act_naive
+ * below); ReLU's derivative is 0 at 0 and passes a NaN x's gradient, as torch. */
+static double dact_naive(int act, double x) {
+    const double pi = 3.141592653589793, phi = exp(-x * x / 2) / sqrt(2 * pi);
+    double s, t, u;
+    switch (act) {
+    case MHA_ACT_GELU: return 0.5 * (1 + erf(x / sqrt(2.0))) + x * phi;
+    case MHA_ACT_GELU_TANH:
+        u = sqrt(2 / pi) * (x + 0.044715 * x * x * x);
+        t = tanh(u);
+        return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * sqrt(2 / pi) * (1 + 3 * 0.044715 * x * x);
+    case MHA_ACT_SILU: s = 1 / (1 + exp(-x)); return s * (1 + x * (1 - s));
+    case MHA_ACT_QUICK_GELU: s = 1 / (1 + exp(-1.702 * x)); return s * (1 + 1.702 * x * (1 - s));
+    case MHA_ACT_RELU: return x <= 0 ? 0 : 1;
+    default: return 1;
+    }
+}
+
+static float *to_f32(const double *a, size_t n) {
+    float *f = malloc(MHA_MAX(n, 1) * sizeof *f);
+    for (size_t i = 0; i < n; i++) f[i] = (float)a[i];
+    return f;
+}
+
+static void round_f32(double *a, size_t n) { /* a's values as floats, so both twins see them */
+    for (size_t i = 0; i < n; i++) a[i] = (float)a[i];
+}
+
+/* max |got - want| over max(1, max |want|), got in float */
+static double rel_err_f32(const float *got, const double *want, size_t n) {
+    double m = 0, scale = 1;
+    for (size_t i = 0; i < n; i++) scale = MHA_MAX(scale, fabs(want[i]));
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs(got[i] - want[i]);
+        if (d > m || d != d) m = d;
+    }
+    return m / scale;
+}
+
+static double rel_err(const double *got, const double *want, size_t n) {
+    double scale = 1;
+    for (size_t i = 0; i < n; i++) scale = MHA_MAX(scale, fabs(want[i]));
+    return max_abs_diff(got, want, n) / scale;
+}
+
+static void test_dact_naive(void) {
+    double e = 0;
+    for (int act = MHA_ACT_GELU; act <= MHA_ACT_QUICK_GELU; act++)
+        for (double x = -6; x <= 6; x += 0.37) {
+            const double h = 1e-5, fd = (act_naive(act, x + h) - act_naive(act, x - h)) / (2 * h);
+            e = MHA_MAX(e, fabs(fd - dact_naive(act, x)));
+        }
+    expect(e <= 1e-8, "activation derivatives (naive) against central differences", e, 1e-8);
+}
+
+/* mha_linear_backward: every activation, plain and gated, B as it is and transposed, z saved
+ * and recomputed, against loops in double; the outputs start nonzero (accumulated into) and
+ * dA has a row stride wider than K. M spans the small product and several blocks. */
+static void test_linear_backward_case(int64_t M, int act, int gated, int tb, int saved) {
+    char what[128];
+    const int64_t K = 70, N = 45, ldda = K + 3, NB = gated ? 2 * N : N, ldb = tb ? K : NB;
+    const int full = act | (gated ? MHA_ACT_GATED : 0);
+    const size_t nA = (size_t)(M * ldda), nB = (size_t)(K * NB), nb = (size_t)NB, nz = (size_t)(M * NB);
+    double *A = random_array((size_t)(M * K)), *B = random_array(nB), *bias = random_array(nb);
+    double *dC = random_array((size_t)(M * N)), *z = malloc(sizeof(double) * nz), *dz = malloc(sizeof(double) * nz);
+    double *want[3] = {random_array(nA), random_array(nB), random_array(nb)}; /* start: dA, dB, dbias */
+    const size_t sizes[3] = {nA, nB, nb};
+    for (size_t i = 0; i < nB; i++) B[i] /= sqrt((double)K);
+    round_f32(A, (size_t)(M * K)), round_f32(B, nB), round_f32(bias, nb), round_f32(dC, (size_t)(M * N));
+    double *got[3];
+    float *got_f[3];
+    for (int o = 0; o < 3; o++) {
+        round_f32(want[o], sizes[o]);
+        got[o] = malloc(sizeof(double) * sizes[o]);
+        memcpy(got[o], want[o], sizeof(double) * sizes[o]);
+        got_f[o] = to_f32(want[o], sizes[o]);
+    }
+    /* element (p, j) of op(B): B stored (K, NB), or (NB, K) when transposed */
+#define OPB(p, j) (tb ? B[(j) * K + (p)] : B[(p) * NB + (j)])
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < NB; j++) {
+            double s = bias[j];
+            for (int64_t p = 0; p < K; p++) s += A[i * K + p] * OPB(p, j);
+            z[i * NB + j] = s;
+        }
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) {
+            const double g = dC[i * N + j], x = z[i * NB + j];
+            dz[i * NB + j] = g * dact_naive(act, x) * (gated ? z[i * NB + N + j] : 1);
+            if (gated) dz[i * NB + N + j] = g * act_naive(act, x);
+        }
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < NB; j++) {
+            want[2][j] += dz[i * NB + j];
+            for (int64_t p = 0; p < K; p++) {
+                want[0][i * ldda + p] += dz[i * NB + j] * OPB(p, j);
+                want[1][tb ? j * K + p : p * NB + j] += A[i * K + p] * dz[i * NB + j];
+            }
+        }
+#undef OPB
+    int err = mha_linear_backward_f64(got[0], ldda, got[1], got[2], dC, N, A, K, B, ldb, tb, bias,
+                                      saved ? z : NULL, full, M, N, K);
+    float *Af = to_f32(A, (size_t)(M * K)), *Bf = to_f32(B, nB), *biasf = to_f32(bias, nb);
+    float *dCf = to_f32(dC, (size_t)(M * N)), *zf = to_f32(z, nz);
+    int err_f = mha_linear_backward_f32(got_f[0], ldda, got_f[1], got_f[2], dCf, N, Af, K, Bf, ldb, tb, biasf,
+                                        saved ? zf : NULL, full, M, N, K);
+    double e = err ? INFINITY : 0, e_f = err_f ? INFINITY : 0;
+    for (int o = 0; o < 3; o++) {
+        e = MHA_MAX(e, rel_err(got[o], want[o], sizes[o]));
+        e_f = MHA_MAX(e_f, rel_err_f32(got_f[o], want[o], sizes[o]));
+    }
+    snprintf(what, sizeof what, "linear_backward f64 M=%lld act=%d gated=%d trans_b=%d z %s", (long long)M, act,
+             gated, tb, saved ? "saved" : "recomputed");
+    expect(e <= 1e-12, what, e, 1e-12);
+    what[17] = '3', what[18] = '2'; /* f64 -> f32 */
+    expect(e_f <= 1e-5, what, e_f, 1e-5);
+    for (int o = 0; o < 3; o++) free(want[o]), free(got[o]), free(got_f[o]);
+    free(A), free(B), free(bias), free(dC), free(z), free(dz), free(Af), free(Bf), free(biasf), free(dCf), free(zf);
+}
+
+static void test_linear_backward(void) {
+    for (int act = MHA_ACT_NONE; act <= MHA_ACT_RELU; act++)
+        for (int gated = 0; gated <= 1; gated++)
+            for (int tb = 0; tb <= 1; tb++) {
+                test_linear_backward_case(3, act, gated, tb, (act + tb) % 2);
+                test_linear_backward_case(150, act, gated, tb, (act + gated) % 2);
+            }
+    double x = 0, dx = 0;
+    expect(mha_linear_backward_f64(&dx, 1, NULL, NULL, &x, 1, &x, 1, &x, 1, 0, NULL, NULL, 7, 1, 1, 1) == MHA_EINVAL,
+           "linear_backward: an unknown activation is refused", 0, 0);
+}
+
+/* mha_activation_backward on its own: edge values, in place on x (plain and gated), float */
+static void test_activation_backward(void) {
+    char what[96];
+    enum { n = 203 };
+    for (int code = 0; code < 2 * (MHA_ACT_RELU + 1); code++) {
+        const int act = code % (MHA_ACT_RELU + 1), gated = code > MHA_ACT_RELU;
+        const int64_t w = gated ? 2 * n : n;
+        float x[2 * n], dx[2 * n], dy[n];
+        for (int i = 0; i < w; i++) x[i] = (float)(4.0 * randn());
+        for (int i = 0; i < n; i++) dy[i] = (float)randn();
+        x[0] = -100, x[1] = 100, x[2] = 0, x[3] = -88.5f, x[4] = 9.5f;
+        memcpy(dx, x, sizeof x);
+        int err = mha_activation_backward_f32(dx, w, dy, n, dx, w, 1, n, act | (gated ? MHA_ACT_GATED : 0));
+        double e = err ? INFINITY : 0;
+        for (int i = 0; i < n; i++) {
+            const double g = dy[i], xi = x[i];
+            const double want = g * dact_naive(act, xi) * (gated ? x[n + i] : 1);
+            e = MHA_MAX(e, fabs(dx[i] - want) / MHA_MAX(1.0, fabs(want)));
+            if (gated) {
+                const double up = g * act_naive(act, xi);
+                e = MHA_MAX(e, fabs(dx[n + i] - up) / MHA_MAX(1.0, fabs(up)));
+            }
+        }
+        snprintf(what, sizeof what, "activation_backward f32 in place act=%d gated=%d", act, gated);
+        expect(e <= 2e-6, what, e, 2e-6);
+    }
+    double x = NAN, g = 2, dx = 0;
+    int err = mha_activation_backward_f64(&dx, 1, &g, 1, &x, 1, 1, 1, MHA_ACT_RELU);
+    expect(!err && dx == 2, "activation_backward: ReLU passes the gradient of a NaN input (torch)", dx, 0);
+}
+
+/* LayerNorm and RMSNorm backward against loops in double: with and without gain, strided
+ * rows, accumulated into; 300 rows: several threads' shares */
+static void test_norm_backward_case(int64_t rows, int rms, int with_gain) {
+    char what[96];
+    const int64_t d = 77, ld = d + 5;
+    const size_t n = (size_t)(rows * ld), nd = (size_t)d;
+    double *x = random_array(n), *dy = random_array(n), *g = random_array(nd);
+    double *want[3] = {random_array(n), random_array(nd), random_array(nd)}; /* dx, dgain, dbias */
+    const size_t sizes[3] = {n, nd, nd};
+    for (size_t i = 0; i < n; i++) x[i] = 3 + 2 * x[i];
+    round_f32(x, n), round_f32(dy, n), round_f32(g, nd);
+    double *got[3];
+    float *got_f[3];
+    for (int o = 0; o < 3; o++) {
+        round_f32(want[o], sizes[o]);
+        got[o] = malloc(sizeof(double) * sizes[o]);
+        memcpy(got[o], want[o], sizeof(double) * sizes[o]);
+        got_f[o] = to_f32(want[o], sizes[o]);
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        const double *xr = x + r * ld, *dyr = dy + r * ld;
+        double mean = 0, var = 0, sg = 0, sgx = 0;
+        if (!rms) {
+            for (int64_t c = 0; c < d; c++) mean += xr[c];
+            mean /= (double)d;
+        }
+        for (int64_t c = 0; c < d; c++) var += (xr[c] - mean) * (xr[c] - mean);
+        const double rstd = 1 / sqrt(var / (double)d + 1e-5);
+        for (int64_t c = 0; c < d; c++) {
+            const double gc = dyr[c] * (with_gain ? g[c] : 1), xhat = (xr[c] - mean) * rstd;
+            sg += gc, sgx += gc * xhat;
+            want[1][c] += dyr[c] * xhat;
+            want[2][c] += dyr[c];
+        }
+        for (int64_t c = 0; c < d; c++) {
+            const double gc = dyr[c] * (with_gain ? g[c] : 1), xhat = (xr[c] - mean) * rstd;
+            want[0][r * ld + c] += rstd * (gc - (rms ? 0 : sg / (double)d) - xhat * sgx / (double)d);
+        }
+    }
+    if (!with_gain) memcpy(want[1], got[1], sizeof(double) * nd); /* no gain: dgain untouched */
+    if (rms) memcpy(want[2], got[2], sizeof(double) * nd);        /* RMSNorm: no bias */
+    float *xf = to_f32(x, n), *dyf = to_f32(dy, n), *gf = to_f32(g, nd);
+    int err, err_f;
+    if (rms) {
+        err = mha_rms_norm_backward_f64(got[0], ld, got[1], dy, ld, x, ld, with_gain ? g : NULL, rows, d, 1e-5);
+        err_f = mha_rms_norm_backward_f32(got_f[0], ld, got_f[1], dyf, ld, xf, ld, with_gain ? gf : NULL, rows, d, 1e-5);
+    } else {
+        err = mha_layer_norm_backward_f64(got[0], ld, got[1], got[2], dy, ld, x, ld, with_gain ? g : NULL, rows, d,
+                                          1e-5);
+        err_f = mha_layer_norm_backward_f32(got_f[0], ld, got_f[1], got_f[2], dyf, ld, xf, ld, with_gain ? gf : NULL,
+                                            rows, d, 1e-5);
+    }
+    double e = err ? INFINITY : 0, e_f = err_f ? INFINITY : 0;
+    for (int o = 0; o < 3; o++) {
+        e = MHA_MAX(e, rel_err(got[o], want[o], sizes[o]));
+        e_f = MHA_MAX(e_f, rel_err_f32(got_f[o], want[o], sizes[o]));
+    }
+    snprintf(what, sizeof what, "%s_backward f64 rows=%lld gain=%d", rms ? "rms_norm" : "layer_norm", (long long)rows,
+             with_gain);
+    expect(e <= 1e-12, what, e, 1e-12);
+    snprintf(what, sizeof what, "%s_backward f32 rows=%lld gain=%d", rms ? "rms_norm" : "layer_norm", (long long)rows,
+             with_gain);
+    expect(e_f <= 1e-5, what, e_f, 1e-5);
+    for (int o = 0; o < 3; o++) free(want[o]), free(got[o]), free(got_f[o]);
+    free(x), free(dy), free(g), free(xf), free(dyf), free(gf);
+}
+
+static void test_norm_backward(void) {
+    for (int rms = 0; rms <= 1; rms++)
+        for (int with_gain = 0; with_gain <= 1; with_gain++) {
+            test_norm_backward_case(9, rms, with_gain);
+            test_norm_backward_case(300, rms, with_gain);
+        }
+    double x = 1, dx = 0;
+    expect(mha_layer_norm_backward_f64(&dx, 1, NULL, NULL, &x, 1, &x, 1, NULL, 1, 1, -1) == MHA_EINVAL,
+           "layer_norm_backward: eps < 0 refused", 0, 0);
+}
+
+/* RoPE backward is the forward's transpose: <rope(x), g> = <x, rope_backward(g)>, and the
+ * gradient of the columns past the heads passes unchanged */
+static void test_rope_backward(void) {
+    enum { rows = 7, heads = 3, dh = 8, width = heads * dh + 3, period = 5 };
+    double x[rows * width], y[rows * width], g[rows * width], dx[rows * width];
+    double cs[period * dh / 2], sn[period * dh / 2];
+    for (int i = 0; i < rows * width; i++) x[i] = randn(), g[i] = randn();
+    for (int p = 0; p < period; p++)
+        for (int i = 0; i < dh / 2; i++) {
+            double angle = (p + 1) * pow(10000.0, -2.0 * i / dh);
+            cs[p * dh / 2 + i] = cos(angle), sn[p * dh / 2 + i] = sin(angle);
+        }
+    memcpy(y, x, sizeof x), memcpy(dx, g, sizeof g);
+    int err = mha_rope_f64(y, width, rows, heads, dh, cs, sn, period);
+    err |= mha_rope_backward_f64(dx, width, rows, heads, dh, cs, sn, period);
+    double lhs = 0, rhs = 0, e = 0;
+    for (int i = 0; i < rows * width; i++) lhs += y[i] * g[i], rhs += x[i] * dx[i];
+    for (int r = 0; r < rows; r++)
+        for (int j = heads * dh; j < width; j++) e = MHA_MAX(e, fabs(dx[r * width + j] - g[r * width + j]));
+    e = err ? INFINITY : MHA_MAX(e, fabs(lhs - rhs));
+    expect(e <= 1e-12, "rope_backward f64: the forward's transpose", e, 1e-12);
+    /* and undoes the forward (a rotation's transpose is its inverse) */
+    err = mha_rope_backward_f64(y, width, rows, heads, dh, cs, sn, period);
+    e = err ? INFINITY : max_abs_diff(y, x, (size_t)(rows * width));
+    expect(e <= 1e-14, "rope_backward f64 undoes rope", e, 1e-14);
+    expect(mha_rope_backward_f64(y, width, rows, heads, 5, cs, sn, period) == MHA_EINVAL,
+           "rope_backward: odd d_head refused", 0, 0);
+}
+
+/* embedding backward: rows hit twice add up, in the same bits with 1 thread and with 2; an
+ * id out of range writes nothing */
+static void test_embedding_backward(void) {
+    enum { vocab = 11, d = 150, n = 40 };
+    double *g = random_array(n * d), *want = random_array(vocab * d);
+    double *got = malloc(sizeof(double) * vocab * d), *got1 = malloc(sizeof(double) * vocab * d);
+    int64_t ids[n];
+    for (int i = 0; i < n; i++) ids[i] = (i * 7) % vocab;
+    memcpy(got, want, sizeof(double) * vocab * d), memcpy(got1, want, sizeof(double) * vocab * d);
+    for (int i = 0; i < n; i++)
+        for (int c = 0; c < d; c++) want[ids[i] * d + c] += g[i * d + c];
+    const int threads = mha_get_num_threads();
+    int err = mha_embedding_backward_f64(got, g, d, ids, n, vocab, d);
+    mha_set_num_threads(1);
+    err |= mha_embedding_backward_f64(got1, g, d, ids, n, vocab, d);
+    mha_set_num_threads(threads);
+    double e = err ? INFINITY : max_abs_diff(got, want, vocab * d);
+    expect(e <= 1e-13, "embedding_backward f64: scatter-add", e, 1e-13);
+    expect(memcmp(got, got1, sizeof(double) * vocab * d) == 0, "embedding_backward: the same bits on 1 thread", 0, 0);
+    ids[5] = vocab;
+    memcpy(got1, got, sizeof(double) * vocab * d);
+    err = mha_embedding_backward_f64(got, g, d, ids, n, vocab, d);
+    expect(err == MHA_EINVAL && memcmp(got, got1, sizeof(double) * vocab * d) == 0,
+           "embedding_backward: an id out of range writes nothing", err, 0);
+    free(g), free(want), free(got), free(got1);
+}
+
+/* cross-entropy over the LM head in chunks (1, 4 rows, and the default) against the whole
+ * logits in double; W (d, vocab) and tied (vocab, d); labels -100 not counted */
+static void test_cross_entropy_case(int tw, int64_t chunk) {
+    char what[96];
+    enum { n = 13, d = 20, vocab = 37 };
+    double *h = random_array(n * d), *W = random_array(d * vocab);
+    double *want_dh = random_array(n * d), *want_dW = random_array(d * vocab);
+    int64_t labels[n];
+    for (int i = 0; i < n; i++) labels[i] = i % 4 == 1 ? -100 : (i * 5) % vocab;
+    round_f32(h, n * d), round_f32(W, d * vocab), round_f32(want_dh, n * d), round_f32(want_dW, d * vocab);
+    double *dh = malloc(sizeof(double) * n * d), *dW = malloc(sizeof(double) * d * vocab);
+    memcpy(dh, want_dh, sizeof(double) * n * d), memcpy(dW, want_dW, sizeof(double) * d * vocab);
+    float *hf = to_f32(h, n * d), *Wf = to_f32(W, d * vocab), *dhf = to_f32(dh, n * d), *dWf = to_f32(dW, d * vocab);
+    double want_loss = 0, logits[vocab];
+    int count = 0;
+    for (int i = 0; i < n; i++) count += labels[i] != -100;
+#define OPW(p, j) (tw ? W[(j) * d + (p)] : W[(p) * vocab + (j)])
+    for (int i = 0; i < n; i++) {
+        if (labels[i] == -100) continue;
+        double max = -INFINITY, sum = 0;
+        for (int j = 0; j < vocab; j++) {
+            logits[j] = 0;
+            for (int p = 0; p < d; p++) logits[j] += h[i * d + p] * OPW(p, j);
+            max = MHA_MAX(max, logits[j]);
+        }
+        for (int j = 0; j < vocab; j++) sum += exp(logits[j] - max);
+        want_loss += (max + log(sum) - logits[labels[i]]) / count;
+        for (int j = 0; j < vocab; j++) {
+            const double dl = (exp(logits[j] - max) / sum - (j == labels[i])) / count;
+            for (int p = 0; p < d; p++) {
+                want_dh[i * d + p] += dl * OPW(p, j);
+                want_dW[tw ? j * d + p : p * vocab + j] += h[i * d + p] * dl;
+            }
+        }
+    }
+#undef OPW
+    double loss = 0, loss_f = 0;
+    const int64_t ldw = tw ? d : vocab;
+    int err = mha_cross_entropy_f64(&loss, dh, d, dW, h, d, W, ldw, tw, labels, n, d, vocab, chunk);
+    int err_f = mha_cross_entropy_f32(&loss_f, dhf, d, dWf, hf, d, Wf, ldw, tw, labels, n, d, vocab, chunk);
+    double e = err ? INFINITY : MHA_MAX(fabs(loss - want_loss), MHA_MAX(rel_err(dh, want_dh, n * d), rel_err(dW, want_dW, d * vocab)));
+    double e_f = err_f ? INFINITY : MHA_MAX(fabs(loss_f - want_loss) / want_loss,
+                                            MHA_MAX(rel_err_f32(dhf, want_dh, n * d), rel_err_f32(dWf, want_dW, d * vocab)));
+    snprintf(what, sizeof what, "cross_entropy f64 trans_w=%d chunk=%lld", tw, (long long)chunk);
+    expect(e <= 1e-12, what, e, 1e-12);
+    snprintf(what, sizeof what, "cross_entropy f32 trans_w=%d chunk=%lld", tw, (long long)chunk);
+    expect(e_f <= 1e-5, what, e_f, 1e-5);
+    free(h), free(W), free(want_dh), free(want_dW), free(dh), free(dW), free(hf), free(Wf), free(dhf), free(dWf);
+}
+
+static void test_cross_entropy(void) {
+    for (int tw = 0; tw <= 1; tw++) {
+        test_cross_entropy_case(tw, 1);
+        test_cross_entropy_case(tw, 4);
+        test_cross_entropy_case(tw, 0);
+    }
+    double h[2 * 3] = {1, 2, 3, 4, 5, 6}, W[3 * 4] = {0}, dh[2 * 3] = {0}, loss = 0;
+    int64_t ignored[2] = {-100, -100}, bad[2] = {1, 4};
+    int err = mha_cross_entropy_f64(&loss, dh, 3, NULL, h, 3, W, 4, 0, ignored, 2, 3, 4, 0);
+    expect(!err && loss != loss && dh[0] == 0, "cross_entropy: every label ignored gives NaN, no gradient", loss, 0);
+    loss = 7;
+    err = mha_cross_entropy_f64(&loss, dh, 3, NULL, h, 3, W, 4, 0, bad, 2, 3, 4, 0);
+    expect(err == MHA_EINVAL && loss == 7 && dh[0] == 0, "cross_entropy: a label out of range writes nothing", err, 0);
+}
+
 
 /* The thread layer (threads.c): every task of a job runs once, on a thread numbered below
  * the job's thread count, whether the pool holds more workers than the job uses (jobs of 2
@@ -876,6 +1240,13 @@ int main(int argc, char **argv) {
     test_norms();
     test_rope();
     test_embedding();
+    test_dact_naive();
+    test_linear_backward();
+    test_activation_backward();
+    test_norm_backward();
+    test_rope_backward();
+    test_embedding_backward();
+    test_cross_entropy();
     printf("%d passed, %d failed\n", checks - failures, failures);
     return failures != 0;
 }
