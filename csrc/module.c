@@ -1315,22 +1315,23 @@ static const char *const rope_kw[] = {"x", "heads", "d_head", "cos", "sin", NULL
 static call_spec rope_spec = {"rope", rope_kw, 5, {NULL}};
 
 /* rope(x (rows, width), heads, d_head, cos (period, d_head / 2), sin (same)) -> None: rotates
- * the first heads * d_head columns of every row in place, row r by row r % period of cos, sin. */
-static PyObject *py_rope(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
-    (void)self;
+ * the first heads * d_head columns of every row in place, row r by row r % period of cos, sin;
+ * rope_backward the same on a gradient by the rotation's transpose. `name`: the array's. */
+static PyObject *rope_call(call_spec *spec, const char *name, PyObject *const *args, Py_ssize_t nargs,
+                           PyObject *kwnames, int backward) {
     PyObject *arg[MAX_PARAMS];
     Py_ssize_t heads = 0, d_head = 0;
-    if (parse_call(&rope_spec, args, nargs, kwnames, arg) || get_ssize(arg[1], "heads", &heads) ||
+    if (parse_call(spec, args, nargs, kwnames, arg) || get_ssize(arg[1], "heads", &heads) ||
         get_ssize(arg[2], "d_head", &d_head))
         return NULL;
     PyObject *x_obj = arg[0], *c_obj = arg[3], *s_obj = arg[4];
-    int typenum = float_type(x_obj, "x");
+    int typenum = float_type(x_obj, name);
     if (typenum < 0) return NULL;
-    PyArrayObject *x = get_output_array(x_obj, "x", typenum, 2), *c, *s;
+    PyArrayObject *x = get_output_array(x_obj, name, typenum, 2), *c, *s;
     if (!x || !(c = get_array(c_obj, "cos", typenum, 2)) || !(s = get_array(s_obj, "sin", typenum, 2))) return NULL;
     if (heads < 0 || d_head < 0 || d_head % 2 || heads * d_head > PyArray_DIM(x, 1)) {
-        PyErr_Format(PyExc_ValueError, "heads=%zd and d_head=%zd (even) must fit x's %zd columns", heads, d_head,
-                     (Py_ssize_t)PyArray_DIM(x, 1));
+        PyErr_Format(PyExc_ValueError, "heads=%zd and d_head=%zd (even) must fit %s's %zd columns", heads, d_head,
+                     name, (Py_ssize_t)PyArray_DIM(x, 1));
         return NULL;
     }
     npy_intp period = PyArray_DIM(c, 0), rows = PyArray_DIM(x, 0);
@@ -1341,10 +1342,19 @@ static PyObject *py_rope(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         return NULL;
     }
     int err;
-    CALL_TYPED(typenum, err, mha_rope, PyArray_DATA(x), PyArray_DIM(x, 1), rows, heads, d_head, PyArray_DATA(c),
-               PyArray_DATA(s), period);
+    if (backward)
+        CALL_TYPED(typenum, err, mha_rope_backward, PyArray_DATA(x), PyArray_DIM(x, 1), rows, heads, d_head,
+                   PyArray_DATA(c), PyArray_DATA(s), period);
+    else
+        CALL_TYPED(typenum, err, mha_rope, PyArray_DATA(x), PyArray_DIM(x, 1), rows, heads, d_head, PyArray_DATA(c),
+                   PyArray_DATA(s), period);
     if (raise_core_error(err)) return NULL;
     Py_RETURN_NONE;
+}
+
+static PyObject *py_rope(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    (void)self;
+    return rope_call(&rope_spec, "x", args, nargs, kwnames, 0);
 }
 
 static const char *const embedding_kw[] = {"table", "ids", "out", "accumulate", NULL};
@@ -1384,6 +1394,346 @@ static PyObject *py_embedding(PyObject *self, PyObject *const *args, Py_ssize_t 
         return NULL;
     }
     return (PyObject *)o;
+}
+
+/* ---- the block's backward ------------------------------------------------------------------ */
+
+/* A 2-D array of dtype typenum the core reads by rows: a contiguous last axis, any row stride
+ * >= 0 (get_view); *ld: its row stride in elements. */
+static PyArrayObject *get_rows(PyObject *obj, const char *name, int typenum, npy_intp *ld) {
+    PyArrayObject *a = get_view(obj, name, typenum, 2);
+    if (a) *ld = PyArray_DIM(a, 0) > 1 ? PyArray_STRIDE(a, 0) / PyArray_ITEMSIZE(a) : PyArray_DIM(a, 1);
+    return a;
+}
+
+/* A gradient to accumulate into: obj None (or omitted) gives a new zero array of the shape,
+ * else obj itself (C-contiguous, writable, of the shape); a new reference. */
+static PyArrayObject *grad_out(PyObject *obj, const char *name, int typenum, int ndim, const npy_intp *shape) {
+    if (!obj || obj == Py_None) return new_array(ndim, shape, typenum, 1);
+    PyArrayObject *o = get_output_array(obj, name, typenum, ndim);
+    if (!o || check_shape(o, name, ndim, shape)) return NULL;
+    Py_INCREF(o);
+    return o;
+}
+
+/* The bytes [lo, hi) an array's elements can occupy. */
+static void byte_extent(PyArrayObject *a, const char **lo, const char **hi) {
+    const char *p = PyArray_DATA(a);
+    npy_intp up = PyArray_ITEMSIZE(a), down = 0;
+    for (int i = 0; i < PyArray_NDIM(a); i++) {
+        npy_intp s = PyArray_STRIDE(a, i) * (PyArray_DIM(a, i) - 1);
+        if (s > 0) up += s;
+        else down += s;
+    }
+    *lo = p + down;
+    *hi = p + up;
+}
+
+/* ValueError unless each output outs[i] (NULL: none) shares no byte with any other array of
+ * `all` (NULL entries skipped): the core writes into the outputs while it reads the rest. */
+static int check_apart(PyArrayObject *const *all, const char *const *names, int n_all, int n_outs) {
+    for (int i = 0; i < n_outs; i++) {
+        if (!all[i] || PyArray_SIZE(all[i]) == 0) continue;
+        const char *lo, *hi;
+        byte_extent(all[i], &lo, &hi);
+        for (int j = 0; j < n_all; j++) {
+            if (j == i || !all[j] || PyArray_SIZE(all[j]) == 0) continue;
+            const char *lo2, *hi2;
+            byte_extent(all[j], &lo2, &hi2);
+            if (lo < hi2 && lo2 < hi) {
+                PyErr_Format(PyExc_ValueError, "%s overlaps %s: the core writes into %s while it reads %s", names[i],
+                             names[j], names[i], names[j]);
+                return -1;
+            }
+        }
+    }
+    return 0;
+}
+
+static const char *const linear_backward_kw[] = {"d_out", "a", "b", "bias", "act", "trans_b", "z", "da", "db",
+                                                  "dbias", NULL};
+static call_spec linear_backward_spec = {"linear_backward", linear_backward_kw, 3, {NULL}};
+
+/* linear_backward(d_out (M, N), a (M, K), b (K, N') or (N', K) with trans_b, bias (N') or None,
+ * act=0, trans_b=False, z (M, N') or None, da=None, db=None, dbias=None) -> (da, db, dbias or
+ * None): the gradients of linear's inputs, added into da, db, dbias when given (else into
+ * zeros); dbias when bias or dbias is given. z: the pre-activation (else recomputed). a and
+ * d_out may have any row stride. */
+static PyObject *py_linear_backward(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    (void)self;
+    PyObject *arg[MAX_PARAMS];
+    Py_ssize_t act_code = 0;
+    int tb = 0;
+    if (parse_call(&linear_backward_spec, args, nargs, kwnames, arg) || get_ssize(arg[4], "act", &act_code) ||
+        check_act(act_code) || get_flag(arg[5], "trans_b", &tb))
+        return NULL;
+    const int act = (int)act_code, gated = (act & MHA_ACT_GATED) != 0;
+    int typenum = float_type(arg[1], "a");
+    if (typenum < 0) return NULL;
+    npy_intp lda = 0, lddc = 0;
+    PyArrayObject *a = get_rows(arg[1], "a", typenum, &lda), *b, *dc, *bias, *z = NULL;
+    if (!a || !(b = get_array(arg[2], "b", typenum, 2)) || !(dc = get_rows(arg[0], "d_out", typenum, &lddc)))
+        return NULL;
+    const npy_intp M = PyArray_DIM(a, 0), K = PyArray_DIM(a, 1), NB = PyArray_DIM(b, tb ? 0 : 1);
+    if (PyArray_DIM(b, tb ? 1 : 0) != K) {
+        PyErr_Format(PyExc_ValueError, "a has %zd columns but op(b) has %zd rows", (Py_ssize_t)K,
+                     (Py_ssize_t)PyArray_DIM(b, tb ? 1 : 0));
+        return NULL;
+    }
+    if (gated && NB % 2) {
+        PyErr_Format(PyExc_ValueError, "a gated activation needs an even number of columns in op(b), got %zd",
+                     (Py_ssize_t)NB);
+        return NULL;
+    }
+    npy_intp out_shape[2] = {M, gated ? NB / 2 : NB}, z_shape[2] = {M, NB}, a_shape[2] = {M, K};
+    if (check_shape(dc, "d_out", 2, out_shape) || get_opt_vector(OR_NONE(arg[3]), "bias", typenum, NB, &bias))
+        return NULL;
+    if (OR_NONE(arg[6]) != Py_None && (!(z = get_array(arg[6], "z", typenum, 2)) || check_shape(z, "z", 2, z_shape)))
+        return NULL;
+    PyArrayObject *da = NULL, *db = NULL, *dbias = NULL;
+    PyObject *result = NULL;
+    const int want_dbias = bias || OR_NONE(arg[9]) != Py_None;
+    if (!(da = grad_out(arg[7], "da", typenum, 2, a_shape)) ||
+        !(db = grad_out(arg[8], "db", typenum, 2, PyArray_DIMS(b))) ||
+        (want_dbias && !(dbias = grad_out(arg[9], "dbias", typenum, 1, &NB))))
+        goto done;
+    PyArrayObject *all[] = {da, db, dbias, dc, a, b, bias, z};
+    const char *const names[] = {"da", "db", "dbias", "d_out", "a", "b", "bias", "z"};
+    if (check_apart(all, names, 8, 3)) goto done;
+    int err;
+    CALL_TYPED(typenum, err, mha_linear_backward, PyArray_DATA(da), K, PyArray_DATA(db), DPTR(dbias),
+               PyArray_DATA(dc), lddc, PyArray_DATA(a), lda, PyArray_DATA(b), PyArray_DIM(b, 1), tb, DPTR(bias),
+               DPTR(z), act, M, out_shape[1], K);
+    if (raise_core_error(err)) goto done;
+    result = Py_BuildValue("(OOO)", da, db, dbias ? (PyObject *)dbias : Py_None);
+done:
+    Py_XDECREF(da);
+    Py_XDECREF(db);
+    Py_XDECREF(dbias);
+    return result;
+}
+
+static const char *const activation_backward_kw[] = {"d_y", "x", "act", "out", NULL};
+static call_spec activation_backward_spec = {"activation_backward", activation_backward_kw, 3, {NULL}};
+
+/* activation_backward(d_y (rows, n), x (rows, n) [or (rows, 2n) gated], act, out=None) ->
+ * d_y * act'(x) (rows, n or 2n), written (not added) into out when given; out may be x, or
+ * d_y when not gated (in place). d_y and x may have any row stride. */
+static PyObject *py_activation_backward(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    (void)self;
+    PyObject *arg[MAX_PARAMS];
+    Py_ssize_t act_code = 0;
+    if (parse_call(&activation_backward_spec, args, nargs, kwnames, arg) || get_ssize(arg[2], "act", &act_code) ||
+        check_act(act_code))
+        return NULL;
+    const int act = (int)act_code, gated = (act & MHA_ACT_GATED) != 0;
+    PyObject *out_obj = OR_NONE(arg[3]);
+    int typenum = float_type(arg[1], "x");
+    if (typenum < 0) return NULL;
+    npy_intp ldx = 0, lddy = 0;
+    PyArrayObject *x = get_rows(arg[1], "x", typenum, &ldx), *dy;
+    if (!x || !(dy = get_rows(arg[0], "d_y", typenum, &lddy))) return NULL;
+    const npy_intp rows = PyArray_DIM(x, 0), w = PyArray_DIM(x, 1);
+    if (gated && w % 2) {
+        PyErr_Format(PyExc_ValueError, "a gated activation needs an even number of columns in x, got %zd", (Py_ssize_t)w);
+        return NULL;
+    }
+    npy_intp dy_shape[2] = {rows, gated ? w / 2 : w}, x_shape[2] = {rows, w};
+    if (check_shape(dy, "d_y", 2, dy_shape)) return NULL;
+    if (gated && out_obj == arg[0]) {
+        PyErr_SetString(PyExc_ValueError, "a gated activation's gradient cannot be written into d_y");
+        return NULL;
+    }
+    PyArrayObject *dx = get_or_new(out_obj, 2, x_shape, typenum);
+    if (!dx) return NULL;
+    PyArrayObject *all[] = {dx, x, dy};
+    const char *const names[] = {"out", "x", "d_y"};
+    if ((PyObject *)dx == arg[1]) all[1] = NULL; /* in place on x: read before written, row by row */
+    if ((PyObject *)dx == arg[0]) all[2] = NULL;
+    if (check_apart(all, names, 3, 1)) {
+        Py_DECREF(dx);
+        return NULL;
+    }
+    if ((all[1] == NULL && ldx != w) || (all[2] == NULL && lddy != w)) { /* same array: same layout */
+        Py_DECREF(dx);
+        PyErr_SetString(PyExc_ValueError, "out must be C-contiguous");
+        return NULL;
+    }
+    int err;
+    CALL_TYPED(typenum, err, mha_activation_backward, PyArray_DATA(dx), w, PyArray_DATA(dy), lddy, PyArray_DATA(x),
+               ldx, rows, dy_shape[1], act);
+    if (raise_core_error(err)) {
+        Py_DECREF(dx);
+        return NULL;
+    }
+    return (PyObject *)dx;
+}
+
+static const char *const norm_backward_kw[] = {"d_y", "x", "gain", "eps", "dx", "dgain", "dbias", NULL};
+static const char *const rms_norm_backward_kw[] = {"d_y", "x", "gain", "eps", "dx", "dgain", NULL};
+static call_spec norm_backward_spec = {"layer_norm_backward", norm_backward_kw, 4, {NULL}};
+static call_spec rms_norm_backward_spec = {"rms_norm_backward", rms_norm_backward_kw, 4, {NULL}};
+
+/* layer_norm_backward(d_y (rows, d), x (rows, d), gain (d) or None, eps, dx=None, dgain=None,
+ * dbias=None) -> (dx, dgain or None (no gain), dbias), added into the given arrays (else
+ * into zeros); rms_norm_backward the same without dbias. d_y and x: any row stride. */
+static PyObject *norm_backward(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, int rms) {
+    PyObject *arg[MAX_PARAMS];
+    double eps = 0;
+    if (parse_call(rms ? &rms_norm_backward_spec : &norm_backward_spec, args, nargs, kwnames, arg) ||
+        get_double(arg[3], "eps", &eps))
+        return NULL;
+    if (!(eps >= 0)) {
+        PyErr_SetString(PyExc_ValueError, "eps must be >= 0");
+        return NULL;
+    }
+    int typenum = float_type(arg[1], "x");
+    if (typenum < 0) return NULL;
+    npy_intp ldx = 0, lddy = 0;
+    PyArrayObject *x = get_rows(arg[1], "x", typenum, &ldx), *dy, *g;
+    if (!x || !(dy = get_rows(arg[0], "d_y", typenum, &lddy))) return NULL;
+    npy_intp rows = PyArray_DIM(x, 0), d = PyArray_DIM(x, 1);
+    if (check_shape(dy, "d_y", 2, PyArray_DIMS(x)) || get_opt_vector(OR_NONE(arg[2]), "gain", typenum, d, &g))
+        return NULL;
+    PyArrayObject *dx = NULL, *dgain = NULL, *dbias = NULL;
+    PyObject *result = NULL;
+    if (!(dx = grad_out(arg[4], "dx", typenum, 2, PyArray_DIMS(x))) ||
+        (g && !(dgain = grad_out(arg[5], "dgain", typenum, 1, &d))) ||
+        (!rms && !(dbias = grad_out(arg[6], "dbias", typenum, 1, &d))))
+        goto done;
+    PyArrayObject *all[] = {dx, dgain, dbias, dy, x, g};
+    const char *const names[] = {"dx", "dgain", "dbias", "d_y", "x", "gain"};
+    if (check_apart(all, names, 6, 3)) goto done;
+    int err;
+    if (rms)
+        CALL_TYPED(typenum, err, mha_rms_norm_backward, PyArray_DATA(dx), d, DPTR(dgain), PyArray_DATA(dy), lddy,
+                   PyArray_DATA(x), ldx, DPTR(g), rows, d, eps);
+    else
+        CALL_TYPED(typenum, err, mha_layer_norm_backward, PyArray_DATA(dx), d, DPTR(dgain), DPTR(dbias),
+                   PyArray_DATA(dy), lddy, PyArray_DATA(x), ldx, DPTR(g), rows, d, eps);
+    if (raise_core_error(err)) goto done;
+    PyObject *dg = dgain ? (PyObject *)dgain : Py_None;
+    result = rms ? Py_BuildValue("(OO)", dx, dg) : Py_BuildValue("(OOO)", dx, dg, dbias);
+done:
+    Py_XDECREF(dx);
+    Py_XDECREF(dgain);
+    Py_XDECREF(dbias);
+    return result;
+}
+
+static PyObject *py_layer_norm_backward(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    (void)self;
+    return norm_backward(args, nargs, kwnames, 0);
+}
+
+static PyObject *py_rms_norm_backward(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    (void)self;
+    return norm_backward(args, nargs, kwnames, 1);
+}
+
+static const char *const rope_backward_kw[] = {"dx", "heads", "d_head", "cos", "sin", NULL};
+static call_spec rope_backward_spec = {"rope_backward", rope_backward_kw, 5, {NULL}};
+
+/* rope_backward(dx (rows, width), heads, d_head, cos, sin) -> None: rope's transpose in place. */
+static PyObject *py_rope_backward(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    (void)self;
+    return rope_call(&rope_backward_spec, "dx", args, nargs, kwnames, 1);
+}
+
+static const char *const embedding_backward_kw[] = {"d_out", "ids", "vocab", "d_table", NULL};
+static call_spec embedding_backward_spec = {"embedding_backward", embedding_backward_kw, 3, {NULL}};
+
+/* embedding_backward(d_out (n, d), ids int64 (n,), vocab, d_table=None) -> d_table (vocab, d)
+ * with d_out's rows added at ids (into zeros, or into d_table when given). */
+static PyObject *py_embedding_backward(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    (void)self;
+    PyObject *arg[MAX_PARAMS];
+    Py_ssize_t vocab = 0;
+    if (parse_call(&embedding_backward_spec, args, nargs, kwnames, arg) || get_ssize(arg[2], "vocab", &vocab))
+        return NULL;
+    int typenum = float_type(arg[0], "d_out");
+    if (typenum < 0) return NULL;
+    npy_intp ldo = 0;
+    PyArrayObject *g = get_rows(arg[0], "d_out", typenum, &ldo), *ids;
+    if (!g || !(ids = get_array(arg[1], "ids", NPY_INT64, 1))) return NULL;
+    const npy_intp n = PyArray_DIM(g, 0), d = PyArray_DIM(g, 1);
+    if (vocab < 0 || PyArray_DIM(ids, 0) != n) {
+        PyErr_Format(PyExc_ValueError, "ids has %zd entries and vocab is %zd, but d_out has %zd rows and vocab must "
+                     "be >= 0", (Py_ssize_t)PyArray_DIM(ids, 0), vocab, (Py_ssize_t)n);
+        return NULL;
+    }
+    npy_intp shape[2] = {vocab, d};
+    PyArrayObject *dt = grad_out(arg[3], "d_table", typenum, 2, shape);
+    if (!dt) return NULL;
+    PyArrayObject *all[] = {dt, g, ids};
+    const char *const names[] = {"d_table", "d_out", "ids"};
+    int err = check_apart(all, names, 3, 1) ? -1 : 0;
+    if (!err) {
+        CALL_TYPED(typenum, err, mha_embedding_backward, PyArray_DATA(dt), PyArray_DATA(g), ldo,
+                   (const int64_t *)PyArray_DATA(ids), n, vocab, d);
+        if (err == MHA_EINVAL) PyErr_Format(PyExc_ValueError, "ids must lie in [0, %zd) (vocab)", vocab);
+        else raise_core_error(err);
+    }
+    if (err) {
+        Py_DECREF(dt);
+        return NULL;
+    }
+    return (PyObject *)dt;
+}
+
+static const char *const cross_entropy_kw[] = {"hidden", "w", "labels", "trans_w", "chunk", "need_grads",
+                                               "d_hidden", "d_w", NULL};
+static call_spec cross_entropy_spec = {"cross_entropy", cross_entropy_kw, 3, {NULL}};
+
+/* cross_entropy(hidden (n, d), w (d, vocab) or (vocab, d) with trans_w, labels int64 (n,),
+ * trans_w=False, chunk=0, need_grads=True, d_hidden=None, d_w=None) -> (loss, d_hidden or None,
+ * d_w or None): the mean softmax cross-entropy of hidden @ op(w) over the labels that are not
+ * -100, `chunk` rows of logits at a time (0: the core's choice), the gradients added into
+ * d_hidden, d_w when given (else into zeros). hidden: any row stride. */
+static PyObject *py_cross_entropy(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    (void)self;
+    PyObject *arg[MAX_PARAMS];
+    int tw = 0, need = 1;
+    Py_ssize_t chunk = 0;
+    if (parse_call(&cross_entropy_spec, args, nargs, kwnames, arg) || get_flag(arg[3], "trans_w", &tw) ||
+        get_ssize(arg[4], "chunk", &chunk) || get_flag(arg[5], "need_grads", &need))
+        return NULL;
+    int typenum = float_type(arg[0], "hidden");
+    if (typenum < 0) return NULL;
+    npy_intp ldh = 0;
+    PyArrayObject *h = get_rows(arg[0], "hidden", typenum, &ldh), *w, *labels;
+    if (!h || !(w = get_array(arg[1], "w", typenum, 2)) || !(labels = get_array(arg[2], "labels", NPY_INT64, 1)))
+        return NULL;
+    const npy_intp n = PyArray_DIM(h, 0), d = PyArray_DIM(h, 1), vocab = PyArray_DIM(w, tw ? 0 : 1);
+    if (PyArray_DIM(w, tw ? 1 : 0) != d)
+        return shape_mismatch("w", w, "hidden", h, tw ? "w (vocab, d) needs hidden (n, d)" : "w (d, vocab) needs hidden (n, d)"), NULL;
+    if (PyArray_DIM(labels, 0) != n) return shape_mismatch("labels", labels, "hidden", h, "one label per row"), NULL;
+    if (chunk < 0) {
+        PyErr_SetString(PyExc_ValueError, "chunk must be >= 0 (0: the core's choice)");
+        return NULL;
+    }
+    PyArrayObject *dh = NULL, *dw = NULL;
+    PyObject *result = NULL;
+    if (need && (!(dh = grad_out(arg[6], "d_hidden", typenum, 2, PyArray_DIMS(h))) ||
+                 !(dw = grad_out(arg[7], "d_w", typenum, 2, PyArray_DIMS(w)))))
+        goto done;
+    PyArrayObject *all[] = {dh, dw, h, w, labels};
+    const char *const names[] = {"d_hidden", "d_w", "hidden", "w", "labels"};
+    if (check_apart(all, names, 5, 2)) goto done;
+    double loss = 0;
+    int err;
+    CALL_TYPED(typenum, err, mha_cross_entropy, &loss, DPTR(dh), d, DPTR(dw), PyArray_DATA(h), ldh, PyArray_DATA(w),
+               PyArray_DIM(w, 1), tw, (const int64_t *)PyArray_DATA(labels), n, d, vocab, chunk);
+    if (err == MHA_EINVAL) {
+        PyErr_Format(PyExc_ValueError, "labels must lie in [0, %zd) (vocab) or be -100 (ignored)", (Py_ssize_t)vocab);
+        goto done;
+    }
+    if (raise_core_error(err)) goto done;
+    result = Py_BuildValue("(dOO)", loss, dh ? (PyObject *)dh : Py_None, dw ? (PyObject *)dw : Py_None);
+done:
+    Py_XDECREF(dh);
+    Py_XDECREF(dw);
+    return result;
 }
 
 /* attention_flow(weights, sources=None) -> (n_sources, n): weights (L, n, n) float64,
@@ -1494,6 +1844,22 @@ static PyMethodDef methods[] = {
      "rope(x, heads, d_head, cos, sin) -> None: rotary embedding in place"},
     {"embedding", (PyCFunction)(void (*)(void))py_embedding, METH_FASTCALL | METH_KEYWORDS,
      "embedding(table, ids, out=None, accumulate=False) -> rows of table"},
+    {"linear_backward", (PyCFunction)(void (*)(void))py_linear_backward, METH_FASTCALL | METH_KEYWORDS,
+     "linear_backward(d_out, a, b, bias=None, act=0, trans_b=False, z=None, da=None, db=None, dbias=None) -> "
+     "(da, db, dbias or None), added into the given arrays"},
+    {"activation_backward", (PyCFunction)(void (*)(void))py_activation_backward, METH_FASTCALL | METH_KEYWORDS,
+     "activation_backward(d_y, x, act, out=None) -> d_y * act'(x) (gated: d gate, d up side by side)"},
+    {"layer_norm_backward", (PyCFunction)(void (*)(void))py_layer_norm_backward, METH_FASTCALL | METH_KEYWORDS,
+     "layer_norm_backward(d_y, x, gain, eps, dx=None, dgain=None, dbias=None) -> (dx, dgain or None, dbias)"},
+    {"rms_norm_backward", (PyCFunction)(void (*)(void))py_rms_norm_backward, METH_FASTCALL | METH_KEYWORDS,
+     "rms_norm_backward(d_y, x, gain, eps, dx=None, dgain=None) -> (dx, dgain or None)"},
+    {"rope_backward", (PyCFunction)(void (*)(void))py_rope_backward, METH_FASTCALL | METH_KEYWORDS,
+     "rope_backward(dx, heads, d_head, cos, sin) -> None: rope's transpose in place"},
+    {"embedding_backward", (PyCFunction)(void (*)(void))py_embedding_backward, METH_FASTCALL | METH_KEYWORDS,
+     "embedding_backward(d_out, ids, vocab, d_table=None) -> d_table with d_out's rows added at ids"},
+    {"cross_entropy", (PyCFunction)(void (*)(void))py_cross_entropy, METH_FASTCALL | METH_KEYWORDS,
+     "cross_entropy(hidden, w, labels, trans_w=False, chunk=0, need_grads=True, d_hidden=None, d_w=None) -> "
+     "(loss, d_hidden, d_w): softmax cross-entropy over an LM head in chunks of rows"},
     {"attention_flow", (PyCFunction)(void (*)(void))py_attention_flow, METH_FASTCALL | METH_KEYWORDS,
      "attention_flow(weights (L, n, n) float64, sources=None) -> (n_sources, n) maximum flows"},
     {"dropout_uniform", py_dropout_uniform, METH_VARARGS, "dropout_uniform(seed, b, h, i, j) -> float in [0, 1)"},

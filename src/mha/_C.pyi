@@ -84,6 +84,34 @@ def embedding(
     table: ArrayLike, ids: ArrayLike, out: _Array | None = None, accumulate: bool = False,
 ) -> _Array: ...
 
+# the block's backward: gradients added into the arrays given (da, db, ...), else into zeros;
+# row-major 2-D inputs read by rows may have any row stride (a contiguous last axis)
+def linear_backward(
+    d_out: ArrayLike, a: ArrayLike, b: ArrayLike, bias: ArrayLike | None = None, act: int = 0,
+    trans_b: bool = False, z: ArrayLike | None = None, da: _Array | None = None,
+    db: _Array | None = None, dbias: _Array | None = None,
+) -> tuple[_Array, _Array, _Array | None]: ...
+def activation_backward(
+    d_y: ArrayLike, x: ArrayLike, act: int, out: _Array | None = None,
+) -> _Array: ...
+def layer_norm_backward(
+    d_y: ArrayLike, x: ArrayLike, gain: ArrayLike | None, eps: float, dx: _Array | None = None,
+    dgain: _Array | None = None, dbias: _Array | None = None,
+) -> tuple[_Array, _Array | None, _Array]: ...
+def rms_norm_backward(
+    d_y: ArrayLike, x: ArrayLike, gain: ArrayLike | None, eps: float, dx: _Array | None = None,
+    dgain: _Array | None = None,
+) -> tuple[_Array, _Array | None]: ...
+def rope_backward(dx: _Array, heads: int, d_head: int, cos: ArrayLike, sin: ArrayLike) -> None: ...
+def embedding_backward(
+    d_out: ArrayLike, ids: ArrayLike, vocab: int, d_table: _Array | None = None,
+) -> _Array: ...
+# -> (mean loss over labels != -100, d_hidden, d_w), or (loss, None, None) without need_grads
+def cross_entropy(
+    hidden: ArrayLike, w: ArrayLike, labels: ArrayLike, trans_w: bool = False, chunk: int = 0,
+    need_grads: bool = True, d_hidden: _Array | None = None, d_w: _Array | None = None,
+) -> tuple[float, _Array | None, _Array | None]: ...
+
 # weights (L, n, n) float64, finite, >= 0; sources int64 (n_sources,) or None (all positions)
 def attention_flow(
     weights: NDArray[np.float64], sources: NDArray[np.int64] | None = None,

@@ -20,6 +20,8 @@ __all__ = [
     "attention_forward", "attention_backward", "LayerContext", "layer_forward", "layer_backward", "matmul",
     "linear", "pack_weight", "activation", "layer_norm", "rms_norm", "rope", "embedding",
     "attention_flow",
+    "linear_backward", "activation_backward", "layer_norm_backward", "rms_norm_backward",
+    "rope_backward", "embedding_backward", "cross_entropy",
 ]
 
 
@@ -161,3 +163,55 @@ def attention_flow(weights, *, sources=None) -> np.ndarray:
     """Maximum flows (n_sources, n) through weights (L, n, n) float64, finite, >= 0; sources
     int64 (n_sources,) or None for every position."""
     return _C.attention_flow(weights=weights, sources=sources)
+
+
+# ---- the block's backward: gradients added into the given arrays (else into zeros) -----------
+
+def linear_backward(d_out, a, b, *, bias=None, act=0, trans_b=False, z=None, da=None, db=None,
+                    dbias=None):
+    """Gradients of ``linear(a, b, bias=bias, act=act, trans_b=trans_b)`` for d_out (M, N) ->
+    (da (M, K), db (b's shape), dbias (N') or None: when bias or dbias is given), added into
+    da, db, dbias when given. z: the forward's pre-activation a @ op(b) + bias (M, N'), or
+    None (recomputed). a, d_out: any row stride."""
+    return _C.linear_backward(d_out=d_out, a=a, b=b, bias=bias, act=act, trans_b=trans_b, z=z,
+                              da=da, db=db, dbias=dbias)
+
+
+def activation_backward(d_y, x, *, act, out=None):
+    """d_y * act'(x): d_y (rows, n), x (rows, n), or (rows, 2n) for a gated code (then the
+    gradients of the gate and the up side by side); written into out (which may be x, or d_y
+    when not gated) when given."""
+    return _C.activation_backward(d_y=d_y, x=x, act=act, out=out)
+
+
+def layer_norm_backward(d_y, x, *, gain, eps, dx=None, dgain=None, dbias=None):
+    """Gradients of ``layer_norm(x, gain=gain, bias=..., eps=eps)`` -> (dx, dgain or None,
+    dbias), added into the given arrays; the row statistics are recomputed from x."""
+    return _C.layer_norm_backward(d_y=d_y, x=x, gain=gain, eps=eps, dx=dx, dgain=dgain,
+                                  dbias=dbias)
+
+
+def rms_norm_backward(d_y, x, *, gain, eps, dx=None, dgain=None):
+    """Gradients of ``rms_norm(x, gain=gain, eps=eps)`` -> (dx, dgain or None), added into the
+    given arrays."""
+    return _C.rms_norm_backward(d_y=d_y, x=x, gain=gain, eps=eps, dx=dx, dgain=dgain)
+
+
+def rope_backward(dx, *, heads, d_head, cos, sin) -> None:
+    """`rope`'s backward in place on the gradient dx (rows, width): the rotation's transpose."""
+    _C.rope_backward(dx=dx, heads=heads, d_head=d_head, cos=cos, sin=sin)
+
+
+def embedding_backward(d_out, ids, *, vocab, d_table=None):
+    """The table's gradient (vocab, d): d_out's rows (n, d) added at the int64 ids (n,), into
+    d_table when given."""
+    return _C.embedding_backward(d_out=d_out, ids=ids, vocab=vocab, d_table=d_table)
+
+
+def cross_entropy(hidden, w, labels, *, trans_w=False, chunk=0, need_grads=True, d_hidden=None,
+                  d_w=None):
+    """Softmax cross-entropy of hidden (n, d) @ op(w) against int64 labels (n,) (-100:
+    ignored), ``chunk`` rows of logits at a time (0: the core's choice) -> (loss, d_hidden or
+    None, d_w or None), the gradients added into d_hidden, d_w when given."""
+    return _C.cross_entropy(hidden=hidden, w=w, labels=labels, trans_w=trans_w, chunk=chunk,
+                            need_grads=need_grads, d_hidden=d_hidden, d_w=d_w)

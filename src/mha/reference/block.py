@@ -1,6 +1,8 @@
 """The rest of a transformer block in plain NumPy: the oracle of the C kernels in
 ``mha._C`` (``linear``, ``activation``, ``layer_norm``, ``rms_norm``, ``rope``,
-``embedding``) that mha.models runs on.
+``embedding``) that mha.models runs on, and of their backward kernels (``linear_backward``,
+``activation_backward``, ``layer_norm_backward``, ``rms_norm_backward``, ``rope_backward``,
+``embedding_backward``, ``cross_entropy``).
 
 Each function is one step, written to be read, on float32 or float64 arrays (results in
 the input's dtype).
@@ -191,3 +193,140 @@ def rope(x, heads, d_head, cos, sin):
 def embedding(table, ids):
     """Rows of ``table`` for the integer ``ids`` (flattened) -> (ids.size, d)."""
     return table[np.asarray(ids).reshape(-1)]
+
+
+# --- backward ---------------------------------------------------------------------------------
+#
+# Each backward below differentiates the forward above it, line by line, and returns the
+# gradients of its inputs (the C kernels add them into buffers; these return new arrays).
+# Conventions as torch's autograd: ReLU's derivative is 0 at 0 (and passes the gradient of a
+# NaN input); a cross-entropy row whose label is -100 is not counted.
+
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+
+
+def activation_grad(x, act):
+    """``(act'(x), act(x))`` elementwise for a plain activation code (not gated)."""
+    x = np.asarray(x)
+    one = x.dtype.type(1)
+    if act == 1:    # y = x Phi(x):  y' = Phi(x) + x phi(x)
+        cdf = 0.5 * (1.0 + erf(x * x.dtype.type(_SQRT_HALF))).astype(x.dtype)
+        return cdf + x * (_INV_SQRT_2PI * np.exp(-0.5 * x * x)), x * cdf
+    if act == 2:    # y = x (1 + tanh u) / 2, u = sqrt(2/pi) (x + 0.044715 x^3)
+        t = np.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x ** 3))
+        du = _SQRT_2_OVER_PI * (1.0 + 3 * 0.044715 * x * x)
+        return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * du, 0.5 * x * (1 + t)
+    if act in (3, 4):    # y = x s, s = sigmoid(k x):  y' = s + k x s (1 - s)
+        k = 1.0 if act == 3 else 1.702
+        with np.errstate(over="ignore"):
+            s = 1.0 / (1.0 + np.exp(-k * x))
+        return s + k * x * s * (1 - s), x * s
+    if act == 5:    # y = max(x, 0):  y' = 0 where x <= 0 (a NaN x passes, as torch)
+        return np.where(x <= 0, 0, one).astype(x.dtype), np.where(x < 0, 0, x).astype(x.dtype)
+    return np.ones_like(x), x
+
+
+def activation_backward(d_y, x, act):
+    """The gradient of ``activation(x, act)``'s input: d_y (rows, n), x (rows, n) or, gated,
+    (rows, 2 n) -> (rows, n) or (rows, 2 n)."""
+    d_y, x = np.asarray(d_y), np.asarray(x)
+    if act & GATED:
+        n = x.shape[1] // 2
+        gate, up = x[:, :n], x[:, n:]                      # forward: y = act(gate) * up
+        d_act, a = activation_grad(gate, act & ~GATED)
+        return np.concatenate([d_y * up * d_act, d_y * a], axis=1)
+    return d_y * activation_grad(x, act)[0]
+
+
+def linear_backward(d_out, x, weight, bias=None, act=0, trans_b=False):
+    """Gradients of ``linear(x, weight, bias, act, trans_b)`` -> (dx (M, K), d_weight (weight's
+    shape), d_bias (N') or None), for d_out (M, N)."""
+    w = weight.T if trans_b else weight                    # op(B): (K, N')
+    z = x @ w                                              # z = x @ op(B) + bias  (M, N')
+    if bias is not None:
+        z = z + bias
+    dz = activation_backward(d_out, z, act)                # y = act(z)
+    dx = dz @ w.T                                          # (M, K)
+    dw = x.T @ dz                                          # (K, N')
+    return dx, (dw.T if trans_b else dw), (None if bias is None else dz.sum(axis=0))
+
+
+def _norm_backward(d_y, x, gain, eps, centre):
+    mean = x.mean(axis=-1, keepdims=True) if centre else 0.0       # (rows, 1)
+    rstd = 1.0 / np.sqrt(((x - mean) ** 2).mean(axis=-1, keepdims=True) + eps)
+    xhat = (x - mean) * rstd                                       # (rows, d)
+    g = d_y if gain is None else d_y * gain                        # y = xhat * gain (+ bias)
+    dx = g - (g * xhat).mean(axis=-1, keepdims=True) * xhat
+    if centre:
+        dx -= g.mean(axis=-1, keepdims=True)
+    dx *= rstd
+    d_gain = None if gain is None else (d_y * xhat).sum(axis=0)    # (d,)
+    return dx, d_gain
+
+
+def layer_norm_backward(d_y, x, gain, eps):
+    """Gradients of ``layer_norm(x, gain, bias, eps)`` -> (dx (rows, d), d_gain (d) or None,
+    d_bias (d)): with xhat = (x - mean) rstd and g = d_y * gain,
+    dx = rstd (g - mean(g) - xhat mean(g xhat))."""
+    dx, d_gain = _norm_backward(d_y, x, gain, eps, True)
+    return dx, d_gain, d_y.sum(axis=0)
+
+
+def rms_norm_backward(d_y, x, gain, eps):
+    """Gradients of ``rms_norm(x, gain, eps)`` -> (dx, d_gain or None):
+    dx = rstd (g - xhat mean(g xhat)), xhat = x rstd."""
+    return _norm_backward(d_y, x, gain, eps, False)
+
+
+def rope_backward(d_y, heads, d_head, cos, sin):
+    """The gradient of ``rope``'s input, a new array: the rotation's transpose, which is the
+    rotation by the opposite angles (sin negated)."""
+    return rope(d_y, heads, d_head, cos, -sin)
+
+
+def embedding_backward(d_out, ids, vocab):
+    """The gradient of the table of ``embedding(table, ids)``: (vocab, d), d_out's rows (n, d)
+    added at ids (a row hit twice gets both)."""
+    d_table = np.zeros((vocab, d_out.shape[1]), dtype=d_out.dtype)
+    np.add.at(d_table, np.asarray(ids).reshape(-1), d_out)
+    return d_table
+
+
+IGNORE_INDEX = -100
+
+
+def cross_entropy(hidden, weight, labels, trans_w=False, chunk=64):
+    """Softmax cross-entropy over an LM head, ``chunk`` rows of logits at a time ->
+    (loss, d_hidden (n, d), d_weight (weight's shape)).
+
+    logits = hidden (n, d) @ op(weight) (d, vocab) (weight (vocab, d) with trans_w, a tied
+    embedding); loss = mean over the rows whose label is not -100 of
+    logsumexp(logits_i) - logits_i[label_i] (NaN when there is none, as torch);
+    d_logits = (softmax - onehot) / count.
+    """
+    w = weight.T if trans_w else weight                    # (d, vocab)
+    labels = np.asarray(labels).reshape(-1)
+    counted = labels != IGNORE_INDEX
+    count = int(counted.sum())
+    d_hidden, d_w = np.zeros_like(hidden), np.zeros_like(w)
+    if count == 0:
+        return float("nan"), d_hidden, (d_w.T if trans_w else d_w)
+    total = 0.0
+    for r0 in range(0, len(hidden), chunk):
+        h = hidden[r0:r0 + chunk]                          # (R, d)
+        keep = counted[r0:r0 + chunk]                      # (R,)
+        rows = np.flatnonzero(keep)
+        target = labels[r0:r0 + chunk][rows]
+        logits = h @ w                                     # (R, vocab)
+        top = logits.max(axis=1, keepdims=True)
+        p = np.exp(logits - top)
+        sums = p.sum(axis=1, keepdims=True)
+        lse = (top + np.log(sums))[:, 0]                   # (R,)
+        total += float((lse[rows] - logits[rows, target]).sum())
+        d_logits = p / sums                                # softmax
+        d_logits[rows, target] -= 1
+        d_logits[~keep] = 0
+        d_logits /= count
+        d_hidden[r0:r0 + chunk] = d_logits @ w.T           # (R, d)
+        d_w += h.T @ d_logits                              # (d, vocab)
+    return total / count, d_hidden, (d_w.T if trans_w else d_w)
