@@ -283,7 +283,7 @@ def test_embedding_backward_against_twin(rng, dtype, tol, single_thread):
 def test_embedding_backward_deterministic_across_threads(rng):
     import mha
     ids = rng.integers(0, 50, 4000)
-    g = rng.standard_normal((4000, 256)).astype(np.float32)
+    g = rng.standard_normal((4000, 2048)).astype(np.float32)      # enough work for 2 threads
     old = mha.get_num_threads()
     try:
         mha.set_num_threads(1)
@@ -369,3 +369,29 @@ def test_cross_entropy_strided_accumulated_ignored_and_bad_input(rng):
     with pytest.raises(ValueError, match="d_hidden overlaps hidden"):
         _core.cross_entropy(h, w, labels, d_hidden=h)
     assert not dh.any()
+
+
+def test_backward_same_bits_on_one_and_two_threads(rng):
+    import mha
+    # sizes that give each kernel's parallel loops 2 threads (mha_threads_for)
+    x, w, b, g = linear_case(rng, np.float32, 600, 64, 500, ACTS["silu"] | GATED, True)
+    xn = (2 + rng.standard_normal((4000, 512))).astype(np.float32)
+    gn, gain = rng.standard_normal(xn.shape).astype(np.float32), rng.standard_normal(512).astype(np.float32)
+    h, wl, labels = lm_case(rng, np.float32, 300, 64, 5000, False)
+    calls = [
+        lambda: _core.linear_backward(g, x, w, bias=b, act=ACTS["silu"] | GATED, trans_b=True),
+        lambda: _core.layer_norm_backward(gn, xn, gain=gain, eps=1e-5),
+        lambda: _core.rms_norm_backward(gn, xn, gain=gain, eps=1e-5),
+        lambda: _core.cross_entropy(h, wl, labels, chunk=100),
+    ]
+    old = mha.get_num_threads()
+    try:
+        mha.set_num_threads(1)
+        one = [call() for call in calls]
+        mha.set_num_threads(2)
+        two = [call() for call in calls]
+    finally:
+        mha.set_num_threads(old)
+    for a, b_ in zip(one, two):
+        for u, v in zip(a, b_):
+            np.testing.assert_array_equal(u, v)
