@@ -615,7 +615,7 @@ static int FN(mha_cross_entropy)(double *loss, real *d_hidden, int64_t ldd, real
         *loss = NAN;
         return MHA_OK;
     }
-    if (chunk <= 0) chunk = MHA_MAX(1, ((int64_t)1 << 22) / vocab);
+    if (chunk <= 0) chunk = MHA_MAX(1, ((int64_t)1 << 22) / vocab); /* vocab >= 1: a label is counted */
     chunk = MHA_MIN(chunk, n);
     int ok = 1;
     size_t bytes = mha_mul_size(mha_mul_size((size_t)chunk, (size_t)vocab, &ok), sizeof(real), &ok);

@@ -1595,6 +1595,10 @@ static PyObject *norm_backward(PyObject *const *args, Py_ssize_t nargs, PyObject
     npy_intp rows = PyArray_DIM(x, 0), d = PyArray_DIM(x, 1);
     if (check_shape(dy, "d_y", 2, PyArray_DIMS(x)) || get_opt_vector(OR_NONE(arg[2]), "gain", typenum, d, &g))
         return NULL;
+    if (!g && OR_NONE(arg[5]) != Py_None) {
+        PyErr_SetString(PyExc_ValueError, "dgain was given but gain is None (a norm without gain has no dgain)");
+        return NULL;
+    }
     PyArrayObject *dx = NULL, *dgain = NULL, *dbias = NULL;
     PyObject *result = NULL;
     if (!(dx = grad_out(arg[4], "dx", typenum, 2, PyArray_DIMS(x))) ||
@@ -1710,6 +1714,10 @@ static PyObject *py_cross_entropy(PyObject *self, PyObject *const *args, Py_ssiz
     if (PyArray_DIM(labels, 0) != n) return shape_mismatch("labels", labels, "hidden", h, "one label per row"), NULL;
     if (chunk < 0) {
         PyErr_SetString(PyExc_ValueError, "chunk must be >= 0 (0: the core's choice)");
+        return NULL;
+    }
+    if (!need && (OR_NONE(arg[6]) != Py_None || OR_NONE(arg[7]) != Py_None)) {
+        PyErr_SetString(PyExc_ValueError, "d_hidden and d_w go with need_grads=True");
         return NULL;
     }
     PyArrayObject *dh = NULL, *dw = NULL;

@@ -5,7 +5,10 @@
  * four transpose combinations (and products sharing A, bitwise against single products),
  * attention forward with every mask kind, causal, GQA and dropout, its backward against
  * central finite differences (float64), the layer against projections + attention composed by
- * hand, and fully masked rows giving 0; the thread layer runs every task of a job once.
+ * hand, and fully masked rows giving 0; the rest of the block (dense with its activation,
+ * norms, RoPE, embedding) and its backward against loops in double (accumulated into
+ * strided outputs, the cross-entropy in chunks); the thread layer runs every task of a job
+ * once.
  */
 #include <math.h>
 #include <stdio.h>

@@ -226,6 +226,8 @@ def test_norm_backward_accumulates_strided_and_bad_input(rng):
         _core.rms_norm_backward(g, x, gain=gain[:19], eps=1e-6, dx=dx)
     with pytest.raises(ValueError, match="eps must be >= 0"):
         _core.rms_norm_backward(g, x, gain=gain, eps=-1.0, dx=dx)
+    with pytest.raises(ValueError, match="dgain was given but gain is None"):
+        _core.layer_norm_backward(g, x, gain=None, eps=1e-6, dx=dx, dgain=np.zeros(20))
     with pytest.raises(ValueError, match="dx overlaps d_y"):
         _core.rms_norm_backward(dx, x, gain=gain, eps=1e-6, dx=dx)
     np.testing.assert_array_equal(dx, before)
@@ -366,6 +368,8 @@ def test_cross_entropy_strided_accumulated_ignored_and_bad_input(rng):
         _core.cross_entropy(h, w, labels[:5], d_hidden=dh)
     with pytest.raises(ValueError, match=r"w has shape \(5, 11\) but hidden"):
         _core.cross_entropy(h, w, labels, trans_w=True, d_hidden=dh)
+    with pytest.raises(ValueError, match="go with need_grads=True"):
+        _core.cross_entropy(h, w, labels, need_grads=False, d_hidden=dh)
     with pytest.raises(ValueError, match="d_hidden overlaps hidden"):
         _core.cross_entropy(h, w, labels, d_hidden=h)
     assert not dh.any()
