@@ -572,7 +572,7 @@ static int FN(mha_embedding_backward)(real *d_table, const real *d_out, int64_t 
 
 /* One chunk's rows: each row of logits becomes its gradient in place, its loss goes to
  * loss[i] (0 for an ignored row). Forward, per counted row:
- *   loss_i = logsumexp(logits_i) - logits_i[label]   (mean over the count rows)
+ *   loss_i = logsumexp(logits_i) - logits_i[label]   (mean over the counted rows)
  * Backward:  d_logits_i = (softmax(logits_i) - onehot(label)) / count. */
 #define IGNORE_LABEL (-100)
 typedef struct {

@@ -1709,8 +1709,8 @@ static PyObject *py_cross_entropy(PyObject *self, PyObject *const *args, Py_ssiz
     if (!h || !(w = get_array(arg[1], "w", typenum, 2)) || !(labels = get_array(arg[2], "labels", NPY_INT64, 1)))
         return NULL;
     const npy_intp n = PyArray_DIM(h, 0), d = PyArray_DIM(h, 1), vocab = PyArray_DIM(w, tw ? 0 : 1);
-    if (PyArray_DIM(w, tw ? 1 : 0) != d)
-        return shape_mismatch("w", w, "hidden", h, tw ? "w (vocab, d) needs hidden (n, d)" : "w (d, vocab) needs hidden (n, d)"), NULL;
+    const char *layout = tw ? "w (vocab, d) needs hidden (n, d)" : "w (d, vocab) needs hidden (n, d)";
+    if (PyArray_DIM(w, tw ? 1 : 0) != d) return shape_mismatch("w", w, "hidden", h, layout), NULL;
     if (PyArray_DIM(labels, 0) != n) return shape_mismatch("labels", labels, "hidden", h, "one label per row"), NULL;
     if (chunk < 0) {
         PyErr_SetString(PyExc_ValueError, "chunk must be >= 0 (0: the core's choice)");
