@@ -136,9 +136,11 @@ def build_info() -> dict[str, str | int | bool | tuple[str, ...]]:
     >>> info["simd"] in info["simd_paths"]
     True
     """
-    info = dict(map(str.strip, part.split("=", 1)) for part in _C.build_info().split("; "))
-    info["simd_paths"] = tuple(info.get("simd_paths", "").split())
-    info["openmp"] = info["threads"].startswith("OpenMP")
+    fields = (part.split("=", 1) for part in _C.build_info().split("; "))
+    text = {name.strip(): value.strip() for name, value in fields}
+    info: dict[str, str | int | bool | tuple[str, ...]] = dict(text)
+    info["simd_paths"] = tuple(text.get("simd_paths", "").split())
+    info["openmp"] = text["threads"].startswith("OpenMP")
     info["num_threads"] = get_num_threads()
     if info["openmp"]:
         info["omp_wait_policy"] = _os.environ.get("OMP_WAIT_POLICY", "default")

@@ -162,6 +162,7 @@ class MultiHeadAttention(LayerBase):
                               causal=causal, need_weights=True)
         finally:
             self.training, self._saved = training, saved
+        assert weights is not None                                      # need_weights=True
         _, _, value, unbatched = checks.layer_inputs(
             query, key, value, d_model=self.d_model, kdim=self.kdim, vdim=self.vdim, dtype=self.dtype)
         B, n_k, _ = value.shape

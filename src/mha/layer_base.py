@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 import numpy as np
 from numpy.typing import ArrayLike, DTypeLike
@@ -301,19 +301,19 @@ class KVCache:
                             .transpose(0, 2, 1, 3) for rows in (self.k_rows, self.v_rows))
 
     @property
-    def k(self):
+    def k(self) -> np.ndarray:
         return self._k
 
     @property
-    def v(self):
+    def v(self) -> np.ndarray:
         return self._v
 
     @property
-    def batch_size(self):
+    def batch_size(self) -> int:
         return self.k_rows.shape[0]
 
     @property
-    def max_len(self):
+    def max_len(self) -> int:
         return self.k_rows.shape[1]
 
     def reset(self) -> None:
@@ -372,6 +372,11 @@ class LayerBase:
     The constructor's parameters are those of `mha.MultiHeadAttention`.
     """
 
+    # the two methods each subclass implements (see above), declared for the type checker
+    _forward: Callable[..., tuple[np.ndarray, np.ndarray | None, dict[str, Any]]]
+    _backward: Callable[[np.ndarray, dict[str, Any]], tuple[
+        np.ndarray, np.ndarray | None, np.ndarray | None, dict[str, np.ndarray]]]
+
     def __init__(self, d_model: int, n_heads: int, *, n_kv_heads: int | None = None,
                  d_head: int | None = None, kdim: int | None = None, vdim: int | None = None,
                  bias: bool = True, dropout: float = 0.0, dtype: DTypeLike = np.float32,
@@ -389,10 +394,10 @@ class LayerBase:
         self.grads = self._zero_grads()
         self.head_mask = np.ones(self.n_heads, self.dtype)
         self.training = True
-        self._saved = None  # what backward needs from the last forward
+        self._saved: dict[str, Any] | None = None  # what backward needs from the last forward
 
     @property
-    def scale(self):
+    def scale(self) -> float:
         """The softmax temperature, 1 / sqrt(d_head)."""
         return 1.0 / math.sqrt(self.d_head)
 
@@ -461,7 +466,7 @@ class LayerBase:
         """
         return KVCache(batch_size, self.n_kv_heads, max_len, self.d_head, self.dtype)
 
-    def _zero_grads(self):
+    def _zero_grads(self) -> dict[str, np.ndarray]:
         grads = {name: np.zeros_like(a) for name, a in self.params.items()}
         grads["head_mask"] = np.zeros(self.n_heads, self.dtype)
         return grads
@@ -590,7 +595,8 @@ class LayerBase:
         self._check_d_out(d_out, s["out_shape"], s["unbatched"])
         d_query, d_key, d_value, self.grads = self._backward(d_out, s)
         if s["unbatched"]:
-            d_query, d_key, d_value = (None if d is None else d[0] for d in (d_query, d_key, d_value))
+            d_query = d_query[0]
+            d_key, d_value = (None if d is None else d[0] for d in (d_key, d_value))
         return d_query, d_key, d_value
 
     def _check_sizes(self, query, key, value, *, key_padding_mask, head_mask, cache):
