@@ -282,7 +282,7 @@ def value_norms(weights: ArrayLike, values: ArrayLike, W_o: ArrayLike, *,
         raise ValueError(f"W_o has shape {W.shape}: expected ({H * d_head}, d_model) for "
                          f"{H} heads of width {d_head}")
     lead = w.shape[:-3]
-    w = w.astype(dtype, copy=False).reshape((-1, H, n_q, n_k))   # (B, H, n_q, n_k)
+    w = w.astype(dtype, copy=False).reshape(-1, H, n_q, n_k)   # (B, H, n_q, n_k)
     v = v.astype(dtype, copy=False).reshape((-1, H_kv, n_k, d_head))
     W = np.ascontiguousarray(W, dtype=dtype)
     B, d_model, group = w.shape[0], W.shape[1], H // H_kv

@@ -9,6 +9,7 @@ import threading
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import dask
 import numpy as np
@@ -17,6 +18,9 @@ import mha
 
 from ..analysis import head_statistic_sums, token_classes
 from .texts import CorpusError, _batches, _tokenize
+
+if TYPE_CHECKING:
+    from ..models import TransformerModel
 
 #: What a partial result counts besides the sums: texts, real tokens, padded positions
 #: (batch x longest), batches, texts cut and empty texts skipped (bags; lists count on the caller).
@@ -57,8 +61,9 @@ class _Tables:
             self.grams.append(heads @ heads.transpose(0, 2, 1))       # (H, d, d)
 
 
-_TABLES = weakref.WeakKeyDictionary()
-_LOADED = {}                        # on a worker: (source, dtype) -> (model, fingerprint)
+_TABLES: weakref.WeakKeyDictionary[TransformerModel, _Tables] = weakref.WeakKeyDictionary()
+# on a worker: (source, dtype) -> (model, fingerprint)
+_LOADED: dict[tuple[str, str], tuple[TransformerModel, str]] = {}
 _LOCK = threading.Lock()            # model loading and table building
 
 

@@ -138,8 +138,9 @@ class SimpleAttentionModel:
             "b_out": rng.uniform(-bound, bound, size=self.vocab_size),
         }
         self._own = {name: a.astype(self.dtype) for name, a in self._own.items()}
-        self.grads = {}
-        self._saved = None
+        self.grads: dict[str, np.ndarray] = {}
+        # what backward needs from the last forward: tokens, the attention's output, unbatched
+        self._saved: tuple[np.ndarray, np.ndarray, bool] | None = None
 
     @property
     def n_heads(self):
@@ -161,7 +162,7 @@ class SimpleAttentionModel:
         """
         return sum(a.size for a in self.params.values())
 
-    def _tokens(self, tokens, name="tokens"):
+    def _tokens(self, tokens: ArrayLike, name: str = "tokens") -> np.ndarray:
         tokens = np.asarray(tokens)
         if tokens.dtype.kind not in "iu":
             raise TypeError(f"{name} must be an integer array of token ids, got dtype "
@@ -505,7 +506,7 @@ def fit(model: Any, tokens: ArrayLike, targets: ArrayLike, test_tokens: ArrayLik
     start = time.perf_counter()
     for epoch in bar:
         if batch_size is None or batch_size >= N:
-            batches = [slice(None)]
+            batches: list[slice | np.ndarray] = [slice(None)]
         else:
             order = rng.permutation(N)
             batches = [order[i:i + batch_size] for i in range(0, N, int(batch_size))]
