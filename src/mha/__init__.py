@@ -10,6 +10,7 @@ and OPPOSITE to torch.nn.MultiheadAttention. `mha.reference` holds pure NumPy tw
 everything, the oracle of the tests. See docs/semantics.md for the exact numerics.
 """
 import os as _os
+import types as _types
 
 # On POSIX systems the kernels run on mha's own thread pool (csrc/threads.c), whose idle threads
 # spin 0.1 ms and then sleep, whatever else the process loaded. Windows builds use OpenMP,
@@ -49,7 +50,7 @@ __all__ = [
 _SUBMODULES = ("analysis", "viz", "models", "train", "corpus", "apps")
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> _types.ModuleType:
     """`mha.viz`, `mha.analysis`, `mha.models`, `mha.train`, ...: imported on first use, so that
     `import mha` stays light (no matplotlib, no tokenizers) until they are needed."""
     if name in _SUBMODULES:

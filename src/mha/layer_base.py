@@ -166,7 +166,7 @@ def params_from_torch(module: Any) -> tuple[dict[str, Any], dict[str, np.ndarray
 
     dtype = np.dtype(np.float64 if module.out_proj.weight.dtype == torch.float64 else np.float32)
 
-    def to_numpy(t):
+    def to_numpy(t: Any) -> np.ndarray:
         return t.detach().cpu().to(torch.float64).numpy()
 
     E = module.embed_dim
@@ -347,7 +347,7 @@ class KVCache:
         self.length = stop
         return self._k[:, :, :stop], self._v[:, :, :stop]
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"KVCache(batch_size={self.batch_size}, n_kv_heads={self.n_kv_heads}, "
                 f"max_len={self.max_len}, d_head={self.d_head}, length={self.length})")
 
@@ -599,7 +599,9 @@ class LayerBase:
             d_key, d_value = (None if d is None else d[0] for d in (d_key, d_value))
         return d_query, d_key, d_value
 
-    def _check_sizes(self, query, key, value, *, key_padding_mask, head_mask, cache):
+    def _check_sizes(self, query: np.ndarray, key: np.ndarray, value: np.ndarray, *,
+                     key_padding_mask: np.ndarray | None, head_mask: np.ndarray,
+                     cache: KVCache | None) -> None:
         """Check a call's sizes against each other and the parameters: widths, batch sizes,
         key/value lengths, key_padding_mask, head_mask and the cache (``mha.checks``).
 
@@ -615,7 +617,7 @@ class LayerBase:
             checks.key_padding_shape(key_padding_mask, B, n_k)
         checks.head_mask_shape(head_mask, self.n_heads)
 
-    def _check_d_out(self, d_out, out_shape, unbatched):
+    def _check_d_out(self, d_out: np.ndarray, out_shape: tuple[int, ...], unbatched: bool) -> None:
         """Check that backward's d_out has the output's shape (see `_check_sizes`)."""
         checks.d_out_shape(d_out, out_shape, unbatched)
 
@@ -686,7 +688,7 @@ class LayerBase:
         layer.training = bool(module.training)
         return layer
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         extra = ""
         if self.n_kv_heads != self.n_heads:
             extra += f", n_kv_heads={self.n_kv_heads}"

@@ -14,7 +14,8 @@ __all__ = ["HEAD_FUSIONS", "attention_rollout", "attention_flow", "value_norms"]
 HEAD_FUSIONS = ("mean", "max", "min")
 
 
-def _fused_layers(attentions, head_fusion, residual, name="attentions"):
+def _fused_layers(attentions: ArrayLike, head_fusion: str, residual: bool,
+                  name: str = "attentions") -> np.ndarray:
     """(..., L, H, n, n) -> (..., L, n, n): heads fused, then 0.5 A + 0.5 I renormalised."""
     att = _float_array(attentions, name, 4, "(layers, heads, n, n) or (..., layers, heads, n, n)")
     n_q, n_k = att.shape[-2:]

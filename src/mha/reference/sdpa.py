@@ -104,7 +104,8 @@ def _dropout_multiplier(q: np.ndarray, n_k: int, p: float, seed: int, dtype: DTy
 
 
 def _inputs(q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None, scale: float | None,
-            dropout: float, seed: int | None, *others: tuple[ArrayLike, str], backward: bool = False,
+            dropout: float, seed: int | None, *others: tuple[ArrayLike, str],
+            backward: bool = False,
             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[np.ndarray], np.dtype,
                        np.ndarray | None, float, float, int]:
     """The checked arguments, the arrays in their common dtype (`mha.checks`)."""

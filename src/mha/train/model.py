@@ -143,11 +143,11 @@ class SimpleAttentionModel:
         self._saved: tuple[np.ndarray, np.ndarray, bool] | None = None
 
     @property
-    def n_heads(self):
+    def n_heads(self) -> int:
         return self.attention.n_heads
 
     @property
-    def params(self):
+    def params(self) -> dict[str, np.ndarray]:
         own = self._own
         return {"token_embedding": own["token_embedding"], "pos_embedding": own["pos_embedding"],
                 **self.attention.params, "W_out": own["W_out"], "b_out": own["b_out"]}
@@ -342,7 +342,7 @@ class SimpleAttentionModel:
         """
         return float(np.mean(self.predict(tokens) == np.asarray(targets)))
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"SimpleAttentionModel(vocab_size={self.vocab_size}, d_model={self.d_model}, "
                 f"n_heads={self.n_heads}, seq_len={self.seq_len}, bias={self.attention.bias}, "
                 f"dtype={np.dtype(self.dtype).name}, parameters={self.num_parameters()})")
@@ -422,8 +422,10 @@ class Adam:
             p -= step_size * m / (np.sqrt(v) / bc2_sqrt + self.eps)
 
 
-def _progress(iterable, enabled, desc):
-    """tqdm (the notebook widget when ipywidgets is installed), or the bare iterable."""
+def _progress(iterable: range, enabled: bool, desc: str | None) -> Any:
+    """tqdm (the notebook widget when ipywidgets is installed), or the bare iterable.
+
+    Typed Any: tqdm ships no annotations, and fit calls the bar's set_postfix and close."""
     if not enabled:
         return iterable
     try:

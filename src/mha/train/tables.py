@@ -191,7 +191,7 @@ def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | Non
         return ""
     columns = list(rows[0]) if columns is None else list(columns)
 
-    def cell(name, value):
+    def cell(name: str, value: object) -> str:
         if isinstance(value, (bool, np.bool_)):
             return "yes" if value else "no"
         if isinstance(value, (int, np.integer)):
