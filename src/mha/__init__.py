@@ -10,6 +10,7 @@ and OPPOSITE to torch.nn.MultiheadAttention. `mha.reference` holds pure NumPy tw
 everything, the oracle of the tests. See docs/semantics.md for the exact numerics.
 """
 import os as _os
+import types as _types
 
 # On POSIX systems the kernels run on mha's own thread pool (csrc/threads.c), whose idle threads
 # spin 0.1 ms and then sleep, whatever else the process loaded. Windows builds use OpenMP,
@@ -49,7 +50,7 @@ __all__ = [
 _SUBMODULES = ("analysis", "viz", "models", "train", "corpus", "apps")
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> _types.ModuleType:
     """`mha.viz`, `mha.analysis`, `mha.models`, `mha.train`, ...: imported on first use, so that
     `import mha` stays light (no matplotlib, no tokenizers) until they are needed."""
     if name in _SUBMODULES:
@@ -136,9 +137,11 @@ def build_info() -> dict[str, str | int | bool | tuple[str, ...]]:
     >>> info["simd"] in info["simd_paths"]
     True
     """
-    info = dict(map(str.strip, part.split("=", 1)) for part in _C.build_info().split("; "))
-    info["simd_paths"] = tuple(info.get("simd_paths", "").split())
-    info["openmp"] = info["threads"].startswith("OpenMP")
+    fields = (part.split("=", 1) for part in _C.build_info().split("; "))
+    text = {name.strip(): value.strip() for name, value in fields}
+    info: dict[str, str | int | bool | tuple[str, ...]] = dict(text)
+    info["simd_paths"] = tuple(text.get("simd_paths", "").split())
+    info["openmp"] = text["threads"].startswith("OpenMP")
     info["num_threads"] = get_num_threads()
     if info["openmp"]:
         info["omp_wait_policy"] = _os.environ.get("OMP_WAIT_POLICY", "default")

@@ -1,9 +1,10 @@
 """`python -m mha COMMAND`: bench (the benchmark table), tour (every experiment's figures),
 corpus (head statistics over a corpus). The commands live in mha.apps."""
 import sys
+from typing import Sequence
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     commands = {
         "bench": "speed and memory against torch and NumPy, measured in one run",

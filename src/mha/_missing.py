@@ -2,7 +2,7 @@
 import os
 
 
-def explain(init_file, error):
+def explain(init_file: str, error: BaseException) -> str:
     """What happened and what to do, for `import mha` failing at `from . import _C`.
 
     Two cases: the package folder has no compiled extension at all (Python was started in a

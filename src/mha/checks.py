@@ -28,11 +28,19 @@ dtype policy: floating inputs (float16, float32, float64) of one call are promot
 float32 or float64 (float16 computes in float32); integer, bool, complex, object and extended
 precision arrays raise TypeError.
 """
+from __future__ import annotations
+
 import math
 import operator
 import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from numpy.typing import ArrayLike, DTypeLike
+
+if TYPE_CHECKING:
+    from .layer_base import KVCache
 
 __all__ = [
     "float_array", "compute_dtype", "contiguous", "flag", "default_scale", "scale", "qkv",
@@ -45,7 +53,7 @@ __all__ = [
 
 # ---- arrays and dtypes -------------------------------------------------------------------------
 
-def float_array(x, name):
+def float_array(x: ArrayLike, name: str) -> np.ndarray:
     """`x` as an ndarray of a floating dtype.
 
     Parameters
@@ -80,7 +88,7 @@ def float_array(x, name):
     return a
 
 
-def compute_dtype(*arrays):
+def compute_dtype(*arrays: np.ndarray) -> np.dtype:
     """The dtype a call computes in: float64 if any array is float64, else float32.
 
     Parameters
@@ -97,7 +105,7 @@ def compute_dtype(*arrays):
     return np.dtype(np.float64) if dtype.itemsize > 4 else np.dtype(np.float32)
 
 
-def contiguous(a, dtype=None):
+def contiguous(a: ArrayLike, dtype: DTypeLike | None = None) -> np.ndarray:
     """`a` as a C-contiguous, aligned array in native byte order, copied only when needed.
 
     Parameters
@@ -115,7 +123,7 @@ def contiguous(a, dtype=None):
 
 # ---- scalars -----------------------------------------------------------------------------------
 
-def flag(value, name):
+def flag(value: object, name: str) -> bool:
     """A Python bool from a bool or integer scalar.
 
     Raises
@@ -128,12 +136,12 @@ def flag(value, name):
     raise TypeError(f"{name} must be a bool, not {type(value).__name__}")
 
 
-def default_scale(d_k):
+def default_scale(d_k: int) -> float:
     """The softmax temperature 1 / sqrt(d_k); 1 for keys of width 0 (every score is 0 then)."""
     return 1.0 / math.sqrt(d_k) if d_k > 0 else 1.0
 
 
-def scale(value, d_k):
+def scale(value: float | None, d_k: int) -> float:
     """The softmax temperature: `value` as a float, or `default_scale(d_k)` when None.
 
     Raises
@@ -151,7 +159,7 @@ def scale(value, d_k):
         raise TypeError(f"scale must be a real number, not {type(value).__name__}") from None
 
 
-def dropout(p):
+def dropout(p: Any) -> float:
     """A dropout probability: a float in [0, 1).
 
     Raises
@@ -170,7 +178,7 @@ def dropout(p):
     return value
 
 
-def seed(value):
+def seed(value: object) -> int:
     """A dropout seed: a Python int in [0, 2**64).
 
     Raises
@@ -187,7 +195,7 @@ def seed(value):
     return int(value)
 
 
-def dropout_seed(p, seed_value, *, backward=False):
+def dropout_seed(p: float, seed_value: int | None, *, backward: bool = False) -> tuple[float, int]:
     """The dropout probability and seed of an attention call.
 
     Parameters
@@ -221,7 +229,7 @@ def dropout_seed(p, seed_value, *, backward=False):
 
 # ---- attention's arguments ---------------------------------------------------------------------
 
-def qkv(q, k, v):
+def qkv(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[int, int, int, int, int, int, int]:
     """Check that q, k, v have shapes attention can take.
 
     Parameters
@@ -271,7 +279,8 @@ def qkv(q, k, v):
     return B, H, H_kv, q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
 
 
-def mask(m, scores_shape, dtype, name="mask"):
+def mask(m: ArrayLike | None, scores_shape: Sequence[int], dtype: DTypeLike,
+         name: str = "mask") -> np.ndarray | None:
     """An attention mask as a read-only view with the scores' shape.
 
     Parameters
@@ -301,25 +310,25 @@ def mask(m, scores_shape, dtype, name="mask"):
     """
     if m is None:
         return None
-    m = np.asarray(m)
-    if m.dtype.kind in "iu":
-        m = m != 0
-    elif m.dtype.kind == "f":
-        m = m.astype(dtype, copy=False)
-    elif m.dtype.kind != "b":
-        raise TypeError(f"{name} must be bool, integer (nonzero = may attend) or float (added), not {m.dtype}")
-    if not (m.flags.aligned and m.dtype.isnative):
-        m = contiguous(m, m.dtype.newbyteorder("="))
+    a = np.asarray(m)
+    if a.dtype.kind in "iu":
+        a = a != 0
+    elif a.dtype.kind == "f":
+        a = a.astype(dtype, copy=False)
+    elif a.dtype.kind != "b":
+        raise TypeError(f"{name} must be bool, integer (nonzero = may attend) or float (added), not {a.dtype}")
+    if not (a.flags.aligned and a.dtype.isnative):
+        a = contiguous(a, a.dtype.newbyteorder("="))
     try:
-        return np.broadcast_to(m, scores_shape)
+        return np.broadcast_to(a, scores_shape)
     except ValueError:
         raise ValueError(
-            f"{name} has shape {m.shape}, which does not broadcast to the scores' shape "
+            f"{name} has shape {a.shape}, which does not broadcast to the scores' shape "
             f"{tuple(scores_shape)} (..., n_q, n_k)"
         ) from None
 
 
-def _physical_memory():
+def _physical_memory() -> int:
     """Memory a new buffer can get: MemAvailable where Linux reports it, else physical RAM."""
     try:
         with open("/proc/meminfo") as f:
@@ -334,7 +343,7 @@ def _physical_memory():
         return 1 << 62
 
 
-def fits(what, shape, dtype):
+def fits(what: str, shape: Sequence[int], dtype: DTypeLike) -> None:
     """Raise MemoryError, before any work, when an array cannot fit in this machine's memory.
 
     Parameters
@@ -363,7 +372,7 @@ def fits(what, shape, dtype):
 
 # ---- the layer's configuration -----------------------------------------------------------------
 
-def positive_int(name, value):
+def positive_int(name: str, value: Any) -> int:
     """`value` as a positive Python int.
 
     The one positive-integer check of the package (sizes, counts, limits).
@@ -386,7 +395,9 @@ def positive_int(name, value):
     return value
 
 
-def layer_dims(d_model, n_heads, n_kv_heads=None, d_head=None, kdim=None, vdim=None):
+def layer_dims(d_model: int, n_heads: int, n_kv_heads: int | None = None, d_head: int | None = None,
+               kdim: int | None = None, vdim: int | None = None,
+               ) -> tuple[int, int, int, int, int, int]:
     """A layer's sizes with their defaults filled in.
 
     Parameters
@@ -426,7 +437,7 @@ def layer_dims(d_model, n_heads, n_kv_heads=None, d_head=None, kdim=None, vdim=N
     return d_model, n_heads, n_kv_heads, d_head, kdim, vdim
 
 
-def layer_dtype(dtype):
+def layer_dtype(dtype: DTypeLike) -> np.dtype:
     """A layer's dtype: float32 or float64.
 
     Raises
@@ -443,7 +454,7 @@ def layer_dtype(dtype):
     return dtype
 
 
-def generator(seed_value):
+def generator(seed_value: Any) -> np.random.Generator:
     """A layer's random generator, ``np.random.default_rng(seed_value)``.
 
     Raises
@@ -464,7 +475,7 @@ def generator(seed_value):
 # by the binding for the C layer (csrc/module.c); `layer_sizes`, `key_padding_shape`,
 # `head_mask_shape`, `d_out_shape` and `cache` check them for the NumPy oracle, which has none.
 
-def _layer_input(x, name, width, dtype):
+def _layer_input(x: ArrayLike, name: str, width: int, dtype: DTypeLike) -> np.ndarray:
     try:
         x = np.asarray(x)
     except ValueError as e:
@@ -476,7 +487,9 @@ def _layer_input(x, name, width, dtype):
     return x.astype(dtype, copy=False)
 
 
-def layer_inputs(query, key, value, *, d_model, kdim, vdim, dtype):
+def layer_inputs(query: ArrayLike, key: ArrayLike | None, value: ArrayLike | None, *, d_model: int,
+                 kdim: int, vdim: int, dtype: DTypeLike,
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
     """A layer call's query, key and value, batched, C-contiguous and of the layer's dtype.
 
     Their sizes are not checked here (see `layer_sizes`).
@@ -510,32 +523,33 @@ def layer_inputs(query, key, value, *, d_model, kdim, vdim, dtype):
         inputs not all batched or all unbatched.
     """
     key_given, value_given = key is not None, value is not None
-    query = _layer_input(query, "query", d_model, dtype)
-    unbatched = query.ndim == 2
-    key = _layer_input(key, "key", kdim, dtype) if key_given else query
-    value = _layer_input(value, "value", vdim, dtype) if value_given else key
+    q = _layer_input(query, "query", d_model, dtype)
+    unbatched = q.ndim == 2
+    k = _layer_input(key, "key", kdim, dtype) if key is not None else q
+    v = _layer_input(value, "value", vdim, dtype) if value is not None else k
     if not key_given and kdim != d_model:
         raise ValueError(f"key must be given: it defaults to query (width d_model="
                          f"{d_model}) but this layer has kdim={kdim}")
     if not value_given and vdim != kdim:
         raise ValueError(f"value must be given: it defaults to key (width {kdim}) "
                          f"but this layer has vdim={vdim}")
-    if key.ndim != query.ndim or value.ndim != query.ndim:
+    if k.ndim != q.ndim or v.ndim != q.ndim:
         raise ValueError(f"query, key, value must all be batched or all unbatched, got "
-                         f"shapes {query.shape}, {key.shape}, {value.shape}")
-    query = contiguous(query[None] if unbatched else query)
-    key = contiguous(key[None] if unbatched else key) if key_given else query
-    value = contiguous(value[None] if unbatched else value) if value_given else key
+                         f"shapes {q.shape}, {k.shape}, {v.shape}")
+    q = contiguous(q[None] if unbatched else q)
+    k = contiguous(k[None] if unbatched else k) if key_given else q
+    v = contiguous(v[None] if unbatched else v) if value_given else k
     # a given key (value) is never the query (key) object itself, even when the caller passed
     # that array twice: its gradient is then returned apart
-    if key_given and key is query:
-        key = key[...]
-    if value_given and value is key:
-        value = value[...]
-    return query, key, value, unbatched
+    if key_given and k is q:
+        k = k[...]
+    if value_given and v is k:
+        v = v[...]
+    return q, k, v, unbatched
 
 
-def layer_sizes(query, key, value, *, d_model, kdim, vdim):
+def layer_sizes(query: np.ndarray, key: np.ndarray, value: np.ndarray, *, d_model: int, kdim: int,
+                vdim: int) -> None:
     """Check the widths, batch sizes and key/value lengths of a layer call's batched inputs.
 
     Parameters
@@ -559,7 +573,7 @@ def layer_sizes(query, key, value, *, d_model, kdim, vdim):
                          "batch sizes and key/value lengths must match")
 
 
-def key_padding_mask(m, unbatched):
+def key_padding_mask(m: ArrayLike, unbatched: bool) -> np.ndarray:
     """A layer's key_padding_mask as a C-contiguous bool array, batched.
 
     Parameters
@@ -582,7 +596,7 @@ def key_padding_mask(m, unbatched):
     return np.ascontiguousarray(m != 0)
 
 
-def key_padding_shape(m, batch, n_k):
+def key_padding_shape(m: np.ndarray, batch: int, n_k: int) -> None:
     """Check that a key_padding_mask (from `key_padding_mask`) is (batch, n_k).
 
     Raises
@@ -594,12 +608,12 @@ def key_padding_shape(m, batch, n_k):
         raise ValueError(f"key_padding_mask has shape {m.shape} but expected (batch, n_k) = {(batch, n_k)}")
 
 
-def head_mask(m, dtype):
+def head_mask(m: ArrayLike, dtype: DTypeLike) -> np.ndarray:
     """A layer's head_mask as an array of the layer's dtype."""
     return np.asarray(m, dtype=dtype)
 
 
-def head_mask_shape(m, n_heads):
+def head_mask_shape(m: np.ndarray, n_heads: int) -> None:
     """Check that a head_mask is (n_heads,).
 
     Raises
@@ -611,7 +625,7 @@ def head_mask_shape(m, n_heads):
         raise ValueError(f"head_mask has shape {m.shape} but expected ({n_heads},)")
 
 
-def d_out(g, unbatched, dtype):
+def d_out(g: ArrayLike, unbatched: bool, dtype: DTypeLike) -> np.ndarray:
     """The gradient a layer's backward receives, of the layer's dtype, batched when it is 2-D
     and the forward's input was unbatched.
 
@@ -626,7 +640,7 @@ def d_out(g, unbatched, dtype):
     return g.astype(dtype, copy=False)
 
 
-def d_out_shape(g, out_shape, unbatched):
+def d_out_shape(g: np.ndarray, out_shape: Sequence[int], unbatched: bool) -> None:
     """Check that a layer's d_out (from `d_out`) has the output's batched shape.
 
     Parameters
@@ -649,7 +663,7 @@ def d_out_shape(g, out_shape, unbatched):
         raise ValueError(f"d_out has shape {given} but the output has shape {shape}")
 
 
-def cache_sizes(batch_size, max_len):
+def cache_sizes(batch_size: int, max_len: int) -> tuple[int, int]:
     """A KV cache's batch size and length: positive Python ints.
 
     Raises
@@ -660,7 +674,8 @@ def cache_sizes(batch_size, max_len):
     return positive_int("batch_size", batch_size), positive_int("max_len", max_len)
 
 
-def cache(c, batch, n_kv_heads, d_head, dtype, n_new):
+def cache(c: KVCache, batch: int, n_kv_heads: int, d_head: int, dtype: DTypeLike,
+          n_new: int) -> None:
     """Check that a KV cache can take this call's keys and values.
 
     Parameters

@@ -26,14 +26,14 @@ import os
 from typing import Literal, overload
 
 import numpy as np
-from numpy.typing import ArrayLike
+from numpy.typing import ArrayLike, DTypeLike
 
 from . import _core, checks
 
 __all__ = ["attention", "attention_backward"]
 
 
-def core_view(a, dtype):
+def core_view(a: ArrayLike, dtype: DTypeLike) -> np.ndarray:
     """`a` as the core reads it: `a` itself when it is a view the core can read (the call's
     dtype, aligned, native byte order, the last axis contiguous, the other strides
     non-negative multiples of the item size), else a C-contiguous copy.
@@ -49,7 +49,9 @@ def core_view(a, dtype):
     return a if readable else checks.contiguous(a, dtype)
 
 
-def _prepare(q, k, v, mask, *also):
+def _prepare(q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None, *also: np.ndarray,
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.dtype, tuple[int, ...] | None,
+                        ArrayLike | None]:
     """q, k, v as floating arrays, the dtype they compute in (with the arrays `also`), the
     scores' shape, and the mask broadcast to it.
 
@@ -65,7 +67,7 @@ def _prepare(q, k, v, mask, *also):
     return q, k, v, dtype, scores_shape, mask
 
 
-def _fresh_seed():
+def _fresh_seed() -> int:
     """A dropout seed in [0, 2**63) from the operating system's entropy."""
     return int.from_bytes(os.urandom(8), "little") >> 1
 

@@ -9,6 +9,8 @@ binding checks every size against the parameters, so this layer leaves `_check_s
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from numpy.typing import ArrayLike
 
@@ -86,14 +88,18 @@ class MultiHeadAttention(LayerBase):
     >>> d_x, _, _ = layer.backward(np.ones_like(out))
     """
 
-    def _check_sizes(self, query, key, value, *, key_padding_mask, head_mask, cache):
+    def _check_sizes(self, query: np.ndarray, key: np.ndarray, value: np.ndarray, *,
+                     key_padding_mask: np.ndarray | None, head_mask: np.ndarray,
+                     cache: KVCache | None) -> None:
         """Nothing: the binding checks the sizes against the parameters (csrc/module.c)."""
 
-    def _check_d_out(self, d_out, out_shape, unbatched):
+    def _check_d_out(self, d_out: np.ndarray, out_shape: tuple[int, ...], unbatched: bool) -> None:
         """Nothing: the binding checks d_out against the forward's output."""
 
-    def _forward(self, query, key, value, *, mask, key_padding_mask, causal, need_weights,
-                 head_mask, dropout, seed, cache):
+    def _forward(self, query: np.ndarray, key: np.ndarray, value: np.ndarray, *,
+                 mask: np.ndarray | None, key_padding_mask: np.ndarray | None, causal: bool,
+                 need_weights: bool, head_mask: np.ndarray, dropout: float, seed: int | None,
+                 cache: KVCache | None) -> tuple[np.ndarray, np.ndarray | None, dict[str, Any]]:
         # the parameters as the core reads them, by name (the binding leaves out a head mask of
         # all ones, the identity)
         params = {name: checks.contiguous(a, self.dtype) for name, a in self.params.items()}
@@ -105,7 +111,8 @@ class MultiHeadAttention(LayerBase):
             key_is_query=key is query, value_is_key=value is key)
         return out, weights, {"context": context}
 
-    def _backward(self, d_out, saved):
+    def _backward(self, d_out: np.ndarray, saved: dict[str, Any]) -> tuple[
+            np.ndarray, np.ndarray | None, np.ndarray | None, dict[str, np.ndarray]]:
         d_query, d_key, d_value, grads = _core.layer_backward(
             checks.contiguous(d_out, self.dtype), saved["context"])
         return d_query, d_key, d_value, grads
@@ -162,6 +169,7 @@ class MultiHeadAttention(LayerBase):
                               causal=causal, need_weights=True)
         finally:
             self.training, self._saved = training, saved
+        assert weights is not None                                      # need_weights=True
         _, _, value, unbatched = checks.layer_inputs(
             query, key, value, d_model=self.d_model, kdim=self.kdim, vdim=self.vdim, dtype=self.dtype)
         B, n_k, _ = value.shape

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 import numpy as np
 from numpy.typing import ArrayLike, DTypeLike
@@ -166,7 +166,7 @@ def params_from_torch(module: Any) -> tuple[dict[str, Any], dict[str, np.ndarray
 
     dtype = np.dtype(np.float64 if module.out_proj.weight.dtype == torch.float64 else np.float32)
 
-    def to_numpy(t):
+    def to_numpy(t: Any) -> np.ndarray:
         return t.detach().cpu().to(torch.float64).numpy()
 
     E = module.embed_dim
@@ -301,19 +301,19 @@ class KVCache:
                             .transpose(0, 2, 1, 3) for rows in (self.k_rows, self.v_rows))
 
     @property
-    def k(self):
+    def k(self) -> np.ndarray:
         return self._k
 
     @property
-    def v(self):
+    def v(self) -> np.ndarray:
         return self._v
 
     @property
-    def batch_size(self):
+    def batch_size(self) -> int:
         return self.k_rows.shape[0]
 
     @property
-    def max_len(self):
+    def max_len(self) -> int:
         return self.k_rows.shape[1]
 
     def reset(self) -> None:
@@ -347,7 +347,7 @@ class KVCache:
         self.length = stop
         return self._k[:, :, :stop], self._v[:, :, :stop]
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"KVCache(batch_size={self.batch_size}, n_kv_heads={self.n_kv_heads}, "
                 f"max_len={self.max_len}, d_head={self.d_head}, length={self.length})")
 
@@ -372,6 +372,11 @@ class LayerBase:
     The constructor's parameters are those of `mha.MultiHeadAttention`.
     """
 
+    # the two methods each subclass implements (see above), declared for the type checker
+    _forward: Callable[..., tuple[np.ndarray, np.ndarray | None, dict[str, Any]]]
+    _backward: Callable[[np.ndarray, dict[str, Any]], tuple[
+        np.ndarray, np.ndarray | None, np.ndarray | None, dict[str, np.ndarray]]]
+
     def __init__(self, d_model: int, n_heads: int, *, n_kv_heads: int | None = None,
                  d_head: int | None = None, kdim: int | None = None, vdim: int | None = None,
                  bias: bool = True, dropout: float = 0.0, dtype: DTypeLike = np.float32,
@@ -389,10 +394,10 @@ class LayerBase:
         self.grads = self._zero_grads()
         self.head_mask = np.ones(self.n_heads, self.dtype)
         self.training = True
-        self._saved = None  # what backward needs from the last forward
+        self._saved: dict[str, Any] | None = None  # what backward needs from the last forward
 
     @property
-    def scale(self):
+    def scale(self) -> float:
         """The softmax temperature, 1 / sqrt(d_head)."""
         return 1.0 / math.sqrt(self.d_head)
 
@@ -461,7 +466,7 @@ class LayerBase:
         """
         return KVCache(batch_size, self.n_kv_heads, max_len, self.d_head, self.dtype)
 
-    def _zero_grads(self):
+    def _zero_grads(self) -> dict[str, np.ndarray]:
         grads = {name: np.zeros_like(a) for name, a in self.params.items()}
         grads["head_mask"] = np.zeros(self.n_heads, self.dtype)
         return grads
@@ -590,10 +595,13 @@ class LayerBase:
         self._check_d_out(d_out, s["out_shape"], s["unbatched"])
         d_query, d_key, d_value, self.grads = self._backward(d_out, s)
         if s["unbatched"]:
-            d_query, d_key, d_value = (None if d is None else d[0] for d in (d_query, d_key, d_value))
+            d_query = d_query[0]
+            d_key, d_value = (None if d is None else d[0] for d in (d_key, d_value))
         return d_query, d_key, d_value
 
-    def _check_sizes(self, query, key, value, *, key_padding_mask, head_mask, cache):
+    def _check_sizes(self, query: np.ndarray, key: np.ndarray, value: np.ndarray, *,
+                     key_padding_mask: np.ndarray | None, head_mask: np.ndarray,
+                     cache: KVCache | None) -> None:
         """Check a call's sizes against each other and the parameters: widths, batch sizes,
         key/value lengths, key_padding_mask, head_mask and the cache (``mha.checks``).
 
@@ -609,7 +617,7 @@ class LayerBase:
             checks.key_padding_shape(key_padding_mask, B, n_k)
         checks.head_mask_shape(head_mask, self.n_heads)
 
-    def _check_d_out(self, d_out, out_shape, unbatched):
+    def _check_d_out(self, d_out: np.ndarray, out_shape: tuple[int, ...], unbatched: bool) -> None:
         """Check that backward's d_out has the output's shape (see `_check_sizes`)."""
         checks.d_out_shape(d_out, out_shape, unbatched)
 
@@ -680,7 +688,7 @@ class LayerBase:
         layer.training = bool(module.training)
         return layer
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         extra = ""
         if self.n_kv_heads != self.n_heads:
             extra += f", n_kv_heads={self.n_kv_heads}"

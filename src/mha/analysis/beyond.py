@@ -14,7 +14,8 @@ __all__ = ["HEAD_FUSIONS", "attention_rollout", "attention_flow", "value_norms"]
 HEAD_FUSIONS = ("mean", "max", "min")
 
 
-def _fused_layers(attentions, head_fusion, residual, name="attentions"):
+def _fused_layers(attentions: ArrayLike, head_fusion: str, residual: bool,
+                  name: str = "attentions") -> np.ndarray:
     """(..., L, H, n, n) -> (..., L, n, n): heads fused, then 0.5 A + 0.5 I renormalised."""
     att = _float_array(attentions, name, 4, "(layers, heads, n, n) or (..., layers, heads, n, n)")
     n_q, n_k = att.shape[-2:]
@@ -282,7 +283,7 @@ def value_norms(weights: ArrayLike, values: ArrayLike, W_o: ArrayLike, *,
         raise ValueError(f"W_o has shape {W.shape}: expected ({H * d_head}, d_model) for "
                          f"{H} heads of width {d_head}")
     lead = w.shape[:-3]
-    w = w.astype(dtype, copy=False).reshape((-1, H, n_q, n_k))   # (B, H, n_q, n_k)
+    w = w.astype(dtype, copy=False).reshape(-1, H, n_q, n_k)   # (B, H, n_q, n_k)
     v = v.astype(dtype, copy=False).reshape((-1, H_kv, n_k, d_head))
     W = np.ascontiguousarray(W, dtype=dtype)
     B, d_model, group = w.shape[0], W.shape[1], H // H_kv

@@ -35,7 +35,7 @@ _CLARK_ENTROPY_SMOOTHING = 1e-4
 _CLARK_BROAD_ENTROPY = 3.8
 
 
-def _is_punctuation(token):
+def _is_punctuation(token: str) -> bool:
     core = token
     for mark in _SUBWORD_MARKS:
         core = core.replace(mark, "")
@@ -217,7 +217,9 @@ def head_statistic_sums(weights: ArrayLike, attention_mask: ArrayLike | None = N
     return sums, counts
 
 
-def _statistic_inputs(weights, attention_mask, cls, sep, punct, key_norms):
+def _statistic_inputs(weights: ArrayLike, attention_mask: ArrayLike | None, cls: ArrayLike | None,
+                      sep: ArrayLike | None, punct: ArrayLike | None, key_norms: ArrayLike | None,
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
     """Checked inputs of head_statistic_sums: weights (B, L, H, n, n) float32 or float64,
     real (B, n) bool, kinds (B, n, 3) [CLS]/[SEP]/punctuation in the weights' dtype, and the
     key norms (B, L, H, n) or None."""
@@ -245,7 +247,8 @@ def _statistic_inputs(weights, attention_mask, cls, sep, punct, key_norms):
     return w, real, kinds, norms
 
 
-def _text_sums(p, idx, kinds, f, clark):
+def _text_sums(p: np.ndarray, idx: np.ndarray, kinds: np.ndarray, f: np.ndarray | None, clark: bool,
+               ) -> tuple[dict[str, np.ndarray], int]:
     """The statistics of one text summed over its m real query tokens.
 
     p: (L, H, m, m) its real square; idx: (m,) their positions in the padded text; kinds:

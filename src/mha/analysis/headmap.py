@@ -151,16 +151,17 @@ def metric_mds(distances: ArrayLike, n_components: int = 2, *, n_init: int = 5,
         points, stress = _smacof(d, start, max_iter, eps)
         if stress < best_stress:
             best, best_stress = points, stress
+    assert best is not None                               # starts holds one start or more
     return _principal_axes(best)
 
 
-def _pairwise(x):
+def _pairwise(x: np.ndarray) -> np.ndarray:
     """Euclidean distances between the rows of x: (N, N)."""
     diff = x[:, None, :] - x[None, :, :]
     return np.sqrt(np.einsum("ijk,ijk->ij", diff, diff))
 
 
-def _smacof(d, x, max_iter, eps):
+def _smacof(d: np.ndarray, x: np.ndarray, max_iter: int, eps: float) -> tuple[np.ndarray, float]:
     """Guttman transforms from x until the stress stalls: (points, their stress)."""
     N = d.shape[0]
     dist = _pairwise(x)
@@ -177,7 +178,7 @@ def _smacof(d, x, max_iter, eps):
     return x, stress
 
 
-def _principal_axes(x):
+def _principal_axes(x: np.ndarray) -> np.ndarray:
     """x centred, turned to its principal axes, each axis' largest coordinate positive."""
     x = x - x.mean(axis=0)
     _, _, vt = np.linalg.svd(x, full_matrices=False)

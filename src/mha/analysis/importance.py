@@ -14,7 +14,7 @@ __all__ = ["head_importance_ablation", "head_importance_gradient", "head_mask_gr
            "use_head_mask"]
 
 
-def _initial_mask(head_mask):
+def _initial_mask(head_mask: int | tuple[int, ...] | ArrayLike) -> np.ndarray:
     """int n -> ones(n); tuple shape -> ones(shape); array -> float copy."""
     if isinstance(head_mask, (int, np.integer)):
         return np.ones(int(head_mask))
@@ -136,7 +136,7 @@ def head_importance_gradient(grads: ArrayLike | Iterable[ArrayLike], *,
     return importance
 
 
-def _layer_list(layers):
+def _layer_list(layers: Any) -> list[Any]:
     return list(layers) if isinstance(layers, (list, tuple)) else [layers]
 
 
@@ -216,7 +216,7 @@ def use_head_mask(layers: Any, head_mask: ArrayLike) -> Iterator[None]:
             _set_mask(layer, old)
 
 
-def _set_mask(layer, row):
+def _set_mask(layer: Any, row: np.ndarray) -> None:
     current = layer.head_mask
     if (isinstance(current, np.ndarray) and current.shape == np.shape(row)
             and current.flags.writeable):

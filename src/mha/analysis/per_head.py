@@ -165,7 +165,7 @@ def pattern_scores(weights: ArrayLike) -> dict[str, np.ndarray]:
     n_q, n_k = weights.shape[-2:]
     offset = n_k - n_q
 
-    def diagonal_mean(k, count):
+    def diagonal_mean(k: int, count: int) -> np.ndarray:
         d = np.diagonal(weights, offset=offset + k, axis1=-2, axis2=-1)
         return d.sum(axis=-1) / max(count, 1)
 

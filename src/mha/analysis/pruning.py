@@ -64,10 +64,10 @@ class PruningCurve:
     prunable_mask: np.ndarray = field(repr=False)
 
     @property
-    def fraction_pruned(self):
+    def fraction_pruned(self) -> np.ndarray:
         return self.n_pruned / self.n_heads
 
-    def drop(self):
+    def drop(self) -> np.ndarray:
         """Compute the metric's drop from the baseline at each step.
 
         Returns

@@ -141,7 +141,7 @@ def head_distance(weights: ArrayLike, *, convention: str = "mha") -> np.ndarray:
     return np.maximum(out, 0.0) if clark else np.clip(out, 0.0, 1.0)
 
 
-def _kl_rows(p, m, natural):
+def _kl_rows(p: np.ndarray, m: np.ndarray, natural: bool) -> np.ndarray:
     """KL(p || m) over the last axis, in nats or bits, with 0 log 0 = 0 (m > 0 where p > 0)."""
     log = np.log if natural else np.log2
     with np.errstate(divide="ignore", invalid="ignore"):

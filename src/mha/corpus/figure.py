@@ -1,12 +1,19 @@
 """The figure of a head-statistics dataset: one layer x head heatmap per statistic."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .statistics import STATISTICS
+
+if TYPE_CHECKING:
+    import xarray as xr
+    from matplotlib.figure import Figure
 
 __all__ = ["statistics_figure"]
 
 
-def statistics_figure(dataset, *, columns=5, panel_size=(3.4, 2.9)):
+def statistics_figure(dataset: xr.Dataset, *, columns: int = 5,
+                      panel_size: tuple[float, float] = (3.4, 2.9)) -> Figure:
     """One layer x head heatmap per statistic of a :func:`~mha.corpus.head_statistics` dataset.
 
     Parameters

@@ -6,6 +6,7 @@ import contextlib
 import os
 import time
 import uuid
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import dask
 import dask.bag
@@ -19,6 +20,13 @@ from ..checks import positive_int
 from ..analysis import CLARK_METRICS, CONVENTIONS
 from .tasks import _batch_sums, _model_spec, _partition_sums, _tree
 from .texts import _batches, _open_texts, _tokenize
+
+if TYPE_CHECKING:
+    from dask.delayed import Delayed
+    from distributed import Client
+
+    from ..models import TransformerModel
+    from .tasks import _ModelSpec
 
 __all__ = ["head_statistics", "STATISTICS"]
 
@@ -45,18 +53,19 @@ _ABOUT = {
 class _Progress(Callback):
     """Moves a tqdm bar as the threaded scheduler finishes leaf tasks (by their weight)."""
 
-    def __init__(self, bar, weights):
+    def __init__(self, bar: Any, weights: dict[str, int]) -> None:
         super().__init__()
         self.bar, self.weights = bar, weights
 
-    def _posttask(self, key, result, dsk, state, worker_id):
+    def _posttask(self, key: str, result: object, dsk: object, state: object,
+                  worker_id: object) -> None:
         weight = self.weights.get(key)
         if weight:
             self.bar.update(weight)
 
 
 @contextlib.contextmanager
-def _kernel_threads(n):
+def _kernel_threads(n: int) -> Iterator[None]:
     old = mha.get_num_threads()
     mha.set_num_threads(n)
     try:
@@ -65,13 +74,15 @@ def _kernel_threads(n):
         mha.set_num_threads(old)
 
 
-def _run_local(root, weights, bar, num_workers, kernel_threads):
+def _run_local(root: Delayed, weights: dict[str, int], bar: Any, num_workers: int | None,
+               kernel_threads: int) -> dict[str, Any]:
     with _kernel_threads(kernel_threads), _Progress(bar, weights):
         (total,) = dask.compute(root, scheduler="threads", num_workers=num_workers)
     return total
 
 
-def _run_distributed(client, leaves, root, weights, bar):
+def _run_distributed(client: Client, leaves: list[Delayed], root: Delayed, weights: dict[str, int],
+                     bar: Any) -> dict[str, Any]:
     from distributed import as_completed
 
     futures = client.compute(list(leaves) + [root])
@@ -92,9 +103,12 @@ def _run_distributed(client, leaves, root, weights, bar):
 
 # --- the public function -----------------------------------------------------------------------
 
-def head_statistics(model, texts, *, batch_size=16, client=None, progress=True,
-                    truncation=False, skip_empty=False, norms=True, num_workers=None,
-                    kernel_threads=None, batch_tokens=512, convention="mha"):
+def head_statistics(model: TransformerModel | str | os.PathLike[str],
+                    texts: str | os.PathLike[str] | Iterable[str] | dask.bag.Bag, *,
+                    batch_size: int = 16, client: Client | None = None, progress: bool = True,
+                    truncation: bool = False, skip_empty: bool = False, norms: bool = True,
+                    num_workers: int | None = None, kernel_threads: int | None = None,
+                    batch_tokens: int | None = 512, convention: str = "mha") -> xr.Dataset:
     """Compute per-head attention statistics as corpus means, on Dask.
 
     Clark et al.'s per-head statistics and Kobayashi et al.'s value-norm shares, averaged over
@@ -251,7 +265,8 @@ def head_statistics(model, texts, *, batch_size=16, client=None, progress=True,
     return _dataset(model, total, batch_size, batch_tokens, convention, attrs)
 
 
-def _threads(client, num_workers, kernel_threads):
+def _threads(client: Client | None, num_workers: int | None, kernel_threads: int | None,
+             ) -> tuple[int | None, int | None]:
     """(Dask threads on this machine or None, C kernel threads per task) from the arguments."""
     budget = mha.get_num_threads()
     if client is None:
@@ -264,7 +279,8 @@ def _threads(client, num_workers, kernel_threads):
     return num_workers, kernel_threads
 
 
-def _bag_tasks(runner, bag, run, options):
+def _bag_tasks(runner: TransformerModel | _ModelSpec, bag: dask.bag.Bag, run: str,
+               options: dict[str, Any]) -> tuple[list[Delayed], dict[str, int], dict[str, Any]]:
     """One task per partition of a dask.bag (tokenized on the workers; ``options``: the keyword
     arguments of _partition_sums) -> (leaves, progress weight of each leaf's key, attrs)."""
     leaves = [dask.delayed(_partition_sums)(runner, part, i, **options,
@@ -274,8 +290,10 @@ def _bag_tasks(runner, bag, run, options):
     return leaves, weights, {"source": f"dask.bag with {bag.npartitions} partitions"}
 
 
-def _text_tasks(model, runner, texts, run, batch_size, batch_tokens, truncation, skip_empty,
-                progress, options):
+def _text_tasks(model: TransformerModel, runner: TransformerModel | _ModelSpec,
+                texts: str | os.PathLike[str] | Iterable[str], run: str, batch_size: int,
+                batch_tokens: int | None, truncation: bool, skip_empty: bool, progress: bool,
+                options: dict[str, Any]) -> tuple[list[Delayed], dict[str, int], dict[str, Any]]:
     """Texts checked and tokenized here, sorted and batched: one task per batch (``options``:
     the keyword arguments of _batch_sums) -> (leaves, tokens of each leaf's key, attrs)."""
     from tqdm.auto import tqdm
@@ -297,13 +315,16 @@ def _text_tasks(model, runner, texts, run, batch_size, batch_tokens, truncation,
                              "texts_skipped": skipped}
 
 
-def _compute(client, leaves, root, weights, bar_total, unit, progress, num_workers, kernel_threads):
+def _compute(client: Client | None, leaves: list[Delayed], root: Delayed, weights: dict[str, int],
+             bar_total: int, unit: str, progress: bool, num_workers: int | None,
+             kernel_threads: int | None) -> tuple[dict[str, Any], str]:
     """Run the graph with a progress bar -> (the root's total, a description of the scheduler)."""
     from tqdm.auto import tqdm
 
     with tqdm(total=bar_total, unit=unit, unit_scale=True, desc="head statistics",
               disable=not progress) as bar:
         if client is None:
+            assert kernel_threads is not None                  # _threads sets it then
             total = _run_local(root, weights, bar, num_workers, kernel_threads)
             return total, f"dask threads: {num_workers} workers x {kernel_threads} kernel threads"
         total = _run_distributed(client, leaves, root, weights, bar)
@@ -311,7 +332,7 @@ def _compute(client, leaves, root, weights, bar_total, unit, progress, num_worke
         return total, f"dask.distributed at {address}"
 
 
-def _as_model(model):
+def _as_model(model: TransformerModel | str | os.PathLike[str]) -> TransformerModel:
     from ..models import TransformerModel, load
 
     if isinstance(model, TransformerModel):
@@ -322,7 +343,8 @@ def _as_model(model):
                     f"{type(model).__name__}")
 
 
-def _dataset(model, total, batch_size, batch_tokens, convention, attrs):
+def _dataset(model: TransformerModel, total: dict[str, Any], batch_size: int,
+             batch_tokens: int | None, convention: str, attrs: dict[str, Any]) -> xr.Dataset:
     sums, counts = total["sums"], total["counts"]
     L, H = model.n_layers, model.n_heads
     data = {}

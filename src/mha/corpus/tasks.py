@@ -9,6 +9,7 @@ import threading
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import dask
 import numpy as np
@@ -17,6 +18,11 @@ import mha
 
 from ..analysis import head_statistic_sums, token_classes
 from .texts import CorpusError, _batches, _tokenize
+
+if TYPE_CHECKING:
+    from dask.delayed import Delayed
+
+    from ..models import TransformerModel
 
 #: What a partial result counts besides the sums: texts, real tokens, padded positions
 #: (batch x longest), batches, texts cut and empty texts skipped (bags; lists count on the caller).
@@ -41,7 +47,7 @@ class _Tables:
     """Per model, built once per process: which token ids are [CLS], [SEP], punctuation and
     Clark et al.'s punctuation ("." and ",") (V, 4) and, per layer, each head's Gram matrix of the output projection (H, d, d)."""
 
-    def __init__(self, model):
+    def __init__(self, model: TransformerModel) -> None:
         tok = model.tokenizer
         vocab = max(tok.vocab_size, model.config.vocab_size, model.config.pad_token_id + 1)
         tokens = [tok.id_to_token(i) for i in range(vocab)]
@@ -50,19 +56,20 @@ class _Tables:
         self.classes = np.stack([classes["cls"], classes["sep"], classes["punct"],
                                  token_classes(strings, convention="clark")["punct"]], axis=-1)
         d = model.d_head
-        self.grams = []
+        self.grams: list[np.ndarray] = []
         for layer in range(model.n_layers):
             W_o = model.output_projection(layer)[0].astype(np.float64)
             heads = W_o.reshape(model.n_heads, d, W_o.shape[1])       # rows of head h
             self.grams.append(heads @ heads.transpose(0, 2, 1))       # (H, d, d)
 
 
-_TABLES = weakref.WeakKeyDictionary()
-_LOADED = {}                        # on a worker: (source, dtype) -> (model, fingerprint)
+_TABLES: weakref.WeakKeyDictionary[TransformerModel, _Tables] = weakref.WeakKeyDictionary()
+# on a worker: (source, dtype) -> (model, fingerprint)
+_LOADED: dict[tuple[str, str], tuple[TransformerModel, str]] = {}
 _LOCK = threading.Lock()            # model loading and table building
 
 
-def _tables(model):
+def _tables(model: TransformerModel) -> _Tables:
     with _LOCK:
         tables = _TABLES.get(model)
         if tables is None:
@@ -70,7 +77,7 @@ def _tables(model):
         return tables
 
 
-def _fingerprint(model):
+def _fingerprint(model: TransformerModel) -> str:
     """A digest of the model's class, config and every weight (0.1-0.2 s for MiniLM)."""
     digest = hashlib.blake2b(digest_size=16)
     digest.update(f"{type(model).__name__} {model.config.raw!r}".encode())
@@ -80,7 +87,7 @@ def _fingerprint(model):
     return digest.hexdigest()
 
 
-def _model_spec(model):
+def _model_spec(model: TransformerModel) -> _ModelSpec:
     """How workers load ``model``: a folder given by path by its absolute path, a name
     ("minilm", a Hugging Face cache name) by name, so that each machine resolves it."""
     name = model.name if model.name is not None else str(model.folder)
@@ -89,7 +96,7 @@ def _model_spec(model):
     return _ModelSpec(name, np.dtype(model.dtype).name, _fingerprint(model))
 
 
-def _worker_model(spec):
+def _worker_model(spec: _ModelSpec) -> TransformerModel:
     """The model of ``spec`` in this process, loaded on first use and kept."""
     with _LOCK:
         entry = _LOADED.get((spec.source, spec.dtype))
@@ -112,7 +119,8 @@ def _worker_model(spec):
     return model
 
 
-def _resolve(runner, kernel_threads):
+def _resolve(runner: TransformerModel | _ModelSpec, kernel_threads: int | None,
+             ) -> TransformerModel:
     """The model object from a task's runner (the model itself on the threaded scheduler, a
     spec on a cluster), with the C kernels set to ``kernel_threads`` (None: unchanged)."""
     if kernel_threads is not None and mha.get_num_threads() != kernel_threads:
@@ -122,7 +130,7 @@ def _resolve(runner, kernel_threads):
 
 # --- one batch -> sums -------------------------------------------------------------------------
 
-def _key_norms(v, gram, n_heads):
+def _key_norms(v: np.ndarray, gram: np.ndarray, n_heads: int) -> np.ndarray:
     """||f_h(x_j)|| = ||v_hj W_o^(h)|| for every head and key, from the Gram matrix
     G_h = W_o^(h) W_o^(h)^T: sqrt(v G v^T), d_head^2 work per key instead of d_head * d_model.
     v: (B, H_kv, n, d_head) -> (B, H, n) float64."""
@@ -133,7 +141,9 @@ def _key_norms(v, gram, n_heads):
     return np.sqrt(np.maximum(square, 0.0))                   # rounding can dip below 0
 
 
-def _batch_sums(runner, ids_flat, lengths, *, norms, convention="mha", kernel_threads=None):
+def _batch_sums(runner: TransformerModel | _ModelSpec, ids_flat: np.ndarray, lengths: np.ndarray,
+                *, norms: bool, convention: str = "mha", kernel_threads: int | None = None,
+                ) -> dict[str, Any]:
     """One batch (flat token ids, lengths) -> its partial sums (a dict; see _add)."""
     model = _resolve(runner, kernel_threads)
     tables = _tables(model)
@@ -141,11 +151,11 @@ def _batch_sums(runner, ids_flat, lengths, *, norms, convention="mha", kernel_th
     mask = np.arange(n)[None, :] < lengths[:, None]
     ids = np.full((B, n), model.config.pad_token_id, dtype=np.int64)
     ids[mask] = ids_flat                                      # row-major = text after text
-    captured = [] if norms else None
+    captured: list[tuple[np.ndarray, np.ndarray, np.ndarray]] | None = [] if norms else None
     _, weights = model._forward(ids, mask, np.zeros_like(ids), True, None, capture=captured)
     classes = tables.classes[ids] & mask[..., None]           # (B, n, 4)
     key_norms = None
-    if norms:
+    if captured is not None:                                  # norms
         key_norms = np.stack([_key_norms(v, tables.grams[layer], model.n_heads)
                               for layer, (_, _, v) in enumerate(captured)], axis=1)
     del captured
@@ -157,7 +167,7 @@ def _batch_sums(runner, ids_flat, lengths, *, norms, convention="mha", kernel_th
             "slots": B * n, "batches": 1, "truncated": 0, "skipped": 0}
 
 
-def _add(*parts):
+def _add(*parts: dict[str, Any]) -> dict[str, Any]:
     """The sum of partial results, added in the order given (the tree fixes that order)."""
     total = {"sums": {k: v.copy() for k, v in parts[0]["sums"].items()},
              "counts": dict(parts[0]["counts"])}
@@ -172,8 +182,10 @@ def _add(*parts):
     return total
 
 
-def _partition_sums(runner, texts, partition, *, batch_size, batch_tokens, truncation, skip_empty,
-                    norms, convention="mha", kernel_threads=None):
+def _partition_sums(runner: TransformerModel | _ModelSpec, texts: Iterable[object], partition: int,
+                    *, batch_size: int, batch_tokens: int | None, truncation: bool,
+                    skip_empty: bool, norms: bool, convention: str = "mha",
+                    kernel_threads: int | None = None) -> dict[str, Any]:
     """One partition of a dask.bag: check and tokenize its texts, sort them, and add the sums
     of its batches in order -> one partial result."""
     model = _resolve(runner, kernel_threads)
@@ -190,7 +202,7 @@ def _partition_sums(runner, texts, partition, *, batch_size, batch_tokens, trunc
     return total
 
 
-def _tree(leaves, run):
+def _tree(leaves: Sequence[Delayed], run: str) -> Delayed:
     """Add the leaves' results in a tree of _FAN_IN-way sums: the shape and the order of every
     addition depend only on the number of leaves. Returns the root (a Delayed)."""
     level, depth = list(leaves), 0

@@ -5,8 +5,12 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence, Sized, cast
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from ..models import TransformerModel
 
 __all__ = ["CorpusError", "synthetic_texts"]
 
@@ -21,13 +25,15 @@ class CorpusError(ValueError):
     """
 
 
-def _start(text, width=40):
+def _start(text: object, width: int = 40) -> str:
     """The first characters of an item, for error messages."""
     s = text if isinstance(text, str) else repr(text)
     return repr(s[:width] + ("..." if len(s) > width else ""))
 
 
-def _tokenize(model, items, name, *, truncation, skip_empty, bar=None):
+def _tokenize(model: TransformerModel, items: Iterable[tuple[int, object]],
+              name: Callable[[int], str], *, truncation: bool, skip_empty: bool, bar: Any = None,
+              ) -> tuple[list[np.ndarray], int, int]:
     """Check and tokenize ``items`` ((index, text) pairs) -> (list of id arrays, number of texts
     truncated, number of empty texts skipped). ``name(index)`` names an item in errors."""
     tokenizer = model.tokenizer
@@ -58,7 +64,8 @@ def _tokenize(model, items, name, *, truncation, skip_empty, bar=None):
     return ids, truncated, skipped
 
 
-def _batches(ids, batch_size, batch_tokens):
+def _batches(ids: Sequence[np.ndarray], batch_size: int, batch_tokens: int | None,
+             ) -> list[tuple[np.ndarray, np.ndarray]]:
     """Texts sorted by length (stable) and cut, in that order, into batches of at most
     ``batch_size`` texts and ``batch_tokens`` padded positions (texts x the longest; None: no
     limit; a text longer than that is a batch of its own) -> list of (flat ids, lengths)."""
@@ -74,7 +81,8 @@ def _batches(ids, batch_size, batch_tokens):
     return [(np.concatenate([ids[i] for i in chunk]), lengths[chunk]) for chunk in chunks]
 
 
-def _open_texts(texts):
+def _open_texts(texts: str | os.PathLike[str] | Iterable[object],
+                ) -> tuple[Iterator[tuple[int, object]], Callable[[int], str], str, int | None]:
     """-> (items: iterator of (index, text), name(index) for errors, description, size or None)."""
     if isinstance(texts, (str, os.PathLike)):
         path = Path(texts).expanduser()
@@ -84,7 +92,8 @@ def _open_texts(texts):
                 f"texts={shown} is not an existing file: pass the path of a text file (one "
                 "text per line), a list of str, or a dask.bag.Bag")
 
-        def lines():                    # decoded line by line, so that an error names its line
+        # decoded line by line, so that an error names its line
+        def lines() -> Iterator[tuple[int, str]]:
             with open(path, "rb") as f:
                 for index, raw in enumerate(f):
                     raw = raw[:-1] if raw.endswith(b"\n") else raw
@@ -99,11 +108,12 @@ def _open_texts(texts):
     if isinstance(texts, dict) or not hasattr(texts, "__iter__"):
         raise TypeError(f"texts must be a list or iterable of str, the path of a text file, or a "
                         f"dask.bag.Bag, got {type(texts).__name__}")
-    size = len(texts) if hasattr(texts, "__len__") else None
+    size = len(cast(Sized, texts)) if hasattr(texts, "__len__") else None
     return enumerate(texts), lambda i: f"texts[{i}]", f"{type(texts).__name__} of str", size
 
 
-def synthetic_texts(model, n, *, min_tokens=20, max_tokens=200, seed=0):
+def synthetic_texts(model: TransformerModel, n: int, *, min_tokens: int = 20, max_tokens: int = 200,
+                    seed: int | None = 0) -> list[str]:
     """Make deterministic nonsense texts from the model's own vocabulary.
 
     For trying and timing :func:`~mha.corpus.head_statistics` offline.

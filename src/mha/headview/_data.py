@@ -7,23 +7,25 @@ from __future__ import annotations
 
 import base64
 import zlib
+from typing import Any, Iterable
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from ..analysis._inputs import _to_numpy
 
 
-def labels(tokens, n, name):
+def labels(tokens: Iterable[object] | None, n: int, name: str) -> list[str]:
     """n token labels as str (the positions when tokens is None); the count checked."""
     if tokens is None:
         return [str(i) for i in range(n)]
-    tokens = [str(t) for t in tokens]
-    if len(tokens) != n:
-        raise ValueError(f"{name} has {len(tokens)} entries but the attention has {n} positions")
-    return tokens
+    names = [str(t) for t in tokens]
+    if len(names) != n:
+        raise ValueError(f"{name} has {len(names)} entries but the attention has {n} positions")
+    return names
 
 
-def real_array(x, name="weights") -> np.ndarray:
+def real_array(x: Any, name: str = "weights") -> np.ndarray:
     """x (a torch tensor too) as a float64 array; TypeError unless it holds real numbers."""
     x = _to_numpy(x)
     if x.dtype.kind not in "fiub":
@@ -31,7 +33,7 @@ def real_array(x, name="weights") -> np.ndarray:
     return x.astype(np.float64, copy=False)
 
 
-def as_layers(attention, name="attention"):
+def as_layers(attention: Any, name: str = "attention") -> np.ndarray:
     """(layers, heads, n_q, n_k) float array from an array or a list of per-layer arrays."""
     if isinstance(attention, (list, tuple)):
         layers = []
@@ -55,7 +57,9 @@ def as_layers(attention, name="attention"):
     return attention
 
 
-def view_inputs(attention, tokens, key_tokens):
+def view_inputs(attention: Any, tokens: Iterable[object] | None,
+                key_tokens: Iterable[object] | None,
+                ) -> tuple[np.ndarray, list[str], list[str] | None]:
     """(attention (L, H, n_q, n_k), tokens, key_tokens or None), checked."""
     att = as_layers(attention)
     n_q, n_k = att.shape[2:]
@@ -66,7 +70,8 @@ def view_inputs(attention, tokens, key_tokens):
     return att, tokens, None if key_tokens is None else labels(key_tokens, n_k, "key_tokens")
 
 
-def pictures(att, rollout, norms):
+def pictures(att: np.ndarray, rollout: bool | ArrayLike | None, norms: ArrayLike | None,
+             ) -> list[tuple[str, str, bool, np.ndarray]]:
     """What a view can show: [(name, label, probability, values (L, heads, n_q, n_k))], the raw
     weights first, then rollout and value norms when asked for."""
     L, H, n_q, n_k = att.shape
@@ -94,12 +99,13 @@ def pictures(att, rollout, norms):
     return out
 
 
-def packed(a, compression):
+def packed(a: np.ndarray, compression: int) -> str:
     """The bytes of an array, zlib-compressed and base64-encoded (text for the page's JSON)."""
     return base64.b64encode(zlib.compress(np.ascontiguousarray(a).tobytes(), compression)).decode("ascii")
 
 
-def sources(pictures, compression):
+def sources(pictures: list[tuple[str, str, bool, np.ndarray]], compression: int,
+            ) -> list[dict[str, Any]]:
     """The pictures as the page holds them: per layer the bytes round(255 v / scale), with one
     scale per layer (1 for probabilities, the layer's largest value otherwise)."""
     out = []

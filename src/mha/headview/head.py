@@ -1,6 +1,11 @@
 """The head view: two columns of tokens joined by one line per head and pair (head.js)."""
 from __future__ import annotations
 
+import os
+from typing import Any, Iterable, Sequence
+
+from numpy.typing import ArrayLike
+
 from . import _data
 from ._page import HTMLView, picture_view, write_page
 
@@ -33,9 +38,12 @@ class HeadView(HTMLView):
     kind = "head view"
 
 
-def head_view(attention, tokens, key_tokens=None, *, sentence_b_start=None, rollout=None,
-              norms=None, layer=0, heads=None, threshold=None, title=None, path=None,
-              compression=3) -> HeadView:
+def head_view(attention: ArrayLike, tokens: Sequence[str] | None,
+              key_tokens: Sequence[str] | None = None, *, sentence_b_start: int | None = None,
+              rollout: bool | ArrayLike | None = None, norms: ArrayLike | None = None,
+              layer: int = 0, heads: Iterable[int] | None = None, threshold: float | None = None,
+              title: str | None = None, path: str | os.PathLike[str] | None = None,
+              compression: int = 3) -> HeadView:
     """An interactive head view of attention: one self-contained HTML page.
 
     Parameters
@@ -104,7 +112,7 @@ def head_view(attention, tokens, key_tokens=None, *, sentence_b_start=None, roll
     if threshold is None:
         threshold = 0.0 if max(n_q, n_k) <= 60 else 0.05
     sources = _data.sources(_data.pictures(att, rollout, norms), compression)
-    payload = {
+    payload: dict[str, Any] = {
         "kind": "head", "n_layers": L, "n_heads": H, "n_q": n_q, "n_k": n_k, "tokens": tokens,
         "key_tokens": key_tokens, "sentence_b_start": sentence_b_start, "layer": int(layer),
         "heads": heads, "threshold": float(threshold), "title": title or "",

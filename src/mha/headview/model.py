@@ -1,7 +1,11 @@
 """The model view: every layer x head as a thumbnail; one opens large (model.js)."""
 from __future__ import annotations
 
+import os
+from typing import Any, Sequence
+
 import numpy as np
+from numpy.typing import ArrayLike
 
 from . import _data
 from ._page import HTMLView, picture_view, write_page
@@ -29,7 +33,7 @@ class ModelView(HTMLView):
     kind = "model view"
 
 
-def _thumbnails(values, size):
+def _thumbnails(values: np.ndarray, size: int) -> tuple[np.ndarray, tuple[int, int]]:
     """Block-max pooling of (L, H, n_q, n_k) to at most size x size cells (peaks stay
     visible) -> (pooled (L, H, tq, tk), (tq, tk))."""
     values = np.nan_to_num(values, nan=0.0, posinf=0.0, neginf=0.0)
@@ -41,7 +45,7 @@ def _thumbnails(values, size):
     return padded.reshape(L, H, tq, bq, tk, bk).max(axis=(3, 5)), (tq, tk)
 
 
-def thumbnail_bytes(pooled):
+def thumbnail_bytes(pooled: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each thumbnail on its own colour scale: round(255 sqrt(v / top)), top its largest value.
 
     Scaled to its own top, every head reaches the darkest colour, however long the text (at 43
@@ -54,8 +58,11 @@ def thumbnail_bytes(pooled):
     return np.rint(scaled * 255.0).astype(np.uint8), top
 
 
-def model_view(attention, tokens, key_tokens=None, *, rollout=None, norms=None, title=None,
-               path=None, thumbnail=64, compression=3) -> ModelView:
+def model_view(attention: ArrayLike, tokens: Sequence[str] | None,
+               key_tokens: Sequence[str] | None = None, *, rollout: bool | ArrayLike | None = None,
+               norms: ArrayLike | None = None, title: str | None = None,
+               path: str | os.PathLike[str] | None = None, thumbnail: int = 64,
+               compression: int = 3) -> ModelView:
     """Every layer x head as a thumbnail (BertViz's model view); click one to open it large.
 
     The large view is the head's full (n_q, n_k) heatmap with the tokens on its axes, coloured
@@ -108,7 +115,7 @@ def model_view(attention, tokens, key_tokens=None, *, rollout=None, norms=None, 
         thumbs, top = thumbnail_bytes(pooled)
         src.update(thumbs=_data.packed(thumbs, compression), thumb_shape=list(shape),
                    thumb_top=top.tolist())
-    payload = {"kind": "model", "n_layers": L, "n_heads": H, "n_q": n_q, "n_k": n_k,
+    payload: dict[str, Any] = {"kind": "model", "n_layers": L, "n_heads": H, "n_q": n_q, "n_k": n_k,
                "tokens": tokens, "key_tokens": key_tokens, "title": title or "",
                "sources": sources}
     page = write_page("model", payload, title or "mha model view")

@@ -1,10 +1,16 @@
 """The neuron view: how one head's attention is computed from q and k (neuron.js)."""
 from __future__ import annotations
 
+import os
+from typing import TYPE_CHECKING, Any, Iterable, Literal
+
 import numpy as np
 
 from ._data import packed
 from ._page import HTMLView, write_page
+
+if TYPE_CHECKING:
+    from ..models import TransformerModel
 
 
 class NeuronView(HTMLView):
@@ -27,13 +33,17 @@ class NeuronView(HTMLView):
         The whole page.
     """
     kind = "neuron view"
+    # set from **info, besides HTMLView's
+    layers: list[int]
+    d_head: int
 
-    def _shape(self):
+    def _shape(self) -> str:
         return (f"{len(self.layers)} of {self.n_layers} layers x {self.n_heads} heads x "
                 f"{self.n_tokens} tokens, d_head {self.d_head}")
 
 
-def _read_model(model, text, pair, truncation):
+def _read_model(model: TransformerModel, text: str, pair: str | None, truncation: bool,
+                ) -> tuple[list[str], np.ndarray, np.ndarray, list[float]]:
     """The one place the view runs the model: tokens, q (L, H, n, d_head), k (L, H_kv, n,
     d_head) and each layer's score scale (1/sqrt(d_head) unless the model says otherwise)."""
     tokens, q, k, _ = model.qkv(text, pair, truncation=truncation)
@@ -43,8 +53,10 @@ def _read_model(model, text, pair, truncation):
     return [str(t) for t in tokens], q, k, scales
 
 
-def neuron_view(model, text, *, layer=0, head=0, pair=None, layers=None, truncation=False,
-                title=None, path=None, compression=3) -> NeuronView:
+def neuron_view(model: TransformerModel, text: str, *, layer: int = 0, head: int = 0,
+                pair: str | None = None, layers: Iterable[int] | Literal["all"] | None = None,
+                truncation: bool = False, title: str | None = None,
+                path: str | os.PathLike[str] | None = None, compression: int = 3) -> NeuronView:
     """How one head's attention is computed (BertViz's neuron view), from mha's own q and k.
 
     For a query token (hover or click it): its query vector q, every key vector k, the
@@ -105,7 +117,7 @@ def neuron_view(model, text, *, layer=0, head=0, pair=None, layers=None, truncat
         layers = sorted({int(l) for l in layers} | {int(layer)})
         if any(not 0 <= l < L for l in layers):
             raise ValueError(f"layers={layers}: expected layer indices in [0, {L})")
-    payload = {
+    payload: dict[str, Any] = {
         "kind": "neuron", "n_layers": L, "n_heads": H, "n_kv_heads": H_kv, "n": n,
         "d_head": d_head, "tokens": tokens, "causal": bool(model.causal),
         "scale": scales, "layers": layers, "layer": int(layer), "head": int(head),

@@ -38,15 +38,15 @@ def splitmix64(x: ArrayLike) -> np.ndarray:
     >>> hex(int(splitmix64(0)))
     '0xe220a8397b1dcdaf'
     """
-    x = np.asarray(x, dtype=np.uint64)
-    shape = x.shape
-    x = x.reshape(-1)  # 1-d arrays wrap silently modulo 2**64 (NumPy scalars would warn)
+    a = np.asarray(x, dtype=np.uint64)
+    shape = a.shape
+    z = a.reshape(-1)  # 1-d arrays wrap silently modulo 2**64 (NumPy scalars would warn)
     with np.errstate(over="ignore"):
-        x = x + _SPLITMIX_GAMMA
-        x = (x ^ (x >> np.uint64(30))) * _SPLITMIX_MUL_1
-        x = (x ^ (x >> np.uint64(27))) * _SPLITMIX_MUL_2
-        x = x ^ (x >> np.uint64(31))
-    return x.reshape(shape)
+        z = z + _SPLITMIX_GAMMA
+        z = (z ^ (z >> np.uint64(30))) * _SPLITMIX_MUL_1
+        z = (z ^ (z >> np.uint64(27))) * _SPLITMIX_MUL_2
+        z = z ^ (z >> np.uint64(31))
+    return z.reshape(shape)
 
 
 def dropout_keep(seed: int, p: float, n_batch: int, n_heads: int, n_q: int, n_k: int

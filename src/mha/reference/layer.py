@@ -5,9 +5,13 @@ The configuration, parameters, checks and bookkeeping come from `mha.layer_base.
 (shared with the C layer); this module holds only the layer's arithmetic, written like a
 textbook's NumPy.
 """
+from __future__ import annotations
+
+from typing import Any
+
 import numpy as np
 
-from ..layer_base import LayerBase
+from ..layer_base import KVCache, LayerBase
 from .sdpa import attention, attention_backward
 
 __all__ = ["MultiHeadAttention"]
@@ -62,8 +66,10 @@ class MultiHeadAttention(LayerBase):
     True
     """
 
-    def _forward(self, query, key, value, *, mask, key_padding_mask, causal, need_weights,
-                 head_mask, dropout, seed, cache):
+    def _forward(self, query: np.ndarray, key: np.ndarray, value: np.ndarray, *,
+                 mask: np.ndarray | None, key_padding_mask: np.ndarray | None, causal: bool,
+                 need_weights: bool, head_mask: np.ndarray, dropout: float, seed: int | None,
+                 cache: KVCache | None) -> tuple[np.ndarray, np.ndarray | None, dict[str, Any]]:
         B, n_q, _ = query.shape
         n_new = key.shape[1]
         H, H_kv, D = self.n_heads, self.n_kv_heads, self.d_head
@@ -111,7 +117,8 @@ class MultiHeadAttention(LayerBase):
                      head_mask=head_mask, mask=mask, causal=causal, dropout=dropout, seed=seed)
         return out, weights, saved
 
-    def _backward(self, d_out, s):
+    def _backward(self, d_out: np.ndarray, s: dict[str, Any]) -> tuple[
+            np.ndarray, np.ndarray | None, np.ndarray | None, dict[str, np.ndarray]]:
         query, key, value = s["query"], s["key"], s["value"]
         Q, K, V, O, C = s["Q"], s["K"], s["V"], s["O"], s["C"]
         B, n_q, _ = query.shape

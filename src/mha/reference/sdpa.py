@@ -13,7 +13,7 @@ Shapes
 from __future__ import annotations
 
 import numpy as np
-from numpy.typing import ArrayLike
+from numpy.typing import ArrayLike, DTypeLike
 
 from .. import checks
 from .dropout import dropout_keep
@@ -21,14 +21,14 @@ from .dropout import dropout_keep
 __all__ = ["attention", "attention_backward"]
 
 
-def _repeat_kv_heads(x, n_heads):
+def _repeat_kv_heads(x: np.ndarray, n_heads: int | None) -> np.ndarray:
     """GQA: (B, H_kv, n, d) -> (B, H, n, d), query head h reading key/value head h // group."""
     if x.ndim != 4 or x.shape[1] == n_heads:
         return x
     return np.repeat(x, n_heads // x.shape[1], axis=1)
 
 
-def _sum_kv_groups(dx, kv_shape):
+def _sum_kv_groups(dx: np.ndarray, kv_shape: tuple[int, ...]) -> np.ndarray:
     """Backward of _repeat_kv_heads: sum the gradients of the query heads sharing a kv head."""
     if dx.shape == kv_shape:
         return dx
@@ -36,7 +36,8 @@ def _sum_kv_groups(dx, kv_shape):
     return dx.reshape(B, H_kv, dx.shape[1] // H_kv, n, d).sum(axis=2)
 
 
-def _softmax_probs(q, k, mask, causal, scale):
+def _softmax_probs(q: np.ndarray, k: np.ndarray, mask: np.ndarray | None, causal: bool,
+                   scale: float) -> tuple[np.ndarray, np.ndarray]:
     """Steps 1-4 of the forward: the softmax probabilities P and the fully masked rows.
 
     q (..., n_q, d_k), k (..., n_k, d_k) with k's heads already repeated for GQA; mask None, or
@@ -68,7 +69,10 @@ def _softmax_probs(q, k, mask, causal, scale):
     return P, fully_masked
 
 
-def _forward_weights(q, k, v, mask, causal, scale, dropout, seed, dtype):
+def _forward_weights(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None,
+                     causal: bool, scale: float, dropout: float, seed: int, dtype: np.dtype,
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, np.ndarray,
+                                np.ndarray]:
     """Steps 1-5 of the forward, shared with the backward (which recomputes them).
 
     Returns k and v with their heads repeated for GQA, the softmax probabilities P
@@ -86,7 +90,8 @@ def _forward_weights(q, k, v, mask, causal, scale, dropout, seed, dtype):
     return k_rep, v_rep, P, Z, A, fully_masked
 
 
-def _dropout_multiplier(q, n_k, p, seed, dtype):
+def _dropout_multiplier(q: np.ndarray, n_k: int, p: float, seed: int, dtype: DTypeLike
+                        ) -> np.ndarray | None:
     """Z = keep / (1 - p) with the scores' shape (..., n_q, n_k), or None without dropout."""
     if p == 0.0:
         return None
@@ -98,7 +103,11 @@ def _dropout_multiplier(q, n_k, p, seed, dtype):
     return keep.astype(dtype) * (1.0 / (1.0 - p))
 
 
-def _inputs(q, k, v, mask, scale, dropout, seed, *others, backward=False):
+def _inputs(q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None, scale: float | None,
+            dropout: float, seed: int | None, *others: tuple[ArrayLike, str],
+            backward: bool = False,
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[np.ndarray], np.dtype,
+                       np.ndarray | None, float, float, int]:
     """The checked arguments, the arrays in their common dtype (`mha.checks`)."""
     arrays = [checks.float_array(a, name) for a, name in ((q, "q"), (k, "k"), (v, "v")) + others]
     dtype = checks.compute_dtype(*arrays)

@@ -138,15 +138,16 @@ class SimpleAttentionModel:
             "b_out": rng.uniform(-bound, bound, size=self.vocab_size),
         }
         self._own = {name: a.astype(self.dtype) for name, a in self._own.items()}
-        self.grads = {}
-        self._saved = None
+        self.grads: dict[str, np.ndarray] = {}
+        # what backward needs from the last forward: tokens, the attention's output, unbatched
+        self._saved: tuple[np.ndarray, np.ndarray, bool] | None = None
 
     @property
-    def n_heads(self):
+    def n_heads(self) -> int:
         return self.attention.n_heads
 
     @property
-    def params(self):
+    def params(self) -> dict[str, np.ndarray]:
         own = self._own
         return {"token_embedding": own["token_embedding"], "pos_embedding": own["pos_embedding"],
                 **self.attention.params, "W_out": own["W_out"], "b_out": own["b_out"]}
@@ -161,7 +162,7 @@ class SimpleAttentionModel:
         """
         return sum(a.size for a in self.params.values())
 
-    def _tokens(self, tokens, name="tokens"):
+    def _tokens(self, tokens: ArrayLike, name: str = "tokens") -> np.ndarray:
         tokens = np.asarray(tokens)
         if tokens.dtype.kind not in "iu":
             raise TypeError(f"{name} must be an integer array of token ids, got dtype "
@@ -341,7 +342,7 @@ class SimpleAttentionModel:
         """
         return float(np.mean(self.predict(tokens) == np.asarray(targets)))
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"SimpleAttentionModel(vocab_size={self.vocab_size}, d_model={self.d_model}, "
                 f"n_heads={self.n_heads}, seq_len={self.seq_len}, bias={self.attention.bias}, "
                 f"dtype={np.dtype(self.dtype).name}, parameters={self.num_parameters()})")
@@ -421,8 +422,10 @@ class Adam:
             p -= step_size * m / (np.sqrt(v) / bc2_sqrt + self.eps)
 
 
-def _progress(iterable, enabled, desc):
-    """tqdm (the notebook widget when ipywidgets is installed), or the bare iterable."""
+def _progress(iterable: range, enabled: bool, desc: str | None) -> Any:
+    """tqdm (the notebook widget when ipywidgets is installed), or the bare iterable.
+
+    Typed Any: tqdm ships no annotations, and fit calls the bar's set_postfix and close."""
     if not enabled:
         return iterable
     try:
@@ -505,7 +508,7 @@ def fit(model: Any, tokens: ArrayLike, targets: ArrayLike, test_tokens: ArrayLik
     start = time.perf_counter()
     for epoch in bar:
         if batch_size is None or batch_size >= N:
-            batches = [slice(None)]
+            batches: list[slice | np.ndarray] = [slice(None)]
         else:
             order = rng.permutation(N)
             batches = [order[i:i + batch_size] for i in range(0, N, int(batch_size))]

@@ -109,7 +109,7 @@ def transformer_parameters(d_model: int = 512, n_heads: int = 8, d_ff: int | Non
     block = {"mha": attention, "ffn": ffn, "layer_norm": 2 * norm, "total": block_total,
              "mha_share": attention / block_total, "ffn_share": ffn / block_total}
     n_enc, n_dec = int(n_layers), int(n_layers) if decoder else 0
-    totals = {
+    totals: dict[str, Any] = {     # counts, then shares and the block's dict
         "mha": attention * (n_enc + 2 * n_dec),
         "ffn": ffn * (n_enc + n_dec),
         "layer_norm": norm * (2 * n_enc + 3 * n_dec),
@@ -191,7 +191,7 @@ def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | Non
         return ""
     columns = list(rows[0]) if columns is None else list(columns)
 
-    def cell(name, value):
+    def cell(name: str, value: object) -> str:
         if isinstance(value, (bool, np.bool_)):
             return "yes" if value else "no"
         if isinstance(value, (int, np.integer)):

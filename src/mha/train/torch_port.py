@@ -19,7 +19,7 @@ __all__ = ["torch_model"]
 
 
 @functools.lru_cache(maxsize=None)
-def _classes():
+def _classes() -> type:
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
@@ -27,7 +27,7 @@ def _classes():
     class SingleHeadAttention(nn.Module):
         """One head of width d_model, scale 1/sqrt(d_model), with an optional bias."""
 
-        def __init__(self, d_model, bias=False):
+        def __init__(self, d_model: int, bias: bool = False) -> None:
             super().__init__()
             self.d_model = d_model
             self.W_q = nn.Linear(d_model, d_model, bias=bias)
@@ -35,7 +35,8 @@ def _classes():
             self.W_v = nn.Linear(d_model, d_model, bias=bias)
             self.W_o = nn.Linear(d_model, d_model, bias=bias)
 
-        def forward(self, x, mask=None):
+        def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
             Q, K, V = self.W_q(x), self.W_k(x), self.W_v(x)
             scores = torch.matmul(Q, K.transpose(-2, -1)) / (self.d_model ** 0.5)
             if mask is not None:
@@ -46,7 +47,7 @@ def _classes():
     class MultiHeadAttention(nn.Module):
         """Heads of width d_model // n_heads, split and combined by reshape, optional bias."""
 
-        def __init__(self, d_model, n_heads, bias=False):
+        def __init__(self, d_model: int, n_heads: int, bias: bool = False) -> None:
             super().__init__()
             self.d_model, self.n_heads, self.d_k = d_model, n_heads, d_model // n_heads
             self.W_q = nn.Linear(d_model, d_model, bias=bias)
@@ -54,15 +55,16 @@ def _classes():
             self.W_v = nn.Linear(d_model, d_model, bias=bias)
             self.W_o = nn.Linear(d_model, d_model, bias=bias)
 
-        def split_heads(self, x):
+        def split_heads(self, x: torch.Tensor) -> torch.Tensor:
             batch_size, seq_len, _ = x.shape
             return x.view(batch_size, seq_len, self.n_heads, self.d_k).transpose(1, 2)
 
-        def combine_heads(self, x):
+        def combine_heads(self, x: torch.Tensor) -> torch.Tensor:
             batch_size, _, seq_len, _ = x.shape
             return x.transpose(1, 2).contiguous().view(batch_size, seq_len, self.d_model)
 
-        def forward(self, x, mask=None):
+        def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
             Q = self.split_heads(self.W_q(x))
             K = self.split_heads(self.W_k(x))
             V = self.split_heads(self.W_v(x))
@@ -76,10 +78,12 @@ def _classes():
     class SimpleAttentionModel(nn.Module):
         """Token and position embedding -> causal attention -> output layer."""
 
-        def __init__(self, vocab_size, d_model, n_heads, seq_len, bias=False):
+        def __init__(self, vocab_size: int, d_model: int, n_heads: int, seq_len: int,
+                     bias: bool = False) -> None:
             super().__init__()
             self.embedding = nn.Embedding(vocab_size, d_model)
             self.pos_embedding = nn.Embedding(seq_len, d_model)
+            self.attention: SingleHeadAttention | MultiHeadAttention
             if n_heads == 1:
                 self.attention = SingleHeadAttention(d_model, bias)
             else:
@@ -87,7 +91,7 @@ def _classes():
             self.output = nn.Linear(d_model, vocab_size)
             self.n_heads = n_heads
 
-        def forward(self, x):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             batch_size, seq_len = x.shape
             positions = torch.arange(seq_len, device=x.device).unsqueeze(0)
             mask = torch.tril(torch.ones(seq_len, seq_len, device=x.device)).unsqueeze(0)
@@ -146,7 +150,7 @@ def torch_model(model: SimpleAttentionModel) -> Any:
                  bias=att.bias).to(dtype)
     P = model.params
 
-    def put(param, array):
+    def put(param: torch.nn.Parameter, array: np.ndarray) -> None:
         param.data.copy_(torch.from_numpy(np.ascontiguousarray(array)))
 
     with torch.no_grad():

@@ -2,33 +2,43 @@
 one matrix drawn with token labels and annotated cells."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Sequence, cast
+
 import numpy as np
 
 from ..headview._data import labels as _labels
 from ..headview._data import real_array as _array
+
+if TYPE_CHECKING:                        # matplotlib is imported when a figure is drawn
+    from matplotlib.axes import Axes
+    from matplotlib.colors import Colormap
+    from matplotlib.figure import Figure
+    from matplotlib.image import AxesImage
+    from matplotlib.text import Text
 
 # the colours of bars and lines, one per model compared
 _COLORS = ["#e74c3c", "#3498db", "#2ecc71", "#f39c12", "#9b59b6", "#1abc9c", "#34495e",
            "#e67e22", "#7f8c8d", "#c0392b"]
 
 
-def _cycle(n):
+def _cycle(n: int) -> list[str]:
     return [_COLORS[i % len(_COLORS)] for i in range(n)]
 
 
-def _figure(figsize, dpi=None):
+def _figure(figsize: tuple[float, float], dpi: float | None = None) -> Figure:
     from matplotlib.figure import Figure
     return Figure(figsize=figsize, dpi=dpi, layout="compressed")
 
 
-def _figure_and_ax(ax, figsize):
+def _figure_and_ax(ax: Axes | None, figsize: tuple[float, float]) -> tuple[Figure, Axes]:
     if ax is not None:
-        return ax.figure, ax
+        # a SubFigure when ax sits in one, returned as it is (the functions say Figure)
+        return cast("Figure", ax.figure), ax
     fig = _figure(figsize)
     return fig, fig.add_subplot()
 
 
-def _squeeze_to(x, ndim, name, expected):
+def _squeeze_to(x: np.ndarray, ndim: int, name: str, expected: str) -> np.ndarray:
     """Drop leading length-1 axes (a batch of one) until x has ndim axes."""
     while x.ndim > ndim and x.shape[0] == 1:
         x = x[0]
@@ -37,11 +47,12 @@ def _squeeze_to(x, ndim, name, expected):
     return x
 
 
-def _label_size(n):
+def _label_size(n: int) -> float:
     return float(np.clip(260.0 / max(n, 1), 4.0, 10.0))
 
 
-def _cell_text(v, fmt, cmap, vmin, vmax):
+def _cell_text(v: float, fmt: str, cmap: Colormap, vmin: float, vmax: float
+               ) -> tuple[str, str]:
     """The text of one annotated cell and its colour: white on dark cells (as seaborn does)."""
     if not np.isfinite(v):
         return str(v), "black"
@@ -49,7 +60,8 @@ def _cell_text(v, fmt, cmap, vmin, vmax):
     return format(v, fmt), ("white" if 0.2126 * r + 0.7152 * g + 0.0722 * b < 0.5 else "black")
 
 
-def _annotate(ax, values, fmt, cmap, vmin, vmax, fontsize):
+def _annotate(ax: Axes, values: np.ndarray, fmt: str, cmap: str | Colormap, vmin: float,
+              vmax: float, fontsize: float) -> list[Text]:
     """Write each value in its cell; returns the Text artists, row by row."""
     import matplotlib as mpl
     cmap = mpl.colormaps[cmap] if isinstance(cmap, str) else cmap
@@ -60,8 +72,11 @@ def _annotate(ax, values, fmt, cmap, vmin, vmax, fontsize):
     return texts
 
 
-def _matrix(ax, values, *, x_labels, y_labels, cmap, vmin, vmax, annot, fmt, colorbar,
-            title=None, xlabel=None, ylabel=None, label_rotation=45, fontsize=None):
+def _matrix(ax: Axes, values: np.ndarray, *, x_labels: Sequence[str] | None,
+            y_labels: Sequence[str] | None, cmap: str | Colormap, vmin: float, vmax: float,
+            annot: bool, fmt: str, colorbar: bool, title: str | None = None,
+            xlabel: str | None = None, ylabel: str | None = None, label_rotation: float = 45,
+            fontsize: float | None = None) -> tuple[AxesImage, list[Text]]:
     """imshow + token ticks + optional annotations/colorbar on one axes -> (image, texts)."""
     n_q, n_k = values.shape
     im = ax.imshow(values, cmap=cmap, vmin=vmin, vmax=vmax, aspect="equal",

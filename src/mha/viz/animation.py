@@ -55,11 +55,11 @@ class AnimatedGIF:
             f.write(self.data)
         return path
 
-    def _repr_html_(self):
+    def _repr_html_(self) -> str:
         b64 = base64.b64encode(self.data).decode("ascii")
         return f'<img src="data:image/gif;base64,{b64}" alt="attention across layers"/>'
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<AnimatedGIF: {self.n_frames} frames, {len(self.data)} bytes>"
 
 
@@ -132,7 +132,7 @@ def attention_gif(attentions: ArrayLike, tokens: Sequence[str] | None = None,
     import matplotlib as mpl
     colormap = mpl.colormaps[cmap] if isinstance(cmap, str) else cmap
     fig = _figure(figsize, dpi)
-    FigureCanvasAgg(fig)
+    canvas = FigureCanvasAgg(fig)                # also fig.canvas
     ax = fig.add_subplot()
     im, texts = _matrix(ax, frames[0], x_labels=labels, y_labels=labels, cmap=colormap, vmin=0.0,
                         vmax=vmax, annot=annot, fmt=".2f", colorbar=True,
@@ -149,7 +149,7 @@ def attention_gif(attentions: ArrayLike, tokens: Sequence[str] | None = None,
             text.set_text(label)
             text.set_color(color)
         fig.canvas.draw()
-        rgba = np.asarray(fig.canvas.buffer_rgba())
+        rgba = np.asarray(canvas.buffer_rgba())
         images.append(Image.fromarray(rgba[..., :3].copy()).convert(
             "P", palette=Image.Palette.ADAPTIVE, colors=255))
     buffer = io.BytesIO()

@@ -16,7 +16,7 @@ from .beyond import _clark_panels, _draws_on_figure, _special_share_bars, head_m
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from ..models import TransformerModel
+    from ..models import Encoding, TransformerModel
 
 
 BEYOND_TEXT = "The doctor said that she would help the patient, because she is kind."
@@ -30,12 +30,13 @@ CLARK_TEXTS = (
 )
 
 
-def _special_keys(tokens):
+def _special_keys(tokens: Sequence[str]) -> np.ndarray:
     classes = analysis.token_classes(list(tokens))
     return classes["cls"] | classes["sep"]
 
 
-def _clark_metrics(model, texts):
+def _clark_metrics(model: TransformerModel, texts: str | Sequence[str]
+                   ) -> tuple[Encoding, dict[str, np.ndarray]]:
     """The padded batch's encoding (attentions (B, L, H, n, n), attention_mask (B, n)) and its
     :func:`mha.analysis.clark_metrics`."""
     enc = model.encode([texts] if isinstance(texts, str) else list(texts))

@@ -1,7 +1,7 @@
 """Training and measurement: loss curves, accuracy and time bars, the head-pruning curve."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -10,10 +10,11 @@ from ._common import _COLORS, _cycle, _figure, _figure_and_ax
 
 if TYPE_CHECKING:                        # matplotlib is imported when a figure is drawn
     from matplotlib.axes import Axes
+    from matplotlib.container import BarContainer
     from matplotlib.figure import Figure
 
 
-def _named(values):
+def _named(values: Mapping[Any, Any] | Iterable[Any]) -> tuple[list[str], list[Any]]:
     if isinstance(values, Mapping):
         return [str(k) for k in values], list(values.values())
     values = list(values)
@@ -64,7 +65,8 @@ def training_curves(losses: Mapping[str, Sequence[float]] | Sequence[Sequence[fl
     return fig
 
 
-def _bars(ax, names, values, labels, ylabel, title):
+def _bars(ax: Axes, names: Sequence[str], values: Sequence[float], labels: Sequence[str],
+          ylabel: str, title: str) -> BarContainer:
     bars = ax.bar(names, values, color=_cycle(len(names)), edgecolor="black", linewidth=1.2)
     top = max([v for v in values if np.isfinite(v)] + [0.0])
     for bar, text in zip(bars, labels):
