@@ -37,6 +37,7 @@ from .bert import BertModel, DistilBertModel, RobertaModel
 from .causal import Generation
 from .config import READERS, ModelConfig
 from .gpt2 import GPT2Model
+from .hooks import ActivationCache, get_act_name
 from .hub import (MINILM_INSTALL, CheckpointError, minilm_path, read_config, read_safetensors,
                   resolve)
 from .llama import LlamaModel
@@ -47,7 +48,8 @@ from . import probes
 __all__ = ["load", "minilm_path", "resolve", "TransformerModel", "BertModel", "RobertaModel",
            "DistilBertModel", "GPT2Model", "LlamaModel", "Encoding", "Generation",
            "ModelConfig", "CheckpointError", "Tokenizer", "TokenizedText", "aggregate_to_words",
-           "group_words", "probes", "MINILM_INSTALL", "SUPPORTED_TYPES"]
+           "group_words", "probes", "MINILM_INSTALL", "SUPPORTED_TYPES", "ActivationCache",
+           "get_act_name"]
 
 _CLASSES = {"bert": BertModel, "roberta": RobertaModel, "distilbert": DistilBertModel,
             "gpt2": GPT2Model, "llama": LlamaModel, "qwen2": LlamaModel, "mistral": LlamaModel}
