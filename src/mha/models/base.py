@@ -1067,8 +1067,7 @@ class TransformerModel:
         -inf where the key is masked; query head h reads key head h // (H / H_kv)."""
         B, H, n_q, d_head = q.shape
         H_kv, n_k = k.shape[1], k.shape[2]
-        scores = np.matmul(q.reshape(B, H_kv, H // H_kv, n_q, d_head),
-                           k[:, :, None].swapaxes(-1, -2)).reshape(B, H, n_q, n_k)
+        scores = _grouped_products(q, k, trans_b=True).reshape(B, H, n_q, n_k)
         scores *= self.dtype(self.attention_scale(layer))
         allowed = self._allowed(layer, n_q, n_k, pad_mask)
         if allowed is not None:
@@ -1088,10 +1087,7 @@ class TransformerModel:
         total = pattern.sum(axis=-1, keepdims=True)
         pattern /= np.where(total > 0, total, 1)
         hooks(layer, "attn.hook_pattern", pattern, owned=True)
-        B, H, n_q, n_k = pattern.shape
-        H_kv = v.shape[1]
-        z = np.matmul(pattern.reshape(B, H_kv, H // H_kv, n_q, n_k), v[:, :, None])
-        out[...] = z.reshape(B, H, n_q, -1)
+        out[...] = _grouped_products(pattern, v).reshape(out.shape)
         return pattern
 
     def _project(self, layer, heads, p, B, n, hooks, residual):
@@ -1104,9 +1100,13 @@ class TransformerModel:
         projected = None
         if hooks.wants(layer, "attn.hook_result"):
             H, d_head = self.n_heads, self.d_head
-            z = heads.reshape(B, n, H, d_head).transpose(0, 2, 1, 3)
-            result = np.ascontiguousarray(
-                np.matmul(z, p["W_o"].reshape(H, d_head, d)).transpose(0, 2, 1, 3))
+            z = heads.reshape(B * n, H, d_head)
+            W_o_heads = p["W_o"].reshape(H, d_head, d)
+            result = np.empty((B * n, H, d), dtype=self.dtype)
+            for head in range(H):                   # z_h W_o^(h): rows d_head * h onwards
+                result[:, head] = _core.matmul(np.ascontiguousarray(z[:, head]),
+                                               W_o_heads[head])
+            result = result.reshape(B, n, H, d)
             hooks(layer, "attn.hook_result", result, owned=True)
             if hooks.hooked(layer, "attn.hook_result"):
                 projected = result.sum(axis=2).reshape(B * n, d)
@@ -1150,6 +1150,20 @@ class TransformerModel:
         out = ops.linear(post, W_out, p.get(b_out))
         hooks(layer, "hook_mlp_out", out, (B, n, residual.shape[-1]), owned=True)
         residual += out
+
+
+def _grouped_products(a, b, trans_b=False):
+    """Per batch and key/value head, the product of the query heads it serves with it, on
+    mha's GEMM: a (B, H, m, K), b (B, H_kv, K, N), or (B, H_kv, N, K) with ``trans_b``
+    -> (B, H_kv, H / H_kv * m, N), query head h reading head h // (H / H_kv)."""
+    B, H, m, K = a.shape
+    H_kv = b.shape[1]
+    rows = np.ascontiguousarray(a).reshape(B, H_kv, H // H_kv * m, K)
+    b = np.ascontiguousarray(b)
+    out = np.empty((B, H_kv, rows.shape[2], b.shape[2] if trans_b else b.shape[3]), a.dtype)
+    for i in np.ndindex(B, H_kv):
+        out[i] = _core.matmul(rows[i], b[i], trans_b=trans_b)
+    return out
 
 
 def _unbatch(enc):
