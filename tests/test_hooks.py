@@ -505,3 +505,87 @@ def test_qkv_and_attention_norms_run_one_forward(tiny, monkeypatch):
     assert np.abs(value_norms(weights[0], v[0], W_o) - norms[0]).max() < 1e-6
     _, cache = model.run_with_cache(text, names=lambda n: "rot_q" in n)
     assert np.array_equal(q[1], cache["rot_q", 1][0].transpose(1, 0, 2))
+
+
+# --- the ActivationCache's analyses ----------------------------------------------------------------
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_residual_decompositions_add_up(tiny, family):
+    model = mha.models.load(tiny(family)[0], dtype=np.float64)
+    enc, cache = model.run_with_cache(tiny_models.TEXTS[:2])
+    L, H = model.n_layers, model.n_heads
+    parts, labels = cache.decompose_resid(return_labels=True)
+    assert labels == (["embed", "pos_embed"] if family == "gpt2" else ["embed"]) + [
+        f"{l}_{kind}_out" for l in range(L) for kind in ("attn", "mlp")]
+    assert np.abs(parts.sum(axis=0) - cache["resid_post", L - 1]).max() < 1e-12
+    before = cache.decompose_resid(1, mlp_input=True)                   # the MLP's input
+    assert np.abs(before.sum(axis=0) - cache["resid_mid", 1]).max() < 1e-12
+    heads, names = cache.stack_head_results(return_labels=True, incl_remainder=True)
+    assert heads.shape == (L * H + 1, *enc.input_ids.shape, model.d_model)
+    assert names[:H + 1] == [f"L0H{h}" for h in range(H)] + ["L1H0"]
+    assert np.abs(heads.sum(axis=0) - cache["resid_post", L - 1]).max() < 1e-12
+    b_o = model.output_projection(0)[1]
+    attn_out = cache["attn_out", 0] - (0 if b_o is None else b_o)      # results: no bias
+    assert np.abs(heads[:H].sum(axis=0) - attn_out).max() < 1e-12
+    stack, labels = cache.accumulated_resid(incl_mid=True, apply_ln=True, return_labels=True)
+    assert labels == ["0_pre", "0_mid", "1_pre", "1_mid", "final_post"]
+    assert np.abs(stack[-1] - enc.hidden_states[:, L]).max() < 1e-12     # the logit lens
+    # direct logit attribution: the shares sum to the normalized final residual's logit
+    target, other = enc.input_ids[:, -1], enc.input_ids[:, 1]
+    shares = cache.logit_attrs(parts, target, incorrect_tokens=other)
+    W = model._vocab_matrix()
+    expected = (cache["ln_final.hook_normalized"] * (W[target] - W[other])[:, None]).sum(-1)
+    assert shares.shape == (len(parts), *enc.input_ids.shape)
+    assert np.abs(shares.sum(axis=0) - expected).max() < 1e-12
+    last = cache.logit_attrs(cache.decompose_resid(pos_slice=-1), target, pos_slice=-1)
+    assert last.shape == (len(parts), 2)
+    assert np.abs(last - cache.logit_attrs(parts, target)[:, :, -1]).max() < 1e-12
+    with pytest.raises(ValueError, match="same shape"):
+        cache.logit_attrs(parts, target, incorrect_tokens=other[:1])
+
+
+def test_decompositions_need_a_pre_norm_model(tiny):
+    model = mha.models.load(tiny("bert")[0])
+    _, cache = model.run_with_cache(tiny_models.TEXTS[0])
+    assert cache.accumulated_resid().shape[0] == model.n_layers + 1
+    with pytest.raises(NotImplementedError, match="post-norm"):
+        cache.decompose_resid()
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_equal_to_transformer_lens(tiny, family):
+    """TransformerLens 4's bridge on the same transformers model, weight processing off: the
+    cache's activations, the logits and the analyses within 1e-4 of their scale."""
+    bridge = pytest.importorskip("transformer_lens.model_bridge")
+    folder, model_class = tiny(family)
+    ref = tiny_models.load_reference(model_class, folder)
+    lens = bridge.TransformerBridge.boot_transformers(str(folder), hf_model=ref, device="cpu")
+    lens.enable_compatibility_mode(no_processing=True)
+    model = mha.models.load(folder)
+    ids = np.asarray(model.tokenizer(tiny_models.TEXTS[0]).ids)[None]
+    with torch.no_grad():
+        logits, theirs = lens.run_with_cache(torch.from_numpy(ids))
+    enc, cache = model.run_with_cache(ids)
+
+    def close(ours, their, what):
+        their = their.detach().double().numpy()
+        finite = np.isfinite(their)
+        assert ours.shape == their.shape and np.array_equal(finite, np.isfinite(ours)), what
+        err = np.abs(ours[finite] - their[finite]).max() / np.abs(their[finite]).max()
+        assert err < 1e-4, f"{what} differs by {err:.1e} of its scale"
+    for name, array in cache.items():
+        close(array, theirs[name], name)
+    close(enc.logits, logits, "logits")
+    target, other = ids[:, -1], ids[:, 1]
+    parts = cache.decompose_resid()
+    close(parts, theirs.decompose_resid(), "decompose_resid")
+    close(cache.logit_attrs(parts, target, incorrect_tokens=other),
+          theirs.logit_attrs(theirs.decompose_resid(), torch.from_numpy(target),
+                             incorrect_tokens=torch.from_numpy(other)), "logit_attrs")
+    close(cache.stack_head_results(incl_remainder=True),
+          theirs.stack_head_results(incl_remainder=True), "stack_head_results")
+    close(cache.accumulated_resid(apply_ln=True, incl_mid=True),
+          theirs.accumulated_resid(apply_ln=True, incl_mid=True), "accumulated_resid")
+    close(cache.apply_ln_to_stack(parts, 1, mlp_input=True),
+          theirs.apply_ln_to_stack(theirs.decompose_resid(), 1, mlp_input=True),
+          "apply_ln_to_stack")

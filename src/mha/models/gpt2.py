@@ -123,6 +123,11 @@ class GPT2Model(CausalLM, TransformerModel):
     def _vocab_matrix(self):
         return self.wte
 
+    def _final_norm(self, x):
+        """ln_f (gain and bias) over the last axis of x (..., d_model)."""
+        d = x.shape[-1]
+        return ops.layer_norm(x.reshape(-1, d), *self.ln_f, self.config.norm_eps).reshape(x.shape)
+
     def _forward(self, ids, mask, type_ids, need_weights, head_mask, hooks=NO_HOOKS,
                  cache=None):
         cfg = self.config

@@ -29,6 +29,11 @@ HookFn = Callable[[np.ndarray, str], Union[np.ndarray, None]]
 NameFilter = Union[str, Callable[[str], bool]]
 #: names=None (every point), a name, a list of names, or a predicate
 Names = Union[None, str, Sequence[str], Callable[[str], bool]]
+#: positions or texts to keep: an int (the axis dropped), a slice, (start, stop[, step]) or
+#: a list of indices
+PosSlice = Union[None, int, slice, tuple, Sequence[int], np.ndarray]
+#: a token as a str, an id, or ids
+TokenLike = Union[str, int, Sequence[int], np.ndarray]
 
 #: points kept only when listed by name (each head's write to the residual: n_heads times
 #: the residual's memory), as TransformerLens computes them only with use_attn_result
@@ -274,3 +279,299 @@ class ActivationCache(Mapping):
 
     def __repr__(self) -> str:
         return f"ActivationCache with keys {list(self._data)}"
+
+    # --- the residual stream, decomposed (TransformerLens's methods, same arguments) ---------------
+    def _pre_norm(self, what: str) -> None:
+        if not self.model.causal:
+            raise NotImplementedError(
+                f"{what} needs a pre-norm model (GPT-2, the LLaMA family): in a post-norm "
+                f"encoder a LayerNorm sits between the blocks, so the residual stream is no sum "
+                f"of the components")
+
+    def accumulated_resid(self, layer: int | None = None, incl_mid: bool = False,
+                          apply_ln: bool = False, pos_slice: PosSlice = None,
+                          mlp_input: bool = False, return_labels: bool = False
+                          ) -> np.ndarray | tuple[np.ndarray, list[str]]:
+        """Stack the residual stream as it stands before each layer (the logit lens's input).
+
+        Parameters
+        ----------
+        layer : int, optional
+            Stack the inputs of layers 0 .. layer - 1 and layer's own; None, -1 or n_layers:
+            every layer's input and the final residual (``"final_post"``).
+        incl_mid : bool, default False
+            Also each layer's ``hook_resid_mid`` (before ``layer``).
+        apply_ln : bool, default False
+            Apply the norm that reads the stack (:meth:`apply_ln_to_stack`); for the final
+            residual the final norm is recomputed on each component, gain and bias included,
+            so that ``stack @ W_U`` are logits.
+        pos_slice : int, slice, (start, stop[, step]) or list of int, optional
+            The positions to keep (an int drops the axis).
+        mlp_input : bool, default False
+            Also layer's ``hook_resid_mid`` (the MLP's input).
+        return_labels : bool, default False
+            Also return labels ``"{l}_pre"``, ``"{l}_mid"``, ``"final_post"``.
+
+        Returns
+        -------
+        ndarray, shape (components, B, n, d_model)
+            (and the labels).
+        """
+        L = self.model.n_layers
+        layer = L if layer is None or layer == -1 else layer
+        parts, labels = [], []
+        for l in range(layer + 1):
+            if l == L:
+                parts.append(self["resid_post", L - 1])
+                labels.append("final_post")
+                continue
+            parts.append(self["resid_pre", l])
+            labels.append(f"{l}_pre")
+            if (incl_mid and l < layer) or (mlp_input and l == layer):
+                parts.append(self["resid_mid", l])
+                labels.append(f"{l}_mid")
+        stack = np.stack([_slice(c, pos_slice, -2) for c in parts])
+        if apply_ln:
+            stack = self.apply_ln_to_stack(stack, layer, mlp_input=mlp_input,
+                                           pos_slice=pos_slice, recompute_ln=layer == L)
+        return (stack, labels) if return_labels else stack
+
+    def decompose_resid(self, layer: int | None = None, mlp_input: bool = False,
+                        mode: str = "all", apply_ln: bool = False, pos_slice: PosSlice = None,
+                        incl_embeds: bool = True, return_labels: bool = False
+                        ) -> np.ndarray | tuple[np.ndarray, list[str]]:
+        """Stack what each component wrote into the residual stream before ``layer``: the
+        embeddings, then each layer's attention and MLP outputs; they sum to layer's input.
+
+        Parameters
+        ----------
+        layer : int, optional
+            Components before this layer; None, -1 or n_layers: all of them (they sum to the
+            last ``hook_resid_post``).
+        mlp_input : bool, default False
+            Also layer's attention output (the components of the MLP's input).
+        mode : {"all", "attn", "mlp"}
+            Which outputs to stack.
+        apply_ln : bool, default False
+            Scale the stack by the norm that reads it (:meth:`apply_ln_to_stack`).
+        pos_slice : int, slice, (start, stop[, step]) or list of int, optional
+            The positions to keep.
+        incl_embeds : bool, default True
+            Include ``hook_embed`` and ``hook_pos_embed``.
+        return_labels : bool, default False
+            Also return labels ``"embed"``, ``"pos_embed"``, ``"{l}_attn_out"``,
+            ``"{l}_mlp_out"``.
+
+        Returns
+        -------
+        ndarray, shape (components, B, n, d_model)
+            (and the labels).
+
+        Raises
+        ------
+        NotImplementedError
+            A post-norm encoder (its residual stream is no sum of components).
+        """
+        self._pre_norm("decompose_resid")
+        L = self.model.n_layers
+        layer = L if layer is None or layer == -1 else layer
+        parts, labels = [], []
+        if incl_embeds:
+            parts.append(self["hook_embed"])
+            labels.append("embed")
+            if "hook_pos_embed" in self.model.hook_names():
+                parts.append(self["hook_pos_embed"])
+                labels.append("pos_embed")
+        for l in range(layer):
+            if mode != "mlp":
+                parts.append(self["attn_out", l])
+                labels.append(f"{l}_attn_out")
+            if mode != "attn":
+                parts.append(self["mlp_out", l])
+                labels.append(f"{l}_mlp_out")
+        if mlp_input and mode != "mlp":
+            parts.append(self["attn_out", layer])
+            labels.append(f"{layer}_attn_out")
+        stack = np.stack([_slice(c, pos_slice, -2) for c in parts])
+        if apply_ln:
+            stack = self.apply_ln_to_stack(stack, layer, mlp_input=mlp_input,
+                                           pos_slice=pos_slice)
+        return (stack, labels) if return_labels else stack
+
+    def _head_results(self, layer: int) -> np.ndarray:
+        """(B, n, H, d_model): the layer's ``attn.hook_result``, or computed from its hook_z
+        and W_o when the run did not keep it."""
+        name = f"blocks.{layer}.attn.hook_result"
+        if name in self._data:
+            return self._data[name]
+        z = self["z", layer]
+        W_o = self.model.output_projection(layer)[0]
+        H, d_head = z.shape[2], z.shape[3]
+        return np.einsum("bnhk,hkd->bnhd", z, W_o.reshape(H, d_head, -1))
+
+    def stack_head_results(self, layer: int = -1, return_labels: bool = False,
+                           incl_remainder: bool = False, pos_slice: PosSlice = None,
+                           apply_ln: bool = False) -> np.ndarray | tuple[np.ndarray, list[str]]:
+        """Stack each head's write into the residual stream (z_h W_o^(h), no bias) for the
+        heads of layers before ``layer``.
+
+        Parameters
+        ----------
+        layer : int, default -1
+            Heads of layers 0 .. layer - 1; -1, None or n_layers: every head.
+        return_labels : bool, default False
+            Also return labels ``"L{l}H{h}"``.
+        incl_remainder : bool, default False
+            Add the rest of ``hook_resid_post`` of layer - 1 (``"remainder"``).
+        pos_slice : int, slice, (start, stop[, step]) or list of int, optional
+            The positions to keep.
+        apply_ln : bool, default False
+            Scale the stack by the norm that reads it (:meth:`apply_ln_to_stack`).
+
+        Returns
+        -------
+        ndarray, shape (layer * n_heads [+ 1], B, n, d_model)
+            From the cached ``attn.hook_result``, or from ``attn.hook_z`` and W_o.
+        """
+        L, H = self.model.n_layers, self.model.n_heads
+        layer = L if layer is None or layer == -1 else layer
+        parts, labels = [], []
+        for l in range(layer):
+            parts.append(_slice(self._head_results(l), pos_slice, -3))
+            labels.extend(f"L{l}H{h}" for h in range(H))
+        if parts:
+            stack = np.moveaxis(np.concatenate(parts, axis=-2), -2, 0)
+        else:
+            shape = _slice(self["resid_pre", 0], pos_slice, -2).shape
+            stack = np.zeros((0, *shape), self["resid_pre", 0].dtype)
+        if incl_remainder:
+            post = _slice(self["resid_post", layer - 1], pos_slice, -2)
+            stack = np.concatenate([stack, (post - stack.sum(axis=0))[None]])
+            labels.append("remainder")
+        if apply_ln:
+            stack = self.apply_ln_to_stack(stack, layer, pos_slice=pos_slice)
+        return (stack, labels) if return_labels else stack
+
+    def apply_ln_to_stack(self, residual_stack: np.ndarray, layer: int | None = None,
+                          mlp_input: bool = False, pos_slice: PosSlice = None,
+                          batch_slice: PosSlice = None, has_batch_dim: bool = True,
+                          recompute_ln: bool = False) -> np.ndarray:
+        """Scale components of the residual stream by the norm that reads their sum.
+
+        Each component is centred (LayerNorm; not RMSNorm) and divided by the cached scale of
+        the norm at the input of ``layer`` (``ln1``; ``ln2`` with ``mlp_input``; the final
+        norm for layer n_layers), as that norm treats it in the sum; the gain and bias are
+        not applied (TransformerLens without weight folding). With ``recompute_ln`` at the
+        final layer, the final norm, gain and bias included, is computed on each component.
+
+        Parameters
+        ----------
+        residual_stack : ndarray, shape (components, B, n, d_model)
+            Already sliced by ``pos_slice`` (and without the batch axis when
+            ``has_batch_dim`` is False).
+        layer : int, optional
+            The layer whose input it is; None or -1: the final norm.
+        mlp_input : bool, default False
+            The norm before the MLP (ln2) rather than before the attention (ln1).
+        pos_slice, batch_slice : int, slice, (start, stop[, step]) or list of int, optional
+            Applied to the cached scale (batch_slice also to the stack's batch axis).
+        has_batch_dim : bool, default True
+            Whether the stack has its batch axis.
+        recompute_ln : bool, default False
+            Normalize each component with its own statistics (the logit lens).
+
+        Returns
+        -------
+        ndarray
+            The scaled stack.
+        """
+        self._pre_norm("apply_ln_to_stack")
+        L = self.model.n_layers
+        layer = L if layer is None or layer == -1 else layer
+        if has_batch_dim and batch_slice is not None:
+            residual_stack = _slice(residual_stack, batch_slice, 1)
+        rms = self.model.rotary              # the LLaMA family: RMSNorm, no centring
+        if recompute_ln and layer == L:
+            return self.model._final_norm(residual_stack)
+        if not rms:
+            residual_stack = residual_stack - residual_stack.mean(axis=-1, keepdims=True)
+        key = ("ln_final.hook_scale" if layer == L
+               else f"blocks.{layer}.ln{2 if mlp_input else 1}.hook_scale")
+        scale = _slice(self[key], pos_slice, -2)
+        if batch_slice is not None:
+            scale = _slice(scale, batch_slice, 0)
+        if not has_batch_dim:
+            scale = scale[0]
+        return residual_stack / scale
+
+    def logit_attrs(self, residual_stack: np.ndarray, tokens: TokenLike,
+                    incorrect_tokens: TokenLike | None = None, pos_slice: PosSlice = None,
+                    batch_slice: PosSlice = None, has_batch_dim: bool = True) -> np.ndarray:
+        """Direct logit attribution: each component's dot product, scaled by the final norm,
+        with the unembedding direction of ``tokens`` (minus that of ``incorrect_tokens``).
+
+        Parameters
+        ----------
+        residual_stack : ndarray, shape (components, B, n, d_model)
+            E.g. :meth:`decompose_resid` or :meth:`stack_head_results`.
+        tokens : str, int or array_like of int
+            One token (a str must be one token), one per text (B,), or (B, n).
+        incorrect_tokens : same as tokens, optional
+            Attribute the logit difference ``tokens - incorrect_tokens``.
+        pos_slice, batch_slice, has_batch_dim
+            As for :meth:`apply_ln_to_stack`.
+
+        Returns
+        -------
+        ndarray, shape (components, B, n) (or as sliced)
+            The components' shares: ``apply_ln_to_stack(stack) . W_U[:, tokens]``. The final
+            norm's gain is not folded into W_U (TransformerLens without weight processing), so
+            the shares of ``decompose_resid()`` sum to ``ln_final.hook_normalized . W_U[:, t]``.
+
+        Raises
+        ------
+        ValueError
+            ``tokens`` and ``incorrect_tokens`` of different shapes, or a str that is not one
+            token.
+        """
+        directions = self._directions(tokens)
+        if incorrect_tokens is not None:
+            wrong = self._directions(incorrect_tokens)
+            if wrong.shape != directions.shape:
+                raise ValueError(f"tokens and incorrect_tokens must have the same shape, got "
+                                 f"{directions.shape[:-1]} and {wrong.shape[:-1]}")
+            directions = directions - wrong
+        scaled = self.apply_ln_to_stack(residual_stack, -1, pos_slice=pos_slice,
+                                        batch_slice=batch_slice, has_batch_dim=has_batch_dim)
+        if (has_batch_dim and not isinstance(batch_slice, int) and scaled.ndim == 4
+                and directions.ndim == 2 and directions.shape[0] == scaled.shape[1]):
+            directions = directions[:, None, :]          # one token per text, every position
+        return (scaled * directions).sum(axis=-1)
+
+    def _directions(self, tokens: TokenLike) -> np.ndarray:
+        """The unembedding vectors W_U[:, tokens] -> tokens' shape + (d_model,)."""
+        if not self.model.causal:
+            raise NotImplementedError("logit_attrs needs a causal model's LM head")
+        if isinstance(tokens, str):
+            ids = self.model._need_tokenizer()(tokens, add_special_tokens=False).ids
+            if len(ids) != 1:
+                raise ValueError(f"{tokens!r} is {len(ids)} tokens, not one")
+            tokens = ids[0]
+        return self.model._vocab_matrix()[np.asarray(tokens, dtype=np.int64)]
+
+
+
+def _slice(x: np.ndarray, which: PosSlice, axis: int) -> np.ndarray:
+    """x along ``axis`` as TransformerLens's Slice takes it: None all, an int that index (the
+    axis dropped), a tuple the slice(*tuple), a slice, or a list of indices."""
+    if which is None:
+        return x
+    if isinstance(which, (int, np.integer)):
+        return np.take(x, int(which), axis=axis)
+    if isinstance(which, tuple):
+        which = slice(*which)
+    if isinstance(which, slice):
+        index = [slice(None)] * x.ndim
+        index[axis] = which
+        return x[tuple(index)]
+    return np.take(x, np.asarray(which, dtype=np.int64), axis=axis)

@@ -125,6 +125,11 @@ class LlamaModel(CausalLM, TransformerModel):
     def _vocab_matrix(self):
         return self.embed_tokens if self.lm_head is None else self.lm_head
 
+    def _final_norm(self, x):
+        """The final RMSNorm (gain) over the last axis of x (..., d_model)."""
+        d = x.shape[-1]
+        return ops.rms_norm(x.reshape(-1, d), self.norm, self.config.norm_eps).reshape(x.shape)
+
     def _rope(self, start, stop):
         """cos, sin (stop - start, d_head / 2) for positions [start, stop), from a table kept
         for the longest length seen (grown by doubling)."""
