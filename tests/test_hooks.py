@@ -178,15 +178,15 @@ def affine(model, name, ours):
         key = {"ln1": "ln_1", "ln2": "ln_2"}
         if layer is None:
             return ours * params["ln_f_weight"] + params["ln_f_bias"]
-        which = key[name.split(".")[2]]
-        return ours * params[f"layers.{layer}.{which}_weight"] + params[f"layers.{layer}.{which}_bias"]
+        which = f"layers.{layer}.{key[name.split('.')[2]]}"
+        return ours * params[which + "_weight"] + params[which + "_bias"]
     if isinstance(model, mha.models.LlamaModel):
         if layer is None:
             return ours * params["norm"]
         which = {"ln1": "input_norm", "ln2": "post_attention_norm"}[name.split(".")[2]]
         return ours * params[f"layers.{layer}.{which}"]
-    which = {"ln1": "ln_1", "ln2": "ln_2"}[name.split(".")[2]]
-    return ours * params[f"layers.{layer}.{which}_weight"] + params[f"layers.{layer}.{which}_bias"]
+    which = f"layers.{layer}." + {"ln1": "ln_1", "ln2": "ln_2"}[name.split(".")[2]]
+    return ours * params[which + "_weight"] + params[which + "_bias"]
 
 
 def relative_error(ours, ref, lengths, pattern=False):
@@ -507,7 +507,7 @@ def test_qkv_and_attention_norms_run_one_forward(tiny, monkeypatch):
     assert np.array_equal(q[1], cache["rot_q", 1][0].transpose(1, 0, 2))
 
 
-# --- the ActivationCache's analyses ----------------------------------------------------------------
+# --- the ActivationCache's analyses ------------------------------------------------------------
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
 def test_residual_decompositions_add_up(tiny, family):

@@ -20,6 +20,11 @@ generated token). A model is a local Hugging Face folder with config.json, model
 (float32, float64, float16 or bfloat16; read without torch) and tokenizer.json (read with the
 tokenizers library). Nothing is downloaded, ever; torch and transformers are not needed.
 
+Every model opens like TransformerLens's: ``model.run_with_cache(text, names=...)`` keeps the
+activations named ``hook_embed``, ``blocks.{l}.attn.hook_pattern``, ... in an
+:class:`ActivationCache`, and ``model.run_with_hooks(text, fwd_hooks=[(name, fn)])`` reads or
+replaces them mid-forward (:mod:`mha.models.hooks`).
+
 Probes of a model's heads (positional pattern classification, the coreference probe, the
 ambiguous sentences) are in :mod:`mha.models.probes`.
 """

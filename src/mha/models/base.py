@@ -4,7 +4,7 @@ the pieces of a block that visit them)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -58,14 +58,14 @@ class Encoding:
     >>> enc.tokens, enc.hidden_states.shape, enc.attentions.shape
     (['[CLS]', 'the', 'cat', 'sat', '[SEP]'], (7, 5, 384), (6, 12, 5, 5))
     """
-    tokens: list
+    tokens: list | None
     input_ids: np.ndarray
     attention_mask: np.ndarray
     hidden_states: np.ndarray
-    attentions: np.ndarray = None
-    tokenized: object = None
-    token_type_ids: np.ndarray = None
-    logits: np.ndarray = None
+    attentions: np.ndarray | None = None
+    tokenized: Any = None
+    token_type_ids: np.ndarray | None = None
+    logits: np.ndarray | None = None
 
     @property
     def last_hidden_state(self):
@@ -180,6 +180,10 @@ class TransformerModel:
     BertModel(name='minilm', n_layers=6, n_heads=12, d_model=384, dtype=float32)
     """
     causal = False
+    #: the C core's activation code of the MLP (ops.activation), set by ``_load``
+    _act: int
+    #: one dict of weights per layer (set by ``_load``)
+    layers: list[dict[str, np.ndarray]]
     #: rotary positions: q and k are turned between the projection and the attention
     rotary = False
     #: the checkpoint name that locates the head-model prefix ("bert.", "model.", ...)
@@ -337,11 +341,14 @@ class TransformerModel:
         """
         return self._encode_texts(text, pair, need_weights, truncation, head_mask, NO_HOOKS)
 
-    def _encode_texts(self, text, pair, need_weights, truncation, head_mask, hooks):
+    def _encode_texts(self, text: str | Sequence[str], pair: str | Sequence[str] | None,
+                      need_weights: bool, truncation: bool, head_mask: ArrayLike | None,
+                      hooks: HookPoints) -> Encoding:
         """encode, with the hook points of the forward."""
         tok = self._need_tokenizer()
         single = isinstance(text, str)
-        texts = [text] if single else list(text)
+        texts: list[str] = [text] if isinstance(text, str) else list(text)
+        pairs: list[str | None]
         if pair is None:
             pairs = [None] * len(texts)
         else:
@@ -399,8 +406,9 @@ class TransformerModel:
         return self._encode_ids(input_ids, attention_mask, token_type_ids, need_weights,
                                 head_mask, NO_HOOKS)
 
-    def _encode_ids(self, input_ids, attention_mask, token_type_ids, need_weights, head_mask,
-                    hooks):
+    def _encode_ids(self, input_ids: ArrayLike, attention_mask: ArrayLike | None,
+                    token_type_ids: ArrayLike | None, need_weights: bool,
+                    head_mask: ArrayLike | None, hooks: HookPoints) -> Encoding:
         """__call__, with the hook points of the forward."""
         ids = np.asarray(input_ids)
         single = ids.ndim == 1
@@ -554,8 +562,10 @@ class TransformerModel:
         return self._run(text_or_ids, hooks, pair, attention_mask, token_type_ids, head_mask,
                          need_weights, truncation, logits)
 
-    def _run(self, text_or_ids, hooks, pair, attention_mask, token_type_ids, head_mask,
-             need_weights, truncation, logits):
+    def _run(self, text_or_ids: str | Sequence[str] | ArrayLike, hooks: HookPoints,
+             pair: str | Sequence[str] | None, attention_mask: ArrayLike | None,
+             token_type_ids: ArrayLike | None, head_mask: ArrayLike | None,
+             need_weights: bool, truncation: bool, logits: bool) -> Encoding:
         """One forward of texts or ids with hook points -> an Encoding (logits for causal
         models)."""
         texts = isinstance(text_or_ids, str) or (
@@ -565,8 +575,8 @@ class TransformerModel:
             if attention_mask is not None or token_type_ids is not None:
                 raise TypeError("attention_mask and token_type_ids are for ids; a text's come "
                                 "from the tokenizer")
-            enc = self._encode_texts(text_or_ids, pair, need_weights, truncation, head_mask,
-                                     hooks)
+            enc = self._encode_texts(cast("str | list[str]", text_or_ids), pair, need_weights,
+                                     truncation, head_mask, hooks)
         else:
             if pair is not None:
                 raise TypeError("pair is for texts; give ids with their token_type_ids")
@@ -639,7 +649,7 @@ class TransformerModel:
         enc = self.encode(text, pair, truncation=truncation)
         if words:
             return enc.word_attentions()
-        return enc.tokens, enc.attentions
+        return cast("list[str]", enc.tokens), cast(np.ndarray, enc.attentions)
 
     def attention_norms(self, text: str, pair: str | None = None, *, summed: bool = False,
                         truncation: bool = False) -> tuple[list[str], np.ndarray]:
@@ -687,14 +697,15 @@ class TransformerModel:
                           for l in range(self.n_layers)])
         return tokens, norms
 
-    def _read(self, text, pair, truncation, points):
+    def _read(self, text: str, pair: str | None, truncation: bool, points: Sequence[str]
+              ) -> tuple[list[str], ActivationCache]:
         """(tokens, cache) of one forward on one text, keeping ``points`` of every block."""
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, got {type(text).__name__}")
         enc, cache = self.run_with_cache(
             text, pair=pair, truncation=truncation, logits=False,
             names=[f"blocks.{l}.{p}" for l in range(self.n_layers) for p in points])
-        return enc.tokens, cache
+        return cast("list[str]", enc.tokens), cache
 
     def hidden_states(self, text: str, pair: str | None = None, *, truncation: bool = False
                       ) -> tuple[list[str], np.ndarray]:
@@ -723,7 +734,7 @@ class TransformerModel:
             ``truncation``.
         """
         enc = self.encode(text, pair, need_weights=False, truncation=truncation)
-        return enc.tokens, enc.hidden_states
+        return cast("list[str]", enc.tokens), enc.hidden_states
 
     def embed(self, texts: str | Sequence[str], *, normalize: bool = True, pooling: str = "mean",
               truncation: bool = True) -> np.ndarray:
@@ -758,7 +769,7 @@ class TransformerModel:
         True
         """
         single = isinstance(texts, str)
-        enc = self.encode([texts] if single else list(texts), need_weights=False,
+        enc = self.encode([texts] if isinstance(texts, str) else list(texts), need_weights=False,
                           truncation=truncation)
         last = enc.last_hidden_state                                # (B, n, d)
         if pooling == "mean":
@@ -927,10 +938,24 @@ class TransformerModel:
         """
         raise NotImplementedError
 
-    def _forward(self, ids, mask, type_ids, need_weights, head_mask, hooks=NO_HOOKS):
+    def _forward(self, ids: np.ndarray, mask: np.ndarray, type_ids: np.ndarray,
+                 need_weights: bool, head_mask: np.ndarray | None,
+                 hooks: HookPoints = NO_HOOKS) -> tuple[np.ndarray, np.ndarray | None]:
         """ids, mask, type_ids: (B, n) -> hidden (B, L+1, n, d), attentions (B, L, H, n, n)
         or None. ``hooks``: the HookPoints the forward visits (records and changes)."""
         raise NotImplementedError
+
+    def _final_norm(self, x: np.ndarray) -> np.ndarray:
+        """Pre-norm decoders: the final norm (gain and bias) over the last axis of x."""
+        raise NotImplementedError(f"{type(self).__name__} has no final norm")
+
+    def _vocab_matrix(self) -> np.ndarray:
+        """Causal models: the LM head's weight (vocab, d_model)."""
+        raise NotImplementedError(f"{type(self).__name__} has no LM head")
+
+    def _lm_head(self) -> ops.Packed:
+        """Causal models: the LM head's weight packed for the GEMM."""
+        raise NotImplementedError(f"{type(self).__name__} has no LM head")
 
     # --- the pieces of a block, with their hook points --------------------------------------------
     def _band(self, layer, n_q, n_k):
@@ -942,7 +967,9 @@ class TransformerModel:
         i = np.arange(n_k - n_q, n_k)[:, None]
         return np.arange(n_k)[None, :] > i - window
 
-    def _norm(self, layer, name, x, gain, bias, B, n, hooks, inplace=False):
+    def _norm(self, layer: int | None, name: str, x: np.ndarray, gain: np.ndarray,
+              bias: np.ndarray | None, B: int, n: int, hooks: HookPoints,
+              inplace: bool = False) -> np.ndarray:
         """LayerNorm (``bias`` given) or RMSNorm (``bias`` None) of x (B*n, d), C-contiguous:
         a new array, or x itself with ``inplace``.
 
@@ -970,8 +997,13 @@ class TransformerModel:
             out += bias
         return out
 
-    def _self_attention(self, layer, h, p, B, n, pad_mask, need_weights, head_mask, hooks,
-                        rope=None, cache=None, residual=None, weights_out=None):
+    def _self_attention(self, layer: int, h: np.ndarray, p: dict[str, np.ndarray], B: int,
+                        n: int, pad_mask: np.ndarray | None, need_weights: bool,
+                        head_mask: np.ndarray | None, hooks: HookPoints,
+                        *, residual: np.ndarray,
+                        rope: tuple[np.ndarray, np.ndarray] | None = None,
+                        cache: list[Any] | None = None,
+                        weights_out: np.ndarray | None = None) -> np.ndarray | None:
         """The attention of one block: h (B*n, d_model), the block's input (normalized in a
         pre-norm model); its projected output is added to ``residual`` (B*n, d_model)
         C-contiguous, in place -> the weights (B, H, n, n_k) or None.
@@ -1004,8 +1036,11 @@ class TransformerModel:
         self._project(layer, heads, p, B, n, hooks, residual)
         return weights
 
-    def _attention(self, layer, q, k, v, pad_mask, need_weights, head_mask, hooks,
-                   weights_out=None):
+    def _attention(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+                   pad_mask: np.ndarray | None, need_weights: bool,
+                   head_mask: np.ndarray | None, hooks: HookPoints,
+                   weights_out: np.ndarray | None = None
+                   ) -> tuple[np.ndarray, np.ndarray | None]:
         """One layer's multi-head attention on the C kernels -> (heads (B*n_q, H*d_head),
         weights (B, H, n_q, n_k) or None).
 
@@ -1046,7 +1081,8 @@ class TransformerModel:
         hooks(layer, "attn.hook_z", heads, (B, n_q, H, d_head))
         return heads, weights if need_weights else None
 
-    def _allowed(self, layer, n_q, n_k, pad_mask):
+    def _allowed(self, layer: int, n_q: int, n_k: int, pad_mask: np.ndarray | None
+                 ) -> np.ndarray | None:
         """(B or 1, 1, n_q, n_k) bool: the keys each query may attend (causal, sliding window,
         padding), or None when it may attend every key."""
         allowed = None
@@ -1062,7 +1098,8 @@ class TransformerModel:
             allowed = keys if allowed is None else allowed & keys
         return allowed
 
-    def _scores(self, layer, q, k, pad_mask):
+    def _scores(self, layer: int, q: np.ndarray, k: np.ndarray, pad_mask: np.ndarray | None
+                ) -> np.ndarray:
         """The attention scores as TransformerLens gives them: (B, H, n_q, n_k) scale q k^T,
         -inf where the key is masked; query head h reads key head h // (H / H_kv)."""
         B, H, n_q, d_head = q.shape
@@ -1074,7 +1111,9 @@ class TransformerModel:
             np.copyto(scores, -np.inf, where=~allowed)
         return scores
 
-    def _attention_steps(self, layer, q, k, v, pad_mask, hooks, out):
+    def _attention_steps(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+                         pad_mask: np.ndarray | None, hooks: HookPoints, out: np.ndarray
+                         ) -> np.ndarray:
         """The attention one step at a time, for hooks that change the scores or the pattern:
         scores (hooked), softmax (a row without any allowed key gives 0, as the kernel),
         pattern (hooked), pattern @ v written into ``out`` (B, H, n_q, d_head) -> the
@@ -1090,7 +1129,8 @@ class TransformerModel:
         out[...] = _grouped_products(pattern, v).reshape(out.shape)
         return pattern
 
-    def _project(self, layer, heads, p, B, n, hooks, residual):
+    def _project(self, layer: int, heads: np.ndarray, p: dict[str, np.ndarray], B: int,
+                 n: int, hooks: HookPoints, residual: np.ndarray) -> None:
         """The attention's output projection, added to ``residual`` (B*n, d_model) in place:
         fused into the product unless attn.hook_result (each head's z_h W_o^(h), (B, n, H,
         d_model), bias left out) or hook_attn_out (the projection with its bias) is wanted;
@@ -1120,7 +1160,9 @@ class TransformerModel:
         hooks(layer, "hook_attn_out", projected, (B, n, d), owned=True)
         residual += projected
 
-    def _mlp(self, layer, h, p, B, n, hooks, residual, names, gated=False):
+    def _mlp(self, layer: int, h: np.ndarray, p: dict[str, np.ndarray], B: int, n: int,
+             hooks: HookPoints, residual: np.ndarray, names: tuple[str, str, str, str],
+             gated: bool = False) -> None:
         """The MLP of one block on h (B*n, d_model), added to ``residual`` in place.
 
         names: the layer's (W_in, b_in, W_out, b_out) keys; gated: W_in holds [W_gate | W_up]
@@ -1152,7 +1194,7 @@ class TransformerModel:
         residual += out
 
 
-def _grouped_products(a, b, trans_b=False):
+def _grouped_products(a: np.ndarray, b: np.ndarray, trans_b: bool = False) -> np.ndarray:
     """Per batch and key/value head, the product of the query heads it serves with it, on
     mha's GEMM: a (B, H, m, K), b (B, H_kv, K, N), or (B, H_kv, N, K) with ``trans_b``
     -> (B, H_kv, H / H_kv * m, N), query head h reading head h // (H / H_kv)."""

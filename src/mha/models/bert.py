@@ -15,11 +15,13 @@ Checkpoint names are Hugging Face's, with or without a head-model prefix such as
 torch.nn.Linear stores (out, in); the weights are transposed once at load to (in, out), and
 q, k, v are fused into one (d, 3d) matrix so each layer does one projection product.
 """
+from __future__ import annotations
+
 import numpy as np
 
 from . import ops
 from .base import TransformerModel
-from .hooks import NO_HOOKS
+from .hooks import NO_HOOKS, HookPoints
 
 
 class BertModel(TransformerModel):
@@ -124,7 +126,7 @@ class BertModel(TransformerModel):
         """(B, n) position ids: 0..n-1 for every text."""
         return np.broadcast_to(np.arange(ids.shape[1]), ids.shape)
 
-    def _hook_layout(self):
+    def _hook_layout(self) -> tuple[list[str], list[str], list[str]]:
         """TransformerLens's HookedEncoder names: the embeddings' parts and their LayerNorm
         under ``embed.``, then each block's post-LN steps (ln1 normalizes the residual after
         the attention, ln2 after the MLP; the block's output is hook_normalized_resid_post)."""
@@ -139,7 +141,7 @@ class BertModel(TransformerModel):
                  "ln2.hook_scale", "ln2.hook_normalized", "hook_normalized_resid_post"]
         return before, block, []
 
-    def _embed(self, ids, type_ids, hooks):
+    def _embed(self, ids: np.ndarray, type_ids: np.ndarray, hooks: HookPoints) -> np.ndarray:
         B, n = ids.shape
         d = self.config.d_model
         types = self.token_type_embeddings
@@ -162,7 +164,9 @@ class BertModel(TransformerModel):
                 ops.embedding(table, index, out=x)
         return self._norm(None, "embed.ln", x, *self.ln_emb, B, n, hooks, inplace=True)
 
-    def _forward(self, ids, mask, type_ids, need_weights, head_mask, hooks=NO_HOOKS):
+    def _forward(self, ids: np.ndarray, mask: np.ndarray, type_ids: np.ndarray,
+                 need_weights: bool, head_mask: np.ndarray | None,
+                 hooks: HookPoints = NO_HOOKS) -> tuple[np.ndarray, np.ndarray | None]:
         cfg = self.config
         B, n = ids.shape
         L, H, d = cfg.n_layers, cfg.n_heads, cfg.d_model

@@ -13,12 +13,15 @@ holds [W_q | W_k | W_v] as one (d, 3d) matrix. Checkpoint names are Hugging Face
 GPT2LMHeadModel; the causal-mask buffers (``attn.bias``, ``attn.masked_bias``) of old
 checkpoints are ignored.
 """
+from __future__ import annotations
+
 import numpy as np
 
+from ..layer_base import KVCache
 from . import ops
 from .base import TransformerModel
 from .causal import CausalLM
-from .hooks import NO_HOOKS
+from .hooks import NO_HOOKS, HookPoints
 
 
 class GPT2Model(CausalLM, TransformerModel):
@@ -123,13 +126,15 @@ class GPT2Model(CausalLM, TransformerModel):
     def _vocab_matrix(self):
         return self.wte
 
-    def _final_norm(self, x):
+    def _final_norm(self, x: np.ndarray) -> np.ndarray:
         """ln_f (gain and bias) over the last axis of x (..., d_model)."""
         d = x.shape[-1]
         return ops.layer_norm(x.reshape(-1, d), *self.ln_f, self.config.norm_eps).reshape(x.shape)
 
-    def _forward(self, ids, mask, type_ids, need_weights, head_mask, hooks=NO_HOOKS,
-                 cache=None):
+    def _forward(self, ids: np.ndarray, mask: np.ndarray, type_ids: np.ndarray,
+                 need_weights: bool, head_mask: np.ndarray | None,
+                 hooks: HookPoints = NO_HOOKS, cache: list[KVCache] | None = None
+                 ) -> tuple[np.ndarray, np.ndarray | None]:
         cfg = self.config
         B, n = ids.shape
         L, H, d = cfg.n_layers, cfg.n_heads, cfg.d_model

@@ -280,7 +280,7 @@ class ActivationCache(Mapping):
     def __repr__(self) -> str:
         return f"ActivationCache with keys {list(self._data)}"
 
-    # --- the residual stream, decomposed (TransformerLens's methods, same arguments) ---------------
+    # --- the residual stream, decomposed (TransformerLens's methods, same arguments) -----------
     def _pre_norm(self, what: str) -> None:
         if not self.model.causal:
             raise NotImplementedError(
@@ -435,7 +435,8 @@ class ActivationCache(Mapping):
         """
         L, H = self.model.n_layers, self.model.n_heads
         layer = L if layer is None or layer == -1 else layer
-        parts, labels = [], []
+        parts: list[np.ndarray] = []
+        labels: list[str] = []
         for l in range(layer):
             parts.append(_slice(self._head_results(l), pos_slice, -3))
             labels.extend(f"L{l}H{h}" for h in range(H))

@@ -23,12 +23,15 @@ one (d, (H + 2 H_kv) d_head) matrix and gate and up into one (d, 2 d_ff) matrix,
 does four products. The rotary tables are computed in float64 and rounded once to the
 model's dtype (transformers computes the angles in float32).
 """
+from __future__ import annotations
+
 import numpy as np
 
+from ..layer_base import KVCache
 from . import ops
 from .base import TransformerModel
 from .causal import CausalLM
-from .hooks import NO_HOOKS
+from .hooks import NO_HOOKS, HookPoints
 
 
 class LlamaModel(CausalLM, TransformerModel):
@@ -125,7 +128,7 @@ class LlamaModel(CausalLM, TransformerModel):
     def _vocab_matrix(self):
         return self.embed_tokens if self.lm_head is None else self.lm_head
 
-    def _final_norm(self, x):
+    def _final_norm(self, x: np.ndarray) -> np.ndarray:
         """The final RMSNorm (gain) over the last axis of x (..., d_model)."""
         d = x.shape[-1]
         return ops.rms_norm(x.reshape(-1, d), self.norm, self.config.norm_eps).reshape(x.shape)
@@ -139,8 +142,10 @@ class LlamaModel(CausalLM, TransformerModel):
                 0, max(stop, 2 * len(cos)), self._frequencies, self.dtype)
         return cos[start:stop], sin[start:stop]
 
-    def _forward(self, ids, mask, type_ids, need_weights, head_mask, hooks=NO_HOOKS,
-                 cache=None):
+    def _forward(self, ids: np.ndarray, mask: np.ndarray, type_ids: np.ndarray,
+                 need_weights: bool, head_mask: np.ndarray | None,
+                 hooks: HookPoints = NO_HOOKS, cache: list[KVCache] | None = None
+                 ) -> tuple[np.ndarray, np.ndarray | None]:
         cfg = self.config
         B, n = ids.shape
         L, H, d = cfg.n_layers, cfg.n_heads, cfg.d_model
