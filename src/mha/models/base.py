@@ -542,8 +542,18 @@ class TransformerModel:
         fwd_hooks : list of (str or callable, callable)
             ``(name_or_predicate, fn)`` pairs, run in list order at a point they share. A
             predicate never selects ``attn.hook_result`` (name it to hook it).
-        pair, attention_mask, token_type_ids, head_mask, need_weights, truncation, logits
-            As for :meth:`run_with_cache`.
+        pair : str or list of str, optional
+            The second text of a sentence pair (texts only).
+        attention_mask, token_type_ids : array_like, optional
+            As for ``model(input_ids, ...)`` (ids only).
+        head_mask : array_like, shape (n_layers, n_heads), optional
+            Multipliers on each head's output.
+        need_weights : bool, default False
+            Also fill the Encoding's ``attentions`` (L, H, n, n).
+        truncation : bool, default False
+            Cut texts longer than the model's positions instead of raising.
+        logits : bool, default True
+            Causal models: compute the Encoding's ``logits``.
 
         Returns
         -------

@@ -49,6 +49,8 @@ class Generation(Encoding):
         Generations carry no word boundaries.
     token_type_ids : ndarray of int64, shape (n_total,)
         All 0.
+    logits : None
+        Generations keep no logits.
     n_prompt : int
         The number of prompt tokens.
     text : str

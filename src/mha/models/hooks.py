@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import (Callable, ItemsView, Iterator, KeysView, Mapping, Sequence,
+                             ValuesView)
 from typing import TYPE_CHECKING, Any, Union
 
 import numpy as np
@@ -79,8 +80,14 @@ def get_act_name(name: str, layer: int | None = None, layer_type: str | None = N
     Returns
     -------
     str
-        E.g. ``get_act_name("pattern", 3) == "blocks.3.attn.hook_pattern"``,
-        ``get_act_name("normalized") == "ln_final.hook_normalized"``.
+        The hook name.
+
+    Examples
+    --------
+    >>> get_act_name("pattern", 3)
+    'blocks.3.attn.hook_pattern'
+    >>> get_act_name("scale4ln1"), get_act_name("normalized")
+    ('blocks.4.ln1.hook_scale', 'ln_final.hook_normalized')
     """
     if ("." in name or name.startswith("hook_")) and layer is None and layer_type is None:
         return name
@@ -268,6 +275,53 @@ class ActivationCache(Mapping):
     def __iter__(self) -> Iterator[str]:
         return iter(self._data)
 
+    def keys(self) -> KeysView[str]:
+        """Return the names kept, in the order the forward visited them.
+
+        Returns
+        -------
+        KeysView of str
+            The hook names.
+        """
+        return self._data.keys()
+
+    def values(self) -> ValuesView[np.ndarray]:
+        """Return the activations kept, in the order of :meth:`keys`.
+
+        Returns
+        -------
+        ValuesView of ndarray
+            The activations.
+        """
+        return self._data.values()
+
+    def items(self) -> ItemsView[str, np.ndarray]:
+        """Return (name, activation) pairs, in the order of :meth:`keys`.
+
+        Returns
+        -------
+        ItemsView of (str, ndarray)
+            The pairs.
+        """
+        return self._data.items()
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        """Return ``self[key]`` (a name or shorthand), or ``default`` when it was not kept.
+
+        Parameters
+        ----------
+        key : str or tuple
+            A hook name, or shorthand as for ``cache[key]``.
+        default : object, optional
+            What to return when the run did not keep it.
+
+        Returns
+        -------
+        ndarray or object
+            The activation, or ``default``.
+        """
+        return self[key] if key in self else default
+
     def __len__(self) -> int:
         return len(self._data)
 
@@ -340,8 +394,10 @@ class ActivationCache(Mapping):
                         mode: str = "all", apply_ln: bool = False, pos_slice: PosSlice = None,
                         incl_embeds: bool = True, return_labels: bool = False
                         ) -> np.ndarray | tuple[np.ndarray, list[str]]:
-        """Stack what each component wrote into the residual stream before ``layer``: the
-        embeddings, then each layer's attention and MLP outputs; they sum to layer's input.
+        """Stack what each component wrote into the residual stream before ``layer``.
+
+        The embeddings, then each layer's attention and MLP outputs: they sum to layer's
+        input.
 
         Parameters
         ----------
@@ -412,8 +468,9 @@ class ActivationCache(Mapping):
     def stack_head_results(self, layer: int = -1, return_labels: bool = False,
                            incl_remainder: bool = False, pos_slice: PosSlice = None,
                            apply_ln: bool = False) -> np.ndarray | tuple[np.ndarray, list[str]]:
-        """Stack each head's write into the residual stream (z_h W_o^(h), no bias) for the
-        heads of layers before ``layer``.
+        """Stack each head's write into the residual stream for the layers before ``layer``.
+
+        A head's write is z_h W_o^(h), without the output bias.
 
         Parameters
         ----------
@@ -508,8 +565,10 @@ class ActivationCache(Mapping):
     def logit_attrs(self, residual_stack: np.ndarray, tokens: TokenLike,
                     incorrect_tokens: TokenLike | None = None, pos_slice: PosSlice = None,
                     batch_slice: PosSlice = None, has_batch_dim: bool = True) -> np.ndarray:
-        """Direct logit attribution: each component's dot product, scaled by the final norm,
-        with the unembedding direction of ``tokens`` (minus that of ``incorrect_tokens``).
+        """Attribute logits to components of the residual stream (direct logit attribution).
+
+        Each component, scaled by the final norm, is dotted with the unembedding direction of
+        ``tokens`` (minus that of ``incorrect_tokens``).
 
         Parameters
         ----------
@@ -519,8 +578,10 @@ class ActivationCache(Mapping):
             One token (a str must be one token), one per text (B,), or (B, n).
         incorrect_tokens : same as tokens, optional
             Attribute the logit difference ``tokens - incorrect_tokens``.
-        pos_slice, batch_slice, has_batch_dim
+        pos_slice, batch_slice : int, slice, (start, stop[, step]) or list of int, optional
             As for :meth:`apply_ln_to_stack`.
+        has_batch_dim : bool, default True
+            Whether the stack has its batch axis.
 
         Returns
         -------
