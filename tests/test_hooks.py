@@ -160,13 +160,10 @@ def transformers_activations(ref, points, ids, mask):
     return seen, torch.stack(out.attentions, dim=1).double().numpy()
 
 
-def as_ours(model, name, value, shape):
-    """A transformers activation in the shape of ours (heads split, q/k/v out of GPT-2's
-    fused projection, positions broadcast over the batch)."""
-    B, n = shape[:2]
-    if name.endswith("attn.hook_qkv"):
-        return value
-    return np.broadcast_to(value.reshape(value.shape[0], n, *shape[2:]), shape)
+def as_ours(value, shape):
+    """A transformers activation in the shape of ours: heads split, and the positions'
+    embeddings (1, n, d) broadcast over the batch."""
+    return np.broadcast_to(value.reshape(value.shape[0], *shape[1:]), shape)
 
 
 def affine(model, name, ours):
@@ -231,7 +228,7 @@ def test_cache_matches_transformers(tiny, family, dtype):
         ours = cache[name]
         if name.endswith("hook_normalized"):
             ours = affine(model, name, ours)
-        errors[name] = relative_error(ours, as_ours(model, name, value, ours.shape), lengths)
+        errors[name] = relative_error(ours, as_ours(value, ours.shape), lengths)
     for layer in range(model.n_layers):
         errors[f"blocks.{layer}.attn.hook_pattern"] = relative_error(
             cache["pattern", layer], patterns[:, layer], lengths, pattern=True)
