@@ -516,6 +516,7 @@ def test_erf_and_gelu_accuracy():
 
 @needs_minilm
 def test_benchmark_encode_runs(minilm):
+    import mha.apps.encode_speed
     r = mha.apps.encode_speed.benchmark_encode(minilm, n_tokens=32, repeats=1, warmup=0,
                                     compare_torch=False)
     assert r["n_tokens"] == 32 and r["mha_ms"] > 0 and r["mha_no_weights_ms"] > 0

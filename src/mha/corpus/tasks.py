@@ -151,14 +151,17 @@ def _batch_sums(runner: TransformerModel | _ModelSpec, ids_flat: np.ndarray, len
     mask = np.arange(n)[None, :] < lengths[:, None]
     ids = np.full((B, n), model.config.pad_token_id, dtype=np.int64)
     ids[mask] = ids_flat                                      # row-major = text after text
-    captured: list[tuple[np.ndarray, np.ndarray, np.ndarray]] | None = [] if norms else None
-    _, weights = model._forward(ids, mask, np.zeros_like(ids), True, None, capture=captured)
+    values = [f"blocks.{layer}.attn.hook_v" for layer in range(model.n_layers)] if norms else []
+    enc, cache = model.run_with_cache(ids, attention_mask=mask, names=values, need_weights=True,
+                                      logits=False)
+    weights = enc.attentions
     classes = tables.classes[ids] & mask[..., None]           # (B, n, 4)
     key_norms = None
-    if captured is not None:                                  # norms
-        key_norms = np.stack([_key_norms(v, tables.grams[layer], model.n_heads)
-                              for layer, (_, _, v) in enumerate(captured)], axis=1)
-    del captured
+    if norms:                                                 # v: (B, n, H_kv, d_head)
+        key_norms = np.stack([_key_norms(cache[name].transpose(0, 2, 1, 3),
+                                         tables.grams[layer], model.n_heads)
+                              for layer, name in enumerate(values)], axis=1)
+    del cache
     punct = classes[..., 3 if convention == "clark" else 2]
     sums, counts = head_statistic_sums(weights, mask, cls=classes[..., 0], sep=classes[..., 1],
                                        punct=punct, causal=model.causal, convention=convention,

@@ -20,6 +20,11 @@ generated token). A model is a local Hugging Face folder with config.json, model
 (float32, float64, float16 or bfloat16; read without torch) and tokenizer.json (read with the
 tokenizers library). Nothing is downloaded, ever; torch and transformers are not needed.
 
+Every model opens like TransformerLens's: ``model.run_with_cache(text, names=...)`` keeps the
+activations named ``hook_embed``, ``blocks.{l}.attn.hook_pattern``, ... in an
+:class:`ActivationCache`, and ``model.run_with_hooks(text, fwd_hooks=[(name, fn)])`` reads or
+replaces them mid-forward (:mod:`mha.models.hooks`).
+
 Probes of a model's heads (positional pattern classification, the coreference probe, the
 ambiguous sentences) are in :mod:`mha.models.probes`.
 """
@@ -37,6 +42,7 @@ from .bert import BertModel, DistilBertModel, RobertaModel
 from .causal import Generation
 from .config import READERS, ModelConfig
 from .gpt2 import GPT2Model
+from .hooks import ActivationCache, get_act_name
 from .hub import (MINILM_INSTALL, CheckpointError, minilm_path, read_config, read_safetensors,
                   resolve)
 from .llama import LlamaModel
@@ -47,7 +53,8 @@ from . import probes
 __all__ = ["load", "minilm_path", "resolve", "TransformerModel", "BertModel", "RobertaModel",
            "DistilBertModel", "GPT2Model", "LlamaModel", "Encoding", "Generation",
            "ModelConfig", "CheckpointError", "Tokenizer", "TokenizedText", "aggregate_to_words",
-           "group_words", "probes", "MINILM_INSTALL", "SUPPORTED_TYPES"]
+           "group_words", "probes", "MINILM_INSTALL", "SUPPORTED_TYPES", "ActivationCache",
+           "get_act_name"]
 
 _CLASSES = {"bert": BertModel, "roberta": RobertaModel, "distilbert": DistilBertModel,
             "gpt2": GPT2Model, "llama": LlamaModel, "qwen2": LlamaModel, "mistral": LlamaModel}

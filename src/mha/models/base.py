@@ -1,9 +1,10 @@
 """TransformerModel: what every family shares (tokenize, batch, encode, read attentions, the
-q/k/v and output projection that each attention layer used)."""
+q/k/v and output projection that each attention layer used, the hook points of a forward and
+the pieces of a block that visit them)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence, cast
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -12,6 +13,7 @@ import mha
 from mha import _core
 
 from . import ops
+from .hooks import NO_HOOKS, ActivationCache, HookFn, HookPoints, NameFilter, Names
 from .words import aggregate_to_words, group_words
 
 
@@ -40,6 +42,8 @@ class Encoding:
         Word boundaries and offsets, or None when the model was called on ids.
     token_type_ids : ndarray of int64, shape (n,) or (B, n), optional
         BERT segments: 1 on the second text of a pair.
+    logits : ndarray, shape (n, vocab) or (B, n, vocab), optional
+        Causal models' next-token logits, from ``run_with_cache`` and ``run_with_hooks``.
 
     Attributes
     ----------
@@ -54,13 +58,14 @@ class Encoding:
     >>> enc.tokens, enc.hidden_states.shape, enc.attentions.shape
     (['[CLS]', 'the', 'cat', 'sat', '[SEP]'], (7, 5, 384), (6, 12, 5, 5))
     """
-    tokens: list
+    tokens: list | None
     input_ids: np.ndarray
     attention_mask: np.ndarray
     hidden_states: np.ndarray
-    attentions: np.ndarray = None
-    tokenized: object = None
-    token_type_ids: np.ndarray = None
+    attentions: np.ndarray | None = None
+    tokenized: Any = None
+    token_type_ids: np.ndarray | None = None
+    logits: np.ndarray | None = None
 
     @property
     def last_hidden_state(self):
@@ -132,8 +137,9 @@ class TransformerModel:
     """Run a pretrained transformer in NumPy, with mha's C kernels in every attention layer.
 
     Build one with :func:`mha.models.load`. A family implements ``_load(read)``,
-    ``parameters()`` and ``_forward(ids, mask, type_ids, need_weights, head_mask, capture)``,
-    calling ``_attention`` for the attention of every layer.
+    ``parameters()``, ``_hook_layout()`` and ``_forward(ids, mask, type_ids, need_weights,
+    head_mask, hooks)``, running its blocks with ``_norm``, ``_self_attention`` and ``_mlp``,
+    which visit the hook points (:mod:`mha.models.hooks`).
 
     Parameters
     ----------
@@ -174,6 +180,12 @@ class TransformerModel:
     BertModel(name='minilm', n_layers=6, n_heads=12, d_model=384, dtype=float32)
     """
     causal = False
+    #: the C core's activation code of the MLP (ops.activation), set by ``_load``
+    _act: int
+    #: one dict of weights per layer (set by ``_load``)
+    layers: list[dict[str, np.ndarray]]
+    #: rotary positions: q and k are turned between the projection and the attention
+    rotary = False
     #: the checkpoint name that locates the head-model prefix ("bert.", "model.", ...)
     anchor = None
 
@@ -327,9 +339,16 @@ class TransformerModel:
         >>> enc.attention_mask.tolist()
         [[True, True, True, True, True, False], [True, True, True, True, True, True]]
         """
+        return self._encode_texts(text, pair, need_weights, truncation, head_mask, NO_HOOKS)
+
+    def _encode_texts(self, text: str | Sequence[str], pair: str | Sequence[str] | None,
+                      need_weights: bool, truncation: bool, head_mask: ArrayLike | None,
+                      hooks: HookPoints) -> Encoding:
+        """encode, with the hook points of the forward."""
         tok = self._need_tokenizer()
         single = isinstance(text, str)
-        texts = [text] if single else list(text)
+        texts: list[str] = [text] if isinstance(text, str) else list(text)
+        pairs: list[str | None]
         if pair is None:
             pairs = [None] * len(texts)
         else:
@@ -347,7 +366,7 @@ class TransformerModel:
             ids[b, :len(t)] = t.ids
             type_ids[b, :len(t)] = t.type_ids
             mask[b, :len(t)] = True
-        enc = self(ids, mask, type_ids, need_weights=need_weights, head_mask=head_mask)
+        enc = self._encode_ids(ids, mask, type_ids, need_weights, head_mask, hooks)
         enc.tokens = [t.tokens for t in tokenized]
         enc.tokenized = tokenized
         if single:
@@ -384,6 +403,13 @@ class TransformerModel:
         ValueError
             Ids out of range, more tokens than positions, or a ``head_mask`` of the wrong shape.
         """
+        return self._encode_ids(input_ids, attention_mask, token_type_ids, need_weights,
+                                head_mask, NO_HOOKS)
+
+    def _encode_ids(self, input_ids: ArrayLike, attention_mask: ArrayLike | None,
+                    token_type_ids: ArrayLike | None, need_weights: bool,
+                    head_mask: ArrayLike | None, hooks: HookPoints) -> Encoding:
+        """__call__, with the hook points of the forward."""
         ids = np.asarray(input_ids)
         single = ids.ndim == 1
         ids = self._check_ids(np.atleast_2d(ids))
@@ -401,13 +427,198 @@ class TransformerModel:
             if head_mask.shape != (self.n_layers, self.n_heads):
                 raise ValueError(f"head_mask must have shape (n_layers, n_heads) = "
                                  f"{(self.n_layers, self.n_heads)}, got {head_mask.shape}")
-        hidden, attn = self._forward(ids, mask, type_ids, need_weights, head_mask)
+        hidden, attn = self._forward(ids, mask, type_ids, need_weights, head_mask, hooks)
         tokens = None
         if self.tokenizer is not None:
             tokens = [[self.tokenizer.id_to_token(i) for i in row[m]] for row, m in zip(ids, mask)]
         enc = Encoding(tokens=tokens, input_ids=ids, attention_mask=mask, hidden_states=hidden,
                        attentions=attn, token_type_ids=type_ids)
         return _unbatch(enc) if single else enc
+
+    # --- hook points: read and change any activation of a forward --------------------------------
+    def hook_names(self) -> list[str]:
+        """List the hook points of a forward, in the order the forward visits them.
+
+        Returns
+        -------
+        list of str
+            TransformerLens's names: ``hook_embed``, ``blocks.{l}.hook_resid_pre``,
+            ``blocks.{l}.attn.hook_pattern``, ... (docs/models.md tabulates them with their
+            shapes, per family).
+        """
+        before, block, after = self._hook_layout()
+        return [*before, *(f"blocks.{l}.{p}" for l in range(self.n_layers) for p in block),
+                *after]
+
+    def run_with_cache(self, text_or_ids: str | Sequence[str] | ArrayLike, *,
+                       names: Names = None,
+                       fwd_hooks: Sequence[tuple[NameFilter, HookFn]] = (),
+                       pair: str | Sequence[str] | None = None,
+                       attention_mask: ArrayLike | None = None,
+                       token_type_ids: ArrayLike | None = None,
+                       head_mask: ArrayLike | None = None, need_weights: bool = False,
+                       truncation: bool = False, logits: bool = True
+                       ) -> tuple[Encoding, ActivationCache]:
+        """Run the model once and keep the activations named by ``names``.
+
+        One forward on the C kernels; each activation asked for is copied out as the forward
+        passes it (batch first, TransformerLens's names and shapes), so that the cache holds
+        only what was asked.
+
+        Parameters
+        ----------
+        text_or_ids : str, list of str, or array_like of int, shape (n,) or (B, n)
+            A text, a batch of texts (padded on the right), or token ids.
+        names : None, str, list of str or callable, optional
+            What to keep: None every hook point but ``attn.hook_result`` (kept only when listed
+            by name), a name, a list of names, or a predicate on the name.
+        fwd_hooks : list of (str or callable, callable), optional
+            Hooks that run during the same forward, as in :meth:`run_with_hooks`; the cache
+            holds the activations after them.
+        pair : str or list of str, optional
+            The second text of a sentence pair (texts only).
+        attention_mask, token_type_ids : array_like, optional
+            As for ``model(input_ids, ...)`` (ids only).
+        head_mask : array_like, shape (n_layers, n_heads), optional
+            Multipliers on each head's output (``hook_z`` holds the masked heads).
+        need_weights : bool, default False
+            Also fill the Encoding's ``attentions`` (L, H, n, n); the cache's
+            ``hook_pattern`` entries hold them per layer.
+        truncation : bool, default False
+            Cut texts longer than the model's positions instead of raising.
+        logits : bool, default True
+            Causal models: compute the Encoding's ``logits`` (False spares the (B, n, vocab)
+            product).
+
+        Returns
+        -------
+        enc : Encoding
+            What ``model.encode`` (or ``model(ids)``) returns, plus ``logits`` for causal
+            models.
+        cache : ActivationCache
+            The activations kept, each with a leading batch axis (1 for one text).
+
+        Raises
+        ------
+        KeyError
+            A name that is no hook point of the model (the message names the nearest).
+
+        See Also
+        --------
+        hook_names : Every name, in forward order.
+
+        Examples
+        --------
+        >>> model = mha.models.load("minilm")
+        >>> enc, cache = model.run_with_cache("The cat sat", names=["blocks.0.attn.hook_z"])
+        >>> list(cache), cache["z", 0].shape        # (batch, pos, head, d_head)
+        (['blocks.0.attn.hook_z'], (1, 5, 12, 32))
+        """
+        hooks = HookPoints(self.hook_names(), (lambda name: True) if names is None else names,
+                           fwd_hooks)
+        enc = self._run(text_or_ids, hooks, pair, attention_mask, token_type_ids, head_mask,
+                        need_weights, truncation, logits)
+        return enc, ActivationCache(hooks.cache, self)
+
+    def run_with_hooks(self, text_or_ids: str | Sequence[str] | ArrayLike, *,
+                       fwd_hooks: Sequence[tuple[NameFilter, HookFn]],
+                       pair: str | Sequence[str] | None = None,
+                       attention_mask: ArrayLike | None = None,
+                       token_type_ids: ArrayLike | None = None,
+                       head_mask: ArrayLike | None = None, need_weights: bool = False,
+                       truncation: bool = False, logits: bool = True) -> Encoding:
+        """Run the model with functions that read or replace activations mid-forward.
+
+        Each hook runs inside the forward, between the C kernels, at every hook point its
+        name or predicate selects: ``fn(activation, name)`` gets the activation (batch first,
+        a view of the forward's own buffer: in-place edits change what the forward reads
+        next) and returns None or a replacement of the same shape and dtype. Zero-ablating a
+        head is one hook: ``("blocks.3.attn.hook_z", lambda z, name: z[:, :, 5].fill(0))``.
+
+        Parameters
+        ----------
+        text_or_ids : str, list of str, or array_like of int, shape (n,) or (B, n)
+            A text, a batch of texts, or token ids.
+        fwd_hooks : list of (str or callable, callable)
+            ``(name_or_predicate, fn)`` pairs, run in list order at a point they share. A
+            predicate never selects ``attn.hook_result`` (name it to hook it).
+        pair : str or list of str, optional
+            The second text of a sentence pair (texts only).
+        attention_mask, token_type_ids : array_like, optional
+            As for ``model(input_ids, ...)`` (ids only).
+        head_mask : array_like, shape (n_layers, n_heads), optional
+            Multipliers on each head's output.
+        need_weights : bool, default False
+            Also fill the Encoding's ``attentions`` (L, H, n, n).
+        truncation : bool, default False
+            Cut texts longer than the model's positions instead of raising.
+        logits : bool, default True
+            Causal models: compute the Encoding's ``logits``.
+
+        Returns
+        -------
+        Encoding
+            What the model's forward returns, with ``logits`` for causal models.
+
+        Raises
+        ------
+        KeyError
+            A name that is no hook point of the model (the message names the nearest).
+        ValueError
+            A hook that returns an array of another shape or dtype (the message names the hook
+            point and both shapes). Nothing of the model is changed by a failed run.
+        """
+        hooks = HookPoints(self.hook_names(), None, fwd_hooks)
+        return self._run(text_or_ids, hooks, pair, attention_mask, token_type_ids, head_mask,
+                         need_weights, truncation, logits)
+
+    def _run(self, text_or_ids: str | Sequence[str] | ArrayLike, hooks: HookPoints,
+             pair: str | Sequence[str] | None, attention_mask: ArrayLike | None,
+             token_type_ids: ArrayLike | None, head_mask: ArrayLike | None,
+             need_weights: bool, truncation: bool, logits: bool) -> Encoding:
+        """One forward of texts or ids with hook points -> an Encoding (logits for causal
+        models)."""
+        texts = isinstance(text_or_ids, str) or (
+            isinstance(text_or_ids, (list, tuple)) and len(text_or_ids) > 0
+            and all(isinstance(t, str) for t in text_or_ids))
+        if texts:
+            if attention_mask is not None or token_type_ids is not None:
+                raise TypeError("attention_mask and token_type_ids are for ids; a text's come "
+                                "from the tokenizer")
+            enc = self._encode_texts(cast("str | list[str]", text_or_ids), pair, need_weights,
+                                     truncation, head_mask, hooks)
+        else:
+            if pair is not None:
+                raise TypeError("pair is for texts; give ids with their token_type_ids")
+            enc = self._encode_ids(text_or_ids, attention_mask, token_type_ids, need_weights,
+                                   head_mask, hooks)
+        if self.causal and logits:
+            last = enc.last_hidden_state
+            enc.logits = ops.unembed(last.reshape(-1, last.shape[-1]), self._lm_head()
+                                     ).reshape(*last.shape[:-1], -1)
+        return enc
+
+    def _hook_layout(self) -> tuple[list[str], list[str], list[str]]:
+        """(the hook points before the blocks, each block's (without ``blocks.{l}.``), those
+        after), in forward order: a pre-norm decoder's, as TransformerLens's
+        HookedTransformer names them."""
+        attn = ["attn.hook_q", "attn.hook_k", "attn.hook_v"]
+        if self.rotary:
+            attn += ["attn.hook_rot_q", "attn.hook_rot_k"]
+        attn += ["attn.hook_attn_scores", "attn.hook_pattern", "attn.hook_z",
+                 "attn.hook_result"]
+        mlp = ["mlp.hook_pre", "mlp.hook_pre_linear", "mlp.hook_post"] if self._gated else [
+            "mlp.hook_pre", "mlp.hook_post"]
+        block = ["hook_resid_pre", "ln1.hook_scale", "ln1.hook_normalized", *attn,
+                 "hook_attn_out", "hook_resid_mid", "ln2.hook_scale", "ln2.hook_normalized",
+                 *mlp, "hook_mlp_out", "hook_resid_post"]
+        before = ["hook_embed", "hook_pos_embed"] if self._pos_embed else ["hook_embed"]
+        return before, block, ["ln_final.hook_scale", "ln_final.hook_normalized"]
+
+    #: a gated MLP (act(x W_gate) * x W_up): its up projection is ``mlp.hook_pre_linear``
+    _gated = False
+    #: learned positions added to the token embeddings (``hook_pos_embed``)
+    _pos_embed = False
 
     # --- shortcuts for notebooks ----------------------------------------------------------------
     def attentions(self, text: str, pair: str | None = None, *, words: bool = False,
@@ -448,7 +659,7 @@ class TransformerModel:
         enc = self.encode(text, pair, truncation=truncation)
         if words:
             return enc.word_attentions()
-        return enc.tokens, enc.attentions
+        return cast("list[str]", enc.tokens), cast(np.ndarray, enc.attentions)
 
     def attention_norms(self, text: str, pair: str | None = None, *, summed: bool = False,
                         truncation: bool = False) -> tuple[list[str], np.ndarray]:
@@ -489,11 +700,22 @@ class TransformerModel:
         """
         from ..analysis import value_norms
 
-        tokens, _, _, v = self.qkv(text, pair, truncation=truncation)
-        _, weights = self.attentions(text, pair, truncation=truncation)
-        norms = np.stack([value_norms(weights[l], v[l], self.output_projection(l)[0],
-                                      summed=summed) for l in range(self.n_layers)])
+        tokens, cache = self._read(text, pair, truncation, ("attn.hook_v", "attn.hook_pattern"))
+        norms = np.stack([value_norms(cache["pattern", l][0],
+                                      cache["v", l][0].transpose(1, 0, 2),
+                                      self.output_projection(l)[0], summed=summed)
+                          for l in range(self.n_layers)])
         return tokens, norms
+
+    def _read(self, text: str, pair: str | None, truncation: bool, points: Sequence[str]
+              ) -> tuple[list[str], ActivationCache]:
+        """(tokens, cache) of one forward on one text, keeping ``points`` of every block."""
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        enc, cache = self.run_with_cache(
+            text, pair=pair, truncation=truncation, logits=False,
+            names=[f"blocks.{l}.{p}" for l in range(self.n_layers) for p in points])
+        return cast("list[str]", enc.tokens), cache
 
     def hidden_states(self, text: str, pair: str | None = None, *, truncation: bool = False
                       ) -> tuple[list[str], np.ndarray]:
@@ -522,7 +744,7 @@ class TransformerModel:
             ``truncation``.
         """
         enc = self.encode(text, pair, need_weights=False, truncation=truncation)
-        return enc.tokens, enc.hidden_states
+        return cast("list[str]", enc.tokens), enc.hidden_states
 
     def embed(self, texts: str | Sequence[str], *, normalize: bool = True, pooling: str = "mean",
               truncation: bool = True) -> np.ndarray:
@@ -557,7 +779,7 @@ class TransformerModel:
         True
         """
         single = isinstance(texts, str)
-        enc = self.encode([texts] if single else list(texts), need_weights=False,
+        enc = self.encode([texts] if isinstance(texts, str) else list(texts), need_weights=False,
                           truncation=truncation)
         last = enc.last_hidden_state                                # (B, n, d)
         if pooling == "mean":
@@ -606,15 +828,13 @@ class TransformerModel:
         >>> q.shape                               # (layers, heads, n, d_head)
         (6, 12, 8, 32)
         """
-        if not isinstance(text, str):
-            raise TypeError(f"text must be a str, got {type(text).__name__}")
-        tokenized = self._need_tokenizer()(text, pair, truncation=truncation)
-        ids = np.asarray(tokenized.ids, dtype=np.int64)[None]
-        type_ids = np.asarray(tokenized.type_ids, dtype=np.int64)[None]
-        captured = []
-        self._forward(ids, np.ones(ids.shape, bool), type_ids, False, None, capture=captured)
-        q, k, v = (np.stack([c[part][0] for c in captured]) for part in range(3))
-        return tokenized.tokens, q, k, v
+        rot = "rot_" if self.rotary else ""
+        tokens, cache = self._read(text, pair, truncation, (
+            f"attn.hook_{rot}q", f"attn.hook_{rot}k", "attn.hook_v"))
+        q, k, v = (np.stack([cache[f"blocks.{l}.attn.hook_{part}"][0].transpose(1, 0, 2)
+                             for l in range(self.n_layers)])
+                   for part in (rot + "q", rot + "k", "v"))
+        return tokens, q, k, v
 
     def output_projection(self, layer: int) -> tuple[np.ndarray, np.ndarray | None]:
         """Return one layer's attention output projection.
@@ -728,12 +948,26 @@ class TransformerModel:
         """
         raise NotImplementedError
 
-    def _forward(self, ids, mask, type_ids, need_weights, head_mask, capture=None):
+    def _forward(self, ids: np.ndarray, mask: np.ndarray, type_ids: np.ndarray,
+                 need_weights: bool, head_mask: np.ndarray | None,
+                 hooks: HookPoints = NO_HOOKS) -> tuple[np.ndarray, np.ndarray | None]:
         """ids, mask, type_ids: (B, n) -> hidden (B, L+1, n, d), attentions (B, L, H, n, n)
-        or None. ``capture``: a list to which each layer appends the (q, k, v) it attended."""
+        or None. ``hooks``: the HookPoints the forward visits (records and changes)."""
         raise NotImplementedError
 
-    # --- shared by the families -------------------------------------------------------------------
+    def _final_norm(self, x: np.ndarray) -> np.ndarray:
+        """Pre-norm decoders: the final norm (gain and bias) over the last axis of x."""
+        raise NotImplementedError(f"{type(self).__name__} has no final norm")
+
+    def _vocab_matrix(self) -> np.ndarray:
+        """Causal models: the LM head's weight (vocab, d_model)."""
+        raise NotImplementedError(f"{type(self).__name__} has no LM head")
+
+    def _lm_head(self) -> ops.Packed:
+        """Causal models: the LM head's weight packed for the GEMM."""
+        raise NotImplementedError(f"{type(self).__name__} has no LM head")
+
+    # --- the pieces of a block, with their hook points --------------------------------------------
     def _band(self, layer, n_q, n_k):
         """(n_q, n_k) bool of the keys inside ``layer``'s sliding window (the queries are the
         last n_q of the n_k positions), or None when the layer has none or it covers them all."""
@@ -743,34 +977,80 @@ class TransformerModel:
         i = np.arange(n_k - n_q, n_k)[:, None]
         return np.arange(n_k)[None, :] > i - window
 
-    def _self_attention(self, layer, h, p, B, n, pad_mask, need_weights, head_mask, capture,
-                        rope=None, cache=None, residual=None, weights_out=None):
+    def _norm(self, layer: int | None, name: str, x: np.ndarray, gain: np.ndarray,
+              bias: np.ndarray | None, B: int, n: int, hooks: HookPoints,
+              inplace: bool = False) -> np.ndarray:
+        """LayerNorm (``bias`` given) or RMSNorm (``bias`` None) of x (B*n, d), C-contiguous:
+        a new array, or x itself with ``inplace``.
+
+        The C kernel, unless ``{name}.hook_scale`` or ``{name}.hook_normalized`` is wanted:
+        then the steps are taken one by one, as TransformerLens names them: the scale
+        sqrt(mean((x - mean x)^2) + eps) (B, n, 1) (no centring for RMSNorm), the normalized
+        input (x - mean x) / scale (B, n, d) before the gain and bias, then the gain and bias.
+        """
+        eps = self.config.norm_eps
+        if not (hooks.wants(layer, name + ".hook_scale")
+                or hooks.wants(layer, name + ".hook_normalized")):
+            if bias is None:
+                return ops.rms_norm(x, gain, eps)
+            return ops.layer_norm_(x, gain, bias, eps) if inplace else ops.layer_norm(
+                x, gain, bias, eps)
+        d = x.shape[-1]
+        centered = x if bias is None else x - x.mean(axis=-1, keepdims=True)
+        scale = np.sqrt(np.mean(np.square(centered), axis=-1, keepdims=True) + eps)
+        hooks(layer, name + ".hook_scale", scale, (B, n, 1), owned=True)
+        normalized = centered / scale
+        hooks(layer, name + ".hook_normalized", normalized, (B, n, d), owned=True)
+        out = x if inplace else np.empty_like(x)
+        np.multiply(normalized, gain, out=out)
+        if bias is not None:
+            out += bias
+        return out
+
+    def _self_attention(self, layer: int, h: np.ndarray, p: dict[str, np.ndarray], B: int,
+                        n: int, pad_mask: np.ndarray | None, need_weights: bool,
+                        head_mask: np.ndarray | None, hooks: HookPoints,
+                        *, residual: np.ndarray,
+                        rope: tuple[np.ndarray, np.ndarray] | None = None,
+                        cache: list[Any] | None = None,
+                        weights_out: np.ndarray | None = None) -> np.ndarray | None:
         """The attention of one block: h (B*n, d_model), the block's input (normalized in a
-        pre-norm model) -> (the attention's output projected, (B*n, d_model); weights).
+        pre-norm model); its projected output is added to ``residual`` (B*n, d_model)
+        C-contiguous, in place -> the weights (B, H, n, n_k) or None.
 
         p: the layer's weights (W_qkv, b_qkv, W_o, b_o; the biases optional). rope: (cos, sin)
         of the tokens' positions, applied to q and k (LLaMA family); cache: one mha.KVCache per
         layer; this layer's new keys and values are appended to its own and attended with all
-        earlier ones (causal models).
-        residual: (B*n, d_model) C-contiguous, or None: the projected output is added to it in
-        place (inside the product) and it is returned. weights_out: where the kernel may
-        write the weights (B, H, n, n_k) when it is C-contiguous (the layer's slice of the
-        model's attentions), or None.
+        earlier ones (causal models). weights_out: where the kernel may write the weights
+        (B, H, n, n_k) when it is C-contiguous (the layer's slice of the model's attentions),
+        or None. Hook points: attn.hook_q, hook_k, hook_v (before the rotary embedding),
+        hook_rot_q, hook_rot_k, then those of ``_attention`` and ``_project``.
         """
-        H, H_kv = self.n_heads, self.n_kv_heads
+        H, H_kv, d_head = self.n_heads, self.n_kv_heads, self.d_head
         qkv = ops.linear(h, self._dense((layer, "W_qkv"), p["W_qkv"]), p.get("b_qkv"))
+        if hooks:                                   # (B, n, heads, d_head) views of qkv
+            parts = qkv.reshape(B, n, H + 2 * H_kv, d_head)
+            hooks(layer, "attn.hook_q", parts[:, :, :H])
+            hooks(layer, "attn.hook_k", parts[:, :, H:H + H_kv])
+            hooks(layer, "attn.hook_v", parts[:, :, H + H_kv:])
         if rope is not None:                                     # q and k turned in place
-            ops.rope_(qkv, H + H_kv, self.d_head, *rope)
-        q, k, v = ops.split_heads(qkv, B, n, (H, H_kv, H_kv), self.d_head)
+            ops.rope_(qkv, H + H_kv, d_head, *rope)
+            if hooks:
+                hooks(layer, "attn.hook_rot_q", parts[:, :, :H])
+                hooks(layer, "attn.hook_rot_k", parts[:, :, H:H + H_kv])
+        q, k, v = ops.split_heads(qkv, B, n, (H, H_kv, H_kv), d_head)
         if cache is not None:
             k, v = cache[layer].append(k, v)
         heads, weights = self._attention(layer, q, k, v, pad_mask, need_weights, head_mask,
-                                         capture, weights_out)
-        return ops.linear(heads, self._dense((layer, "W_o"), p["W_o"]), p.get("b_o"),
-                          out=residual), weights
+                                         hooks, weights_out)
+        self._project(layer, heads, p, B, n, hooks, residual)
+        return weights
 
-    def _attention(self, layer, q, k, v, pad_mask, need_weights, head_mask, capture,
-                   weights_out=None):
+    def _attention(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+                   pad_mask: np.ndarray | None, need_weights: bool,
+                   head_mask: np.ndarray | None, hooks: HookPoints,
+                   weights_out: np.ndarray | None = None
+                   ) -> tuple[np.ndarray, np.ndarray | None]:
         """One layer's multi-head attention on the C kernels -> (heads (B*n_q, H*d_head),
         weights (B, H, n_q, n_k) or None).
 
@@ -781,25 +1061,161 @@ class TransformerModel:
         each head's output) are applied here. The kernel is called directly (mha._core), without
         mha.attention's dtype policy and broadcasting (the model made these arrays; the binding
         checks them), and writes the heads side by side per token, as the output projection
-        reads them.
+        reads them. Hook points: attn.hook_attn_scores (computed beside the kernel when only
+        recorded), attn.hook_pattern (the kernel's weights), attn.hook_z (after head_mask);
+        a hook on the scores or the pattern runs the attention step by step instead.
         """
         B, H, n_q, d_head = q.shape
         n_k = k.shape[2]
-        band = self._band(layer, n_q, n_k)
-        mask = None if band is None else np.broadcast_to(band, (B, H, n_q, n_k))
         heads = np.empty((B * n_q, H * d_head), dtype=self.dtype)
         out = heads.reshape(B, n_q, H, d_head).transpose(0, 2, 1, 3)     # a view: no merging
         if weights_out is not None and not weights_out.flags.c_contiguous:
             weights_out = None
-        _, weights = _core.attention_forward(
-            q, k, v, mask=mask, key_padding_mask=pad_mask, causal=self.causal,
-            scale=self.attention_scale(layer), need_weights=need_weights, out=out,
-            weights_out=weights_out)
-        if capture is not None:
-            capture.append((q, k, v))
+        if hooks.hooked(layer, "attn.hook_attn_scores") or hooks.hooked(layer, "attn.hook_pattern"):
+            weights = self._attention_steps(layer, q, k, v, pad_mask, hooks, out)
+        else:
+            if hooks.wants(layer, "attn.hook_attn_scores"):
+                hooks(layer, "attn.hook_attn_scores", self._scores(layer, q, k, pad_mask),
+                      owned=True)
+            pattern = hooks.wants(layer, "attn.hook_pattern")
+            band = self._band(layer, n_q, n_k)
+            mask = None if band is None else np.broadcast_to(band, (B, H, n_q, n_k))
+            _, weights = _core.attention_forward(
+                q, k, v, mask=mask, key_padding_mask=pad_mask, causal=self.causal,
+                scale=self.attention_scale(layer), need_weights=need_weights or pattern,
+                out=out, weights_out=weights_out if need_weights else None)
+            if pattern:
+                hooks(layer, "attn.hook_pattern", weights, owned=weights is not weights_out)
         if head_mask is not None:
             out *= head_mask[layer][None, :, None, None]
-        return heads, weights
+        hooks(layer, "attn.hook_z", heads, (B, n_q, H, d_head))
+        return heads, weights if need_weights else None
+
+    def _allowed(self, layer: int, n_q: int, n_k: int, pad_mask: np.ndarray | None
+                 ) -> np.ndarray | None:
+        """(B or 1, 1, n_q, n_k) bool: the keys each query may attend (causal, sliding window,
+        padding), or None when it may attend every key."""
+        allowed = None
+        if self.causal:
+            allowed = np.arange(n_k)[None, :] <= np.arange(n_k - n_q, n_k)[:, None]
+        band = self._band(layer, n_q, n_k)
+        if band is not None:
+            allowed = band if allowed is None else allowed & band
+        if allowed is not None:
+            allowed = allowed[None, None]
+        if pad_mask is not None:
+            keys = pad_mask[:, None, None, :]
+            allowed = keys if allowed is None else allowed & keys
+        return allowed
+
+    def _scores(self, layer: int, q: np.ndarray, k: np.ndarray, pad_mask: np.ndarray | None
+                ) -> np.ndarray:
+        """The attention scores as TransformerLens gives them: (B, H, n_q, n_k) scale q k^T,
+        -inf where the key is masked; query head h reads key head h // (H / H_kv)."""
+        B, H, n_q, d_head = q.shape
+        H_kv, n_k = k.shape[1], k.shape[2]
+        scores = _grouped_products(q, k, trans_b=True).reshape(B, H, n_q, n_k)
+        scores *= self.dtype(self.attention_scale(layer))
+        allowed = self._allowed(layer, n_q, n_k, pad_mask)
+        if allowed is not None:
+            np.copyto(scores, -np.inf, where=~allowed)
+        return scores
+
+    def _attention_steps(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+                         pad_mask: np.ndarray | None, hooks: HookPoints, out: np.ndarray
+                         ) -> np.ndarray:
+        """The attention one step at a time, for hooks that change the scores or the pattern:
+        scores (hooked), softmax (a row without any allowed key gives 0, as the kernel),
+        pattern (hooked), pattern @ v written into ``out`` (B, H, n_q, d_head) -> the
+        pattern."""
+        scores = self._scores(layer, q, k, pad_mask)
+        hooks(layer, "attn.hook_attn_scores", scores, owned=True)
+        top = scores.max(axis=-1, keepdims=True)
+        top[~np.isfinite(top)] = 0
+        pattern = np.exp(scores - top)
+        total = pattern.sum(axis=-1, keepdims=True)
+        pattern /= np.where(total > 0, total, 1)
+        hooks(layer, "attn.hook_pattern", pattern, owned=True)
+        out[...] = _grouped_products(pattern, v).reshape(out.shape)
+        return pattern
+
+    def _project(self, layer: int, heads: np.ndarray, p: dict[str, np.ndarray], B: int,
+                 n: int, hooks: HookPoints, residual: np.ndarray) -> None:
+        """The attention's output projection, added to ``residual`` (B*n, d_model) in place:
+        fused into the product unless attn.hook_result (each head's z_h W_o^(h), (B, n, H,
+        d_model), bias left out) or hook_attn_out (the projection with its bias) is wanted;
+        a hook on the heads' results makes the output their sum plus the bias."""
+        W_o, b_o = self._dense((layer, "W_o"), p["W_o"]), p.get("b_o")
+        d = residual.shape[-1]
+        projected = None
+        if hooks.wants(layer, "attn.hook_result"):
+            H, d_head = self.n_heads, self.d_head
+            z = heads.reshape(B * n, H, d_head)
+            W_o_heads = p["W_o"].reshape(H, d_head, d)
+            result = np.empty((B * n, H, d), dtype=self.dtype)
+            for head in range(H):                   # z_h W_o^(h): rows d_head * h onwards
+                result[:, head] = _core.matmul(np.ascontiguousarray(z[:, head]),
+                                               W_o_heads[head])
+            result = result.reshape(B, n, H, d)
+            hooks(layer, "attn.hook_result", result, owned=True)
+            if hooks.hooked(layer, "attn.hook_result"):
+                projected = result.sum(axis=2).reshape(B * n, d)
+                if b_o is not None:
+                    projected += b_o
+        if projected is None and hooks.wants(layer, "hook_attn_out"):
+            projected = ops.linear(heads, W_o, b_o)
+        if projected is None:
+            ops.linear(heads, W_o, b_o, out=residual)              # residual += attention
+            return
+        hooks(layer, "hook_attn_out", projected, (B, n, d), owned=True)
+        residual += projected
+
+    def _mlp(self, layer: int, h: np.ndarray, p: dict[str, np.ndarray], B: int, n: int,
+             hooks: HookPoints, residual: np.ndarray, names: tuple[str, str, str, str],
+             gated: bool = False) -> None:
+        """The MLP of one block on h (B*n, d_model), added to ``residual`` in place.
+
+        names: the layer's (W_in, b_in, W_out, b_out) keys; gated: W_in holds [W_gate | W_up]
+        and the activation is act(h W_gate) * h W_up (SwiGLU). The activation is fused into
+        the product unless mlp.hook_pre (the activation's input; the gate's when gated) or
+        mlp.hook_pre_linear (the up projection) is wanted; mlp.hook_post is the activation's
+        output, hook_mlp_out the second product with its bias (fused into the residual
+        unless wanted).
+        """
+        w_in, b_in, w_out, b_out = names
+        W_in = self._dense((layer, w_in), p[w_in])
+        act = self._act | (ops.GATED if gated else 0)
+        if hooks.wants(layer, "mlp.hook_pre") or hooks.wants(layer, "mlp.hook_pre_linear"):
+            pre = ops.linear(h, W_in, p.get(b_in))
+            f = pre.shape[1] // 2 if gated else pre.shape[1]
+            hooks(layer, "mlp.hook_pre", pre[:, :f], (B, n, f))
+            if gated:
+                hooks(layer, "mlp.hook_pre_linear", pre[:, f:], (B, n, f))
+            post = _core.activation(pre, act=act)
+        else:
+            post = ops.linear(h, W_in, p.get(b_in), act=act)
+        hooks(layer, "mlp.hook_post", post, (B, n, post.shape[1]))
+        W_out = self._dense((layer, w_out), p[w_out])
+        if not hooks.wants(layer, "hook_mlp_out"):
+            ops.linear(post, W_out, p.get(b_out), out=residual)       # residual += MLP
+            return
+        out = ops.linear(post, W_out, p.get(b_out))
+        hooks(layer, "hook_mlp_out", out, (B, n, residual.shape[-1]), owned=True)
+        residual += out
+
+
+def _grouped_products(a: np.ndarray, b: np.ndarray, trans_b: bool = False) -> np.ndarray:
+    """Per batch and key/value head, the product of the query heads it serves with it, on
+    mha's GEMM: a (B, H, m, K), b (B, H_kv, K, N), or (B, H_kv, N, K) with ``trans_b``
+    -> (B, H_kv, H / H_kv * m, N), query head h reading head h // (H / H_kv)."""
+    B, H, m, K = a.shape
+    H_kv = b.shape[1]
+    rows = np.ascontiguousarray(a).reshape(B, H_kv, H // H_kv * m, K)
+    b = np.ascontiguousarray(b)
+    out = np.empty((B, H_kv, rows.shape[2], b.shape[2] if trans_b else b.shape[3]), a.dtype)
+    for i in np.ndindex(B, H_kv):
+        out[i] = _core.matmul(rows[i], b[i], trans_b=trans_b)
+    return out
 
 
 def _unbatch(enc):

@@ -15,10 +15,13 @@ Checkpoint names are Hugging Face's, with or without a head-model prefix such as
 torch.nn.Linear stores (out, in); the weights are transposed once at load to (in, out), and
 q, k, v are fused into one (d, 3d) matrix so each layer does one projection product.
 """
+from __future__ import annotations
+
 import numpy as np
 
 from . import ops
 from .base import TransformerModel
+from .hooks import NO_HOOKS, HookPoints
 
 
 class BertModel(TransformerModel):
@@ -123,41 +126,74 @@ class BertModel(TransformerModel):
         """(B, n) position ids: 0..n-1 for every text."""
         return np.broadcast_to(np.arange(ids.shape[1]), ids.shape)
 
-    def _embed(self, ids, type_ids):
-        x = ops.embedding(self.word_embeddings, ids)                     # (B*n, d)
-        ops.embedding(self.position_embeddings, self._positions(ids), out=x)
+    def _hook_layout(self) -> tuple[list[str], list[str], list[str]]:
+        """TransformerLens's HookedEncoder names: the embeddings' parts and their LayerNorm
+        under ``embed.``, then each block's post-LN steps (ln1 normalizes the residual after
+        the attention, ln2 after the MLP; the block's output is hook_normalized_resid_post)."""
+        before = ["embed.hook_embed", "embed.hook_pos_embed"]
         if self.token_type_embeddings is not None:
-            if type_ids.max() >= len(self.token_type_embeddings):
-                raise ValueError(f"token_type_ids must lie in [0, "
-                                 f"{len(self.token_type_embeddings)}), got {type_ids.max()}")
-            ops.embedding(self.token_type_embeddings, type_ids, out=x)
-        return ops.layer_norm_(x, *self.ln_emb, self.config.norm_eps)
+            before.append("embed.hook_token_type_embed")
+        before += ["embed.ln.hook_scale", "embed.ln.hook_normalized", "hook_full_embed"]
+        block = ["hook_resid_pre", "attn.hook_q", "attn.hook_k", "attn.hook_v",
+                 "attn.hook_attn_scores", "attn.hook_pattern", "attn.hook_z", "attn.hook_result",
+                 "hook_attn_out", "hook_resid_mid", "ln1.hook_scale", "ln1.hook_normalized",
+                 "mlp.hook_pre", "mlp.hook_post", "hook_mlp_out", "hook_resid_post",
+                 "ln2.hook_scale", "ln2.hook_normalized", "hook_normalized_resid_post"]
+        return before, block, []
 
-    def _forward(self, ids, mask, type_ids, need_weights, head_mask, capture=None):
+    def _embed(self, ids: np.ndarray, type_ids: np.ndarray, hooks: HookPoints) -> np.ndarray:
+        B, n = ids.shape
+        d = self.config.d_model
+        types = self.token_type_embeddings
+        if types is not None and type_ids.max() >= len(types):
+            raise ValueError(f"token_type_ids must lie in [0, {len(types)}), got "
+                             f"{type_ids.max()}")
+        x = ops.embedding(self.word_embeddings, ids)                     # (B*n, d)
+        parts = [(self.position_embeddings, self._positions(ids), "embed.hook_pos_embed")]
+        if types is not None:
+            parts.append((types, type_ids, "embed.hook_token_type_embed"))
+        if any(hooks.wants(None, point) for point in (
+                "embed.hook_embed", "embed.hook_pos_embed", "embed.hook_token_type_embed")):
+            hooks(None, "embed.hook_embed", x, (B, n, d))
+            for table, index, point in parts:
+                part = ops.embedding(table, index)
+                hooks(None, point, part, (B, n, d), owned=True)
+                x += part
+        else:
+            for table, index, _ in parts:
+                ops.embedding(table, index, out=x)
+        return self._norm(None, "embed.ln", x, *self.ln_emb, B, n, hooks, inplace=True)
+
+    def _forward(self, ids: np.ndarray, mask: np.ndarray, type_ids: np.ndarray,
+                 need_weights: bool, head_mask: np.ndarray | None,
+                 hooks: HookPoints = NO_HOOKS) -> tuple[np.ndarray, np.ndarray | None]:
         cfg = self.config
         B, n = ids.shape
         L, H, d = cfg.n_layers, cfg.n_heads, cfg.d_model
-        eps = cfg.norm_eps
 
-        x = self._embed(ids, type_ids)                                  # (B*n, d)
+        x = self._embed(ids, type_ids, hooks)                           # (B*n, d)
+        hooks(None, "hook_full_embed", x, (B, n, d))
         hidden = np.empty((B, L + 1, n, d), dtype=self.dtype)
-        hidden[:, 0] = x.reshape(B, n, d)
         attn = np.empty((B, L, H, n, n), dtype=self.dtype) if need_weights else None
-        # key padding: (B, 1, 1, n), True = real token; None when nothing is padded
+        # key padding: (B, n), True = real token; None when nothing is padded
         pad_mask = None if mask.all() else np.ascontiguousarray(mask, dtype=bool)
 
         for i, p in enumerate(self.layers):
+            hooks(i, "hook_resid_pre", x, (B, n, d))
+            hidden[:, i] = x.reshape(B, n, d)
             w_out = attn[:, i] if need_weights else None
-            _, weights = self._self_attention(i, x, p, B, n, pad_mask, need_weights, head_mask,
-                                              capture, residual=x,            # x += attention
-                                              weights_out=w_out)
+            weights = self._self_attention(i, x, p, B, n, pad_mask, need_weights, head_mask,
+                                           hooks, residual=x,            # x += attention
+                                           weights_out=w_out)
             if need_weights and weights is not w_out:
                 attn[:, i] = weights
-            ops.layer_norm_(x, p["ln_1_weight"], p["ln_1_bias"], eps)
-            h = ops.linear(x, self._dense((i, "W_1"), p["W_1"]), p["b_1"], act=self._act)
-            ops.linear(h, self._dense((i, "W_2"), p["W_2"]), p["b_2"], out=x)  # x += FFN(x)
-            ops.layer_norm_(x, p["ln_2_weight"], p["ln_2_bias"], eps)
-            hidden[:, i + 1] = x.reshape(B, n, d)
+            hooks(i, "hook_resid_mid", x, (B, n, d))
+            self._norm(i, "ln1", x, p["ln_1_weight"], p["ln_1_bias"], B, n, hooks, inplace=True)
+            self._mlp(i, x, p, B, n, hooks, x, ("W_1", "b_1", "W_2", "b_2"))  # x += MLP(x)
+            hooks(i, "hook_resid_post", x, (B, n, d))
+            self._norm(i, "ln2", x, p["ln_2_weight"], p["ln_2_bias"], B, n, hooks, inplace=True)
+            hooks(i, "hook_normalized_resid_post", x, (B, n, d))
+        hidden[:, L] = x.reshape(B, n, d)
         return hidden, attn
 
 

@@ -11,7 +11,7 @@ contiguous) without gathering anything.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -20,6 +20,7 @@ from .. import checks
 from ..layer_base import KVCache
 from . import ops
 from .base import Encoding
+from .hooks import NO_HOOKS, HookFn, HookPoints, NameFilter
 
 
 @dataclass
@@ -48,6 +49,8 @@ class Generation(Encoding):
         Generations carry no word boundaries.
     token_type_ids : ndarray of int64, shape (n_total,)
         All 0.
+    logits : None
+        Generations keep no logits.
     n_prompt : int
         The number of prompt tokens.
     text : str
@@ -126,7 +129,8 @@ class CausalLM:
     def generate(self, text: str | ArrayLike, max_new_tokens: int = 20, *, greedy: bool = True,
                  temperature: float = 1.0, top_k: int | None = None, seed: int | None = None,
                  stop_at_eos: bool = True, need_weights: bool = True, progress: bool | None = None,
-                 callback: Callable[[int], object] | None = None) -> Generation:
+                 callback: Callable[[int], object] | None = None,
+                 fwd_hooks: Sequence[tuple[NameFilter, HookFn]] = ()) -> Generation:
         """Continue a text token by token on a KV cache; keep every attention map.
 
         The prompt runs once (prefill), then each new token is one step that attends over the
@@ -158,6 +162,10 @@ class CausalLM:
         callback : callable, optional
             Called with each new token id (an int) as soon as it is chosen, before the model
             runs it: to print a stream, or to time the steps.
+        fwd_hooks : list of (str or callable, callable), optional
+            Hooks as in :meth:`run_with_hooks`, run on the prefill and on every step (a step's
+            activations have one position; its keys and values hold the new token's only:
+            ``hook_k`` and ``hook_v`` see what is appended to the KV cache).
 
         Returns
         -------
@@ -203,12 +211,14 @@ class CausalLM:
         rng = np.random.default_rng(seed)
         eos = set(self.config.eos_token_ids) if stop_at_eos else set()
         tokens = list(ids)
+        hooks = HookPoints(self.hook_names(), None, fwd_hooks) if fwd_hooks else NO_HOOKS
 
         def feed(new_ids):          # run new tokens on the cache, keep their rows
             start, n = cache[0].length, len(new_ids)
             ones = np.ones((1, n), bool)
             h, a = self._forward(np.asarray(new_ids, np.int64)[None], ones,
-                                 np.zeros((1, n), np.int64), need_weights, None, cache=cache)
+                                 np.zeros((1, n), np.int64), need_weights, None, hooks,
+                                 cache=cache)
             hidden[:, start:start + n] = h[0]
             if need_weights:
                 attn[:, :, start:start + n, :start + n] = a[0]

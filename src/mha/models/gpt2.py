@@ -13,11 +13,15 @@ holds [W_q | W_k | W_v] as one (d, 3d) matrix. Checkpoint names are Hugging Face
 GPT2LMHeadModel; the causal-mask buffers (``attn.bias``, ``attn.masked_bias``) of old
 checkpoints are ignored.
 """
+from __future__ import annotations
+
 import numpy as np
 
+from ..layer_base import KVCache
 from . import ops
 from .base import TransformerModel
 from .causal import CausalLM
+from .hooks import NO_HOOKS, HookPoints
 
 
 class GPT2Model(CausalLM, TransformerModel):
@@ -48,6 +52,7 @@ class GPT2Model(CausalLM, TransformerModel):
     mha.models.load : Builds the right class from a folder.
     """
     anchor = "wte.weight"
+    _pos_embed = True
 
     def _load(self, read):
         cfg = self.config
@@ -121,34 +126,48 @@ class GPT2Model(CausalLM, TransformerModel):
     def _vocab_matrix(self):
         return self.wte
 
-    def _forward(self, ids, mask, type_ids, need_weights, head_mask, capture=None, cache=None):
+    def _final_norm(self, x: np.ndarray) -> np.ndarray:
+        """ln_f (gain and bias) over the last axis of x (..., d_model)."""
+        d = x.shape[-1]
+        return ops.layer_norm(x.reshape(-1, d), *self.ln_f, self.config.norm_eps).reshape(x.shape)
+
+    def _forward(self, ids: np.ndarray, mask: np.ndarray, type_ids: np.ndarray,
+                 need_weights: bool, head_mask: np.ndarray | None,
+                 hooks: HookPoints = NO_HOOKS, cache: list[KVCache] | None = None
+                 ) -> tuple[np.ndarray, np.ndarray | None]:
         cfg = self.config
         B, n = ids.shape
         L, H, d = cfg.n_layers, cfg.n_heads, cfg.d_model
-        eps = cfg.norm_eps
         start = 0 if cache is None else cache[0].length
         n_k = start + n
+        positions = np.broadcast_to(np.arange(start, n_k), (B, n))
 
         x = ops.embedding(self.wte, ids)                                # (B*n, d)
-        ops.embedding(self.wpe, np.broadcast_to(np.arange(start, n_k), (B, n)), out=x)
+        if hooks.wants(None, "hook_embed") or hooks.wants(None, "hook_pos_embed"):
+            hooks(None, "hook_embed", x, (B, n, d))
+            pos = ops.embedding(self.wpe, positions)
+            hooks(None, "hook_pos_embed", pos, (B, n, d), owned=True)
+            x += pos
+        else:
+            ops.embedding(self.wpe, positions, out=x)
 
         hidden = np.empty((B, L + 1, n, d), dtype=self.dtype)
-        hidden[:, 0] = x.reshape(B, n, d)
         attn = np.empty((B, L, H, n, n_k), dtype=self.dtype) if need_weights else None
         pad_mask = None if mask.all() else np.ascontiguousarray(mask, dtype=bool)
 
         for i, p in enumerate(self.layers):
-            h = ops.layer_norm(x, p["ln_1_weight"], p["ln_1_bias"], eps)
+            hooks(i, "hook_resid_pre", x, (B, n, d))
+            hidden[:, i] = x.reshape(B, n, d)
+            h = self._norm(i, "ln1", x, p["ln_1_weight"], p["ln_1_bias"], B, n, hooks)
             w_out = attn[:, i] if need_weights else None
-            _, weights = self._self_attention(i, h, p, B, n, pad_mask, need_weights, head_mask,
-                                              capture, cache=cache, residual=x,
-                                              weights_out=w_out)
+            weights = self._self_attention(i, h, p, B, n, pad_mask, need_weights, head_mask,
+                                           hooks, cache=cache, residual=x, weights_out=w_out)
             if need_weights and weights is not w_out:
                 attn[:, i] = weights
-            h = ops.layer_norm(x, p["ln_2_weight"], p["ln_2_bias"], eps)
-            h = ops.linear(h, self._dense((i, "W_fc"), p["W_fc"]), p["b_fc"], act=self._act)
-            ops.linear(h, self._dense((i, "W_proj"), p["W_proj"]), p["b_proj"], out=x)
-            if i < L - 1:
-                hidden[:, i + 1] = x.reshape(B, n, d)
-        hidden[:, L] = ops.layer_norm_(x, *self.ln_f, eps).reshape(B, n, d)
+            hooks(i, "hook_resid_mid", x, (B, n, d))
+            h = self._norm(i, "ln2", x, p["ln_2_weight"], p["ln_2_bias"], B, n, hooks)
+            self._mlp(i, h, p, B, n, hooks, x, ("W_fc", "b_fc", "W_proj", "b_proj"))
+            hooks(i, "hook_resid_post", x, (B, n, d))
+        x = self._norm(None, "ln_final", x, *self.ln_f, B, n, hooks, inplace=True)
+        hidden[:, L] = x.reshape(B, n, d)
         return hidden, attn

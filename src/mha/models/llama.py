@@ -23,11 +23,15 @@ one (d, (H + 2 H_kv) d_head) matrix and gate and up into one (d, 2 d_ff) matrix,
 does four products. The rotary tables are computed in float64 and rounded once to the
 model's dtype (transformers computes the angles in float32).
 """
+from __future__ import annotations
+
 import numpy as np
 
+from ..layer_base import KVCache
 from . import ops
 from .base import TransformerModel
 from .causal import CausalLM
+from .hooks import NO_HOOKS, HookPoints
 
 
 class LlamaModel(CausalLM, TransformerModel):
@@ -60,6 +64,8 @@ class LlamaModel(CausalLM, TransformerModel):
     mha.models.load : Builds the right class from a folder.
     """
     anchor = "embed_tokens.weight"
+    rotary = True
+    _gated = True
 
     def _load(self, read):
         cfg = self.config
@@ -122,6 +128,11 @@ class LlamaModel(CausalLM, TransformerModel):
     def _vocab_matrix(self):
         return self.embed_tokens if self.lm_head is None else self.lm_head
 
+    def _final_norm(self, x: np.ndarray) -> np.ndarray:
+        """The final RMSNorm (gain) over the last axis of x (..., d_model)."""
+        d = x.shape[-1]
+        return ops.rms_norm(x.reshape(-1, d), self.norm, self.config.norm_eps).reshape(x.shape)
+
     def _rope(self, start, stop):
         """cos, sin (stop - start, d_head / 2) for positions [start, stop), from a table kept
         for the longest length seen (grown by doubling)."""
@@ -131,35 +142,37 @@ class LlamaModel(CausalLM, TransformerModel):
                 0, max(stop, 2 * len(cos)), self._frequencies, self.dtype)
         return cos[start:stop], sin[start:stop]
 
-    def _forward(self, ids, mask, type_ids, need_weights, head_mask, capture=None, cache=None):
+    def _forward(self, ids: np.ndarray, mask: np.ndarray, type_ids: np.ndarray,
+                 need_weights: bool, head_mask: np.ndarray | None,
+                 hooks: HookPoints = NO_HOOKS, cache: list[KVCache] | None = None
+                 ) -> tuple[np.ndarray, np.ndarray | None]:
         cfg = self.config
         B, n = ids.shape
         L, H, d = cfg.n_layers, cfg.n_heads, cfg.d_model
-        eps = cfg.norm_eps
         start = 0 if cache is None else cache[0].length
         cos, sin = self._rope(start, start + n)
 
         x = ops.embedding(self.embed_tokens, ids)                       # (B*n, d)
+        hooks(None, "hook_embed", x, (B, n, d))
         hidden = np.empty((B, L + 1, n, d), dtype=self.dtype)
-        hidden[:, 0] = x.reshape(B, n, d)
         attn = np.empty((B, L, H, n, start + n), dtype=self.dtype) if need_weights else None
         pad_mask = None if mask.all() else np.ascontiguousarray(mask, dtype=bool)
 
         for i, p in enumerate(self.layers):
-            h = ops.rms_norm(x, p["input_norm"], eps)
+            hooks(i, "hook_resid_pre", x, (B, n, d))
+            hidden[:, i] = x.reshape(B, n, d)
+            h = self._norm(i, "ln1", x, p["input_norm"], None, B, n, hooks)
             w_out = attn[:, i] if need_weights else None
-            _, weights = self._self_attention(i, h, p, B, n, pad_mask, need_weights, head_mask,
-                                              capture, rope=(cos, sin), cache=cache,
-                                              residual=x,             # x += attention
-                                              weights_out=w_out)
+            weights = self._self_attention(i, h, p, B, n, pad_mask, need_weights, head_mask,
+                                           hooks, rope=(cos, sin), cache=cache, residual=x,
+                                           weights_out=w_out)
             if need_weights and weights is not w_out:
                 attn[:, i] = weights
-            h = ops.rms_norm(x, p["post_attention_norm"], eps)
-            gate = ops.linear(h, self._dense((i, "W_gate_up"), p["W_gate_up"]),
-                              p.get("b_gate_up"), act=self._act | ops.GATED)
-            ops.linear(gate, self._dense((i, "W_down"), p["W_down"]), p.get("b_down"),
-                       out=x)                                               # x += MLP(x)
-            if i < L - 1:
-                hidden[:, i + 1] = x.reshape(B, n, d)
-        hidden[:, L] = ops.rms_norm(x, self.norm, eps).reshape(B, n, d)
+            hooks(i, "hook_resid_mid", x, (B, n, d))
+            h = self._norm(i, "ln2", x, p["post_attention_norm"], None, B, n, hooks)
+            self._mlp(i, h, p, B, n, hooks, x, ("W_gate_up", "b_gate_up", "W_down", "b_down"),
+                      gated=True)
+            hooks(i, "hook_resid_post", x, (B, n, d))
+        hidden[:, L] = self._norm(None, "ln_final", x, self.norm, None, B, n, hooks
+                                  ).reshape(B, n, d)
         return hidden, attn
