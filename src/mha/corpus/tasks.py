@@ -155,6 +155,7 @@ def _batch_sums(runner: TransformerModel | _ModelSpec, ids_flat: np.ndarray, len
     enc, cache = model.run_with_cache(ids, attention_mask=mask, names=values, need_weights=True,
                                       logits=False)
     weights = enc.attentions
+    assert weights is not None                                # need_weights=True
     classes = tables.classes[ids] & mask[..., None]           # (B, n, 4)
     key_norms = None
     if norms:                                                 # v: (B, n, H_kv, d_head)

@@ -40,6 +40,7 @@ def _clark_metrics(model: TransformerModel, texts: str | Sequence[str]
     """The padded batch's encoding (attentions (B, L, H, n, n), attention_mask (B, n)) and its
     :func:`mha.analysis.clark_metrics`."""
     enc = model.encode([texts] if isinstance(texts, str) else list(texts))
+    assert enc.attentions is not None                         # encode keeps the weights
     return enc, analysis.clark_metrics(enc.attentions, enc.tokens,
                                        attention_mask=enc.attention_mask, causal=model.causal)
 
