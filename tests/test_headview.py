@@ -760,14 +760,3 @@ def test_neuron_view_errors_and_layers(minilm):
     one = viz.neuron_view(minilm, "hi there", layer=3, layers=[1])
     assert one.layers == [1, 3] and len(page_data(one.html)["q"]) == 2
     assert repr(one).startswith("<NeuronView: 2 of 6 layers x 12 heads")
-
-
-def test_docstring_examples_run():
-    import doctest
-    from mha import headview
-    for name in ("head_view", "model_view"):
-        runner = doctest.DocTestRunner()
-        for test in doctest.DocTestFinder().find(getattr(headview, name), name,
-                                                 globs={"np": np, **vars(headview)}):
-            runner.run(test)
-        assert runner.failures == 0, name
