@@ -39,15 +39,7 @@ def tiny(tmp_path_factory):
             return built[family]
         folder = tmp_path_factory.mktemp(family)
         if family == "bert":
-            tiny_models._tokenizer("distilbert", folder)
-            torch.manual_seed(0)
-            config = transformers.BertConfig(vocab_size=300, hidden_size=32, num_hidden_layers=2,
-                                             num_attention_heads=4, intermediate_size=48,
-                                             max_position_embeddings=64)
-            model = transformers.BertModel(config).eval()
-            tiny_models.perturb(model, 3)
-            model.save_pretrained(folder, safe_serialization=True)
-            built[family] = folder, transformers.BertModel
+            built[family] = folder, tiny_models.build_bert(folder)
         else:
             built[family] = folder, tiny_models.build(family, folder)
         return built[family]

@@ -180,14 +180,7 @@ def test_output_projection_is_the_checkpoints(tiny, reference):
 def tiny_bert_folder(tmp_path_factory):
     """A tiny BERT with the WordPiece tokenizer of tiny_models (no MiniLM needed)."""
     folder = tmp_path_factory.mktemp("bert")
-    tiny_models._tokenizer("distilbert", folder)
-    torch.manual_seed(0)
-    config = transformers.BertConfig(vocab_size=300, hidden_size=32, num_hidden_layers=2,
-                                     num_attention_heads=4, intermediate_size=48,
-                                     max_position_embeddings=64)
-    model = transformers.BertModel(config).eval()
-    tiny_models.perturb(model, 3)
-    model.save_pretrained(folder, safe_serialization=True)
+    tiny_models.build_bert(folder)
     return folder
 
 

@@ -127,6 +127,22 @@ def build(family, folder, seed=0):
     return getattr(transformers, model_class)
 
 
+def build_bert(folder):
+    """Write a tiny BERT (BertModel, token types, absolute positions) with the WordPiece
+    tokenizer of the "distilbert" family into ``folder`` (no MiniLM needed); return its class."""
+    import torch
+    import transformers
+    _tokenizer("distilbert", folder)
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=300, hidden_size=32, num_hidden_layers=2,
+                                     num_attention_heads=4, intermediate_size=48,
+                                     max_position_embeddings=64)
+    model = transformers.BertModel(config).eval()
+    perturb(model, 3)
+    model.save_pretrained(folder, safe_serialization=True)
+    return transformers.BertModel
+
+
 def load_reference(model_class, folder, dtype="float32"):
     """The saved model back in transformers with eager attention (float32 or float64)."""
     import torch
