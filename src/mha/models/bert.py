@@ -20,11 +20,12 @@ from __future__ import annotations
 import numpy as np
 
 from . import ops
+from .backward import Differentiable
 from .base import TransformerModel
 from .hooks import NO_HOOKS, HookPoints
 
 
-class BertModel(TransformerModel):
+class BertModel(Differentiable, TransformerModel):
     """Run a BERT-family encoder (model_type "bert") in NumPy on mha's C kernels.
 
     Parameters
