@@ -202,3 +202,117 @@ def test_backward_of_logits_matches_torch(tiny, family, dtype):
         assert grads[f"blocks.{l}.attn.hook_pattern"].shape == acts["pattern"][l].shape
         # masked keys: transformers' pattern gradient there is dO v^T as well
         assert relative(grads[f"blocks.{l}.attn.hook_pattern"], acts["pattern"][l]) <= tol
+
+
+# --- activations by hook name, head_mask, d_hidden: central differences through the hooks ------
+
+def directional(model, ids, mask, d_logits, name, direction, eps=1e-5):
+    """(f(a + eps u) - f(a - eps u)) / 2 eps for f = sum(d_logits * logits), the activation
+    ``name`` moved along u by a forward hook (the head mask through ``head_mask``)."""
+    values = []
+    for sign in (1, -1):
+        if name == "head_mask":
+            enc = model.run_with_hooks(ids, fwd_hooks=[], attention_mask=mask,
+                                       head_mask=1 + sign * eps * direction)
+        else:
+            enc = model.run_with_hooks(
+                ids, attention_mask=mask,
+                fwd_hooks=[(name, lambda a, _n, s=sign: a + s * eps * direction)])
+        values.append(float(np.sum(d_logits * enc.logits)))
+    return (values[0] - values[1]) / (2 * eps)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_activation_gradients_by_hook_name(tiny, family):
+    """Every point ``wrt`` takes, in float64: <gradient, u> equals the central difference of
+    the output along a random u, moved by a forward hook (the hook machinery is the
+    independent path), within 1e-7 of the gradient's scale."""
+    folder, _ = tiny(family)
+    model = mha.models.load(folder, dtype=np.float64)
+    ids, mask = batch(model, n=9, seed=3)
+    rng = np.random.default_rng(4)
+    d_logits = rng.standard_normal((*ids.shape, model.config.vocab_size)) * mask[..., None]
+    from mha.models.backward import BLOCK_POINTS
+    points = ["hook_embed", "head_mask"] + (["hook_pos_embed"] if family == "gpt2" else [])
+    points += [f"blocks.1.{p}" for p in BLOCK_POINTS
+               if (family == "llama" or ("rot_" not in p and "pre_linear" not in p))]
+    enc = model(ids, mask, backward=True)
+    grads = model.backward(d_logits=d_logits, wrt=points)
+    _, cache = model.run_with_cache(ids, attention_mask=mask,
+                                    names=[p for p in points if p != "head_mask"])
+    for name in points:
+        shape = (model.n_layers, model.n_heads) if name == "head_mask" else cache[name].shape
+        assert grads[name].shape == shape, name
+        u = rng.standard_normal(shape)
+        expected = directional(model, ids, mask, d_logits, name, u)
+        got = float(np.sum(grads[name] * u))
+        scale = np.abs(grads[name]).sum() + 1e-30
+        assert abs(got - expected) <= 1e-7 * scale, (name, got, expected)
+    assert np.abs(enc.logits - model.run_with_cache(ids, attention_mask=mask, names=[])[0].logits
+                  ).max() < 1e-12
+
+
+@DTYPES
+def test_d_hidden_head_mask_and_one_text(tiny, dtype):
+    """backward(d_hidden=...) is backward(d_logits=...) with the LM head's chain rule done by
+    hand; a forward with head_mask; one text (no batch axis)."""
+    folder, _ = tiny("gpt2")
+    model = mha.models.load(folder, dtype=dtype)
+    ids, mask = batch(model, n=7, seed=5)
+    rng = np.random.default_rng(6)
+    head_mask = rng.uniform(0.5, 1.5, (model.n_layers, model.n_heads))
+    d_logits = rng.standard_normal((*ids.shape, model.config.vocab_size))
+    model(ids, mask, backward=True, head_mask=head_mask)
+    by_logits = model.backward(d_logits=d_logits, wrt=["head_mask"])
+    model(ids, mask, backward=True, head_mask=head_mask)
+    by_hidden = model.backward(d_hidden=d_logits @ model.wte, wrt=["head_mask"])
+    by_hidden["wte"] += np.einsum("bnv,bnd->vd", d_logits,
+                                  model(ids, mask, head_mask=head_mask).last_hidden_state)
+    for name, g in by_logits.items():
+        assert relative(by_hidden[name], g) <= TOL[dtype], name
+    # one text: the gradient of the batch's first row when the others get none
+    single = model(ids[0], backward=True)
+    assert single.logits.shape == (ids.shape[1], model.config.vocab_size)
+    one = model.backward(d_logits=d_logits[0], wrt=["hook_embed"])
+    model(ids, mask, backward=True)
+    rows = d_logits * (np.arange(3) == 0)[:, None, None]
+    first = model.backward(d_logits=rows, wrt=["hook_embed"])
+    assert one["hook_embed"].shape == (1, ids.shape[1], model.d_model)
+    for name, g in first.items():
+        expected = g[:1] if name == "hook_embed" else g
+        assert relative(one[name], expected) <= TOL[dtype], name
+
+
+def test_bad_input_changes_nothing(tiny):
+    folder, _ = tiny("gpt2")
+    model = mha.models.load(folder)
+    ids, mask = batch(model, n=6)
+    d_logits = np.ones((*ids.shape, model.config.vocab_size), np.float32)
+    with pytest.raises(RuntimeError, match="backward=True"):
+        model.backward(d_logits=d_logits)
+    model(ids, mask)                                     # a forward that keeps nothing
+    with pytest.raises(RuntimeError, match="backward=True"):
+        model.backward(d_logits=d_logits)
+    model(ids, mask, backward=True)
+    with pytest.raises(ValueError, match=r"d_logits must have shape \(3, 6, \d+\)"):
+        model.backward(d_logits=d_logits[:, :5])
+    with pytest.raises(ValueError, match="d_hidden must have shape"):
+        model.backward(d_hidden=np.ones((3, 6, 5)))
+    with pytest.raises(ValueError, match="give d_logits or d_hidden"):
+        model.backward()
+    with pytest.raises(KeyError, match="no hook point the backward reaches"):
+        model.backward(d_logits=d_logits, wrt=["blocks.9.hook_resid_pre"])
+    before = {k: v.copy() for k, v in model.parameters().items()}
+    grads = model.backward(d_logits=d_logits)            # the record survived the errors
+    assert all(np.array_equal(before[k], v) for k, v in model.parameters().items())
+    assert np.abs(grads["wte"]).max() > 0
+    with pytest.raises(RuntimeError, match="uses it up"):
+        model.backward(d_logits=d_logits)                # used up
+    model(ids, mask, backward=True)
+    again = [model.backward(d_logits=d_logits, retain=True)["wte"] for _ in range(2)]
+    assert np.array_equal(*again)
+    with pytest.raises(ValueError, match="labels has shape"):
+        model.loss_and_grads(ids, ids[:, :3], mask)
+    encoder = mha.models.load(tiny("roberta")[0])        # encoders: said, not wrong
+    with pytest.raises(NotImplementedError, match="not yet for RobertaModel"):
+        encoder(ids, mask, backward=True)
