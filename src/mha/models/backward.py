@@ -23,7 +23,7 @@ the MLP is gated)::
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -96,7 +96,6 @@ class Record:
     pad_mask: np.ndarray | None
     head_mask: np.ndarray | None
     single: bool
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def nbytes(self) -> int:
@@ -260,8 +259,10 @@ class Differentiable:
                                "backward uses it up unless retain=True)")
         B, n = record.ids.shape
         wanted = _check_wrt(model, wrt)
-        top = _top_gradient(model, record, d_logits, d_hidden)
-        grads = _backward(model, layout, record, top, wanted)
+        arrays = _check_top(model, record, d_logits, d_hidden)
+        grads = {name: np.zeros_like(a) for name, a in model.parameters().items()}
+        top = _top_gradient(model, layout, record, arrays, grads)
+        _backward(model, layout, record, top, wanted, grads)
         if not retain:
             self._record = None
         return grads
@@ -323,12 +324,13 @@ class Differentiable:
         record = self._record
         assert record is not None
         self._record = None
+        grads = {name: np.zeros_like(a) for name, a in model.parameters().items()}
         top = np.zeros_like(record.hidden)
-        d_vocab = np.zeros_like(model._vocab_matrix())
+        # forward: loss = cross_entropy(hidden W_vocab^T, labels shifted by one)
         loss, _, _ = _core.cross_entropy(record.hidden, model._vocab_matrix(),
                                          shifted.reshape(-1), trans_w=True, d_hidden=top,
-                                         d_w=d_vocab)
-        grads = _backward(model, layout, record, top, wanted, d_vocab)
+                                         d_w=grads[_vocab_name(model, layout)])
+        _backward(model, layout, record, top, wanted, grads)
         return float(loss), grads
 
 
@@ -349,11 +351,15 @@ def _check_wrt(model: Any, wrt: Sequence[str]) -> list[str]:
     return list(wrt)
 
 
-def _top_gradient(model: Any, record: Record, d_logits: ArrayLike | None,
-                  d_hidden: ArrayLike | None) -> np.ndarray:
-    """The gradient with respect to the final norm's output (rows, d), from d_hidden and
-    d_logits (whose LM head gradient is kept in record.extra["d_vocab"]); checks shapes
-    before anything is written."""
+def _vocab_name(model: Any, layout: DecoderLayout) -> str:
+    """The parameter name of the LM head's weight: its own, or the tied token table's."""
+    return "lm_head" if "lm_head" in model.parameters() else layout.embed
+
+
+def _check_top(model: Any, record: Record, d_logits: ArrayLike | None,
+               d_hidden: ArrayLike | None) -> dict[str, np.ndarray]:
+    """d_logits (rows, vocab) and d_hidden (rows, d) of the model's dtype, by name, after
+    checking their shapes against the forward's (nothing is written before)."""
     B, n = record.ids.shape
     rows, d = record.hidden.shape
     lead = (n,) if record.single else (B, n)
@@ -371,13 +377,18 @@ def _top_gradient(model: Any, record: Record, d_logits: ArrayLike | None,
         arrays[name] = np.ascontiguousarray(a, dtype=model.dtype).reshape(rows, width)
     if not arrays:
         raise ValueError("give d_logits or d_hidden (the gradient of the output)")
+    return arrays
+
+
+def _top_gradient(model: Any, layout: DecoderLayout, record: Record,
+                  arrays: dict[str, np.ndarray], grads: dict[str, np.ndarray]) -> np.ndarray:
+    """The gradient with respect to the final norm's output (rows, d): d_hidden plus the LM
+    head's chain rule on d_logits, whose weight gradient is added into grads."""
     top = arrays["d_hidden"].copy() if "d_hidden" in arrays else np.zeros_like(record.hidden)
     if "d_logits" in arrays:
         # forward: logits = hidden W_vocab^T
-        d_vocab = np.zeros_like(model._vocab_matrix())
         _core.linear_backward(arrays["d_logits"], record.hidden, model._vocab_matrix(),
-                              trans_b=True, da=top, db=d_vocab)
-        record.extra["d_vocab"] = d_vocab
+                              trans_b=True, da=top, db=grads[_vocab_name(model, layout)])
     return top
 
 
@@ -477,22 +488,16 @@ def _forward_record(model: Any, layout: DecoderLayout, ids: np.ndarray, mask: np
 
 
 def _backward(model: Any, layout: DecoderLayout, record: Record, top: np.ndarray,
-              wanted: list[str], d_vocab: np.ndarray | None = None) -> dict[str, np.ndarray]:
-    """Every parameter's gradient (and those of ``wanted``) from the gradient ``top`` (rows,
-    d) of the final norm's output; d_vocab: the LM head's gradient so far (from the loss or
-    the logits), else record.extra's, else none."""
+              wanted: list[str], grads: dict[str, np.ndarray]) -> None:
+    """Add every parameter's gradient into ``grads`` (which holds the LM head's already) and
+    put those of ``wanted`` there, from the gradient ``top`` (rows, d) of the final norm's
+    output."""
     B, n = record.ids.shape
     rows = B * n
     L, H, H_kv, dh, d = (model.n_layers, model.n_heads, model.n_kv_heads, model.d_head,
                          model.d_model)
     eps = model.config.norm_eps
     params = model.parameters()
-    grads = {name: np.zeros_like(a) for name, a in params.items()}
-    if d_vocab is None:
-        d_vocab = record.extra.pop("d_vocab", None)
-    if d_vocab is not None:
-        vocab_name = "lm_head" if "lm_head" in params else layout.embed
-        grads[vocab_name] += d_vocab
     names = set(wanted)
     out: dict[str, np.ndarray] = {}
 
@@ -577,4 +582,3 @@ def _backward(model: Any, layout: DecoderLayout, record: Record, top: np.ndarray
     if "head_mask" in names:
         out["head_mask"] = d_head_mask
     grads.update((name, out[name]) for name in wanted)
-    return grads
