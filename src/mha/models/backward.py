@@ -460,16 +460,7 @@ def _forward_record(model: Any, layout: DecoderLayout, ids: np.ndarray, mask: np
             ops.rope_(qkv, H + H_kv, dh, *rope)
         for dst, src in zip((r.q, r.k, r.v), ops.split_heads(qkv, B, n, (H, H_kv, H_kv), dh)):
             np.copyto(dst, src)
-        _, weights, lse = _core.attention_forward(
-            r.q, r.k, r.v, key_padding_mask=pad_mask, need_weights=attn is not None,
-            return_lse=True, out=r.att, **_attention_options(model, i, B, H, n))
-        np.copyto(r.lse, lse)
-        if attn is not None:
-            attn[:, i] = weights
-        merged = r.heads.reshape(B, n, H, dh)
-        np.copyto(merged, r.att.transpose(0, 2, 1, 3))
-        if head_mask is not None:
-            merged *= head_mask[i][None, None, :, None]
+        _attend(model, i, r, pad_mask, head_mask, attn)
         np.copyto(r.resid_mid, r.resid_pre)
         ops.linear(r.heads, model._dense((i, W_o), p[W_o]), p.get(b_o), out=r.resid_mid)
         _norm(r.resid_mid, p[layout.ln2[0]], p.get(layout.ln2[1] or ""), eps, out=r.ln2)
@@ -487,6 +478,79 @@ def _forward_record(model: Any, layout: DecoderLayout, ids: np.ndarray, mask: np
     return record, attn
 
 
+def _attend(model: Any, i: int, r: Any, pad_mask: np.ndarray | None,
+            head_mask: np.ndarray | None, attn: np.ndarray | None) -> None:
+    """Layer i's attention on the record r's q, k, v: r.att and r.lse, then r.heads (the
+    heads merged per token, times head_mask); the weights into attn[:, i] when given."""
+    B, H, n, dh = r.q.shape
+    _, weights, lse = _core.attention_forward(
+        r.q, r.k, r.v, key_padding_mask=pad_mask, need_weights=attn is not None,
+        return_lse=True, out=r.att, **_attention_options(model, i, B, H, n))
+    np.copyto(r.lse, lse)
+    if attn is not None:
+        attn[:, i] = weights
+    merged = r.heads.reshape(B, n, H, dh)
+    np.copyto(merged, r.att.transpose(0, 2, 1, 3))
+    if head_mask is not None:
+        merged *= head_mask[i][None, None, :, None]
+
+
+def _attend_backward(model: Any, i: int, r: Any, record: Record, d_heads: np.ndarray,
+                     d_head_mask: np.ndarray, keep: Any) -> np.ndarray:
+    """The backward of :func:`_attend` and of the rotary embedding before it: d_heads (rows,
+    H * d_head) -> d_qkv (rows, (H + 2 H_kv) d_head), the gradient of the fused q/k/v
+    product's output; d_head_mask[i] set; keep(layer, point, value, shape) offered the
+    activation gradients on the way."""
+    B, H, n, dh = r.q.shape
+    H_kv = r.k.shape[1]
+    keep(i, "attn.hook_z", d_heads, (B, n, H, dh))
+    # forward: heads = merge(att) * head_mask
+    d_att = np.ascontiguousarray(d_heads.reshape(B, n, H, dh).transpose(0, 2, 1, 3))
+    d_head_mask[i] = np.einsum("bhnd,bhnd->h", d_att, r.att)
+    if record.head_mask is not None:
+        d_att *= record.head_mask[i][None, :, None, None]
+    if keep.wants(i, "attn.hook_pattern"):
+        from .base import _grouped_products
+        keep(i, "attn.hook_pattern", _grouped_products(d_att, r.v, trans_b=True),
+             (B, H, n, n))
+    # forward: att = attention(q, k, v)
+    dq, dk, dv = _core.attention_backward(
+        d_att, r.q, r.k, r.v, key_padding_mask=record.pad_mask, out=r.att, lse=r.lse,
+        **_attention_options(model, i, B, H, n))
+    d_qkv = np.empty((B * n, (H + 2 * H_kv) * dh), dtype=model.dtype)
+    for dst, src in zip(ops.split_heads(d_qkv, B, n, (H, H_kv, H_kv), dh), (dq, dk, dv)):
+        np.copyto(dst, src)
+    parts = d_qkv.reshape(B, n, H + 2 * H_kv, dh)
+    if model.rotary:
+        keep(i, "attn.hook_rot_q", parts[:, :, :H], (B, n, H, dh))
+        keep(i, "attn.hook_rot_k", parts[:, :, H:H + H_kv], (B, n, H_kv, dh))
+        # forward: q, k = rope(q), rope(k)
+        cos, sin = model._rope(0, n)
+        _core.rope_backward(d_qkv, heads=H + H_kv, d_head=dh, cos=cos, sin=sin)
+    keep(i, "attn.hook_q", parts[:, :, :H], (B, n, H, dh))
+    keep(i, "attn.hook_k", parts[:, :, H:H + H_kv], (B, n, H_kv, dh))
+    keep(i, "attn.hook_v", parts[:, :, H + H_kv:], (B, n, H_kv, dh))
+    return d_qkv
+
+
+class Keeper:
+    """Collects the activation gradients asked for: ``keep(layer, point, value, shape)``
+    copies value into ``out`` under its hook name when that name was asked."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self.names = set(names)
+        self.out: dict[str, np.ndarray] = {}
+
+    def wants(self, layer: int | None, point: str) -> bool:
+        return (point if layer is None else f"blocks.{layer}.{point}") in self.names
+
+    def __call__(self, layer: int | None, point: str, value: np.ndarray,
+                 shape: tuple[int, ...]) -> None:
+        if self.wants(layer, point):
+            name = point if layer is None else f"blocks.{layer}.{point}"
+            self.out[name] = np.array(value).reshape(shape)
+
+
 def _backward(model: Any, layout: DecoderLayout, record: Record, top: np.ndarray,
               wanted: list[str], grads: dict[str, np.ndarray]) -> None:
     """Add every parameter's gradient into ``grads`` (which holds the LM head's already) and
@@ -498,16 +562,8 @@ def _backward(model: Any, layout: DecoderLayout, record: Record, top: np.ndarray
                          model.d_model)
     eps = model.config.norm_eps
     params = model.parameters()
-    names = set(wanted)
-    out: dict[str, np.ndarray] = {}
-
-    def keep(layer: int, point: str, value: np.ndarray, shape: tuple[int, ...]) -> None:
-        name = f"blocks.{layer}.{point}"
-        if name in names:
-            out[name] = np.array(value).reshape(shape)
-
+    keep = Keeper(wanted)
     d_head_mask = np.zeros((L, H), dtype=model.dtype)
-    rope = model._rope(0, n) if model.rotary else None
     # forward: hidden = norm_f(resid_final)
     dx = np.zeros((rows, d), dtype=model.dtype)
     gain, bias = layout.final
@@ -539,32 +595,7 @@ def _backward(model: Any, layout: DecoderLayout, record: Record, top: np.ndarray
         W_qkv, b_qkv, W_o, b_o = layout.attention
         d_heads = _core.linear_backward(dx, r.heads, p[W_o], bias=p.get(b_o), db=lg[W_o],
                                         dbias=lg.get(b_o))[0]
-        keep(i, "attn.hook_z", d_heads, (B, n, H, dh))
-        # forward: heads = merge(att) * head_mask
-        d_att = np.ascontiguousarray(d_heads.reshape(B, n, H, dh).transpose(0, 2, 1, 3))
-        d_head_mask[i] = np.einsum("bhnd,bhnd->h", d_att, r.att)
-        if record.head_mask is not None:
-            d_att *= record.head_mask[i][None, :, None, None]
-        if f"blocks.{i}.attn.hook_pattern" in names:
-            from .base import _grouped_products
-            keep(i, "attn.hook_pattern", _grouped_products(d_att, r.v, trans_b=True),
-                 (B, H, n, n))
-        # forward: att = attention(q, k, v)
-        dq, dk, dv = _core.attention_backward(
-            d_att, r.q, r.k, r.v, key_padding_mask=record.pad_mask, out=r.att, lse=r.lse,
-            **_attention_options(model, i, B, H, n))
-        d_qkv = np.empty((rows, (H + 2 * H_kv) * dh), dtype=model.dtype)
-        for dst, src in zip(ops.split_heads(d_qkv, B, n, (H, H_kv, H_kv), dh), (dq, dk, dv)):
-            np.copyto(dst, src)
-        parts = d_qkv.reshape(B, n, H + 2 * H_kv, dh)
-        if rope is not None:
-            keep(i, "attn.hook_rot_q", parts[:, :, :H], (B, n, H, dh))
-            keep(i, "attn.hook_rot_k", parts[:, :, H:H + H_kv], (B, n, H_kv, dh))
-            # forward: q, k = rope(q), rope(k)
-            _core.rope_backward(d_qkv, heads=H + H_kv, d_head=dh, cos=rope[0], sin=rope[1])
-        keep(i, "attn.hook_q", parts[:, :, :H], (B, n, H, dh))
-        keep(i, "attn.hook_k", parts[:, :, H:H + H_kv], (B, n, H_kv, dh))
-        keep(i, "attn.hook_v", parts[:, :, H + H_kv:], (B, n, H_kv, dh))
+        d_qkv = _attend_backward(model, i, r, record, d_heads, d_head_mask, keep)
         # forward: q, k, v = split(ln1 W_qkv + b_qkv)
         d_ln1 = _core.linear_backward(d_qkv, r.ln1, p[W_qkv], bias=p.get(b_qkv),
                                       db=lg[W_qkv], dbias=lg.get(b_qkv))[0]
@@ -576,9 +607,7 @@ def _backward(model: Any, layout: DecoderLayout, record: Record, top: np.ndarray
                              d_table=grads[layout.embed])
     if layout.positions is not None:
         grads[layout.positions][:n] += dx.reshape(B, n, d).sum(axis=0)
-    for name in ("hook_embed", "hook_pos_embed"):
-        if name in names:
-            out[name] = dx.reshape(B, n, d).copy()
-    if "head_mask" in names:
-        out["head_mask"] = d_head_mask
-    grads.update((name, out[name]) for name in wanted)
+    keep(None, "hook_embed", dx, (B, n, d))
+    keep(None, "hook_pos_embed", dx, (B, n, d))
+    keep(None, "head_mask", d_head_mask, (L, H))
+    grads.update((name, keep.out[name]) for name in wanted)
