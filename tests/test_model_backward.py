@@ -313,6 +313,125 @@ def test_bad_input_changes_nothing(tiny):
     assert np.array_equal(*again)
     with pytest.raises(ValueError, match="labels has shape"):
         model.loss_and_grads(ids, ids[:, :3], mask)
-    encoder = mha.models.load(tiny("roberta")[0])        # encoders: said, not wrong
-    with pytest.raises(NotImplementedError, match="not yet for RobertaModel"):
-        encoder(ids, mask, backward=True)
+    encoder = mha.models.load(tiny("roberta")[0])
+    encoder(ids, mask, backward=True)
+    with pytest.raises(ValueError, match="has no logits: give d_hidden"):
+        encoder.backward(d_logits=d_logits)
+
+
+# --- the BERT family: post-norm encoders ------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory):
+    """A tiny BERT with two token types (the tokenizer of tiny_models' DistilBERT)."""
+    folder = tmp_path_factory.mktemp("bert")
+    tiny_models._tokenizer("distilbert", folder)
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=300, hidden_size=32, num_hidden_layers=2,
+                                     num_attention_heads=4, intermediate_size=48,
+                                     max_position_embeddings=64)
+    model = transformers.BertModel(config).eval()
+    tiny_models.perturb(model, 3)
+    model.save_pretrained(folder, safe_serialization=True)
+    return folder, transformers.BertModel
+
+
+def encoder_names(model):
+    """Our parameter name -> transformers' base model's parameter names (fused in order)."""
+    n = model.names
+    names = {"word_embeddings": [model.anchor], "position_embeddings": [n["positions"]],
+             "ln_emb_weight": [n["ln_emb"] + ".weight"], "ln_emb_bias": [n["ln_emb"] + ".bias"]}
+    if model.token_type_embeddings is not None:
+        names["token_type_embeddings"] = [n["token_types"]]
+    for i in range(model.n_layers):
+        p = n["layer"].format(i=i)
+        for ours, parts in (("W_qkv", "qkv"), ("W_o", ["o"]), ("W_1", ["ff_1"]),
+                            ("W_2", ["ff_2"])):
+            names[f"layers.{i}.{ours}"] = [p + n[s] + ".weight" for s in parts]
+            names[f"layers.{i}.b" + ours[1:]] = [p + n[s] + ".bias" for s in parts]
+        for ln in ("ln_1", "ln_2"):
+            names[f"layers.{i}.{ln}_weight"] = [p + n[ln] + ".weight"]
+            names[f"layers.{i}.{ln}_bias"] = [p + n[ln] + ".bias"]
+    return names
+
+
+@DTYPES
+@pytest.mark.parametrize("family", ["bert", "roberta", "distilbert"])
+def test_encoder_backward_matches_torch(tiny, tiny_bert, family, dtype):
+    """A random gradient on the last hidden state of the real tokens: every parameter (word,
+    position and token-type tables included) and each block's input."""
+    folder, model_class = tiny_bert if family == "bert" else tiny(family)
+    model = mha.models.load(folder, dtype=dtype)
+    ids, mask = batch(model, n=10, seed=7)
+    type_ids = np.zeros_like(ids)
+    if family == "bert":
+        type_ids[:, 6:] = 1
+    rng = np.random.default_rng(8)
+    d_hidden = rng.standard_normal((*ids.shape, model.d_model)) * mask[..., None]
+
+    ref = tiny_models.load_reference(model_class, folder,
+                                     "float64" if dtype == np.float64 else "float32")
+    base = ref.base_model
+    kwargs = dict(input_ids=torch.from_numpy(ids),
+                  attention_mask=torch.from_numpy(mask.astype(np.int64)),
+                  output_hidden_states=True)
+    if family == "bert":
+        kwargs["token_type_ids"] = torch.from_numpy(type_ids)
+    out = base(**kwargs)
+    for h in out.hidden_states:
+        h.retain_grad()
+    out.last_hidden_state.backward(torch.from_numpy(d_hidden).to(out.last_hidden_state.dtype))
+    theirs = dict(base.named_parameters())
+    expected = {}
+    for name, parts in encoder_names(model).items():
+        arrays = [theirs[p].grad.double().numpy() for p in parts]
+        if name.startswith("layers.") and arrays[0].ndim == 2:
+            arrays = [a.T for a in arrays]
+        expected[name] = np.concatenate(arrays, axis=-1)
+
+    enc = model(ids, mask, type_ids, backward=True)
+    assert np.abs(enc.last_hidden_state - out.last_hidden_state.detach().numpy()).max() < 1e-4
+    L = model.n_layers
+    grads = model.backward(d_hidden=d_hidden, wrt=[f"blocks.{l}.hook_resid_pre"
+                                                    for l in range(L)])
+    assert set(grads) - set(expected) == {f"blocks.{l}.hook_resid_pre" for l in range(L)}
+    assert_grads(grads, expected, TOL[dtype])
+    for l in range(L):
+        assert relative(grads[f"blocks.{l}.hook_resid_pre"],
+                        out.hidden_states[l].grad.double().numpy()) <= TOL[dtype]
+    with pytest.raises(TypeError, match="no causal LM"):
+        model.loss_and_grads(ids)
+
+
+def test_encoder_activation_gradients_by_hook_name(tiny_bert):
+    """Every point ``wrt`` takes on an encoder, against central differences through the
+    forward hooks (float64), as for the decoders."""
+    folder, _ = tiny_bert
+    model = mha.models.load(folder, dtype=np.float64)
+    ids, mask = batch(model, n=8, seed=9)
+    type_ids = np.zeros_like(ids)
+    type_ids[:, 5:] = 1
+    rng = np.random.default_rng(10)
+    d_hidden = rng.standard_normal((*ids.shape, model.d_model)) * mask[..., None]
+    from mha.models.encoder_backward import ENCODER_POINTS
+    points = ["head_mask", "embed.hook_embed", "embed.hook_pos_embed",
+              "embed.hook_token_type_embed", "hook_full_embed"]
+    points += [f"blocks.0.{p}" for p in ENCODER_POINTS]
+    model(ids, mask, type_ids, backward=True)
+    grads = model.backward(d_hidden=d_hidden, wrt=points)
+    eps = 1e-5
+
+    def output(**kw):
+        enc = model.run_with_hooks(ids, attention_mask=mask, token_type_ids=type_ids, **kw)
+        return float(np.sum(d_hidden * enc.last_hidden_state))
+
+    for name in points:
+        u = rng.standard_normal(grads[name].shape)
+        if name == "head_mask":
+            values = [output(fwd_hooks=[], head_mask=1 + s * eps * u) for s in (1, -1)]
+        else:
+            values = [output(fwd_hooks=[(name, lambda a, _n, s=s: a + s * eps * u)])
+                      for s in (1, -1)]
+        expected = (values[0] - values[1]) / (2 * eps)
+        got = float(np.sum(grads[name] * u))
+        assert abs(got - expected) <= 1e-7 * np.abs(grads[name]).sum(), (name, got, expected)

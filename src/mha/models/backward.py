@@ -1,4 +1,5 @@
-"""Gradients through a whole pre-norm decoder (GPT-2, the LLaMA family) on the C core.
+"""Gradients through a whole pre-norm decoder (GPT-2, the LLaMA family) on the C core;
+the BERT family's post-norm blocks are in :mod:`mha.models.encoder_backward`.
 
 ``model(ids, mask, backward=True)`` runs a forward that keeps, in one :class:`Record`
 carved from one allocation, every activation the backward reads; ``model.backward(d_logits,
@@ -33,7 +34,7 @@ from mha import _core
 
 from . import ops
 
-__all__ = ["Differentiable", "DecoderLayout", "Record"]
+__all__ = ["Differentiable", "DecoderLayout", "EncoderLayout", "Record", "LayerRecord"]
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,12 @@ class DecoderLayout:
     gated: bool
     embed: str
     positions: str | None
+
+
+@dataclass(frozen=True)
+class EncoderLayout:
+    """The BERT family's post-norm blocks (:mod:`mha.models.encoder_backward`), with the
+    names BertModel gives its weights."""
 
 
 @dataclass
@@ -84,18 +91,23 @@ class LayerRecord:
 
 @dataclass
 class Record:
-    """Everything the backward of one forward reads: a :class:`LayerRecord` per block, the
-    last block's output ``resid_final`` (rows, d) and the final norm's ``hidden`` (rows, d),
+    """Everything the backward of one forward reads: a :class:`LayerRecord` per block (an
+    encoder's: :class:`mha.models.encoder_backward.EncoderLayerRecord`), ``norm_input``
+    (rows, d): the input of the norm outside the blocks (a decoder's final norm: the last
+    block's output; an encoder's embedding norm: the embeddings' sum), the model's last
+    hidden state ``hidden`` (rows, d),
     all carved from ``buffer`` (one allocation); the forward's ids (B, n), padding mask (B,
-    n) bool or None, head_mask (L, H) or None, and whether the input was one text."""
+    n) bool or None, head_mask (L, H) or None, whether the input was one text, and an
+    encoder's token types (B, n) or None."""
     buffer: np.ndarray
-    layers: list[LayerRecord]
-    resid_final: np.ndarray
+    layers: list[Any]
+    norm_input: np.ndarray
     hidden: np.ndarray
     ids: np.ndarray
     pad_mask: np.ndarray | None
     head_mask: np.ndarray | None
     single: bool
+    type_ids: np.ndarray | None = None
 
     @property
     def nbytes(self) -> int:
@@ -133,7 +145,7 @@ class Differentiable:
     """What a pre-norm decoder adds for gradients: ``model(..., backward=True)``,
     :meth:`backward` and :meth:`loss_and_grads`. A family sets ``_grad_layout``
     (:class:`DecoderLayout`); without one, ``backward=True`` raises NotImplementedError."""
-    _grad_layout: DecoderLayout | None = None
+    _grad_layout: DecoderLayout | EncoderLayout | None = None
     _record: Record | None = None
 
     def __call__(self, input_ids: ArrayLike, attention_mask: ArrayLike | None = None,
@@ -166,10 +178,12 @@ class Differentiable:
             return super().__call__(input_ids, attention_mask,  # type: ignore[misc]
                                     token_type_ids, need_weights=need_weights,
                                     head_mask=head_mask)
-        return self._run_recorded(input_ids, attention_mask, head_mask, need_weights, True)
+        return self._run_recorded(input_ids, attention_mask, head_mask, need_weights, True,
+                                  token_type_ids)
 
     def _run_recorded(self, input_ids: ArrayLike, attention_mask: ArrayLike | None,
-                      head_mask: ArrayLike | None, need_weights: bool, logits: bool) -> Any:
+                      head_mask: ArrayLike | None, need_weights: bool, logits: bool,
+                      token_type_ids: ArrayLike | None = None) -> Any:
         """The forward that keeps its Record (``self._record``) -> an Encoding (with logits
         for a causal model when ``logits``)."""
         layout = self._need_layout()
@@ -185,7 +199,14 @@ class Differentiable:
             if head_mask.shape != (model.n_layers, model.n_heads):
                 raise ValueError(f"head_mask must have shape (n_layers, n_heads) = "
                                  f"{(model.n_layers, model.n_heads)}, got {head_mask.shape}")
-        record, attn = _forward_record(model, layout, ids, mask, head_mask, need_weights)
+        type_ids = (np.zeros((B, n), np.int64) if token_type_ids is None
+                    else np.asarray(token_type_ids).astype(np.int64).reshape(B, n))
+        if isinstance(layout, EncoderLayout):
+            from . import encoder_backward
+            record, attn = encoder_backward.forward_record(model, ids, mask, type_ids,
+                                                           head_mask, need_weights)
+        else:
+            record, attn = _forward_record(model, layout, ids, mask, head_mask, need_weights)
         record.single = single
         self._record = record
         from .base import Encoding, _unbatch
@@ -198,7 +219,7 @@ class Differentiable:
             tokens = [[model.tokenizer.id_to_token(i) for i in row[m]]
                       for row, m in zip(ids, mask)]
         enc = Encoding(tokens=tokens, input_ids=ids, attention_mask=mask, hidden_states=hidden,
-                       attentions=attn, token_type_ids=np.zeros_like(ids))
+                       attentions=attn, token_type_ids=type_ids)
         if model.causal and logits:
             enc.logits = ops.unembed(record.hidden, model._lm_head()).reshape(B, n, -1)
         if single:
@@ -207,11 +228,11 @@ class Differentiable:
                 enc.logits = enc.logits[0]
         return enc
 
-    def _need_layout(self) -> DecoderLayout:
+    def _need_layout(self) -> DecoderLayout | EncoderLayout:
         if self._grad_layout is None:
             raise NotImplementedError(
-                f"backward=True is built for GPT-2 and the LLaMA family, not yet for "
-                f"{type(self).__name__}")
+                f"backward=True is built for GPT-2, the LLaMA and the BERT families, not "
+                f"for {type(self).__name__}")
         return self._grad_layout
 
     def backward(self, d_logits: ArrayLike | None = None, d_hidden: ArrayLike | None = None,
@@ -262,7 +283,11 @@ class Differentiable:
         arrays = _check_top(model, record, d_logits, d_hidden)
         grads = {name: np.zeros_like(a) for name, a in model.parameters().items()}
         top = _top_gradient(model, layout, record, arrays, grads)
-        _backward(model, layout, record, top, wanted, grads)
+        if isinstance(layout, EncoderLayout):
+            from . import encoder_backward
+            encoder_backward.backward(model, record, top, wanted, grads)
+        else:
+            _backward(model, layout, record, top, wanted, grads)
         if not retain:
             self._record = None
         return grads
@@ -305,7 +330,7 @@ class Differentiable:
         """
         layout = self._need_layout()
         model: Any = self
-        if not model.causal:
+        if not model.causal or not isinstance(layout, DecoderLayout):
             raise TypeError(f"{type(self).__name__} is no causal LM: use backward(d_hidden=...)")
         ids_2d = np.atleast_2d(np.asarray(ids))
         if labels is None:
@@ -338,6 +363,15 @@ def _check_wrt(model: Any, wrt: Sequence[str]) -> list[str]:
     """The names of ``wrt`` after checking them against the model's differentiable points."""
     if isinstance(wrt, str):
         wrt = [wrt]
+    if isinstance(model._grad_layout, EncoderLayout):
+        from .encoder_backward import encoder_points
+        valid = encoder_points(model)
+        for name in wrt:
+            if name not in valid:
+                raise KeyError(f"{name!r} is no hook point the backward reaches; expected "
+                               f"one of {sorted(p for p in valid if 'blocks.' not in p)} "
+                               f"or blocks.{{l}}.<a block's point>")
+        return list(wrt)
     points = {"hook_embed", "head_mask"}
     if model._grad_layout.positions is not None:
         points.add("hook_pos_embed")
@@ -351,9 +385,11 @@ def _check_wrt(model: Any, wrt: Sequence[str]) -> list[str]:
     return list(wrt)
 
 
-def _vocab_name(model: Any, layout: DecoderLayout) -> str:
+def _vocab_name(model: Any, layout: DecoderLayout | EncoderLayout) -> str:
     """The parameter name of the LM head's weight: its own, or the tied token table's."""
-    return "lm_head" if "lm_head" in model.parameters() else layout.embed
+    if "lm_head" in model.parameters() or not isinstance(layout, DecoderLayout):
+        return "lm_head"
+    return layout.embed
 
 
 def _check_top(model: Any, record: Record, d_logits: ArrayLike | None,
@@ -380,7 +416,7 @@ def _check_top(model: Any, record: Record, d_logits: ArrayLike | None,
     return arrays
 
 
-def _top_gradient(model: Any, layout: DecoderLayout, record: Record,
+def _top_gradient(model: Any, layout: DecoderLayout | EncoderLayout, record: Record,
                   arrays: dict[str, np.ndarray], grads: dict[str, np.ndarray]) -> np.ndarray:
     """The gradient with respect to the final norm's output (rows, d): d_hidden plus the LM
     head's chain rule on d_logits, whose weight gradient is added into grads."""
@@ -440,7 +476,7 @@ def _forward_record(model: Any, layout: DecoderLayout, ids: np.ndarray, mask: np
     buffer, groups = _carve(model.dtype, shapes + [("resid_pre", (rows, d)),
                                                    ("hidden", (rows, d))])
     layers = [LayerRecord(**g) for g in groups[:L]]
-    resid_final, hidden = groups[L]["resid_pre"], groups[L]["hidden"]
+    norm_input, hidden = groups[L]["resid_pre"], groups[L]["hidden"]
     pad_mask = None if mask.all() else np.ascontiguousarray(mask, dtype=bool)
     params = model.parameters()
     eps = model.config.norm_eps
@@ -448,7 +484,7 @@ def _forward_record(model: Any, layout: DecoderLayout, ids: np.ndarray, mask: np
     attn = np.empty((B, L, H, n, n), dtype=model.dtype) if need_weights else None
 
     # forward: x = tok_emb[ids] (+ pos_emb[0..n))
-    x = layers[0].resid_pre if L else resid_final
+    x = layers[0].resid_pre if L else norm_input
     x[...] = ops.embedding(params[layout.embed], ids)
     if layout.positions is not None:
         ops.embedding(params[layout.positions], np.broadcast_to(np.arange(n), (B, n)), out=x)
@@ -468,12 +504,12 @@ def _forward_record(model: Any, layout: DecoderLayout, ids: np.ndarray, mask: np
         np.copyto(r.pre, ops.linear(r.ln2, model._dense((i, w_in), p[w_in]), p.get(b_in)))
         _core.activation(r.pre, act=model._act | (ops.GATED if layout.gated else 0),
                          out=r.post)
-        nxt = layers[i + 1].resid_pre if i + 1 < L else resid_final
+        nxt = layers[i + 1].resid_pre if i + 1 < L else norm_input
         np.copyto(nxt, r.resid_mid)
         ops.linear(r.post, model._dense((i, w_out), p[w_out]), p.get(b_out), out=nxt)
     gain, bias = layout.final
-    _norm(resid_final, params[gain], params.get(bias or ""), eps, out=hidden)
-    record = Record(buffer=buffer, layers=layers, resid_final=resid_final, hidden=hidden,
+    _norm(norm_input, params[gain], params.get(bias or ""), eps, out=hidden)
+    record = Record(buffer=buffer, layers=layers, norm_input=norm_input, hidden=hidden,
                     ids=ids, pad_mask=pad_mask, head_mask=head_mask, single=False)
     return record, attn
 
@@ -558,16 +594,15 @@ def _backward(model: Any, layout: DecoderLayout, record: Record, top: np.ndarray
     output."""
     B, n = record.ids.shape
     rows = B * n
-    L, H, H_kv, dh, d = (model.n_layers, model.n_heads, model.n_kv_heads, model.d_head,
-                         model.d_model)
+    L, H, d = model.n_layers, model.n_heads, model.d_model
     eps = model.config.norm_eps
     params = model.parameters()
     keep = Keeper(wanted)
     d_head_mask = np.zeros((L, H), dtype=model.dtype)
-    # forward: hidden = norm_f(resid_final)
+    # forward: hidden = norm_f(norm_input)
     dx = np.zeros((rows, d), dtype=model.dtype)
     gain, bias = layout.final
-    _norm_backward(top, record.resid_final, params[gain], eps, dx, grads, layout.final)
+    _norm_backward(top, record.norm_input, params[gain], eps, dx, grads, layout.final)
     for i in reversed(range(L)):
         p, r, g = model.layers[i], record.layers[i], f"layers.{i}."
         lg = {k[len(g):]: v for k, v in grads.items() if k.startswith(g)}

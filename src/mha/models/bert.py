@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import ops
-from .backward import Differentiable
+from .backward import Differentiable, EncoderLayout
 from .base import TransformerModel
 from .hooks import NO_HOOKS, HookPoints
 
@@ -60,6 +60,7 @@ class BertModel(Differentiable, TransformerModel):
     """
     causal = False
     anchor = "embeddings.word_embeddings.weight"
+    _grad_layout = EncoderLayout()
     # checkpoint names: the embeddings, then one layer's, with {i} its index
     names = dict(
         positions="embeddings.position_embeddings.weight",
