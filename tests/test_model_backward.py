@@ -190,6 +190,9 @@ def test_backward_of_logits_matches_torch(tiny, family, dtype):
                                            d_logits=d_logits)
     enc = model(ids, mask, backward=True)
     assert enc.logits.shape == d_logits.shape
+    plain = model(ids, mask)                # the recording forward computes the same
+    assert relative(enc.hidden_states, plain.hidden_states) <= TOL[dtype]
+    assert relative(enc.attentions, plain.attentions) <= TOL[dtype]
     L = model.n_layers
     wrt = ["hook_embed", *(f"blocks.{l}.hook_resid_pre" for l in range(L)),
            *(f"blocks.{l}.attn.hook_pattern" for l in range(L))]
@@ -311,6 +314,8 @@ def test_bad_input_changes_nothing(tiny):
     model(ids, mask, backward=True)
     again = [model.backward(d_logits=d_logits, retain=True)["wte"] for _ in range(2)]
     assert np.array_equal(*again)
+    import pickle
+    assert pickle.loads(pickle.dumps(model))._record is None     # kept in this process only
     with pytest.raises(ValueError, match="labels has shape"):
         model.loss_and_grads(ids, ids[:, :3], mask)
     encoder = mha.models.load(tiny("roberta")[0])
@@ -390,6 +395,9 @@ def test_encoder_backward_matches_torch(tiny, tiny_bert, family, dtype):
         expected[name] = np.concatenate(arrays, axis=-1)
 
     enc = model(ids, mask, type_ids, backward=True)
+    plain = model(ids, mask, type_ids)
+    assert relative(enc.hidden_states, plain.hidden_states) <= TOL[dtype]
+    assert relative(enc.attentions, plain.attentions) <= TOL[dtype]
     assert np.abs(enc.last_hidden_state - out.last_hidden_state.detach().numpy()).max() < 1e-4
     L = model.n_layers
     grads = model.backward(d_hidden=d_hidden, wrt=[f"blocks.{l}.hook_resid_pre"

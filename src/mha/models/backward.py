@@ -142,11 +142,17 @@ BLOCK_POINTS = ("hook_resid_pre", "attn.hook_q", "attn.hook_k", "attn.hook_v",
 
 
 class Differentiable:
-    """What a pre-norm decoder adds for gradients: ``model(..., backward=True)``,
-    :meth:`backward` and :meth:`loss_and_grads`. A family sets ``_grad_layout``
-    (:class:`DecoderLayout`); without one, ``backward=True`` raises NotImplementedError."""
+    """What a model adds for gradients: ``model(..., backward=True)``, :meth:`backward` and
+    :meth:`loss_and_grads` (causal models). A family sets ``_grad_layout``
+    (:class:`DecoderLayout` for a pre-norm decoder, :class:`EncoderLayout` for the BERT
+    family); without one, ``backward=True`` raises NotImplementedError."""
     _grad_layout: DecoderLayout | EncoderLayout | None = None
     _record: Record | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state: dict[str, Any] = super().__getstate__()  # type: ignore[misc]
+        state.pop("_record", None)          # a forward's activations are not the model's
+        return state
 
     def __call__(self, input_ids: ArrayLike, attention_mask: ArrayLike | None = None,
                  token_type_ids: ArrayLike | None = None, *, need_weights: bool = True,
