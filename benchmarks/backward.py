@@ -1,7 +1,8 @@
 """The whole-model backward of a GPT-2-small-shaped random model against torch eager.
 
-    python benchmarks/backward.py [--threads 2] [--rounds 3] [--batch 4] [--tokens 128]
-                                  [--layers 12] [--json FILE]
+    python benchmarks/backward.py [--case gpt2] [--threads 2] [--rounds 3] [--batch 4]
+                                  [--tokens 128] [--layers 12] [--json FILE]
+    python benchmarks/backward.py --case minilm --batch 1 --tokens 128
 
 One step = the forward that keeps what the backward needs, the next-token cross-entropy and
 every parameter's gradient: mha ``model.loss_and_grads(ids)`` (the C core's chunked
@@ -12,6 +13,11 @@ positions by default), on ``--threads`` threads (mha.set_num_threads, torch.set_
 torch is imported first. Each round times one untimed step, then one step of each peer in
 turn (the first peer alternates); reported: the median step over the rounds and the spread
 (lowest and highest), and the two losses (they agree to float32 rounding).
+
+``--case minilm``: a random BERT of all-MiniLM-L6-v2's shape (6 layers, 384 wide, 12 heads,
+MLP 1536, vocab 30,522): mha ``model(ids, backward=True)`` then ``model.backward(d_hidden=g)``
+against transformers' BertModel's forward and ``last_hidden_state.backward(g)``, g a fixed
+random gradient; the "loss" column then shows sum(g * last hidden state).
 """
 import argparse
 import json
@@ -38,13 +44,32 @@ def build(layers, seed=0):
     return ref, ours
 
 
+def build_minilm(layers, seed=0):
+    """(transformers BertModel, mha BertModel) with the same random MiniLM-shaped weights."""
+    import torch
+    import transformers
+
+    import mha.models
+    from mha.models.config import ModelConfig
+
+    torch.manual_seed(seed)
+    config = transformers.BertConfig(vocab_size=30522, hidden_size=384, num_hidden_layers=layers,
+                                     num_attention_heads=12, intermediate_size=1536)
+    ref = transformers.BertModel(config, add_pooling_layer=False).eval()
+    checkpoint = {k: v.detach().numpy() for k, v in ref.state_dict().items()}
+    raw = dict(config.to_dict(), model_type="bert")
+    ours = mha.models.BertModel(ModelConfig.from_dict(raw), checkpoint, name="minilm-random")
+    return ref, ours
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--case", choices=("gpt2", "minilm"), default="gpt2")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--layers", type=int, help="default 12 (gpt2), 6 (minilm)")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
 
@@ -52,18 +77,32 @@ def main(argv=None):
     import mha
     torch.set_num_threads(args.threads)
     mha.set_num_threads(args.threads)
-    ref, ours = build(args.layers)
-    ids = np.random.default_rng(1).integers(0, 50257, size=(args.batch, args.tokens))
+    gpt2 = args.case == "gpt2"
+    args.layers = args.layers or (12 if gpt2 else 6)
+    ref, ours = (build if gpt2 else build_minilm)(args.layers)
+    vocab = ours.config.vocab_size
+    ids = np.random.default_rng(1).integers(0, vocab, size=(args.batch, args.tokens))
     ids_t = torch.from_numpy(ids)
+    g = np.random.default_rng(2).standard_normal((args.batch, args.tokens, ours.d_model)
+                                                  ).astype(np.float32)
+    g_t = torch.from_numpy(g)
 
     def torch_step():
         ref.zero_grad(set_to_none=True)
-        loss = ref(input_ids=ids_t, labels=ids_t).loss
-        loss.backward()
-        return float(loss.detach())
+        if gpt2:
+            loss = ref(input_ids=ids_t, labels=ids_t).loss
+            loss.backward()
+            return float(loss.detach())
+        out = ref(input_ids=ids_t).last_hidden_state
+        out.backward(g_t)
+        return float((out.detach() * g_t).sum())
 
     def mha_step():
-        return ours.loss_and_grads(ids)[0]
+        if gpt2:
+            return ours.loss_and_grads(ids)[0]
+        enc = ours(ids, need_weights=False, backward=True)
+        ours.backward(d_hidden=g)
+        return float((enc.last_hidden_state * g).sum())
 
     peers = {"mha": mha_step, "torch": torch_step}
     times = {name: [] for name in peers}
@@ -76,8 +115,9 @@ def main(argv=None):
             times[name].append(time.perf_counter() - start)
     result = {name: dict(median=float(np.median(t)), low=float(min(t)), high=float(max(t)),
                          loss=losses[name]) for name, t in times.items()}
-    print(f"GPT-2 shape: {args.layers} layers x 768, vocab 50257; {args.batch} x {args.tokens} "
-          f"tokens; {args.threads} threads; {args.rounds} rounds")
+    shape = "GPT-2: {} layers x 768, vocab 50257" if gpt2 else "MiniLM: {} layers x 384"
+    print(f"{shape.format(args.layers)}; {args.batch} x {args.tokens} tokens; "
+          f"{args.threads} threads; {args.rounds} rounds")
     for name, r in result.items():
         print(f"  {name:6s} step {r['median']:.3f} s  (spread {r['low']:.3f} - "
               f"{r['high']:.3f})  loss {r['loss']:.6f}")
