@@ -318,6 +318,10 @@ def test_bad_input_changes_nothing(tiny):
     assert pickle.loads(pickle.dumps(model))._record is None     # kept in this process only
     with pytest.raises(ValueError, match="labels has shape"):
         model.loss_and_grads(ids, ids[:, :3], mask)
+    with pytest.raises(ValueError, match="labels must lie in"):
+        model.loss_and_grads(ids, ids + model.config.vocab_size, mask)
+    model.loss_and_grads(ids, None, mask)                # leaves the user's record alone
+    assert np.array_equal(model.backward(d_logits=d_logits)["wte"], again[0])
     encoder = mha.models.load(tiny("roberta")[0])
     encoder(ids, mask, backward=True)
     with pytest.raises(ValueError, match="has no logits: give d_hidden"):

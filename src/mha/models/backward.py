@@ -348,13 +348,19 @@ class Differentiable:
             if targets.shape != ids_2d.shape:
                 raise ValueError(f"labels has shape {np.shape(labels)} but ids has "
                                  f"{np.shape(ids)}")
+        vocab = model.config.vocab_size
+        if not np.all((targets == -100) | ((targets >= 0) & (targets < vocab))):
+            raise ValueError(f"labels must lie in [0, {vocab}) or be -100 (ignored)")
         shifted = np.full(targets.shape, -100, dtype=np.int64)      # position i -> label i+1
         shifted[:, :-1] = targets[:, 1:]
         wanted = _check_wrt(model, wrt)
-        self._run_recorded(ids_2d, attention_mask, None, False, False)
-        record = self._record
+        kept = self._record                 # a record of the user's own forward stays
+        try:
+            self._run_recorded(ids_2d, attention_mask, None, False, False)
+            record = self._record
+        finally:
+            self._record = kept
         assert record is not None
-        self._record = None
         grads = {name: np.zeros_like(a) for name, a in model.parameters().items()}
         top = np.zeros_like(record.hidden)
         # forward: loss = cross_entropy(hidden W_vocab^T, labels shifted by one)
