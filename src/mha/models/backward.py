@@ -136,7 +136,8 @@ def _carve(dtype: Any, shapes: Sequence[tuple[str, tuple[int, ...]]]
 
 #: activation gradients ``wrt`` may name, per block (TransformerLens's hook names)
 BLOCK_POINTS = ("hook_resid_pre", "attn.hook_q", "attn.hook_k", "attn.hook_v",
-                "attn.hook_rot_q", "attn.hook_rot_k", "attn.hook_pattern", "attn.hook_z",
+                "attn.hook_rot_q", "attn.hook_rot_k", "attn.hook_attn_scores",
+                "attn.hook_pattern", "attn.hook_z",
                 "hook_attn_out", "hook_resid_mid", "mlp.hook_pre", "mlp.hook_pre_linear",
                 "mlp.hook_post", "hook_mlp_out", "hook_resid_post")
 
@@ -557,10 +558,8 @@ def _attend_backward(model: Any, i: int, r: Any, record: Record, d_heads: np.nda
     d_head_mask[i] = np.einsum("bhnd,bhnd->h", d_att, r.att)
     if record.head_mask is not None:
         d_att *= record.head_mask[i][None, :, None, None]
-    if keep.wants(i, "attn.hook_pattern"):
-        from .base import _grouped_products
-        keep(i, "attn.hook_pattern", _grouped_products(d_att, r.v, trans_b=True),
-             (B, H, n, n))
+    if keep.wants(i, "attn.hook_pattern") or keep.wants(i, "attn.hook_attn_scores"):
+        _pattern_gradients(model, i, r, record, d_att, keep)
     # forward: att = attention(q, k, v)
     dq, dk, dv = _core.attention_backward(
         d_att, r.q, r.k, r.v, key_padding_mask=record.pad_mask, out=r.att, lse=r.lse,
@@ -579,6 +578,27 @@ def _attend_backward(model: Any, i: int, r: Any, record: Record, d_heads: np.nda
     keep(i, "attn.hook_k", parts[:, :, H:H + H_kv], (B, n, H_kv, dh))
     keep(i, "attn.hook_v", parts[:, :, H + H_kv:], (B, n, H_kv, dh))
     return d_qkv
+
+
+def _pattern_gradients(model: Any, i: int, r: Any, record: Record, d_att: np.ndarray,
+                       keep: Any) -> None:
+    """The gradients of layer i's pattern P and scores S, each (B, H, n, n): dP = d_att v^T
+    at every entry (masked keys included), dS = P * (dP - rowsum(dP * P)), 0 at masked keys;
+    P recomputed from q, k and the kept log-sum-exp."""
+    from .base import _grouped_products
+    B, H, n, _ = r.q.shape
+    d_pattern = _grouped_products(d_att, r.v, trans_b=True).reshape(B, H, n, n)
+    keep(i, "attn.hook_pattern", d_pattern, (B, H, n, n))
+    if not keep.wants(i, "attn.hook_attn_scores"):
+        return
+    # forward: P = softmax(S), S = scale q k^T (-inf at masked keys)
+    scores = _grouped_products(r.q, r.k, trans_b=True).reshape(B, H, n, n)
+    pattern = np.exp(scores * model.attention_scale(i) - r.lse[..., None])
+    allowed = model._allowed(i, n, n, record.pad_mask)
+    if allowed is not None:
+        pattern = np.where(allowed, pattern, 0)
+    d_scores = pattern * (d_pattern - np.sum(d_pattern * pattern, axis=-1, keepdims=True))
+    keep(i, "attn.hook_attn_scores", d_scores, (B, H, n, n))
 
 
 class Keeper:

@@ -31,7 +31,7 @@ __all__ = ["EncoderLayerRecord", "ENCODER_POINTS"]
 
 #: activation gradients ``wrt`` may name, per block (TransformerLens's HookedEncoder names)
 ENCODER_POINTS = ("hook_resid_pre", "attn.hook_q", "attn.hook_k", "attn.hook_v",
-                  "attn.hook_pattern", "attn.hook_z", "hook_attn_out", "hook_resid_mid",
+                  "attn.hook_attn_scores", "attn.hook_pattern", "attn.hook_z", "hook_attn_out", "hook_resid_mid",
                   "mlp.hook_pre", "mlp.hook_post", "hook_mlp_out", "hook_resid_post",
                   "hook_normalized_resid_post")
 
