@@ -137,9 +137,9 @@ def _carve(dtype: Any, shapes: Sequence[tuple[str, tuple[int, ...]]]
 #: activation gradients ``wrt`` may name, per block (TransformerLens's hook names)
 BLOCK_POINTS = ("hook_resid_pre", "attn.hook_q", "attn.hook_k", "attn.hook_v",
                 "attn.hook_rot_q", "attn.hook_rot_k", "attn.hook_attn_scores",
-                "attn.hook_pattern", "attn.hook_z",
-                "hook_attn_out", "hook_resid_mid", "mlp.hook_pre", "mlp.hook_pre_linear",
-                "mlp.hook_post", "hook_mlp_out", "hook_resid_post")
+                "attn.hook_pattern", "attn.hook_z", "attn.hook_result", "hook_attn_out",
+                "hook_resid_mid", "mlp.hook_pre", "mlp.hook_pre_linear", "mlp.hook_post",
+                "hook_mlp_out", "hook_resid_post")
 
 
 class Differentiable:
@@ -580,6 +580,15 @@ def _attend_backward(model: Any, i: int, r: Any, record: Record, d_heads: np.nda
     return d_qkv
 
 
+def _keep_result(keep: Any, i: int, d_attn_out: np.ndarray, B: int, n: int, H: int,
+                 d: int) -> None:
+    """attn.hook_result (B, n, H, d): each head's z_h W_o^(h), summed (plus b_o) into the
+    attention's output, so each head's gradient is the output's."""
+    if keep.wants(i, "attn.hook_result"):
+        keep(i, "attn.hook_result", np.broadcast_to(d_attn_out.reshape(B, n, 1, d),
+                                                     (B, n, H, d)), (B, n, H, d))
+
+
 def _pattern_gradients(model: Any, i: int, r: Any, record: Record, d_att: np.ndarray,
                        keep: Any) -> None:
     """The gradients of layer i's pattern P and scores S, each (B, H, n, n): dP = d_att v^T
@@ -658,6 +667,7 @@ def _backward(model: Any, layout: DecoderLayout, record: Record, top: np.ndarray
         _norm_backward(d_ln2, r.resid_mid, p[layout.ln2[0]], eps, dx, lg, layout.ln2)
         keep(i, "hook_resid_mid", dx, (B, n, d))
         keep(i, "hook_attn_out", dx, (B, n, d))
+        _keep_result(keep, i, dx, B, n, H, d)
         # forward: resid_mid = resid_pre + heads W_o + b_o
         W_qkv, b_qkv, W_o, b_o = layout.attention
         d_heads = _core.linear_backward(dx, r.heads, p[W_o], bias=p.get(b_o), db=lg[W_o],

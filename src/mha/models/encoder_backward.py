@@ -25,14 +25,15 @@ import numpy as np
 from mha import _core
 
 from . import ops
-from .backward import Keeper, Record, _attend, _attend_backward, _carve
+from .backward import Keeper, Record, _attend, _attend_backward, _carve, _keep_result
 
 __all__ = ["EncoderLayerRecord", "ENCODER_POINTS"]
 
 #: activation gradients ``wrt`` may name, per block (TransformerLens's HookedEncoder names)
 ENCODER_POINTS = ("hook_resid_pre", "attn.hook_q", "attn.hook_k", "attn.hook_v",
-                  "attn.hook_attn_scores", "attn.hook_pattern", "attn.hook_z", "hook_attn_out", "hook_resid_mid",
-                  "mlp.hook_pre", "mlp.hook_post", "hook_mlp_out", "hook_resid_post",
+                  "attn.hook_attn_scores", "attn.hook_pattern", "attn.hook_z",
+                  "attn.hook_result", "hook_attn_out", "hook_resid_mid", "mlp.hook_pre",
+                  "mlp.hook_post", "hook_mlp_out", "hook_resid_post",
                   "hook_normalized_resid_post")
 
 
@@ -157,6 +158,7 @@ def backward(model: Any, record: Record, top: np.ndarray, wanted: list[str],
                                        dgain=lg["ln_1_weight"], dbias=lg["ln_1_bias"])[0]
         keep(i, "hook_resid_mid", da, (B, n, d))
         keep(i, "hook_attn_out", da, (B, n, d))
+        _keep_result(keep, i, da, B, n, H, d)
         # forward: a = x + heads W_o + b_o
         d_heads = _core.linear_backward(da, r.heads, p["W_o"], bias=p["b_o"], db=lg["W_o"],
                                         dbias=lg["b_o"])[0]
