@@ -285,7 +285,6 @@ class Differentiable:
             raise RuntimeError("backward needs the state of a forward: run "
                                "model(ids, attention_mask, backward=True) first (each "
                                "backward uses it up unless retain=True)")
-        B, n = record.ids.shape
         wanted = _check_wrt(model, wrt)
         arrays = _check_top(model, record, d_logits, d_hidden)
         grads = {name: np.zeros_like(a) for name, a in model.parameters().items()}
