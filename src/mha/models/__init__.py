@@ -25,6 +25,12 @@ activations named ``hook_embed``, ``blocks.{l}.attn.hook_pattern``, ... in an
 :class:`ActivationCache`, and ``model.run_with_hooks(text, fwd_hooks=[(name, fn)])`` reads or
 replaces them mid-forward (:mod:`mha.models.hooks`).
 
+Every model differentiates on the C core: ``model(ids, mask, backward=True)`` keeps what the
+backward reads, ``model.backward(d_logits=..., d_hidden=..., wrt=[hook names, "head_mask"])``
+returns the gradient of every parameter and of the activations named, and causal models'
+``model.loss_and_grads(ids)`` the next-token cross-entropy with its gradients
+(:mod:`mha.models.backward`, :mod:`mha.models.encoder_backward`).
+
 Probes of a model's heads (positional pattern classification, the coreference probe, the
 ambiguous sentences) are in :mod:`mha.models.probes`.
 """

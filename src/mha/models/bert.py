@@ -20,11 +20,12 @@ from __future__ import annotations
 import numpy as np
 
 from . import ops
+from .backward import Differentiable, EncoderLayout
 from .base import TransformerModel
 from .hooks import NO_HOOKS, HookPoints
 
 
-class BertModel(TransformerModel):
+class BertModel(Differentiable, TransformerModel):
     """Run a BERT-family encoder (model_type "bert") in NumPy on mha's C kernels.
 
     Parameters
@@ -59,6 +60,7 @@ class BertModel(TransformerModel):
     """
     causal = False
     anchor = "embeddings.word_embeddings.weight"
+    _grad_layout = EncoderLayout()
     # checkpoint names: the embeddings, then one layer's, with {i} its index
     names = dict(
         positions="embeddings.position_embeddings.weight",

@@ -19,12 +19,13 @@ import numpy as np
 
 from ..layer_base import KVCache
 from . import ops
+from .backward import DecoderLayout, Differentiable
 from .base import TransformerModel
 from .causal import CausalLM
 from .hooks import NO_HOOKS, HookPoints
 
 
-class GPT2Model(CausalLM, TransformerModel):
+class GPT2Model(CausalLM, Differentiable, TransformerModel):
     """Run GPT-2 (model_type "gpt2") in NumPy on mha's C attention kernels.
 
     Parameters
@@ -53,6 +54,10 @@ class GPT2Model(CausalLM, TransformerModel):
     """
     anchor = "wte.weight"
     _pos_embed = True
+    _grad_layout = DecoderLayout(
+        ln1=("ln_1_weight", "ln_1_bias"), ln2=("ln_2_weight", "ln_2_bias"),
+        final=("ln_f_weight", "ln_f_bias"), attention=("W_qkv", "b_qkv", "W_o", "b_o"),
+        mlp=("W_fc", "b_fc", "W_proj", "b_proj"), gated=False, embed="wte", positions="wpe")
 
     def _load(self, read):
         cfg = self.config

@@ -29,12 +29,13 @@ import numpy as np
 
 from ..layer_base import KVCache
 from . import ops
+from .backward import DecoderLayout, Differentiable
 from .base import TransformerModel
 from .causal import CausalLM
 from .hooks import NO_HOOKS, HookPoints
 
 
-class LlamaModel(CausalLM, TransformerModel):
+class LlamaModel(CausalLM, Differentiable, TransformerModel):
     """Run a LLaMA-family decoder (model_type "llama", "qwen2", "mistral") on mha's C kernels.
 
     Grouped-query attention runs on the kernel's own GQA (no repeated keys).
@@ -66,6 +67,11 @@ class LlamaModel(CausalLM, TransformerModel):
     anchor = "embed_tokens.weight"
     rotary = True
     _gated = True
+    _grad_layout = DecoderLayout(
+        ln1=("input_norm", None), ln2=("post_attention_norm", None), final=("norm", None),
+        attention=("W_qkv", "b_qkv", "W_o", "b_o"), mlp=("W_gate_up", "b_gate_up", "W_down",
+                                                          "b_down"),
+        gated=True, embed="embed_tokens", positions=None)
 
     def _load(self, read):
         cfg = self.config

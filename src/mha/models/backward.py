@@ -1,0 +1,689 @@
+"""Gradients through a whole pre-norm decoder (GPT-2, the LLaMA family) on the C core;
+the BERT family's post-norm blocks are in :mod:`mha.models.encoder_backward`.
+
+``model(ids, mask, backward=True)`` runs a forward that keeps, in one :class:`Record`
+carved from one allocation, every activation the backward reads; ``model.backward(d_logits,
+d_hidden, wrt)`` walks the layers in reverse, each step under the forward line it
+differentiates, and adds (``+=``) every gradient into its array, so that the residual
+branches sum without special cases. ``model.loss_and_grads`` is the next-token
+cross-entropy on the C core's chunked softmax cross-entropy over the LM head (never the
+whole (tokens, vocab) gradient at once).
+
+The forward of one block, as recorded (B texts of n tokens, rows = B * n; d the width; H
+query heads and H_kv key/value heads of d_head; f the MLP width, 2f columns of ``pre`` when
+the MLP is gated)::
+
+    ln1   = norm_1(resid_pre)                                  # LayerNorm or RMSNorm
+    q, k, v = split(ln1 W_qkv + b_qkv)        (rope(q), rope(k) in the LLaMA family)
+    att   = attention(q, k, v, causal, padding [, window])     # lse kept beside it
+    heads = merge(att) * head_mask
+    resid_mid = resid_pre + heads W_o + b_o
+    ln2   = norm_2(resid_mid)
+    pre   = ln2 W_in + b_in ;  post = act(pre)                 # act(gate) * up when gated
+    resid_post = resid_mid + post W_out + b_out                 # the next block's resid_pre
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from mha import _core
+
+from . import ops
+
+__all__ = ["Differentiable", "DecoderLayout", "EncoderLayout", "Record", "LayerRecord"]
+
+
+@dataclass(frozen=True)
+class DecoderLayout:
+    """The parameter names of a pre-norm decoder, as its ``parameters()`` and ``layers`` name
+    them: what the generic backward needs to know of a family.
+
+    ln1, ln2, final: (gain, bias or None) of the norms (bias None: RMSNorm); attention: the
+    layer's (W_qkv, b_qkv, W_o, b_o); mlp: (W_in, b_in, W_out, b_out); gated: W_in holds
+    [W_gate | W_up]; embed: the token table; positions: the learned position table or None.
+    Absent biases are simply missing from the layer's dict.
+    """
+    ln1: tuple[str, str | None]
+    ln2: tuple[str, str | None]
+    final: tuple[str, str | None]
+    attention: tuple[str, str, str, str]
+    mlp: tuple[str, str, str, str]
+    gated: bool
+    embed: str
+    positions: str | None
+
+
+@dataclass(frozen=True)
+class EncoderLayout:
+    """The BERT family's post-norm blocks (:mod:`mha.models.encoder_backward`), with the
+    names BertModel gives its weights."""
+
+
+@dataclass
+class LayerRecord:
+    """What one block's backward reads, written by its forward (views of the Record's one
+    buffer). rows = B * n tokens.
+
+    resid_pre (rows, d): the block's input; ln1 (rows, d): norm_1's output; q (B, H, n,
+    d_head), k, v (B, H_kv, n, d_head): C-contiguous, after the rotary embedding; att (B, H,
+    n, d_head): the attention's output before head_mask; lse (B, H, n): its row log-sum-exp;
+    heads (rows, H * d_head): att merged per token, times head_mask; resid_mid (rows, d);
+    ln2 (rows, d); pre (rows, f or 2f): the MLP's first product with its bias; post (rows,
+    f): its activation.
+    """
+    resid_pre: np.ndarray
+    ln1: np.ndarray
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    att: np.ndarray
+    lse: np.ndarray
+    heads: np.ndarray
+    resid_mid: np.ndarray
+    ln2: np.ndarray
+    pre: np.ndarray
+    post: np.ndarray
+
+
+@dataclass
+class Record:
+    """Everything the backward of one forward reads: a :class:`LayerRecord` per block (an
+    encoder's: :class:`mha.models.encoder_backward.EncoderLayerRecord`), ``norm_input``
+    (rows, d): the input of the norm outside the blocks (a decoder's final norm: the last
+    block's output; an encoder's embedding norm: the embeddings' sum), the model's last
+    hidden state ``hidden`` (rows, d),
+    all carved from ``buffer`` (one allocation); the forward's ids (B, n), padding mask (B,
+    n) bool or None, head_mask (L, H) or None, whether the input was one text, and an
+    encoder's token types (B, n) or None."""
+    buffer: np.ndarray
+    layers: list[Any]
+    norm_input: np.ndarray
+    hidden: np.ndarray
+    ids: np.ndarray
+    pad_mask: np.ndarray | None
+    head_mask: np.ndarray | None
+    single: bool
+    type_ids: np.ndarray | None = None
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes the record holds."""
+        return int(self.buffer.nbytes)
+
+
+def _carve(dtype: Any, shapes: Sequence[tuple[str, tuple[int, ...]]]
+           ) -> tuple[np.ndarray, list[dict[str, np.ndarray]]]:
+    """One buffer for every (name, shape), and C-contiguous views of it -> (buffer, [views
+    by name]) in the order given; a name repeats once per group (a new dict when the first
+    name comes back)."""
+    total = sum(int(np.prod(s)) for _, s in shapes)
+    buffer = np.empty(total, dtype=dtype)
+    groups: list[dict[str, np.ndarray]] = []
+    start = 0
+    first = shapes[0][0]
+    for name, shape in shapes:
+        if name == first:
+            groups.append({})
+        size = int(np.prod(shape))
+        groups[-1][name] = buffer[start:start + size].reshape(shape)
+        start += size
+    return buffer, groups
+
+
+#: activation gradients ``wrt`` may name, per block (TransformerLens's hook names)
+BLOCK_POINTS = ("hook_resid_pre", "attn.hook_q", "attn.hook_k", "attn.hook_v",
+                "attn.hook_rot_q", "attn.hook_rot_k", "attn.hook_attn_scores",
+                "attn.hook_pattern", "attn.hook_z", "attn.hook_result", "hook_attn_out",
+                "hook_resid_mid", "mlp.hook_pre", "mlp.hook_pre_linear", "mlp.hook_post",
+                "hook_mlp_out", "hook_resid_post")
+
+
+class Differentiable:
+    """What a model adds for gradients: ``model(..., backward=True)``, :meth:`backward` and
+    :meth:`loss_and_grads` (causal models). A family sets ``_grad_layout``
+    (:class:`DecoderLayout` for a pre-norm decoder, :class:`EncoderLayout` for the BERT
+    family); without one, ``backward=True`` raises NotImplementedError."""
+    _grad_layout: DecoderLayout | EncoderLayout | None = None
+    _record: Record | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state: dict[str, Any] = super().__getstate__()  # type: ignore[misc]
+        state.pop("_record", None)          # a forward's activations are not the model's
+        return state
+
+    def __call__(self, input_ids: ArrayLike, attention_mask: ArrayLike | None = None,
+                 token_type_ids: ArrayLike | None = None, *, need_weights: bool = True,
+                 head_mask: ArrayLike | None = None, backward: bool = False) -> Any:
+        """Run the model on token ids (see ``TransformerModel.__call__``).
+
+        Parameters
+        ----------
+        input_ids : array_like of int, shape (n,) or (B, n)
+            Token ids in [0, vocab_size).
+        attention_mask : array_like of bool, shape of ``input_ids``, optional
+            True / 1 = real token, False / 0 = padding.
+        token_type_ids : array_like of int, shape of ``input_ids``, optional
+            BERT segment ids.
+        need_weights : bool, default True
+            Compute and keep the attention weights.
+        head_mask : array_like, shape (n_layers, n_heads), optional
+            Multipliers on each head's output.
+        backward : bool, default False
+            Keep what :meth:`backward` needs (the model's ``_record``, replaced by each such
+            call); causal models then also fill the Encoding's ``logits``.
+
+        Returns
+        -------
+        Encoding
+            Tokens, ids, hidden states, attentions (and logits with ``backward``).
+        """
+        if not backward:
+            return super().__call__(input_ids, attention_mask,  # type: ignore[misc]
+                                    token_type_ids, need_weights=need_weights,
+                                    head_mask=head_mask)
+        return self._run_recorded(input_ids, attention_mask, head_mask, need_weights, True,
+                                  token_type_ids)
+
+    def _run_recorded(self, input_ids: ArrayLike, attention_mask: ArrayLike | None,
+                      head_mask: ArrayLike | None, need_weights: bool, logits: bool,
+                      token_type_ids: ArrayLike | None = None) -> Any:
+        """The forward that keeps its Record (``self._record``) -> an Encoding (with logits
+        for a causal model when ``logits``)."""
+        layout = self._need_layout()
+        model: Any = self
+        ids = np.asarray(input_ids)
+        single = ids.ndim == 1
+        ids = model._check_ids(np.atleast_2d(ids))
+        B, n = ids.shape
+        mask = (np.ones((B, n), bool) if attention_mask is None
+                else np.asarray(attention_mask).astype(bool).reshape(B, n))
+        if head_mask is not None:
+            head_mask = np.asarray(head_mask, dtype=model.dtype)
+            if head_mask.shape != (model.n_layers, model.n_heads):
+                raise ValueError(f"head_mask must have shape (n_layers, n_heads) = "
+                                 f"{(model.n_layers, model.n_heads)}, got {head_mask.shape}")
+        type_ids = (np.zeros((B, n), np.int64) if token_type_ids is None
+                    else np.asarray(token_type_ids).astype(np.int64).reshape(B, n))
+        if isinstance(layout, EncoderLayout):
+            from . import encoder_backward
+            record, attn = encoder_backward.forward_record(model, ids, mask, type_ids,
+                                                           head_mask, need_weights)
+        else:
+            record, attn = _forward_record(model, layout, ids, mask, head_mask, need_weights)
+        record.single = single
+        self._record = record
+        from .base import Encoding, _unbatch
+        hidden = np.empty((B, model.n_layers + 1, n, model.d_model), dtype=model.dtype)
+        for i, r in enumerate(record.layers):
+            hidden[:, i] = r.resid_pre.reshape(B, n, -1)
+        hidden[:, -1] = record.hidden.reshape(B, n, -1)
+        tokens = None
+        if model.tokenizer is not None:
+            tokens = [[model.tokenizer.id_to_token(i) for i in row[m]]
+                      for row, m in zip(ids, mask)]
+        enc = Encoding(tokens=tokens, input_ids=ids, attention_mask=mask, hidden_states=hidden,
+                       attentions=attn, token_type_ids=type_ids)
+        if model.causal and logits:
+            enc.logits = ops.unembed(record.hidden, model._lm_head()).reshape(B, n, -1)
+        if single:
+            enc = _unbatch(enc)
+            if enc.logits is not None:
+                enc.logits = enc.logits[0]
+        return enc
+
+    def _need_layout(self) -> DecoderLayout | EncoderLayout:
+        if self._grad_layout is None:
+            raise NotImplementedError(
+                f"backward=True is built for GPT-2, the LLaMA and the BERT families, not "
+                f"for {type(self).__name__}")
+        return self._grad_layout
+
+    def backward(self, d_logits: ArrayLike | None = None, d_hidden: ArrayLike | None = None,
+                 wrt: Sequence[str] = (), *, retain: bool = False) -> dict[str, np.ndarray]:
+        """Back-propagate through the last ``model(..., backward=True)``.
+
+        Parameters
+        ----------
+        d_logits : array_like, shape (B, n, vocab) or (n, vocab), optional
+            The gradient of the output with respect to the logits (causal models).
+        d_hidden : array_like, shape (B, n, d_model) or (n, d_model), optional
+            The gradient with respect to the last hidden state (after the final norm); added
+            to the one from ``d_logits`` when both are given.
+        wrt : sequence of str, optional
+            Activations to return the gradient of, by hook name (``hook_embed``,
+            ``hook_pos_embed``, ``blocks.{l}.hook_resid_pre``, ``blocks.{l}.attn.hook_pattern``,
+            ``blocks.{l}.attn.hook_z``, ... see ``BLOCK_POINTS``), and ``head_mask`` (the
+            gradient with respect to the multipliers on each head's output, (L, H), at the
+            forward's head_mask or at ones).
+        retain : bool, default False
+            Keep the forward's record for another backward (as torch's ``retain_graph``).
+
+        Returns
+        -------
+        dict of str to ndarray
+            The gradient of every parameter by the names of ``parameters()`` (same shapes),
+            then one entry per name of ``wrt``, batch first as the activation cache holds it
+            ((1, ...) for one text).
+
+        Raises
+        ------
+        RuntimeError
+            No forward with ``backward=True`` since the last backward.
+        ValueError
+            Neither gradient given, or one of the wrong shape.
+        KeyError
+            A name of ``wrt`` that is no differentiable hook point of the model.
+        """
+        layout = self._need_layout()
+        model: Any = self
+        record = self._record
+        if record is None:
+            raise RuntimeError("backward needs the state of a forward: run "
+                               "model(ids, attention_mask, backward=True) first (each "
+                               "backward uses it up unless retain=True)")
+        wanted = _check_wrt(model, wrt)
+        arrays = _check_top(model, record, d_logits, d_hidden)
+        grads = {name: np.zeros_like(a) for name, a in model.parameters().items()}
+        top = _top_gradient(model, layout, record, arrays, grads)
+        if isinstance(layout, EncoderLayout):
+            from . import encoder_backward
+            encoder_backward.backward(model, record, top, wanted, grads)
+        else:
+            _backward(model, layout, record, top, wanted, grads)
+        if not retain:
+            self._record = None
+        return grads
+
+    def loss_and_grads(self, ids: ArrayLike, labels: ArrayLike | None = None,
+                       attention_mask: ArrayLike | None = None, *, wrt: Sequence[str] = ()
+                       ) -> tuple[float, dict[str, np.ndarray]]:
+        """The next-token cross-entropy of a causal LM and its gradients.
+
+        Logits at position i are scored against labels[i + 1] (shifted as transformers'
+        ``*ForCausalLM`` does), mean over the labels that are not -100, on the C core's
+        chunked cross-entropy (the (tokens, vocab) logits are never held whole).
+
+        Parameters
+        ----------
+        ids : array_like of int, shape (n,) or (B, n)
+            Token ids.
+        labels : array_like of int, shape of ``ids``, optional
+            The targets (-100: ignored); default the ids, with padding (attention_mask 0)
+            ignored. transformers counts padding unless its labels say -100 there.
+        attention_mask : array_like of bool, shape of ``ids``, optional
+            True / 1 = real token, False / 0 = padding.
+        wrt : sequence of str, optional
+            Activations to return the gradient of, as in :meth:`backward`.
+
+        Returns
+        -------
+        loss : float
+            The mean cross-entropy.
+        grads : dict of str to ndarray
+            The gradient of every parameter (by the names of ``parameters()``) and of each
+            name of ``wrt``.
+
+        Raises
+        ------
+        TypeError
+            An encoder (no next-token loss).
+        ValueError
+            Labels of another shape than the ids, or out of the vocabulary.
+        """
+        layout = self._need_layout()
+        model: Any = self
+        if not model.causal or not isinstance(layout, DecoderLayout):
+            raise TypeError(f"{type(self).__name__} is no causal LM: use backward(d_hidden=...)")
+        ids_2d = np.atleast_2d(np.asarray(ids))
+        if labels is None:
+            targets = ids_2d.astype(np.int64).copy()
+            if attention_mask is not None:
+                targets[~np.asarray(attention_mask).astype(bool).reshape(ids_2d.shape)] = -100
+        else:
+            targets = np.atleast_2d(np.asarray(labels)).astype(np.int64)
+            if targets.shape != ids_2d.shape:
+                raise ValueError(f"labels has shape {np.shape(labels)} but ids has "
+                                 f"{np.shape(ids)}")
+        vocab = model.config.vocab_size
+        if not np.all((targets == -100) | ((targets >= 0) & (targets < vocab))):
+            raise ValueError(f"labels must lie in [0, {vocab}) or be -100 (ignored)")
+        shifted = np.full(targets.shape, -100, dtype=np.int64)      # position i -> label i+1
+        shifted[:, :-1] = targets[:, 1:]
+        wanted = _check_wrt(model, wrt)
+        kept = self._record                 # a record of the user's own forward stays
+        try:
+            self._run_recorded(ids_2d, attention_mask, None, False, False)
+            record = self._record
+        finally:
+            self._record = kept
+        assert record is not None
+        grads = {name: np.zeros_like(a) for name, a in model.parameters().items()}
+        top = np.zeros_like(record.hidden)
+        # forward: loss = cross_entropy(hidden W_vocab^T, labels shifted by one)
+        loss, _, _ = _core.cross_entropy(record.hidden, model._vocab_matrix(),
+                                         shifted.reshape(-1), trans_w=True, d_hidden=top,
+                                         d_w=grads[_vocab_name(model, layout)])
+        _backward(model, layout, record, top, wanted, grads)
+        return float(loss), grads
+
+
+def _check_wrt(model: Any, wrt: Sequence[str]) -> list[str]:
+    """The names of ``wrt`` after checking them against the model's differentiable points."""
+    if isinstance(wrt, str):
+        wrt = [wrt]
+    if isinstance(model._grad_layout, EncoderLayout):
+        from .encoder_backward import encoder_points
+        valid = encoder_points(model)
+        for name in wrt:
+            if name not in valid:
+                raise KeyError(f"{name!r} is no hook point the backward reaches; expected "
+                               f"one of {sorted(p for p in valid if 'blocks.' not in p)} "
+                               f"or blocks.{{l}}.<a block's point>")
+        return list(wrt)
+    points = {"hook_embed", "head_mask"}
+    if model._grad_layout.positions is not None:
+        points.add("hook_pos_embed")
+    block = [p for p in BLOCK_POINTS if (model.rotary or "rot_" not in p)
+             and (model._grad_layout.gated or p != "mlp.hook_pre_linear")]
+    points.update(f"blocks.{l}.{p}" for l in range(model.n_layers) for p in block)
+    for name in wrt:
+        if name not in points:
+            raise KeyError(f"{name!r} is no hook point the backward reaches; expected "
+                           f"head_mask, hook_embed or blocks.{{l}}.<one of {block}>")
+    return list(wrt)
+
+
+def _vocab_name(model: Any, layout: DecoderLayout | EncoderLayout) -> str:
+    """The parameter name of the LM head's weight: its own, or the tied token table's."""
+    if "lm_head" in model.parameters() or not isinstance(layout, DecoderLayout):
+        return "lm_head"
+    return layout.embed
+
+
+def _check_top(model: Any, record: Record, d_logits: ArrayLike | None,
+               d_hidden: ArrayLike | None) -> dict[str, np.ndarray]:
+    """d_logits (rows, vocab) and d_hidden (rows, d) of the model's dtype, by name, after
+    checking their shapes against the forward's (nothing is written before)."""
+    B, n = record.ids.shape
+    rows, d = record.hidden.shape
+    lead = (n,) if record.single else (B, n)
+    arrays = {}
+    for name, value, width in (("d_logits", d_logits, model.config.vocab_size),
+                               ("d_hidden", d_hidden, d)):
+        if value is None:
+            continue
+        if name == "d_logits" and not model.causal:
+            raise ValueError(f"{type(model).__name__} has no logits: give d_hidden")
+        a = np.asarray(value)
+        if a.shape != (*lead, width):
+            raise ValueError(f"{name} must have shape {(*lead, width)} (the forward's), "
+                             f"got {a.shape}")
+        arrays[name] = np.ascontiguousarray(a, dtype=model.dtype).reshape(rows, width)
+    if not arrays:
+        raise ValueError("give d_logits or d_hidden (the gradient of the output)")
+    return arrays
+
+
+def _top_gradient(model: Any, layout: DecoderLayout | EncoderLayout, record: Record,
+                  arrays: dict[str, np.ndarray], grads: dict[str, np.ndarray]) -> np.ndarray:
+    """The gradient with respect to the final norm's output (rows, d): d_hidden plus the LM
+    head's chain rule on d_logits, whose weight gradient is added into grads."""
+    top = arrays["d_hidden"].copy() if "d_hidden" in arrays else np.zeros_like(record.hidden)
+    if "d_logits" in arrays:
+        # forward: logits = hidden W_vocab^T
+        _core.linear_backward(arrays["d_logits"], record.hidden, model._vocab_matrix(),
+                              trans_b=True, da=top, db=grads[_vocab_name(model, layout)])
+    return top
+
+
+def _norm(x: np.ndarray, gain: np.ndarray, bias: np.ndarray | None, eps: float,
+          out: np.ndarray) -> None:
+    """out = LayerNorm (bias given) or RMSNorm (bias None) of x (rows, d)."""
+    if bias is None:
+        _core.rms_norm(x, gain=gain, eps=eps, out=out)
+    else:
+        _core.layer_norm(x, gain=gain, bias=bias, eps=eps, out=out)
+
+
+def _norm_backward(d_y: np.ndarray, x: np.ndarray, gain: np.ndarray, eps: float,
+                   dx: np.ndarray, grads: dict[str, np.ndarray], names: tuple[str, str | None]
+                   ) -> None:
+    """dx += the norm's input gradient; the gain's (and bias') gradients added into grads."""
+    if names[1] is None:
+        _core.rms_norm_backward(d_y, x, gain=gain, eps=eps, dx=dx, dgain=grads[names[0]])
+    else:
+        _core.layer_norm_backward(d_y, x, gain=gain, eps=eps, dx=dx, dgain=grads[names[0]],
+                                  dbias=grads[names[1]])
+
+
+def _attention_options(model: Any, layer: int, B: int, H: int, n: int) -> dict[str, Any]:
+    """The attention kernel's mask options of one layer (sliding window), causal and scale."""
+    band = model._band(layer, n, n)
+    return dict(mask=None if band is None else np.broadcast_to(band, (B, H, n, n)),
+                causal=model.causal, scale=model.attention_scale(layer))
+
+
+def _forward_record(model: Any, layout: DecoderLayout, ids: np.ndarray, mask: np.ndarray,
+                    head_mask: np.ndarray | None, need_weights: bool
+                    ) -> tuple[Record, np.ndarray | None]:
+    """The forward of a pre-norm decoder on the C kernels, writing every activation the
+    backward reads into one Record -> (record, attentions (B, L, H, n, n) or None)."""
+    B, n = ids.shape
+    rows = B * n
+    L, H, H_kv, dh, d = (model.n_layers, model.n_heads, model.n_kv_heads, model.d_head,
+                         model.d_model)
+    W_in = model.layers[0][layout.mlp[0]]
+    f_in = W_in.shape[1]
+    f = f_in // 2 if layout.gated else f_in
+    shapes: list[tuple[str, tuple[int, ...]]] = []
+    for _ in range(L):
+        shapes += [("resid_pre", (rows, d)), ("ln1", (rows, d)), ("q", (B, H, n, dh)),
+                   ("k", (B, H_kv, n, dh)), ("v", (B, H_kv, n, dh)), ("att", (B, H, n, dh)),
+                   ("lse", (B, H, n)), ("heads", (rows, H * dh)), ("resid_mid", (rows, d)),
+                   ("ln2", (rows, d)), ("pre", (rows, f_in)), ("post", (rows, f))]
+    buffer, groups = _carve(model.dtype, shapes + [("resid_pre", (rows, d)),
+                                                   ("hidden", (rows, d))])
+    layers = [LayerRecord(**g) for g in groups[:L]]
+    norm_input, hidden = groups[L]["resid_pre"], groups[L]["hidden"]
+    pad_mask = None if mask.all() else np.ascontiguousarray(mask, dtype=bool)
+    params = model.parameters()
+    eps = model.config.norm_eps
+    rope = model._rope(0, n) if model.rotary else None
+    attn = np.empty((B, L, H, n, n), dtype=model.dtype) if need_weights else None
+
+    # forward: x = tok_emb[ids] (+ pos_emb[0..n))
+    x = layers[0].resid_pre if L else norm_input
+    x[...] = ops.embedding(params[layout.embed], ids)
+    if layout.positions is not None:
+        ops.embedding(params[layout.positions], np.broadcast_to(np.arange(n), (B, n)), out=x)
+    for i, (p, r) in enumerate(zip(model.layers, layers)):
+        W_qkv, b_qkv, W_o, b_o = layout.attention
+        _norm(r.resid_pre, p[layout.ln1[0]], p.get(layout.ln1[1] or ""), eps, out=r.ln1)
+        qkv = ops.linear(r.ln1, model._dense((i, W_qkv), p[W_qkv]), p.get(b_qkv))
+        if rope is not None:
+            ops.rope_(qkv, H + H_kv, dh, *rope)
+        for dst, src in zip((r.q, r.k, r.v), ops.split_heads(qkv, B, n, (H, H_kv, H_kv), dh)):
+            np.copyto(dst, src)
+        _attend(model, i, r, pad_mask, head_mask, attn)
+        np.copyto(r.resid_mid, r.resid_pre)
+        ops.linear(r.heads, model._dense((i, W_o), p[W_o]), p.get(b_o), out=r.resid_mid)
+        _norm(r.resid_mid, p[layout.ln2[0]], p.get(layout.ln2[1] or ""), eps, out=r.ln2)
+        w_in, b_in, w_out, b_out = layout.mlp
+        np.copyto(r.pre, ops.linear(r.ln2, model._dense((i, w_in), p[w_in]), p.get(b_in)))
+        _core.activation(r.pre, act=model._act | (ops.GATED if layout.gated else 0),
+                         out=r.post)
+        nxt = layers[i + 1].resid_pre if i + 1 < L else norm_input
+        np.copyto(nxt, r.resid_mid)
+        ops.linear(r.post, model._dense((i, w_out), p[w_out]), p.get(b_out), out=nxt)
+    gain, bias = layout.final
+    _norm(norm_input, params[gain], params.get(bias or ""), eps, out=hidden)
+    record = Record(buffer=buffer, layers=layers, norm_input=norm_input, hidden=hidden,
+                    ids=ids, pad_mask=pad_mask, head_mask=head_mask, single=False)
+    return record, attn
+
+
+def _attend(model: Any, i: int, r: Any, pad_mask: np.ndarray | None,
+            head_mask: np.ndarray | None, attn: np.ndarray | None) -> None:
+    """Layer i's attention on the record r's q, k, v: r.att and r.lse, then r.heads (the
+    heads merged per token, times head_mask); the weights into attn[:, i] when given."""
+    B, H, n, dh = r.q.shape
+    _, weights, lse = _core.attention_forward(
+        r.q, r.k, r.v, key_padding_mask=pad_mask, need_weights=attn is not None,
+        return_lse=True, out=r.att, **_attention_options(model, i, B, H, n))
+    np.copyto(r.lse, lse)
+    if attn is not None:
+        attn[:, i] = weights
+    merged = r.heads.reshape(B, n, H, dh)
+    np.copyto(merged, r.att.transpose(0, 2, 1, 3))
+    if head_mask is not None:
+        merged *= head_mask[i][None, None, :, None]
+
+
+def _attend_backward(model: Any, i: int, r: Any, record: Record, d_heads: np.ndarray,
+                     d_head_mask: np.ndarray, keep: Any) -> np.ndarray:
+    """The backward of :func:`_attend` and of the rotary embedding before it: d_heads (rows,
+    H * d_head) -> d_qkv (rows, (H + 2 H_kv) d_head), the gradient of the fused q/k/v
+    product's output; d_head_mask[i] set; keep(layer, point, value, shape) offered the
+    activation gradients on the way."""
+    B, H, n, dh = r.q.shape
+    H_kv = r.k.shape[1]
+    keep(i, "attn.hook_z", d_heads, (B, n, H, dh))
+    # forward: heads = merge(att) * head_mask
+    d_att = np.ascontiguousarray(d_heads.reshape(B, n, H, dh).transpose(0, 2, 1, 3))
+    d_head_mask[i] = np.einsum("bhnd,bhnd->h", d_att, r.att)
+    if record.head_mask is not None:
+        d_att *= record.head_mask[i][None, :, None, None]
+    if keep.wants(i, "attn.hook_pattern") or keep.wants(i, "attn.hook_attn_scores"):
+        _pattern_gradients(model, i, r, record, d_att, keep)
+    # forward: att = attention(q, k, v)
+    dq, dk, dv = _core.attention_backward(
+        d_att, r.q, r.k, r.v, key_padding_mask=record.pad_mask, out=r.att, lse=r.lse,
+        **_attention_options(model, i, B, H, n))
+    d_qkv = np.empty((B * n, (H + 2 * H_kv) * dh), dtype=model.dtype)
+    for dst, src in zip(ops.split_heads(d_qkv, B, n, (H, H_kv, H_kv), dh), (dq, dk, dv)):
+        np.copyto(dst, src)
+    parts = d_qkv.reshape(B, n, H + 2 * H_kv, dh)
+    if model.rotary:
+        keep(i, "attn.hook_rot_q", parts[:, :, :H], (B, n, H, dh))
+        keep(i, "attn.hook_rot_k", parts[:, :, H:H + H_kv], (B, n, H_kv, dh))
+        # forward: q, k = rope(q), rope(k)
+        cos, sin = model._rope(0, n)
+        _core.rope_backward(d_qkv, heads=H + H_kv, d_head=dh, cos=cos, sin=sin)
+    keep(i, "attn.hook_q", parts[:, :, :H], (B, n, H, dh))
+    keep(i, "attn.hook_k", parts[:, :, H:H + H_kv], (B, n, H_kv, dh))
+    keep(i, "attn.hook_v", parts[:, :, H + H_kv:], (B, n, H_kv, dh))
+    return d_qkv
+
+
+def _keep_result(keep: Any, i: int, d_attn_out: np.ndarray, B: int, n: int, H: int,
+                 d: int) -> None:
+    """attn.hook_result (B, n, H, d): each head's z_h W_o^(h), summed (plus b_o) into the
+    attention's output, so each head's gradient is the output's."""
+    if keep.wants(i, "attn.hook_result"):
+        keep(i, "attn.hook_result", np.broadcast_to(d_attn_out.reshape(B, n, 1, d),
+                                                     (B, n, H, d)), (B, n, H, d))
+
+
+def _pattern_gradients(model: Any, i: int, r: Any, record: Record, d_att: np.ndarray,
+                       keep: Any) -> None:
+    """The gradients of layer i's pattern P and scores S, each (B, H, n, n): dP = d_att v^T
+    at every entry (masked keys included), dS = P * (dP - rowsum(dP * P)), 0 at masked keys;
+    P recomputed from q, k and the kept log-sum-exp."""
+    from .base import _grouped_products
+    B, H, n, _ = r.q.shape
+    d_pattern = _grouped_products(d_att, r.v, trans_b=True).reshape(B, H, n, n)
+    keep(i, "attn.hook_pattern", d_pattern, (B, H, n, n))
+    if not keep.wants(i, "attn.hook_attn_scores"):
+        return
+    # forward: P = softmax(S), S = scale q k^T (-inf at masked keys)
+    scores = _grouped_products(r.q, r.k, trans_b=True).reshape(B, H, n, n)
+    pattern = np.exp(scores * model.attention_scale(i) - r.lse[..., None])
+    allowed = model._allowed(i, n, n, record.pad_mask)
+    if allowed is not None:
+        pattern = np.where(allowed, pattern, 0)
+    d_scores = pattern * (d_pattern - np.sum(d_pattern * pattern, axis=-1, keepdims=True))
+    keep(i, "attn.hook_attn_scores", d_scores, (B, H, n, n))
+
+
+class Keeper:
+    """Collects the activation gradients asked for: ``keep(layer, point, value, shape)``
+    copies value into ``out`` under its hook name when that name was asked."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self.names = set(names)
+        self.out: dict[str, np.ndarray] = {}
+
+    def wants(self, layer: int | None, point: str) -> bool:
+        return (point if layer is None else f"blocks.{layer}.{point}") in self.names
+
+    def __call__(self, layer: int | None, point: str, value: np.ndarray,
+                 shape: tuple[int, ...]) -> None:
+        if self.wants(layer, point):
+            name = point if layer is None else f"blocks.{layer}.{point}"
+            self.out[name] = np.array(value).reshape(shape)
+
+
+def _backward(model: Any, layout: DecoderLayout, record: Record, top: np.ndarray,
+              wanted: list[str], grads: dict[str, np.ndarray]) -> None:
+    """Add every parameter's gradient into ``grads`` (which holds the LM head's already) and
+    put those of ``wanted`` there, from the gradient ``top`` (rows, d) of the final norm's
+    output."""
+    B, n = record.ids.shape
+    rows = B * n
+    L, H, d = model.n_layers, model.n_heads, model.d_model
+    eps = model.config.norm_eps
+    params = model.parameters()
+    keep = Keeper(wanted)
+    d_head_mask = np.zeros((L, H), dtype=model.dtype)
+    # forward: hidden = norm_f(norm_input)
+    dx = np.zeros((rows, d), dtype=model.dtype)
+    gain, bias = layout.final
+    _norm_backward(top, record.norm_input, params[gain], eps, dx, grads, layout.final)
+    for i in reversed(range(L)):
+        p, r, g = model.layers[i], record.layers[i], f"layers.{i}."
+        lg = {k[len(g):]: v for k, v in grads.items() if k.startswith(g)}
+        w_in, b_in, w_out, b_out = layout.mlp
+        keep(i, "hook_resid_post", dx, (B, n, d))
+        keep(i, "hook_mlp_out", dx, (B, n, d))
+        # forward: resid_post = resid_mid + post W_out + b_out
+        d_post = _core.linear_backward(dx, r.post, p[w_out], bias=p.get(b_out), db=lg[w_out],
+                                       dbias=lg.get(b_out))[0]
+        keep(i, "mlp.hook_post", d_post, (B, n, -1))
+        # forward: post = act(pre)   (act(gate) * up when gated)
+        act = model._act | (ops.GATED if layout.gated else 0)
+        d_pre = _core.activation_backward(d_post, r.pre, act=act)
+        f = d_post.shape[1]
+        keep(i, "mlp.hook_pre", d_pre[:, :f], (B, n, f))
+        keep(i, "mlp.hook_pre_linear", d_pre[:, f:], (B, n, f))
+        # forward: pre = ln2 W_in + b_in
+        d_ln2 = _core.linear_backward(d_pre, r.ln2, p[w_in], bias=p.get(b_in), db=lg[w_in],
+                                      dbias=lg.get(b_in))[0]
+        # forward: ln2 = norm_2(resid_mid)   (dx already holds the residual branch)
+        _norm_backward(d_ln2, r.resid_mid, p[layout.ln2[0]], eps, dx, lg, layout.ln2)
+        keep(i, "hook_resid_mid", dx, (B, n, d))
+        keep(i, "hook_attn_out", dx, (B, n, d))
+        _keep_result(keep, i, dx, B, n, H, d)
+        # forward: resid_mid = resid_pre + heads W_o + b_o
+        W_qkv, b_qkv, W_o, b_o = layout.attention
+        d_heads = _core.linear_backward(dx, r.heads, p[W_o], bias=p.get(b_o), db=lg[W_o],
+                                        dbias=lg.get(b_o))[0]
+        d_qkv = _attend_backward(model, i, r, record, d_heads, d_head_mask, keep)
+        # forward: q, k, v = split(ln1 W_qkv + b_qkv)
+        d_ln1 = _core.linear_backward(d_qkv, r.ln1, p[W_qkv], bias=p.get(b_qkv),
+                                      db=lg[W_qkv], dbias=lg.get(b_qkv))[0]
+        # forward: ln1 = norm_1(resid_pre)
+        _norm_backward(d_ln1, r.resid_pre, p[layout.ln1[0]], eps, dx, lg, layout.ln1)
+        keep(i, "hook_resid_pre", dx, (B, n, d))
+    # forward: x = tok_emb[ids] (+ pos_emb[0..n))
+    _core.embedding_backward(dx, record.ids.reshape(-1), vocab=model.config.vocab_size,
+                             d_table=grads[layout.embed])
+    if layout.positions is not None:
+        grads[layout.positions][:n] += dx.reshape(B, n, d).sum(axis=0)
+    keep(None, "hook_embed", dx, (B, n, d))
+    keep(None, "hook_pos_embed", dx, (B, n, d))
+    keep(None, "head_mask", d_head_mask, (L, H))
+    grads.update((name, keep.out[name]) for name in wanted)
