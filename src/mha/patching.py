@@ -123,6 +123,21 @@ def generic_activation_patch(model: Any, corrupted_tokens: str | Sequence[str] |
         An unknown axis, both or neither of ``index_axis_names`` and ``index_df``, a cell out
         of range, a clean cache of another shape than the corrupted run, or a metric that is
         not a scalar.
+
+    Examples
+    --------
+    Each head's output at the last position only, on MiniLM (6 layers, 12 heads):
+
+    >>> model = mha.models.load("minilm")
+    >>> _, clean_cache = model.run_with_cache("The cat sat")
+    >>> def last_head(corrupted, index, clean):
+    ...     _, head = index
+    ...     corrupted[:, -1, head] = clean[:, -1, head]
+    >>> scores = generic_activation_patch(model, "The dog sat", clean_cache,
+    ...     lambda hidden: hidden[-1, 0], last_head, "z", ("layer", "head"),
+    ...     progress=False)
+    >>> scores.shape
+    (6, 12)
     """
     run = _CorruptedRun(model, corrupted_tokens)
     head_count = model.n_heads
@@ -258,6 +273,12 @@ def layer_pos_patch_setter(corrupted_activation: np.ndarray, index: Sequence[int
     -------
     ndarray
         ``corrupted_activation``, patched in place.
+
+    Examples
+    --------
+    >>> corrupted, clean = np.zeros((1, 3, 2)), np.ones((1, 3, 2))
+    >>> layer_pos_patch_setter(corrupted, (0, 1), clean)[0, :, 0]
+    array([0., 1., 0.])
     """
     _, pos = index
     corrupted_activation[:, pos] = clean_activation[:, pos]
@@ -279,6 +300,13 @@ def layer_pos_head_vector_patch_setter(corrupted_activation: np.ndarray, index: 
     -------
     ndarray
         ``corrupted_activation``, patched in place.
+
+    Examples
+    --------
+    >>> corrupted, clean = np.zeros((1, 2, 3, 1)), np.ones((1, 2, 3, 1))
+    >>> layer_pos_head_vector_patch_setter(corrupted, (0, 1, 2), clean)[0, :, :, 0]
+    array([[0., 0., 0.],
+           [0., 0., 1.]])
     """
     _, pos, head = index
     corrupted_activation[:, pos, head] = clean_activation[:, pos, head]
@@ -300,6 +328,13 @@ def layer_head_vector_patch_setter(corrupted_activation: np.ndarray, index: Sequ
     -------
     ndarray
         ``corrupted_activation``, patched in place.
+
+    Examples
+    --------
+    >>> corrupted, clean = np.zeros((1, 2, 3, 1)), np.ones((1, 2, 3, 1))
+    >>> layer_head_vector_patch_setter(corrupted, (0, 2), clean)[0, :, :, 0]
+    array([[0., 0., 1.],
+           [0., 0., 1.]])
     """
     _, head = index
     corrupted_activation[:, :, head] = clean_activation[:, :, head]
@@ -321,6 +356,12 @@ def layer_head_pattern_patch_setter(corrupted_activation: np.ndarray, index: Seq
     -------
     ndarray
         ``corrupted_activation``, patched in place.
+
+    Examples
+    --------
+    >>> corrupted, clean = np.zeros((1, 2, 2, 2)), np.ones((1, 2, 2, 2))
+    >>> layer_head_pattern_patch_setter(corrupted, (0, 1), clean).sum(axis=(2, 3))
+    array([[0., 4.]])
     """
     _, head = index
     corrupted_activation[:, head] = clean_activation[:, head]
@@ -342,6 +383,13 @@ def layer_head_pos_pattern_patch_setter(corrupted_activation: np.ndarray, index:
     -------
     ndarray
         ``corrupted_activation``, patched in place.
+
+    Examples
+    --------
+    >>> corrupted, clean = np.zeros((1, 2, 2, 2)), np.ones((1, 2, 2, 2))
+    >>> layer_head_pos_pattern_patch_setter(corrupted, (0, 1, 0), clean)[0, 1]
+    array([[1., 1.],
+           [0., 0.]])
     """
     _, head, dest = index
     corrupted_activation[:, head, dest] = clean_activation[:, head, dest]
@@ -364,6 +412,13 @@ def layer_head_dest_src_pos_pattern_patch_setter(corrupted_activation: np.ndarra
     -------
     ndarray
         ``corrupted_activation``, patched in place.
+
+    Examples
+    --------
+    >>> corrupted, clean = np.zeros((1, 2, 2, 2)), np.ones((1, 2, 2, 2))
+    >>> layer_head_dest_src_pos_pattern_patch_setter(corrupted, (0, 1, 1, 0), clean)[0, 1]
+    array([[0., 0.],
+           [1., 0.]])
     """
     _, head, dest, src = index
     corrupted_activation[:, head, dest, src] = clean_activation[:, head, dest, src]
@@ -371,6 +426,11 @@ def layer_head_dest_src_pos_pattern_patch_setter(corrupted_activation: np.ndarra
 
 
 # --- one function per kind of activation ---------------------------------------------------------
+
+def _example_shape(axes: tuple[str, ...]) -> tuple[int, ...]:
+    """The result's shape for MiniLM (6 layers, 12 heads) on 5 tokens."""
+    return tuple({"layer": 6, "head": 12, "head_index": 12}.get(a, 5) for a in axes)
+
 
 def _sweep(function_name: str, activation_name: str, setter: PatchSetter,
            axes: tuple[str, ...], what: str, shape: str) -> Callable[..., np.ndarray]:
@@ -404,59 +464,72 @@ def _sweep(function_name: str, activation_name: str, setter: PatchSetter,
     -------
     ndarray of float64, shape {shape}
         The metric of each patched run.
+
+    Examples
+    --------
+    >>> model = mha.models.load("minilm")          # 6 layers of 12 heads; 5 tokens here
+    >>> _, clean_cache = model.run_with_cache("The cat sat")
+    >>> def metric(hidden):           # one text: hidden (n, d); [CLS]'s first feature
+    ...     return hidden[0, 0]
+    >>> {function_name}(model, "The dog sat", clean_cache, metric,
+    ...     progress=False).shape
+    {_example_shape(axes)}
     """
     patch.__name__ = patch.__qualname__ = function_name
     return patch
 
 
+# the axes swept: (layer, pos), (layer, pos, head), (layer, head), and the patterns' own
 _LP, _LPH, _LH = ("layer", "pos"), ("layer", "pos", "head"), ("layer", "head")
+_LHI, _LHD = ("layer", "head_index"), ("layer", "head_index", "dest_pos")
+_LHDS = ("layer", "head_index", "dest_pos", "src_pos")
 get_act_patch_resid_pre = _sweep(
-    "get_act_patch_resid_pre", "resid_pre", layer_pos_patch_setter, _LP, "the residual stream at the start of each block "
-    "(by position)", "(n_layers, pos)")
+    "get_act_patch_resid_pre", "resid_pre", layer_pos_patch_setter, _LP,
+    "the residual stream at the start of each block, by position", "(n_layers, pos)")
 get_act_patch_resid_mid = _sweep(
-    "get_act_patch_resid_mid", "resid_mid", layer_pos_patch_setter, _LP, "the residual stream between each block's "
-    "attention and MLP (by position)", "(n_layers, pos)")
+    "get_act_patch_resid_mid", "resid_mid", layer_pos_patch_setter, _LP,
+    "the residual stream between each block's attention and MLP, by position", "(n_layers, pos)")
 get_act_patch_attn_out = _sweep(
-    "get_act_patch_attn_out", "attn_out", layer_pos_patch_setter, _LP, "the output of each attention layer (by "
-    "position)", "(n_layers, pos)")
+    "get_act_patch_attn_out", "attn_out", layer_pos_patch_setter, _LP,
+    "the output of each attention layer, by position", "(n_layers, pos)")
 get_act_patch_mlp_out = _sweep(
-    "get_act_patch_mlp_out", "mlp_out", layer_pos_patch_setter, _LP, "the output of each MLP (by position)",
-    "(n_layers, pos)")
+    "get_act_patch_mlp_out", "mlp_out", layer_pos_patch_setter, _LP,
+    "the output of each MLP, by position", "(n_layers, pos)")
 get_act_patch_attn_head_out_by_pos = _sweep(
-    "get_act_patch_attn_head_out_by_pos", "z", layer_pos_head_vector_patch_setter, _LPH, "the output (z) of each attention head "
-    "at each position", "(n_layers, pos, n_heads)")
+    "get_act_patch_attn_head_out_by_pos", "z", layer_pos_head_vector_patch_setter, _LPH,
+    "the output (z) of each attention head at each position", "(n_layers, pos, n_heads)")
 get_act_patch_attn_head_q_by_pos = _sweep(
-    "get_act_patch_attn_head_q_by_pos", "q", layer_pos_head_vector_patch_setter, _LPH, "the queries of each head at each "
-    "position", "(n_layers, pos, n_heads)")
+    "get_act_patch_attn_head_q_by_pos", "q", layer_pos_head_vector_patch_setter, _LPH,
+    "the queries of each head at each position", "(n_layers, pos, n_heads)")
 get_act_patch_attn_head_k_by_pos = _sweep(
-    "get_act_patch_attn_head_k_by_pos", "k", layer_pos_head_vector_patch_setter, _LPH, "the keys of each key/value head at each "
-    "position", "(n_layers, pos, n_kv_heads)")
+    "get_act_patch_attn_head_k_by_pos", "k", layer_pos_head_vector_patch_setter, _LPH,
+    "the keys of each key/value head at each position", "(n_layers, pos, n_kv_heads)")
 get_act_patch_attn_head_v_by_pos = _sweep(
-    "get_act_patch_attn_head_v_by_pos", "v", layer_pos_head_vector_patch_setter, _LPH, "the values of each key/value head at "
-    "each position", "(n_layers, pos, n_kv_heads)")
+    "get_act_patch_attn_head_v_by_pos", "v", layer_pos_head_vector_patch_setter, _LPH,
+    "the values of each key/value head at each position", "(n_layers, pos, n_kv_heads)")
 get_act_patch_attn_head_pattern_by_pos = _sweep(
-    "get_act_patch_attn_head_pattern_by_pos", "pattern", layer_head_pos_pattern_patch_setter, ("layer", "head_index", "dest_pos"),
-    "each head's attention pattern, one query row at a time",
-    "(n_layers, n_heads, dest_pos)")
+    "get_act_patch_attn_head_pattern_by_pos", "pattern", layer_head_pos_pattern_patch_setter, _LHD,
+    "each head's attention pattern, one query row at a time", "(n_layers, n_heads, dest_pos)")
 get_act_patch_attn_head_pattern_dest_src_pos = _sweep(
-    "get_act_patch_attn_head_pattern_dest_src_pos", "pattern", layer_head_dest_src_pos_pattern_patch_setter,
-    ("layer", "head_index", "dest_pos", "src_pos"), "each entry of each head's attention "
-    "pattern", "(n_layers, n_heads, dest_pos, src_pos)")
+    "get_act_patch_attn_head_pattern_dest_src_pos", "pattern",
+    layer_head_dest_src_pos_pattern_patch_setter, _LHDS,
+    "each entry of each head's attention pattern", "(n_layers, n_heads, dest_pos, src_pos)")
 get_act_patch_attn_head_out_all_pos = _sweep(
-    "get_act_patch_attn_head_out_all_pos", "z", layer_head_vector_patch_setter, _LH, "the output (z) of each attention head at "
-    "every position", "(n_layers, n_heads)")
+    "get_act_patch_attn_head_out_all_pos", "z", layer_head_vector_patch_setter, _LH,
+    "the output (z) of each attention head at every position", "(n_layers, n_heads)")
 get_act_patch_attn_head_q_all_pos = _sweep(
-    "get_act_patch_attn_head_q_all_pos", "q", layer_head_vector_patch_setter, _LH, "the queries of each head at every position",
-    "(n_layers, n_heads)")
+    "get_act_patch_attn_head_q_all_pos", "q", layer_head_vector_patch_setter, _LH,
+    "the queries of each head at every position", "(n_layers, n_heads)")
 get_act_patch_attn_head_k_all_pos = _sweep(
-    "get_act_patch_attn_head_k_all_pos", "k", layer_head_vector_patch_setter, _LH, "the keys of each key/value head at every "
-    "position", "(n_layers, n_kv_heads)")
+    "get_act_patch_attn_head_k_all_pos", "k", layer_head_vector_patch_setter, _LH,
+    "the keys of each key/value head at every position", "(n_layers, n_kv_heads)")
 get_act_patch_attn_head_v_all_pos = _sweep(
-    "get_act_patch_attn_head_v_all_pos", "v", layer_head_vector_patch_setter, _LH, "the values of each key/value head at every "
-    "position", "(n_layers, n_kv_heads)")
+    "get_act_patch_attn_head_v_all_pos", "v", layer_head_vector_patch_setter, _LH,
+    "the values of each key/value head at every position", "(n_layers, n_kv_heads)")
 get_act_patch_attn_head_pattern_all_pos = _sweep(
-    "get_act_patch_attn_head_pattern_all_pos", "pattern", layer_head_pattern_patch_setter, ("layer", "head_index"), "each head's whole "
-    "attention pattern", "(n_layers, n_heads)")
+    "get_act_patch_attn_head_pattern_all_pos", "pattern", layer_head_pattern_patch_setter, _LHI,
+    "each head's whole attention pattern", "(n_layers, n_heads)")
+
 
 def _stack_heads(parts: list[np.ndarray], n_heads: int) -> np.ndarray:
     """Stack per-head sweeps, k and v (the 3rd and 4th) padded with 0 to n_heads heads."""
@@ -490,6 +563,14 @@ def get_act_patch_attn_head_all_pos_every(model: Any,
     ndarray of float64, shape (5, n_layers, n_heads)
         out (z), q, k, v, pattern; with grouped-query attention the k and v rows hold the
         n_kv_heads key/value heads, then zeros.
+
+    Examples
+    --------
+    >>> model = mha.models.load("minilm")
+    >>> _, clean_cache = model.run_with_cache("The cat sat")
+    >>> get_act_patch_attn_head_all_pos_every(model, "The dog sat", clean_cache,
+    ...     lambda hidden: hidden[0, 0], progress=False).shape
+    (5, 6, 12)
     """
     sweeps = (get_act_patch_attn_head_out_all_pos, get_act_patch_attn_head_q_all_pos,
               get_act_patch_attn_head_k_all_pos, get_act_patch_attn_head_v_all_pos,
@@ -523,6 +604,14 @@ def get_act_patch_attn_head_by_pos_every(model: Any,
     ndarray of float64, shape (5, n_layers, pos, n_heads)
         out (z), q, k, v, pattern (its query rows as positions); k and v padded with zeros
         to n_heads with grouped-query attention.
+
+    Examples
+    --------
+    >>> model = mha.models.load("minilm")
+    >>> _, clean_cache = model.run_with_cache("The cat sat")
+    >>> get_act_patch_attn_head_by_pos_every(model, "The dog sat", clean_cache,
+    ...     lambda hidden: hidden[0, 0], progress=False).shape
+    (5, 6, 5, 12)
     """
     sweeps = (get_act_patch_attn_head_out_by_pos, get_act_patch_attn_head_q_by_pos,
               get_act_patch_attn_head_k_by_pos, get_act_patch_attn_head_v_by_pos)
@@ -554,6 +643,14 @@ def get_act_patch_block_every(model: Any, corrupted_tokens: str | Sequence[str] 
     -------
     ndarray of float64, shape (3, n_layers, pos)
         resid_pre, attn_out, mlp_out.
+
+    Examples
+    --------
+    >>> model = mha.models.load("minilm")
+    >>> _, clean_cache = model.run_with_cache("The cat sat")
+    >>> get_act_patch_block_every(model, "The dog sat", clean_cache,
+    ...     lambda hidden: hidden[0, 0], progress=False).shape
+    (3, 6, 5)
     """
     return np.stack([f(model, corrupted_tokens, clean_cache, metric, progress=progress)
                      for f in (get_act_patch_resid_pre, get_act_patch_attn_out,

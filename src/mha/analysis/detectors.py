@@ -51,7 +51,7 @@ def head_detection_pattern(name: str, ids: ArrayLike) -> np.ndarray:
     array([[0, 0, 0, 0],
            [0, 0, 0, 0],
            [0, 1, 0, 0],
-           [0, 0, 0, 1]])
+           [0, 0, 1, 0]])
     """
     ids = np.asarray(ids).reshape(-1)
     n = len(ids)
@@ -162,8 +162,8 @@ def detect_head(model: Any, seq: str | Sequence[str] | ArrayLike,
         for layer, layer_heads in pairs:
             chosen[layer, list(layer_heads)] = True
     scores = np.full((L, H), -1.0)
-    for layer in np.flatnonzero(chosen.any(axis=1)):
-        weights = np.asarray(cache["pattern", int(layer)], dtype=np.float64)
+    for layer in map(int, np.flatnonzero(chosen.any(axis=1))):
+        weights = np.asarray(cache["pattern", layer], dtype=np.float64)
         if weights.ndim == 4:
             weights = weights[0]
         if weights.shape != (H, n, n):
