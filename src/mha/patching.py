@@ -139,32 +139,10 @@ def generic_activation_patch(model: Any, corrupted_tokens: str | Sequence[str] |
     >>> scores.shape
     (6, 12)
     """
-    run = _CorruptedRun(model, corrupted_tokens)
-    head_count = model.n_heads
-    point = run.hook_name(activation_name, 0).split(".", 2)[-1]
-    if point in ("attn.hook_k", "attn.hook_v", "attn.hook_rot_k"):
-        head_count = model.n_kv_heads
-    ranges = {"layer": model.n_layers, "pos": run.n, "src_pos": run.n, "dest_pos": run.n,
-              "head_index": head_count, "head": head_count}
     if (index_axis_names is None) == (index_df is None):
         raise ValueError("give either index_axis_names or index_df")
-    if index_axis_names is not None:
-        unknown = [a for a in index_axis_names if a not in ranges]
-        if unknown or not index_axis_names or index_axis_names[0] != "layer":
-            raise ValueError(f"index_axis_names must start with 'layer' and name axes of "
-                             f"{AXES}, got {tuple(index_axis_names)}")
-        shape: tuple[int, ...] = tuple(ranges[a] for a in index_axis_names)
-        cells = np.array(list(itertools.product(*map(range, shape))), dtype=np.int64)
-        cells = cells.reshape(-1, len(shape))
-    else:
-        cells = np.asarray(index_df)
-        if cells.ndim != 2 or cells.shape[0] == 0 or cells.dtype.kind not in "iu":
-            raise ValueError(f"index_df must be a non-empty 2-D table of int indices (cells, "
-                             f"axes), got {cells.dtype} {cells.shape}")
-        if cells[:, 0].min() < 0 or cells[:, 0].max() >= model.n_layers:
-            raise ValueError(f"index_df's first column is the layer, in [0, {model.n_layers}),"
-                             f" got [{cells[:, 0].min()}, {cells[:, 0].max()}]")
-        shape = (len(cells),)
+    run = _CorruptedRun(model, corrupted_tokens)
+    cells, shape = _cells(model, run, activation_name, index_axis_names, index_df)
     results = np.empty(len(cells), dtype=np.float64)
     from tqdm.auto import tqdm
 
@@ -182,6 +160,36 @@ def generic_activation_patch(model: Any, corrupted_tokens: str | Sequence[str] |
                 bar.update(len(chunk))
     out = results.reshape(shape)
     return (out, cells) if return_index_df else out
+
+
+def _cells(model: Any, run: _CorruptedRun, activation_name: str,
+           index_axis_names: Sequence[str] | None, index_df: ArrayLike | None
+           ) -> tuple[np.ndarray, tuple[int, ...]]:
+    """The cells of a sweep, an int array (cells, axes) layer first, and the result's shape."""
+    head_count = model.n_heads
+    point = run.hook_name(activation_name, 0).split(".", 2)[-1]
+    if point in ("attn.hook_k", "attn.hook_v", "attn.hook_rot_k"):
+        head_count = model.n_kv_heads
+    ranges = {"layer": model.n_layers, "pos": run.n, "src_pos": run.n, "dest_pos": run.n,
+              "head_index": head_count, "head": head_count}
+    if index_axis_names is not None:
+        unknown = [a for a in index_axis_names if a not in ranges]
+        if unknown or not index_axis_names or index_axis_names[0] != "layer":
+            raise ValueError(f"index_axis_names must start with 'layer' and name axes of "
+                             f"{AXES}, got {tuple(index_axis_names)}")
+        shape: tuple[int, ...] = tuple(ranges[a] for a in index_axis_names)
+        cells = np.array(list(itertools.product(*map(range, shape))), dtype=np.int64)
+        cells = cells.reshape(-1, len(shape))
+    else:
+        cells = np.asarray(index_df)
+        if cells.ndim != 2 or cells.shape[0] == 0 or cells.dtype.kind not in "iu":
+            raise ValueError(f"index_df must be a non-empty 2-D table of int indices (cells, "
+                             f"axes), got {cells.dtype} {cells.shape}")
+        if cells[:, 0].min() < 0 or cells[:, 0].max() >= model.n_layers:
+            raise ValueError(f"index_df's first column is the layer, in [0, {model.n_layers}),"
+                             f" got [{cells[:, 0].min()}, {cells[:, 0].max()}]")
+        shape = (len(cells),)
+    return cells, shape
 
 
 class _CorruptedRun:
