@@ -46,6 +46,7 @@ and docs/beyond_attention.md tabulates them.
 from ._inputs import CONVENTIONS
 from .beyond import HEAD_FUSIONS, attention_flow, attention_rollout, value_norms
 from .clark import CLARK_METRICS, broad_heads, clark_metrics, head_statistic_sums, token_classes
+from .detectors import HEAD_NAMES, detect_head, head_detection_pattern
 from .headmap import classical_mds, head_map, metric_mds
 from .importance import (head_importance_ablation, head_importance_gradient, head_mask_grads,
                          use_head_mask)
@@ -62,4 +63,5 @@ __all__ = [
     "HEAD_FUSIONS", "attention_rollout", "attention_flow", "value_norms",
     "CONVENTIONS", "CLARK_METRICS", "token_classes", "head_statistic_sums", "clark_metrics",
     "broad_heads", "classical_mds", "metric_mds", "head_map",
+    "HEAD_NAMES", "detect_head", "head_detection_pattern",
 ]

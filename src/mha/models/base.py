@@ -950,9 +950,13 @@ class TransformerModel:
 
     def _forward(self, ids: np.ndarray, mask: np.ndarray, type_ids: np.ndarray,
                  need_weights: bool, head_mask: np.ndarray | None,
-                 hooks: HookPoints = NO_HOOKS) -> tuple[np.ndarray, np.ndarray | None]:
+                 hooks: HookPoints = NO_HOOKS, resume: tuple[int, np.ndarray] | None = None
+                 ) -> tuple[np.ndarray, np.ndarray | None]:
         """ids, mask, type_ids: (B, n) -> hidden (B, L+1, n, d), attentions (B, L, H, n, n)
-        or None. ``hooks``: the HookPoints the forward visits (records and changes)."""
+        or None. ``hooks``: the HookPoints the forward visits (records and changes).
+        ``resume``: (layer, x) starts the forward at that layer's ``hook_resid_pre`` with x
+        (B*n, d) C-contiguous, the residual there (written in place): the embeddings and the
+        layers before it are skipped (their hidden states are NaN)."""
         raise NotImplementedError
 
     def _final_norm(self, x: np.ndarray) -> np.ndarray:

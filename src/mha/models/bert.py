@@ -168,19 +168,23 @@ class BertModel(Differentiable, TransformerModel):
 
     def _forward(self, ids: np.ndarray, mask: np.ndarray, type_ids: np.ndarray,
                  need_weights: bool, head_mask: np.ndarray | None,
-                 hooks: HookPoints = NO_HOOKS) -> tuple[np.ndarray, np.ndarray | None]:
+                 hooks: HookPoints = NO_HOOKS, resume: tuple[int, np.ndarray] | None = None
+                 ) -> tuple[np.ndarray, np.ndarray | None]:
         cfg = self.config
         B, n = ids.shape
         L, H, d = cfg.n_layers, cfg.n_heads, cfg.d_model
 
-        x = self._embed(ids, type_ids, hooks)                           # (B*n, d)
-        hooks(None, "hook_full_embed", x, (B, n, d))
+        first, x = (0, None) if resume is None else resume
+        if x is None:
+            x = self._embed(ids, type_ids, hooks)                       # (B*n, d)
+            hooks(None, "hook_full_embed", x, (B, n, d))
         hidden = np.empty((B, L + 1, n, d), dtype=self.dtype)
+        hidden[:, :first] = np.nan                      # layers a resumed forward skipped
         attn = np.empty((B, L, H, n, n), dtype=self.dtype) if need_weights else None
         # key padding: (B, n), True = real token; None when nothing is padded
         pad_mask = None if mask.all() else np.ascontiguousarray(mask, dtype=bool)
 
-        for i, p in enumerate(self.layers):
+        for i, p in enumerate(self.layers[first:], first):
             hooks(i, "hook_resid_pre", x, (B, n, d))
             hidden[:, i] = x.reshape(B, n, d)
             w_out = attn[:, i] if need_weights else None

@@ -138,7 +138,8 @@ class GPT2Model(CausalLM, Differentiable, TransformerModel):
 
     def _forward(self, ids: np.ndarray, mask: np.ndarray, type_ids: np.ndarray,
                  need_weights: bool, head_mask: np.ndarray | None,
-                 hooks: HookPoints = NO_HOOKS, cache: list[KVCache] | None = None
+                 hooks: HookPoints = NO_HOOKS, cache: list[KVCache] | None = None,
+                 resume: tuple[int, np.ndarray] | None = None
                  ) -> tuple[np.ndarray, np.ndarray | None]:
         cfg = self.config
         B, n = ids.shape
@@ -147,20 +148,23 @@ class GPT2Model(CausalLM, Differentiable, TransformerModel):
         n_k = start + n
         positions = np.broadcast_to(np.arange(start, n_k), (B, n))
 
-        x = ops.embedding(self.wte, ids)                                # (B*n, d)
-        if hooks.wants(None, "hook_embed") or hooks.wants(None, "hook_pos_embed"):
-            hooks(None, "hook_embed", x, (B, n, d))
-            pos = ops.embedding(self.wpe, positions)
-            hooks(None, "hook_pos_embed", pos, (B, n, d), owned=True)
-            x += pos
-        else:
-            ops.embedding(self.wpe, positions, out=x)
+        first, x = (0, None) if resume is None else resume
+        if x is None:
+            x = ops.embedding(self.wte, ids)                            # (B*n, d)
+            if hooks.wants(None, "hook_embed") or hooks.wants(None, "hook_pos_embed"):
+                hooks(None, "hook_embed", x, (B, n, d))
+                pos = ops.embedding(self.wpe, positions)
+                hooks(None, "hook_pos_embed", pos, (B, n, d), owned=True)
+                x += pos
+            else:
+                ops.embedding(self.wpe, positions, out=x)
 
         hidden = np.empty((B, L + 1, n, d), dtype=self.dtype)
+        hidden[:, :first] = np.nan                      # layers a resumed forward skipped
         attn = np.empty((B, L, H, n, n_k), dtype=self.dtype) if need_weights else None
         pad_mask = None if mask.all() else np.ascontiguousarray(mask, dtype=bool)
 
-        for i, p in enumerate(self.layers):
+        for i, p in enumerate(self.layers[first:], first):
             hooks(i, "hook_resid_pre", x, (B, n, d))
             hidden[:, i] = x.reshape(B, n, d)
             h = self._norm(i, "ln1", x, p["ln_1_weight"], p["ln_1_bias"], B, n, hooks)

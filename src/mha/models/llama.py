@@ -150,7 +150,8 @@ class LlamaModel(CausalLM, Differentiable, TransformerModel):
 
     def _forward(self, ids: np.ndarray, mask: np.ndarray, type_ids: np.ndarray,
                  need_weights: bool, head_mask: np.ndarray | None,
-                 hooks: HookPoints = NO_HOOKS, cache: list[KVCache] | None = None
+                 hooks: HookPoints = NO_HOOKS, cache: list[KVCache] | None = None,
+                 resume: tuple[int, np.ndarray] | None = None
                  ) -> tuple[np.ndarray, np.ndarray | None]:
         cfg = self.config
         B, n = ids.shape
@@ -158,13 +159,16 @@ class LlamaModel(CausalLM, Differentiable, TransformerModel):
         start = 0 if cache is None else cache[0].length
         cos, sin = self._rope(start, start + n)
 
-        x = ops.embedding(self.embed_tokens, ids)                       # (B*n, d)
-        hooks(None, "hook_embed", x, (B, n, d))
+        first, x = (0, None) if resume is None else resume
+        if x is None:
+            x = ops.embedding(self.embed_tokens, ids)                   # (B*n, d)
+            hooks(None, "hook_embed", x, (B, n, d))
         hidden = np.empty((B, L + 1, n, d), dtype=self.dtype)
+        hidden[:, :first] = np.nan                      # layers a resumed forward skipped
         attn = np.empty((B, L, H, n, start + n), dtype=self.dtype) if need_weights else None
         pad_mask = None if mask.all() else np.ascontiguousarray(mask, dtype=bool)
 
-        for i, p in enumerate(self.layers):
+        for i, p in enumerate(self.layers[first:], first):
             hooks(i, "hook_resid_pre", x, (B, n, d))
             hidden[:, i] = x.reshape(B, n, d)
             h = self._norm(i, "ln1", x, p["input_norm"], None, B, n, hooks)
