@@ -47,7 +47,7 @@ __all__ = [
     "reference",
 ]
 
-_SUBMODULES = ("analysis", "viz", "models", "train", "corpus", "apps")
+_SUBMODULES = ("analysis", "viz", "models", "patching", "train", "corpus", "apps")
 
 
 def __getattr__(name: str) -> _types.ModuleType:

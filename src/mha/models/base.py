@@ -9,7 +9,6 @@ from typing import Any, Sequence, cast
 import numpy as np
 from numpy.typing import ArrayLike
 
-import mha
 from mha import _core
 
 from . import ops
@@ -1117,7 +1116,7 @@ class TransformerModel:
         """The attention scores as TransformerLens gives them: (B, H, n_q, n_k) scale q k^T,
         -inf where the key is masked; query head h reads key head h // (H / H_kv)."""
         B, H, n_q, d_head = q.shape
-        H_kv, n_k = k.shape[1], k.shape[2]
+        n_k = k.shape[2]
         scores = _grouped_products(q, k, trans_b=True).reshape(B, H, n_q, n_k)
         scores *= self.dtype(self.attention_scale(layer))
         allowed = self._allowed(layer, n_q, n_k, pad_mask)
