@@ -62,7 +62,7 @@ __all__ = ["load", "minilm_path", "resolve", "TransformerModel", "BertModel", "R
            "group_words", "probes", "MINILM_INSTALL", "SUPPORTED_TYPES", "ActivationCache",
            "get_act_name"]
 
-_CLASSES = {"bert": BertModel, "roberta": RobertaModel, "distilbert": DistilBertModel,
+_CLASSES: dict[str, type[TransformerModel]] = {"bert": BertModel, "roberta": RobertaModel, "distilbert": DistilBertModel,
             "gpt2": GPT2Model, "llama": LlamaModel, "qwen2": LlamaModel, "mistral": LlamaModel}
 assert set(_CLASSES) == set(READERS)
 #: the config.json model_type values that :func:`load` runs

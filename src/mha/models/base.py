@@ -186,7 +186,7 @@ class TransformerModel:
     #: rotary positions: q and k are turned between the projection and the attention
     rotary = False
     #: the checkpoint name that locates the head-model prefix ("bert.", "model.", ...)
-    anchor = None
+    anchor: str | None = None
 
     def __init__(self, config, checkpoint, tokenizer=None, *, dtype=np.float32, name=None,
                  folder=None):

@@ -61,8 +61,9 @@ class BertModel(Differentiable, TransformerModel):
     causal = False
     anchor = "embeddings.word_embeddings.weight"
     _grad_layout = EncoderLayout()
-    # checkpoint names: the embeddings, then one layer's, with {i} its index
-    names = dict(
+    ln_emb: tuple[np.ndarray, np.ndarray]                  # the embeddings' LayerNorm: gain, bias
+    # checkpoint names: the embeddings, then one layer's, with {i} its index (None: absent)
+    names: dict[str, str | None] = dict(
         positions="embeddings.position_embeddings.weight",
         token_types="embeddings.token_type_embeddings.weight",
         ln_emb="embeddings.LayerNorm",
@@ -79,7 +80,7 @@ class BertModel(Differentiable, TransformerModel):
             return (np.ascontiguousarray(read(name + ".weight", (n_out, n_in)).T),
                     read(name + ".bias", (n_out,)))
 
-        def norm(name):
+        def norm(name: str) -> tuple[np.ndarray, np.ndarray]:
             return read(name + ".weight", (d,)), read(name + ".bias", (d,))
 
         self.word_embeddings = read(self.anchor, (cfg.vocab_size, d))
@@ -187,11 +188,11 @@ class BertModel(Differentiable, TransformerModel):
         for i, p in enumerate(self.layers[first:], first):
             hooks(i, "hook_resid_pre", x, (B, n, d))
             hidden[:, i] = x.reshape(B, n, d)
-            w_out = attn[:, i] if need_weights else None
+            w_out = attn[:, i] if attn is not None else None
             weights = self._self_attention(i, x, p, B, n, pad_mask, need_weights, head_mask,
                                            hooks, residual=x,            # x += attention
                                            weights_out=w_out)
-            if need_weights and weights is not w_out:
+            if attn is not None and weights is not w_out:
                 attn[:, i] = weights
             hooks(i, "hook_resid_mid", x, (B, n, d))
             self._norm(i, "ln1", x, p["ln_1_weight"], p["ln_1_bias"], B, n, hooks, inplace=True)

@@ -11,7 +11,7 @@ contiguous) without gathering anything.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -19,7 +19,7 @@ from numpy.typing import ArrayLike
 from .. import checks
 from ..layer_base import KVCache
 from . import ops
-from .base import Encoding
+from .base import Encoding, TransformerModel
 from .hooks import NO_HOOKS, HookFn, HookPoints, NameFilter
 
 
@@ -64,7 +64,7 @@ class Generation(Encoding):
         The generated tokens.
     """
     n_prompt: int = 0
-    text: str = None
+    text: str | None = None
 
     @property
     def new_ids(self):
@@ -75,7 +75,13 @@ class Generation(Encoding):
         return None if self.tokens is None else self.tokens[self.n_prompt:]
 
 
-class CausalLM:
+if TYPE_CHECKING:          # a mixin of TransformerModel's subclasses: typed as one
+    _Model = TransformerModel
+else:
+    _Model = object
+
+
+class CausalLM(_Model):
     """What GPT-2 and the LLaMA family add to TransformerModel: logits and generation.
 
     A family implements ``_vocab_matrix()`` -> (vocab, d_model), the LM head's weight, and a

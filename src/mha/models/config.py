@@ -83,13 +83,13 @@ class ModelConfig:
     n_kv_heads: int = 0
     type_vocab_size: int = 0
     pad_token_id: int = 0
-    bos_token_id: int = None
+    bos_token_id: int | None = None
     eos_token_ids: tuple = ()
     position_offset: int = 0
     scale_attn_weights: bool = True
     scale_attn_by_inverse_layer_idx: bool = False
     rope_theta: float = 10000.0
-    rope_scaling: dict = None
+    rope_scaling: dict | None = None
     attention_bias: bool = False
     attention_out_bias: bool = False
     mlp_bias: bool = False

@@ -54,6 +54,7 @@ class GPT2Model(CausalLM, Differentiable, TransformerModel):
     """
     anchor = "wte.weight"
     _pos_embed = True
+    ln_f: tuple[np.ndarray, np.ndarray]                    # the final LayerNorm: gain, bias
     _grad_layout = DecoderLayout(
         ln1=("ln_1_weight", "ln_1_bias"), ln2=("ln_2_weight", "ln_2_bias"),
         final=("ln_f_weight", "ln_f_bias"), attention=("W_qkv", "b_qkv", "W_o", "b_o"),
@@ -63,7 +64,7 @@ class GPT2Model(CausalLM, Differentiable, TransformerModel):
         cfg = self.config
         d, f = cfg.d_model, cfg.d_ff
 
-        def norm(name):
+        def norm(name: str) -> tuple[np.ndarray, np.ndarray]:
             return read(name + ".weight", (d,)), read(name + ".bias", (d,))
 
         self.wte = read("wte.weight", (cfg.vocab_size, d))      # tied with the LM head
@@ -138,9 +139,8 @@ class GPT2Model(CausalLM, Differentiable, TransformerModel):
 
     def _forward(self, ids: np.ndarray, mask: np.ndarray, type_ids: np.ndarray,
                  need_weights: bool, head_mask: np.ndarray | None,
-                 hooks: HookPoints = NO_HOOKS, cache: list[KVCache] | None = None,
-                 resume: tuple[int, np.ndarray] | None = None
-                 ) -> tuple[np.ndarray, np.ndarray | None]:
+                 hooks: HookPoints = NO_HOOKS, resume: tuple[int, np.ndarray] | None = None,
+                 cache: list[KVCache] | None = None) -> tuple[np.ndarray, np.ndarray | None]:
         cfg = self.config
         B, n = ids.shape
         L, H, d = cfg.n_layers, cfg.n_heads, cfg.d_model
@@ -168,10 +168,10 @@ class GPT2Model(CausalLM, Differentiable, TransformerModel):
             hooks(i, "hook_resid_pre", x, (B, n, d))
             hidden[:, i] = x.reshape(B, n, d)
             h = self._norm(i, "ln1", x, p["ln_1_weight"], p["ln_1_bias"], B, n, hooks)
-            w_out = attn[:, i] if need_weights else None
+            w_out = attn[:, i] if attn is not None else None
             weights = self._self_attention(i, h, p, B, n, pad_mask, need_weights, head_mask,
                                            hooks, cache=cache, residual=x, weights_out=w_out)
-            if need_weights and weights is not w_out:
+            if attn is not None and weights is not w_out:
                 attn[:, i] = weights
             hooks(i, "hook_resid_mid", x, (B, n, d))
             h = self._norm(i, "ln2", x, p["ln_2_weight"], p["ln_2_bias"], B, n, hooks)

@@ -150,9 +150,8 @@ class LlamaModel(CausalLM, Differentiable, TransformerModel):
 
     def _forward(self, ids: np.ndarray, mask: np.ndarray, type_ids: np.ndarray,
                  need_weights: bool, head_mask: np.ndarray | None,
-                 hooks: HookPoints = NO_HOOKS, cache: list[KVCache] | None = None,
-                 resume: tuple[int, np.ndarray] | None = None
-                 ) -> tuple[np.ndarray, np.ndarray | None]:
+                 hooks: HookPoints = NO_HOOKS, resume: tuple[int, np.ndarray] | None = None,
+                 cache: list[KVCache] | None = None) -> tuple[np.ndarray, np.ndarray | None]:
         cfg = self.config
         B, n = ids.shape
         L, H, d = cfg.n_layers, cfg.n_heads, cfg.d_model
@@ -172,11 +171,11 @@ class LlamaModel(CausalLM, Differentiable, TransformerModel):
             hooks(i, "hook_resid_pre", x, (B, n, d))
             hidden[:, i] = x.reshape(B, n, d)
             h = self._norm(i, "ln1", x, p["input_norm"], None, B, n, hooks)
-            w_out = attn[:, i] if need_weights else None
+            w_out = attn[:, i] if attn is not None else None
             weights = self._self_attention(i, h, p, B, n, pad_mask, need_weights, head_mask,
                                            hooks, rope=(cos, sin), cache=cache, residual=x,
                                            weights_out=w_out)
-            if need_weights and weights is not w_out:
+            if attn is not None and weights is not w_out:
                 attn[:, i] = weights
             hooks(i, "hook_resid_mid", x, (B, n, d))
             h = self._norm(i, "ln2", x, p["post_attention_norm"], None, B, n, hooks)

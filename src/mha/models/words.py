@@ -5,7 +5,7 @@ attention *from* it is the mean of its tokens' attention rows. Each row still su
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -37,7 +37,7 @@ def group_words(tokenized: TokenizedText) -> list[tuple[str, list[int]]]:
     >>> group_words(tok("Tokenization matters"))
     [('[CLS]', [0]), ('Tokenization', [1, 2]), ('matters', [3]), ('[SEP]', [4])]
     """
-    groups = []
+    groups: list[list[Any]] = []             # [word, token indices]
     last_key = None
     for i, (w, s) in enumerate(zip(tokenized.word_ids, tokenized.sequence_ids)):
         key = None if w is None else (s, w)
