@@ -481,13 +481,23 @@ typedef struct {
     FN(stats_scratch) st; /* s and in_set (n_k): row statistics */
 } FN(weights_scratch);
 
+/* Bytes of the GEMM workspace of a block's products: S = q k^T (n_vis <= n_k columns) and
+ * O = A v (over n_vis keys). A causal block's n_vis is any count up to n_k, and the GEMM's
+ * workspace does not grow with its shared axis (a long axis is cut into shorter slices than
+ * a mid-length one is), so every count is measured. */
+static size_t FN(weights_gemm_bytes)(const mha_attention_desc *d, int64_t bq) {
+    size_t bytes = FN(mha_gemm_workspace)(bq, d->n_k, d->d_k, 1);
+    for (int64_t n_vis = d->causal ? 1 : d->n_k; n_vis <= d->n_k; n_vis++)
+        bytes = MHA_MAX(bytes, FN(mha_gemm_workspace)(bq, d->d_v, n_vis, 1));
+    return bytes;
+}
+
 static void FN(weights_scratch_layout)(FN(weights_scratch) *s, mha_carver *c,
-                                       const mha_attention_desc *d, int64_t bq) {
-    const size_t gemm_s = FN(mha_gemm_workspace)(bq, d->n_k, d->d_k, 1);
-    const size_t gemm_o = FN(mha_gemm_workspace)(bq, d->d_v, d->n_k, 1);
+                                       const mha_attention_desc *d, int64_t bq,
+                                       size_t gemm_bytes) {
     s->A = mha_carve(c, d->dropout > 0 ? mha_mul_size((size_t)bq, (size_t)d->n_k, &c->ok) : 0,
                      sizeof(real));
-    s->gemm_ws = mha_carve(c, MHA_MAX(gemm_s, gemm_o), 1);
+    s->gemm_ws = mha_carve(c, gemm_bytes, 1);
     FN(stats_scratch_layout)(&s->st, c, d, 0, (size_t)d->n_k);
 }
 
@@ -497,6 +507,7 @@ typedef struct {
     const real *q, *k, *v;
     const mha_attention_desc *d;
     int64_t bq, q_blocks;
+    size_t gemm_bytes; /* the GEMM workspace of a block (weights_gemm_bytes) */
     char *scratch;     /* a weights_scratch per thread */
     size_t per_thread; /* bytes */
 } FN(weights_job);
@@ -510,7 +521,7 @@ static void FN(weights_forward_task)(void *ctx, int64_t task, int thread) {
     const int64_t ld = d->n_k;
     FN(weights_scratch) ws;
     mha_carver slice = FN(thread_slice)(j->scratch, j->per_thread, thread);
-    FN(weights_scratch_layout)(&ws, &slice, d, bq);
+    FN(weights_scratch_layout)(&ws, &slice, d, bq, j->gemm_bytes);
     real *A = ws.A, *gemm_ws = ws.gemm_ws;
     const int64_t b = task / (H * q_blocks), h = task / q_blocks % H;
     const int64_t i0 = task % q_blocks * bq, rows = MHA_MIN(bq, d->n_q - i0);
@@ -560,11 +571,12 @@ static int FN(mha_attention_forward_lse)(real *out, real *weights, real *lse, co
     const int64_t chunk = MHA_MAX(1, tasks / (8 * nt)); /* tasks per fetch when they are tiny */
     FN(weights_scratch) unused;
     mha_carver size = {NULL, 0, 1};
-    FN(weights_scratch_layout)(&unused, &size, d, bq);
+    const size_t gemm_bytes = FN(weights_gemm_bytes)(d, bq);
+    FN(weights_scratch_layout)(&unused, &size, d, bq, gemm_bytes);
     char *scratch = size.ok ? mha_alloc_slices(size.bytes, nt) : NULL;
     if (!scratch) return MHA_ENOMEM;
 
-    FN(weights_job) job = {out, weights, lse, q, k, v, d, bq, q_blocks, scratch, size.bytes};
+    FN(weights_job) job = {out, weights, lse, q, k, v, d, bq, q_blocks, gemm_bytes, scratch, size.bytes};
     mha_parallel_for(nt, tasks, chunk, FN(weights_forward_task), &job);
     mha_free(scratch);
     return MHA_OK;

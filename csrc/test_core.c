@@ -1409,6 +1409,9 @@ int main(int argc, char **argv) {
         {2, 2, 1, 150, 600, 24, 1, 1, 1, 0, 0},   {1, 2, 2, 300, 270, 8, 1, 1, 0, 1, 0.3},
         {2, 2, 2, 130, 300, 16, 0, 0, 1, 0, 0.2}, {1, 3, 1, 40, 1030, 16, 0, 1, 0, 0, 0},
         {1, 1, 1, 3, 0, 4, 0, 0, 0, 0, 0},
+        /* causal blocks of the weights path over 257 to 640 keys of 700: the GEMM's longest
+         * shared-axis slice, more workspace than all 700 keys take */
+        {1, 1, 1, 700, 700, 64, 1, 0, 0, 0, 0},
     };
     for (size_t i = 0; i < sizeof stats_cases / sizeof stats_cases[0]; i++) test_row_stats_case(stats_cases[i]);
     test_row_stats_output();
