@@ -164,6 +164,21 @@ def test_row_stats_on_another_simd_path(path, tmp_path):
     check_against_maps(run_path(path, tmp_path), path)
 
 
+@pytest.mark.parametrize("shape_q, shape_k, per_batch", [
+    ((7, 4), (9, 4), True), ((3, 7, 4), (3, 7, 4), True), ((2, 4, 9, 4), (2, 2, 7, 4), False)])
+def test_kernel_equals_the_numpy_twin_on_every_rank(rng, shape_q, shape_k, per_batch):
+    """mha.attention's statistics equal mha.reference.attention's (float64, within 1e-12),
+    a key set per batch ((1, n_k) for 2-D inputs) or one for all, causal."""
+    q, k = rng.standard_normal(shape_q), rng.standard_normal(shape_k)
+    n_k = shape_k[-2]
+    key_set = rng.random(((shape_q[0] if len(shape_q) > 2 else 1, n_k) if per_batch else n_k)) < 0.4
+    got = mha.attention(q, k, k, causal=True, row_stats=ALL, key_set=key_set)[2]
+    want = mha.reference.attention(q, k, k, causal=True, row_stats=ALL, key_set=key_set)[2]
+    for name in ALL:
+        np.testing.assert_allclose(got[name], want[name], rtol=0, atol=1e-12 * (n_k if name == "distance" else 1),
+                                   err_msg=name)
+
+
 def test_fully_masked_rows_give_zeros_and_argmax_minus_one(rng):
     q, k, v = (rng.standard_normal((2, 6, 5)) for _ in range(3))
     mask = np.ones((2, 6, 6), bool)

@@ -206,11 +206,12 @@ def row_statistics(weights: ArrayLike, row_stats: Collection[str] | str, *,
             stats[name] = np.where(dead, -1, P.argmax(axis=-1) if n_k else -1).astype(np.int64)
         elif name == "key_set_mass":
             assert ks is not None
-            if ks.shape not in ((n_k,), (P.shape[0], n_k)) or (ks.ndim == 2 and P.ndim < 3):
+            batch = P.shape[0] if P.ndim >= 3 else 1
+            if ks.shape not in ((n_k,), (batch, n_k)):
                 raise ValueError(f"key_set has shape {ks.shape} but (n_k,) = ({n_k},) or "
-                                 f"(batch, n_k) = ({P.shape[0] if P.ndim >= 3 else 1}, {n_k}) "
-                                 f"was expected")
-            in_set = ks if ks.ndim == 1 else ks.reshape(ks.shape[:1] + (1,) * (P.ndim - 2) + (n_k,))
+                                 f"(batch, n_k) = ({batch}, {n_k}) was expected")
+            # (B, n_k) -> (B, 1, ..., 1, n_k) against P (B, ..., n_q, n_k)
+            in_set = ks if ks.ndim == 1 else ks.reshape((batch,) + (1,) * (P.ndim - 2) + (n_k,))
             stats[name] = np.sum(P * in_set, axis=-1)
         elif name == "distance":
             stats[name] = np.sum(P * np.abs(a - j), axis=-1)
