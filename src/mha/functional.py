@@ -33,9 +33,6 @@ from . import _core, checks
 
 __all__ = ["attention", "attention_backward"]
 
-#: The row statistics `attention` computes with the output (docs/semantics.md, "Row statistics").
-ROW_STATS = ("entropy", "max", "argmax", "key_set_mass", "self", "prev", "next", "distance")
-
 
 def core_view(a: ArrayLike, dtype: DTypeLike) -> np.ndarray:
     """`a` as the core reads it: `a` itself when it is a view the core can read (the call's
@@ -159,12 +156,13 @@ def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None =
         need not run the forward again (as a training step does).
     row_stats : collection of str, optional
         Statistics of each row of the weights to compute with the output, without the
-        (n_q, n_k) matrix (also when ``need_weights=False``): names from `ROW_STATS`,
-        "entropy" (nats), "max" (the largest weight), "argmax" (its key, the first on a tie),
-        "key_set_mass" (the weight on the keys of `key_set`), "self", "prev", "next" (the
-        weight on the query's own position among the keys, a = i + n_k - n_q as `causal`
-        aligns it, and on a - 1, a + 1), "distance" (sum_j P_ij |a - j|). Of the softmax
-        probabilities, before dropout; a fully masked row gives 0 and argmax -1.
+        (n_q, n_k) matrix (also when ``need_weights=False``; docs/semantics.md, "Row
+        statistics"), by name (one name alone counts as one): "entropy" (nats), "max" (the
+        largest weight), "argmax" (its key, the first on a tie), "key_set_mass" (the weight
+        on the keys of `key_set`), "self", "prev", "next" (the weight on the query's own
+        position among the keys, a = i + n_k - n_q as `causal` aligns it, and on a - 1,
+        a + 1), "distance" (sum_j P_ij |a - j|). Of the softmax probabilities, before
+        dropout; a fully masked row gives 0 and argmax -1.
     key_set : array_like, optional
         Bool (True = in the set) or integer (nonzero), (n_k,) or (B, n_k): the keys whose mass
         "key_set_mass" sums (the first token, separators, punctuation...). Given exactly when
