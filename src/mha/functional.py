@@ -161,7 +161,7 @@ def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None =
         largest weight), "argmax" (its key, the first on a tie), "key_set_mass" (the weight
         on the keys of `key_set`), "self", "prev", "next" (the weight on the query's own
         position among the keys, a = i + n_k - n_q as `causal` aligns it, and on a - 1,
-        a + 1), "distance" (sum_j P_ij |a - j|). Of the softmax probabilities, before
+        a + 1), "distance" (``sum_j P_ij |a - j|``). Of the softmax probabilities, before
         dropout; a fully masked row gives 0 and argmax -1.
     key_set : array_like, optional
         Bool (True = in the set) or integer (nonzero), (n_k,) or (B, n_k): the keys whose mass

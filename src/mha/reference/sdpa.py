@@ -155,7 +155,7 @@ def row_statistics(weights: ArrayLike, row_stats: Collection[str] | str, *,
     - max: max_j P_ij; argmax: the first j reaching it (int64);
     - key_set_mass: sum of P_ij over the keys j of key_set;
     - self, prev, next: P_ia, P_i(a-1), P_i(a+1) (0 outside [0, n_k));
-    - distance: sum_j P_ij |a - j|.
+    - distance: ``sum_j P_ij |a - j|``.
 
     A row of zeros (a fully masked row) gives 0 and argmax -1. Computed in float64, returned
     in the weights' dtype.
