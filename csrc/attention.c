@@ -1,7 +1,7 @@
 /* attention.c: the attention API's functions compiled once, outside the kernel units
  * (dispatch.h): the descriptor's initialiser, the dropout RNG's public entry point, and the
  * forward and backward that only call a dispatched one (the forward without lse, the
- * backward without a saved forward). */
+ * forward with row statistics, the backward without a saved forward). */
 #include <math.h>
 #include <string.h>
 
@@ -38,6 +38,24 @@ int mha_attention_forward_f32(float *out, float *weights, const float *q, const 
 int mha_attention_forward_f64(double *out, double *weights, const double *q, const double *k,
                               const double *v, const mha_attention_desc *desc) {
     return mha_attention_forward_lse_f64(out, weights, NULL, q, k, v, desc);
+}
+
+int mha_attention_forward_stats_f32(float *out, float *weights, float *lse,
+                                    const mha_row_stats_f32 *stats, const float *q,
+                                    const float *k, const float *v,
+                                    const mha_attention_desc *desc) {
+    mha_attention_desc d = *desc;
+    d.row_stats = stats;
+    return mha_attention_forward_lse_f32(out, weights, lse, q, k, v, &d);
+}
+
+int mha_attention_forward_stats_f64(double *out, double *weights, double *lse,
+                                    const mha_row_stats_f64 *stats, const double *q,
+                                    const double *k, const double *v,
+                                    const mha_attention_desc *desc) {
+    mha_attention_desc d = *desc;
+    d.row_stats = stats;
+    return mha_attention_forward_lse_f64(out, weights, lse, q, k, v, &d);
 }
 
 int mha_attention_backward_f32(float *dq, float *dk, float *dv, const float *d_out,

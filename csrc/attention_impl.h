@@ -60,24 +60,181 @@ static inline int64_t FN(mask_row)(real *p, int64_t ncols, int64_t b, int64_t h,
     return MHA_MAX(0, MHA_MIN(ncols, i + (d->n_k - d->n_q) + 1 - j0));
 }
 
+/* ---- row statistics (mha_row_stats) --------------------------------------------------------
+ * Every statistic is linear in a row's weights P_j = e_j / l, e_j = exp(s_j - m), once the
+ * row's max m and sum l are known; so each is a running sum over the keys seen, rescaled by
+ * alpha = exp(m_old - m_new) when the max grows, as the output is, then divided by l:
+ *   entropy = log l - sum_j e_j (s_j - m) / l   (-sum P log P, with log P_j = s_j - m - log l)
+ *   max weight = 1 / l (the max's own e is 1), key-set mass = sum_{j in set} e_j / l,
+ *   distance = sum_j e_j |a - j| / l;
+ * the entropy's sum, relative to m, becomes alpha (sum + (m_old - m_new) l_old) when the max
+ * moves. The weights at keys a - 1, a, a + 1 and the argmax come from the scores themselves
+ * (P_j = exp(s_j - m) / l at the end). The masked scores s are kept across the exp (which
+ * overwrites them) in a row's copy. */
+
+/* One row's running sums over the keys seen so far, relative to the running max m. */
+typedef struct {
+    real ent;                    /* sum_j e_j (s_j - m) (masked keys add nothing)        */
+    real in_set;                 /* sum_j e_j over the keys of the key set                */
+    real dist;                   /* sum_j e_j |a - j|                                     */
+    real s_self, s_prev, s_next; /* the scores at keys a, a - 1, a + 1; -inf until seen   */
+    int64_t argmax;              /* the first key of the largest score so far; -1: none   */
+} FN(row_acc);
+
+/* A thread's scratch for the statistics: every pointer NULL when none are asked. */
+typedef struct {
+    const TY(mha_row_stats) *out; /* the outputs                                          */
+    FN(row_acc) *acc;             /* one per row of a task                                */
+    real *s;                      /* (keys of a tile): a row's masked scores             */
+    real *in_set;                 /* (keys of a tile): 1 for the keys of the set, else 0; */
+} FN(stats_scratch);              /*   NULL without key_set_mass                          */
+
+static void FN(stats_scratch_layout)(FN(stats_scratch) *s, mha_carver *c,
+                                     const mha_attention_desc *d, size_t rows, size_t keys) {
+    const TY(mha_row_stats) *out = d->row_stats;
+    s->out = out;
+    s->acc = mha_carve(c, out ? rows : 0, sizeof(FN(row_acc)));
+    s->s = mha_carve(c, out ? keys : 0, sizeof(real));
+    s->in_set = mha_carve(c, out && out->key_set_mass ? keys : 0, sizeof(real));
+    if (!out) s->acc = NULL, s->s = NULL;
+    if (!(out && out->key_set_mass)) s->in_set = NULL;
+}
+
+/* in_set[0:n] = 1 where batch b's key set holds keys j0 .. j0 + n - 1, else 0. */
+static void FN(fill_in_set)(real *in_set, const TY(mha_row_stats) *out, int64_t b, int64_t j0,
+                            int64_t n) {
+    const uint8_t *ks = out->key_set + b * out->key_set_stride + j0;
+    for (int64_t j = 0; j < n; j++) in_set[j] = ks[j] ? 1 : 0;
+}
+
+static void FN(row_acc_init)(FN(row_acc) *acc, int64_t n) {
+    for (int64_t r = 0; r < n; r++)
+        acc[r] = (FN(row_acc)){0, 0, 0, -INFINITY, -INFINITY, -INFINITY, -1};
+}
+
+/* From the masked scores s[0:n] of keys j0 .. j0 + n - 1, before the exp: the scores at keys
+ * a - 1, a, a + 1, and the argmax when the tile's max t_max passes the max m_old before it
+ * (strictly: the first key of a tie stays). */
+static void FN(row_acc_scores)(FN(row_acc) *acc, const real *s, int64_t n, int64_t j0,
+                               int64_t a, real m_old, real t_max) {
+    if (a >= j0 && a < j0 + n) acc->s_self = s[a - j0];
+    if (a - 1 >= j0 && a - 1 < j0 + n) acc->s_prev = s[a - 1 - j0];
+    if (a + 1 >= j0 && a + 1 < j0 + n) acc->s_next = s[a + 1 - j0];
+    if (t_max > m_old) {
+        int64_t j = 0;
+        while (j < n && !(s[j] == t_max)) j++;
+        acc->argmax = j0 + j;
+    }
+}
+
+/* The sums moved from the max m_old (sum l_old) to m_new: alpha = exp(m_old - m_new). */
+static void FN(row_acc_rescale)(FN(row_acc) *acc, real alpha, real m_old, real m_new,
+                                real l_old) {
+    if (m_old == m_new) return;
+    acc->ent = m_old == -INFINITY ? 0 : alpha * (acc->ent + (m_old - m_new) * l_old);
+    acc->in_set *= alpha;
+    acc->dist *= alpha;
+}
+
+/* Adds keys j0 .. j0 + n - 1 to the sums: e[0:n] = exp(s - m), s[0:n] the masked scores,
+ * in_set[0:n] the key set's indicator (or NULL), a the query's aligned position. */
+static void FN(row_acc_add)(FN(row_acc) *acc, const real *e, const real *s,
+                            const real *in_set, int64_t n, int64_t j0, int64_t a, real m) {
+    real ent = 0, set = 0, dist = 0;
+    const real d0 = (real)(j0 - a); /* j - a at the tile's key 0 */
+    int64_t j = 0;
+#if MHA_GNU_C
+    typedef real vreal __attribute__((vector_size(MHA_VEC_BYTES)));
+    typedef __typeof__((vreal){0} < (vreal){0}) vmask; /* a compare's result: 0 or all ones */
+    enum { VL = MHA_VEC_BYTES / sizeof(real) };
+    vreal v_ent = {0}, v_set = {0}, v_dist = {0}, lane = {0};
+    for (int i = 0; i < VL; i++) lane[i] = (real)i;
+    for (; j + VL <= n; j += VL) {
+        vreal ve, vs, vk, t, dj;
+        MHA_VLOAD(ve, e + j);
+        MHA_VLOAD(vs, s + j);
+        /* a masked key has e = 0 and s = -inf: its 0 * -inf (NaN) is dropped */
+        t = ve * (vs - m);
+        v_ent += (vreal)((vmask)t & (ve != (vreal){0}));
+        if (in_set) {
+            MHA_VLOAD(vk, in_set + j);
+            v_set += ve * vk;
+        }
+        dj = lane + (d0 + (real)j);
+        vmask neg = dj < (vreal){0};
+        dj = (vreal)(((vmask)((vreal){0} - dj) & neg) | ((vmask)dj & ~neg)); /* |j - a| */
+        v_dist += ve * dj;
+    }
+    for (int i = 0; i < VL; i++) ent += v_ent[i], set += v_set[i], dist += v_dist[i];
+#endif
+    for (; j < n; j++) {
+        if (e[j] != 0) ent += e[j] * (s[j] - m);
+        if (in_set) set += e[j] * in_set[j];
+        const real dj = d0 + (real)j;
+        dist += e[j] * (dj < 0 ? -dj : dj);
+    }
+    acc->ent += ent;
+    acc->in_set += set;
+    acc->dist += dist;
+}
+
+/* The statistics of row `at` ((b * H + h) * n_q + i) from its sums, max m and sum l
+ * (m = -inf: fully masked, every statistic 0 and argmax -1). */
+static void FN(row_stats_store)(const TY(mha_row_stats) *o, int64_t at, const FN(row_acc) *acc,
+                                real m, real l) {
+    if (m == -INFINITY) { /* acc may be NULL */
+        if (o->entropy) o->entropy[at] = 0;
+        if (o->max_weight) o->max_weight[at] = 0;
+        if (o->argmax) o->argmax[at] = -1;
+        if (o->key_set_mass) o->key_set_mass[at] = 0;
+        if (o->self_weight) o->self_weight[at] = 0;
+        if (o->prev_weight) o->prev_weight[at] = 0;
+        if (o->next_weight) o->next_weight[at] = 0;
+        if (o->distance) o->distance[at] = 0;
+        return;
+    }
+    const real inv = 1 / l;
+    if (o->entropy) o->entropy[at] = (real)log((double)l) - acc->ent * inv;
+    if (o->max_weight) o->max_weight[at] = inv;
+    if (o->argmax) o->argmax[at] = acc->argmax;
+    if (o->key_set_mass) o->key_set_mass[at] = acc->in_set * inv;
+    if (o->self_weight) o->self_weight[at] = EXP(acc->s_self - m) * inv;
+    if (o->prev_weight) o->prev_weight[at] = EXP(acc->s_prev - m) * inv;
+    if (o->next_weight) o->next_weight[at] = EXP(acc->s_next - m) * inv;
+    if (o->distance) o->distance[at] = acc->dist * inv;
+}
+
 /* P (rows, n_vis) with row stride ld: the attention probabilities of query rows
  * [i0, i0 + rows) of head (b, h). On entry P holds scale * q k^T; masks are applied here.
  * A row with no finite score becomes all zeros and is flagged in dead[r]. lse[r] (if not
- * NULL) gets the row's log-sum-exp, -inf for a dead row. */
+ * NULL) gets the row's log-sum-exp, -inf for a dead row; st->out (if not NULL) the row's
+ * statistics (st->in_set holding the key set's first n_vis keys). */
 static void FN(softmax_rows)(real *P, uint8_t *dead, real *lse, int64_t ld, int64_t rows,
                              int64_t n_vis, int64_t b, int64_t h, int64_t i0,
-                             const mha_attention_desc *d) {
+                             const mha_attention_desc *d, const FN(stats_scratch) *st) {
+    const int64_t at0 = (b * d->heads + h) * d->n_q + i0, shift = d->n_k - d->n_q;
     for (int64_t r = 0; r < rows; r++) {
         real *p = P + r * ld;
         const int64_t n_row = FN(mask_row)(p, n_vis, b, h, i0 + r, 0, d);
         real m = VN(mha_max)(p, n_row); /* NaN reaches the row through the sum */
+        FN(row_acc) acc;
         dead[r] = m == -INFINITY;
         if (dead[r]) { /* every key masked: the row is 0 */
             memset(p, 0, (size_t)n_vis * sizeof(real));
             if (lse) lse[r] = -INFINITY;
+            if (st->out) FN(row_stats_store)(st->out, at0 + r, NULL, m, 0);
             continue;
         }
+        if (st->out) {
+            FN(row_acc_init)(&acc, 1);
+            FN(row_acc_scores)(&acc, p, n_row, 0, i0 + r + shift, -INFINITY, m);
+            memcpy(st->s, p, (size_t)n_row * sizeof(real));
+        }
         real sum = VN(mha_exp_sum)(p, n_row, m);
+        if (st->out) {
+            FN(row_acc_add)(&acc, p, st->s, st->in_set, n_row, 0, i0 + r + shift, m);
+            FN(row_stats_store)(st->out, at0 + r, &acc, m, sum);
+        }
         VN(mha_scale)(p, n_row, 1 / sum);
         memset(p + n_row, 0, (size_t)(n_vis - n_row) * sizeof(real));
         if (lse) lse[r] = m + (real)log((double)sum);
@@ -106,11 +263,13 @@ static void FN(dropout_rows)(real *A, const real *P, int64_t ld, int64_t rows, i
 /* Scores then probabilities of one query block into P; returns the visible key count. */
 static int64_t FN(block_probs)(real *P, uint8_t *dead, real *lse, int64_t ld, real *gemm_ws,
                                const real *q_bh, const real *k_bh, int64_t b, int64_t h,
-                               int64_t i0, int64_t rows, const mha_attention_desc *d) {
+                               int64_t i0, int64_t rows, const mha_attention_desc *d,
+                               const FN(stats_scratch) *st) {
     int64_t n_vis = FN(visible_keys)(d, i0 + rows - 1);
     FN(mha_gemm_ws)(0, 1, rows, n_vis, d->d_k, (real)d->scale, q_bh + i0 * d->q.row, d->q.row,
                     k_bh, d->k.row, 0, NULL, P, ld, gemm_ws, 1);
-    FN(softmax_rows)(P, dead, lse, ld, rows, n_vis, b, h, i0, d);
+    if (st->in_set) FN(fill_in_set)(st->in_set, st->out, b, 0, n_vis);
+    FN(softmax_rows)(P, dead, lse, ld, rows, n_vis, b, h, i0, d, st);
     return n_vis;
 }
 
@@ -144,10 +303,12 @@ static int FN(check_desc)(const mha_attention_desc *d) {
 /* The online-softmax step for a block of scores S (rows, cols) of key tile j0: masks, then
  * per row m_new = max(m, max S), alpha = exp(m - m_new), S = exp(S - m_new) (0 where masked,
  * and for columns [ncols, cols) that no row of the block may see), l = alpha * l + sum S.
- * Dropout scales the kept entries of S after the sum (l is the undropped normaliser). */
+ * Dropout scales the kept entries of S after the sum (l is the undropped normaliser).
+ * acc (NULL: no statistics): the rows' running sums of the statistics, moved along with l. */
 static void FN(online_softmax_tile)(real *S, int64_t ld, int64_t rows, int64_t ncols,
                                     int64_t cols, int64_t b, int64_t h, int64_t i0,
                                     int64_t j0, real *m, real *l, real *alpha,
+                                    FN(row_acc) *acc, const FN(stats_scratch) *st,
                                     const mha_attention_desc *d) {
     for (int64_t r = 0; r < rows; r++) {
         const int64_t i = i0 + r;
@@ -162,8 +323,17 @@ static void FN(online_softmax_tile)(real *S, int64_t ld, int64_t rows, int64_t n
             continue;
         }
         alpha[r] = m_new == m[r] ? 1 : EXP(m[r] - m_new);
+        const int64_t a = i + (d->n_k - d->n_q);
+        if (acc) {
+            FN(row_acc_scores)(acc + r, p, n_row, j0, a, m[r], t_max);
+            memcpy(st->s, p, (size_t)n_row * sizeof(real));
+        }
         real sum = VN(mha_exp_sum)(p, n_row, m_new);
         memset(p + n_row, 0, (size_t)(cols - n_row) * sizeof(real));
+        if (acc) {
+            FN(row_acc_rescale)(acc + r, alpha[r], m[r], m_new, l[r]);
+            FN(row_acc_add)(acc + r, p, st->s, st->in_set, n_row, j0, a, m_new);
+        }
         l[r] = l[r] * alpha[r] + sum;
         m[r] = m_new;
         if (d->dropout > 0) FN(dropout_rows)(p, p, ld, 1, n_row, b, h, i, j0, d);
@@ -177,6 +347,7 @@ typedef struct {
     real *S;     /* (BQF, BK): a block's scores, then exp(S - m) */
     real *alpha; /* (BQF): exp(m_old - m_new) of each row of the block */
     real *m, *l; /* (group, chunk_rows) each: running max and sum of the task's rows */
+    FN(stats_scratch) st; /* acc (group, chunk_rows), s and in_set (BK): row statistics */
 } FN(fused_scratch);
 
 static void FN(fused_scratch_layout)(FN(fused_scratch) *s, mha_carver *c,
@@ -188,6 +359,7 @@ static void FN(fused_scratch_layout)(FN(fused_scratch) *s, mha_carver *c,
     s->alpha = mha_carve(c, BQF, sizeof(real));
     s->m = mha_carve(c, rows, sizeof(real));
     s->l = mha_carve(c, rows, sizeof(real));
+    FN(stats_scratch_layout)(&s->st, c, d, rows, BK);
 }
 
 /* One task of the fused forward: query rows [r0, r1) of every query head of kv head g in
@@ -200,13 +372,16 @@ static void FN(fused_task)(real *out, real *lse, const real *q, const real *k,
                            const FN(fused_scratch) *ws) {
     const int64_t H = d->heads, group = H / d->kv_heads;
     real *Kp = ws->Kp, *Vp = ws->Vp, *S = ws->S, *alpha = ws->alpha, *m = ws->m, *l = ws->l;
+    const FN(stats_scratch) *st = &ws->st;
     const real *k_bg = AT(k, d->k, b, g), *v_bg = AT(v, d->v, b, g);
     for (int64_t e = 0; e < group * chunk_rows; e++) { m[e] = -INFINITY; l[e] = 0; }
+    if (st->acc) FN(row_acc_init)(st->acc, group * chunk_rows);
     const int64_t n_seen = r1 > r0 ? FN(visible_keys)(d, r1 - 1) : 0;
     for (int64_t j0 = 0; j0 < n_seen; j0 += BK) {
         const int64_t cols = MHA_MIN(BK, d->n_k - j0);
         FN(mha_pack_b_full)(Kp, k_bg + j0 * d->k.row, d->k.row, 1, d->d_k, cols);
         FN(mha_pack_b_full)(Vp, v_bg + j0 * d->v.row, d->v.row, 0, cols, d->d_v);
+        if (st->in_set) FN(fill_in_set)(st->in_set, st->out, b, j0, cols);
         for (int64_t hh = 0; hh < group; hh++) {
             const int64_t h = g * group + hh;
             const real *q_bh = AT(q, d->q, b, h);
@@ -215,11 +390,12 @@ static void FN(fused_task)(real *out, real *lse, const real *q, const real *k,
                 const int64_t rows = MHA_MIN(BQF, r1 - i0);
                 const int64_t ncols = MHA_MIN(cols, FN(visible_keys)(d, i0 + rows - 1) - j0);
                 if (ncols <= 0) continue; /* then no later tile either: the rows stay dead */
-                real *m_blk = m + hh * chunk_rows + (i0 - r0), *l_blk = l + hh * chunk_rows + (i0 - r0);
+                const int64_t blk = hh * chunk_rows + (i0 - r0); /* the block's first row in m, l */
                 real *o_blk = o_bh + i0 * d->out.row;
                 FN(mha_gemm_packed)(0, rows, ncols, d->d_k, (real)d->scale, q_bh + i0 * d->q.row,
                                     d->q.row, Kp, 0, S, BK);
-                FN(online_softmax_tile)(S, BK, rows, ncols, cols, b, h, i0, j0, m_blk, l_blk, alpha, d);
+                FN(online_softmax_tile)(S, BK, rows, ncols, cols, b, h, i0, j0, m + blk, l + blk, alpha,
+                                        st->acc ? st->acc + blk : NULL, st, d);
                 if (j0 > 0)
                     for (int64_t r = 0; r < rows; r++)
                         if (alpha[r] != 1) VN(mha_scale)(o_blk + r * d->out.row, d->d_v, alpha[r]);
@@ -231,11 +407,13 @@ static void FN(fused_task)(real *out, real *lse, const real *q, const real *k,
         const int64_t h = g * group + hh;
         real *o_bh = AT(out, d->out, b, h);
         for (int64_t i = r0; i < r1; i++) {
-            const real mi = m[hh * chunk_rows + (i - r0)], li = l[hh * chunk_rows + (i - r0)];
+            const int64_t e = hh * chunk_rows + (i - r0);
+            const real mi = m[e], li = l[e];
             real *o = o_bh + i * d->out.row;
             if (mi == -INFINITY) memset(o, 0, (size_t)d->d_v * sizeof(real));
             else VN(mha_scale)(o, d->d_v, 1 / li);
             if (lse) lse[(b * H + h) * d->n_q + i] = mi == -INFINITY ? -INFINITY : mi + (real)log((double)li);
+            if (st->out) FN(row_stats_store)(st->out, (b * H + h) * d->n_q + i, st->acc + e, mi, li);
         }
     }
 }
@@ -300,15 +478,27 @@ static int FN(fused_forward)(real *out, real *lse, const real *q, const real *k,
 typedef struct {
     real *A;       /* (bq, n_k): dropout(P) of a block; empty without dropout (A is P then) */
     real *gemm_ws; /* the workspace of the block's products S = q k^T and O = A v */
+    FN(stats_scratch) st; /* s and in_set (n_k): row statistics */
 } FN(weights_scratch);
 
+/* Bytes of the GEMM workspace of a block's products: S = q k^T (n_vis <= n_k columns) and
+ * O = A v (over n_vis keys). A causal block's n_vis is any count up to n_k, and the GEMM's
+ * workspace does not grow with its shared axis (a long axis is cut into shorter slices than
+ * a mid-length one is), so every count is measured. */
+static size_t FN(weights_gemm_bytes)(const mha_attention_desc *d, int64_t bq) {
+    size_t bytes = FN(mha_gemm_workspace)(bq, d->n_k, d->d_k, 1);
+    for (int64_t n_vis = d->causal ? 1 : d->n_k; n_vis <= d->n_k; n_vis++)
+        bytes = MHA_MAX(bytes, FN(mha_gemm_workspace)(bq, d->d_v, n_vis, 1));
+    return bytes;
+}
+
 static void FN(weights_scratch_layout)(FN(weights_scratch) *s, mha_carver *c,
-                                       const mha_attention_desc *d, int64_t bq) {
-    const size_t gemm_s = FN(mha_gemm_workspace)(bq, d->n_k, d->d_k, 1);
-    const size_t gemm_o = FN(mha_gemm_workspace)(bq, d->d_v, d->n_k, 1);
+                                       const mha_attention_desc *d, int64_t bq,
+                                       size_t gemm_bytes) {
     s->A = mha_carve(c, d->dropout > 0 ? mha_mul_size((size_t)bq, (size_t)d->n_k, &c->ok) : 0,
                      sizeof(real));
-    s->gemm_ws = mha_carve(c, MHA_MAX(gemm_s, gemm_o), 1);
+    s->gemm_ws = mha_carve(c, gemm_bytes, 1);
+    FN(stats_scratch_layout)(&s->st, c, d, 0, (size_t)d->n_k);
 }
 
 /* The forward with weights: tasks (batch, head, block of query rows). */
@@ -317,6 +507,7 @@ typedef struct {
     const real *q, *k, *v;
     const mha_attention_desc *d;
     int64_t bq, q_blocks;
+    size_t gemm_bytes; /* the GEMM workspace of a block (weights_gemm_bytes) */
     char *scratch;     /* a weights_scratch per thread */
     size_t per_thread; /* bytes */
 } FN(weights_job);
@@ -330,7 +521,7 @@ static void FN(weights_forward_task)(void *ctx, int64_t task, int thread) {
     const int64_t ld = d->n_k;
     FN(weights_scratch) ws;
     mha_carver slice = FN(thread_slice)(j->scratch, j->per_thread, thread);
-    FN(weights_scratch_layout)(&ws, &slice, d, bq);
+    FN(weights_scratch_layout)(&ws, &slice, d, bq, j->gemm_bytes);
     real *A = ws.A, *gemm_ws = ws.gemm_ws;
     const int64_t b = task / (H * q_blocks), h = task / q_blocks % H;
     const int64_t i0 = task % q_blocks * bq, rows = MHA_MIN(bq, d->n_q - i0);
@@ -342,7 +533,7 @@ static void FN(weights_forward_task)(void *ctx, int64_t task, int thread) {
     // 1. P = softmax(scale * q k^T + masks), block (rows, n_vis), written in weights
     uint8_t dead[BQ_MAX];
     real *P = weights + ((b * H + h) * d->n_q + i0) * d->n_k;
-    int64_t n_vis = FN(block_probs)(P, dead, lse_blk, ld, gemm_ws, q_bh, k_bh, b, h, i0, rows, d);
+    int64_t n_vis = FN(block_probs)(P, dead, lse_blk, ld, gemm_ws, q_bh, k_bh, b, h, i0, rows, d, &ws.st);
     for (int64_t r = 0; r < rows; r++) /* keys past a causal block's last row */
         memset(P + r * ld + n_vis, 0, (size_t)(d->n_k - n_vis) * sizeof(real));
     // 2. A = dropout(P), or P itself
@@ -358,15 +549,18 @@ static void FN(weights_forward_task)(void *ctx, int64_t task, int thread) {
  * out: (B, H, n_q, d_v) by d->out   weights: (B, H, n_q, n_k) contiguous or NULL
  * lse: (B, H, n_q) contiguous or NULL: each row's log-sum-exp of its masked, scaled scores
  * (what the backward needs to rebuild P; -inf for a fully masked row)
- * q: (B, H, n_q, d_k)   k: (B, H_kv, n_k, d_k)   v: (B, H_kv, n_k, d_v)   */
+ * q: (B, H, n_q, d_k)   k: (B, H_kv, n_k, d_k)   v: (B, H_kv, n_k, d_v)
+ * d->row_stats: NULL, or the mha_row_stats (of this type) that receives the row statistics,
+ * computed on either path. */
 static int FN(mha_attention_forward_lse)(real *out, real *weights, real *lse, const real *q,
                                          const real *k, const real *v,
                                          const mha_attention_desc *d) {
-    if (FN(check_desc)(d)) return MHA_EINVAL;
+    const TY(mha_row_stats) *stats = d->row_stats;
+    if (FN(check_desc)(d) || (stats && stats->key_set_mass && !stats->key_set)) return MHA_EINVAL;
     const int64_t B = d->batch, H = d->heads;
     /* nothing to write (this also bounds the task count below by an array's size) */
     if (NONE(B, H, d->n_q, d->d_v) && (!weights || NONE(B, H, d->n_q, d->n_k)) &&
-        (!lse || NONE(B, H, d->n_q, 1)))
+        ((!lse && !stats) || NONE(B, H, d->n_q, 1)))
         return MHA_OK;
     if (!weights) return FN(fused_forward)(out, lse, q, k, v, d);
     const int64_t bq = FN(block_rows)(d->n_k);
@@ -377,11 +571,12 @@ static int FN(mha_attention_forward_lse)(real *out, real *weights, real *lse, co
     const int64_t chunk = MHA_MAX(1, tasks / (8 * nt)); /* tasks per fetch when they are tiny */
     FN(weights_scratch) unused;
     mha_carver size = {NULL, 0, 1};
-    FN(weights_scratch_layout)(&unused, &size, d, bq);
+    const size_t gemm_bytes = FN(weights_gemm_bytes)(d, bq);
+    FN(weights_scratch_layout)(&unused, &size, d, bq, gemm_bytes);
     char *scratch = size.ok ? mha_alloc_slices(size.bytes, nt) : NULL;
     if (!scratch) return MHA_ENOMEM;
 
-    FN(weights_job) job = {out, weights, lse, q, k, v, d, bq, q_blocks, scratch, size.bytes};
+    FN(weights_job) job = {out, weights, lse, q, k, v, d, bq, q_blocks, gemm_bytes, scratch, size.bytes};
     mha_parallel_for(nt, tasks, chunk, FN(weights_forward_task), &job);
     mha_free(scratch);
     return MHA_OK;
@@ -629,6 +824,7 @@ static int FN(mha_attention_backward_saved)(real *dq, real *dk, real *dv, const 
     real *o_lse = o + o_elems;
     mha_attention_desc fwd = *d; /* out contiguous: (B, H, n_q, d_v) */
     fwd.out = (mha_view){H * d->n_q * d->d_v, d->n_q * d->d_v, d->d_v};
+    fwd.row_stats = NULL;
     int err = FN(mha_attention_forward_lse)(o, NULL, o_lse, q, k, v, &fwd);
     if (!err) err = FN(fused_backward)(dq, dk, dv, d_out, q, k, v, o, fwd.out, o_lse, d);
     mha_free(o);

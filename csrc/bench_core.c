@@ -3,8 +3,10 @@
  * written "=NAME", equals it).
  *
  * The layer of the benchmark table's case a (docs/benchmarks.md: B=16, n=128, d_model=256,
- * 8 heads, float32): the projection GEMM, the attention forward with and without weights, its
- * backward, the layer forward and backward; and a product small enough that it runs on two
+ * 8 heads, float32): the projection GEMM, the attention forward with and without weights (and
+ * with every row statistic), its backward, the layer forward and backward; the attention
+ * forward over one causal sequence of 1024 tokens (8 heads of 64), with and without the row
+ * statistics; and a product small enough that it runs on two
  * threads whatever THREADS says (64 rows: a short sequence's projection), which times what a
  * parallel job costs beyond its work. Each piece runs once untimed, then REPEATS times
  * (default 15); printed: the process CPU time (all threads) and the wall time, each as median
@@ -85,6 +87,31 @@ int main(int argc, char **argv) {
     d.causal = 1;
     TIME("attention fwd causal", attn_flops / 2, mha_attention_forward_f32(o, NULL, q, k, v, &d));
     d.causal = 0;
+    /* every row statistic beside the fused forward (the key set: the first key) */
+    uint8_t *key_set = calloc((size_t)n, 1);
+    key_set[0] = 1;
+    float *st = rand_f32(7 * B * H * n);
+    int64_t *argmax = malloc(sizeof(int64_t) * B * H * n);
+    mha_row_stats_f32 all = {st, st + B * H * n, argmax, st + 2 * B * H * n, st + 3 * B * H * n,
+                             st + 4 * B * H * n, st + 5 * B * H * n, st + 6 * B * H * n, key_set, 0};
+    TIME("attention fwd +stats", attn_flops, mha_attention_forward_stats_f32(o, NULL, NULL, &all, q, k, v, &d));
+
+    /* one long sequence: 8 heads of 64 over 1024 tokens, causal, without and with statistics */
+    const int64_t L = 1024, HL = 8, dL = 64;
+    float *qL = rand_f32(HL * L * dL), *kL = rand_f32(HL * L * dL), *vL = rand_f32(HL * L * dL);
+    float *oL = rand_f32(HL * L * dL), *stL = rand_f32(7 * HL * L);
+    int64_t *argmaxL = malloc(sizeof(int64_t) * HL * L);
+    uint8_t *key_setL = calloc((size_t)L, 1);
+    key_setL[0] = 1;
+    mha_row_stats_f32 allL = {stL, stL + HL * L, argmaxL, stL + 2 * HL * L, stL + 3 * HL * L,
+                              stL + 4 * HL * L, stL + 5 * HL * L, stL + 6 * HL * L, key_setL, 0};
+    mha_attention_desc dL_desc;
+    mha_attention_desc_init(&dL_desc, 1, HL, HL, L, L, dL, dL);
+    dL_desc.causal = 1;
+    const double long_flops = 4.0 * HL * L * L * dL / 2;
+    TIME("attention fwd 1024 causal", long_flops, mha_attention_forward_f32(oL, NULL, qL, kL, vL, &dL_desc));
+    TIME("attention fwd 1024 causal +stats", long_flops,
+         mha_attention_forward_stats_f32(oL, NULL, NULL, &allL, qL, kL, vL, &dL_desc));
 
     float *W_q = rand_f32(D * D), *W_k = rand_f32(D * D), *W_v = rand_f32(D * D), *W_o = rand_f32(D * D);
     float *b_q = rand_f32(D), *b_k = rand_f32(D), *b_v = rand_f32(D), *b_o = rand_f32(D);

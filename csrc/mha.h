@@ -54,6 +54,9 @@ typedef struct {
     double scale;                    /* usually 1/sqrt(d_k)                                 */
     double dropout;                  /* probability in [0, 1)                               */
     uint64_t seed;
+    /* row statistics: the mha_row_stats_f32 / _f64 of mha_attention_forward_stats_f32 / _f64
+     * (which set it on a copy of the descriptor), NULL otherwise                          */
+    const void *row_stats;
 } mha_attention_desc;
 
 /* Fills a descriptor with contiguous views for (B, H, n, d) arrays, no mask, scale 1/sqrt(d_k). */
@@ -75,6 +78,36 @@ int mha_attention_forward_lse_f32(float *out, float *weights, float *lse, const 
                                   const float *k, const float *v, const mha_attention_desc *desc);
 int mha_attention_forward_lse_f64(double *out, double *weights, double *lse, const double *q,
                                   const double *k, const double *v, const mha_attention_desc *desc);
+/* Row statistics of the attention weights P = softmax(scale * q k^T + masks) (before
+ * dropout), computed with the output, from each row's running max and sum, without the
+ * (n_q, n_k) matrix (docs/semantics.md, "Row statistics"). For row (b, h, i), with
+ * a = i + (n_k - n_q) the query's position among the keys (as causal aligns it):
+ *   entropy        -sum_j P_ij log P_ij (nats)
+ *   max_weight     max_j P_ij;   argmax: the first key j reaching it
+ *   key_set_mass   sum_j P_ij over the keys j of key_set
+ *   self_weight, prev_weight, next_weight: P_ia, P_i(a-1), P_i(a+1) (0 outside [0, n_k))
+ *   distance       sum_j P_ij |a - j|
+ * Each output is (B, H, n_q) contiguous, or NULL when not wanted. A fully masked row gives
+ * 0 everywhere and argmax -1. key_set: bytes, nonzero = in the set, batch b's n_k at
+ * key_set + b * key_set_stride (stride 0: one set for every batch); required (else
+ * MHA_EINVAL) with key_set_mass. */
+#define MHA_DECLARE_ROW_STATS(T, SFX)                                                          \
+    typedef struct {                                                                           \
+        T *entropy, *max_weight;                                                               \
+        int64_t *argmax;                                                                       \
+        T *key_set_mass, *self_weight, *prev_weight, *next_weight, *distance;                   \
+        const uint8_t *key_set;                                                                \
+        int64_t key_set_stride;                                                                \
+    } mha_row_stats_##SFX;                                                                     \
+    /* mha_attention_forward_lse with the row statistics in stats (any of its outputs NULL). */ \
+    int mha_attention_forward_stats_##SFX(T *out, T *weights, T *lse,                         \
+                                          const mha_row_stats_##SFX *stats, const T *q,        \
+                                          const T *k, const T *v,                              \
+                                          const mha_attention_desc *desc);
+
+MHA_DECLARE_ROW_STATS(float, f32)
+MHA_DECLARE_ROW_STATS(double, f64)
+
 /* Its backward from the forward's out (like out) and lse: tiled over keys and queries
  * (FlashAttention-2's scheme), O(n) scratch. out and lse NULL (both): the forward runs first.
  * dq like q, dk like k, dv like v (overwritten); d_out like out. */

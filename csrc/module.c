@@ -452,13 +452,107 @@ static int attention_options(mha_attention_desc *d, const attention_shapes *s, i
 
 /* ---- attention ---------------------------------------------------------------------------- */
 
+/* The row statistics by name (mha_row_stats's fields in order): the keys of the dict that
+ * attention_forward returns with row_stats. */
+enum { N_ROW_STATS = 8, ROW_STAT_ARGMAX = 2, ROW_STAT_KEY_SET = 3 };
+static const char *const ROW_STAT_NAMES[N_ROW_STATS] = {"entropy", "max", "argmax", "key_set_mass",
+                                                        "self", "prev", "next", "distance"};
+
+/* row_stats: NULL or None (none asked), or a sequence of names from ROW_STAT_NAMES; asked[i]
+ * = whether statistic i is. */
+static int parse_row_stats(PyObject *obj, int asked[N_ROW_STATS]) {
+    for (int i = 0; i < N_ROW_STATS; i++) asked[i] = 0;
+    if (!obj || obj == Py_None) return 0;
+    if (PyUnicode_Check(obj) || !PySequence_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "row_stats must be a sequence of names, not %.100s", Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    PyObject *seq = PySequence_Fast(obj, "row_stats must be a sequence of names");
+    if (!seq) return -1;
+    int status = 0;
+    for (Py_ssize_t n = 0; n < PySequence_Fast_GET_SIZE(seq) && status == 0; n++) {
+        PyObject *name = PySequence_Fast_GET_ITEM(seq, n);
+        int i = 0;
+        while (i < N_ROW_STATS && !(PyUnicode_Check(name) && PyUnicode_CompareWithASCIIString(name, ROW_STAT_NAMES[i]) == 0))
+            i++;
+        if (i < N_ROW_STATS) {
+            asked[i] = 1;
+            continue;
+        }
+        PyErr_Format(PyExc_ValueError, "row_stats: unknown statistic %.200R; expected names from 'entropy', 'max', "
+                     "'argmax', 'key_set_mass', 'self', 'prev', 'next', 'distance'", name);
+        status = -1;
+    }
+    Py_DECREF(seq);
+    return status;
+}
+
+/* Fills stats (of the call's dtype) with the key set and the data of the arrays asked for. */
+#define FILL_ROW_STATS(stats, T, arrays, key_set, key_set_stride)                                    \
+    do {                                                                                        \
+        T *f_[N_ROW_STATS];                                                                     \
+        for (int i_ = 0; i_ < N_ROW_STATS; i_++) f_[i_] = (arrays)[i_] ? PyArray_DATA((arrays)[i_]) : NULL; \
+        (stats).entropy = f_[0], (stats).max_weight = f_[1];                                    \
+        (stats).argmax = (arrays)[ROW_STAT_ARGMAX] ? PyArray_DATA((arrays)[ROW_STAT_ARGMAX]) : NULL; \
+        (stats).key_set_mass = f_[3], (stats).self_weight = f_[4], (stats).prev_weight = f_[5];  \
+        (stats).next_weight = f_[6], (stats).distance = f_[7];                                  \
+        (stats).key_set = (key_set), (stats).key_set_stride = (key_set_stride);                 \
+    } while (0)
+
+/* key_set: None, or bool (n_k,) or (batch, n_k) C-contiguous (batch 1 for a 2-D call), given
+ * exactly when 'key_set_mass' is asked. Sets *data and *stride (0 for one set of every batch). */
+static int get_key_set(PyObject *obj, const mha_attention_desc *d, int asked, const uint8_t **data, int64_t *stride) {
+    *data = NULL;
+    *stride = 0;
+    if (obj == Py_None) {
+        if (!asked) return 0;
+        PyErr_SetString(PyExc_ValueError, "row_stats asks for 'key_set_mass' but key_set is None: give a bool "
+                        "array (n_k,) or (batch, n_k), True for the keys of the set");
+        return -1;
+    }
+    if (!asked) {
+        PyErr_SetString(PyExc_ValueError, "key_set is given but row_stats does not ask for 'key_set_mass'");
+        return -1;
+    }
+    PyArrayObject *ks = get_array(obj, "key_set", NPY_BOOL, -1);
+    if (!ks) return -1;
+    const int nd = PyArray_NDIM(ks);
+    if (!((nd == 1 && PyArray_DIM(ks, 0) == d->n_k) ||
+          (nd == 2 && PyArray_DIM(ks, 0) == d->batch && PyArray_DIM(ks, 1) == d->n_k))) {
+        PyObject *shape = shape_of(ks);
+        if (shape)
+            PyErr_Format(PyExc_ValueError, "key_set has shape %R but (n_k,) = (%zd,) or (batch, n_k) = (%zd, %zd) "
+                         "was expected", shape, (Py_ssize_t)d->n_k, (Py_ssize_t)d->batch, (Py_ssize_t)d->n_k);
+        Py_XDECREF(shape);
+        return -1;
+    }
+    *data = (const uint8_t *)PyArray_DATA(ks);
+    *stride = nd == 2 ? d->n_k : 0;
+    return 0;
+}
+
+/* A dict {name: array} of the statistics asked for; steals the arrays' references (NULL on
+ * error, every reference released). */
+static PyObject *row_stats_dict(PyArrayObject *arrays[N_ROW_STATS]) {
+    PyObject *dict = PyDict_New();
+    for (int i = 0; i < N_ROW_STATS; i++) {
+        if (!arrays[i]) continue;
+        if (dict && PyDict_SetItemString(dict, ROW_STAT_NAMES[i], (PyObject *)arrays[i])) Py_CLEAR(dict);
+        Py_CLEAR(arrays[i]);
+    }
+    return dict;
+}
+
 static const char *const attention_kw[] = {"q", "k", "v", "mask", "key_padding_mask", "causal", "scale",
                                            "dropout", "seed", "need_weights", "return_lse", "out",
-                                           "weights_out", NULL};
+                                           "weights_out", "row_stats", "key_set", NULL};
 static call_spec attention_spec = {"attention_forward", attention_kw, 3, {NULL}};
 
-/* -> (out, weights|None), or (out, weights|None, lse) with return_lse; out (..., n_q, d_v),
- * weights (..., n_q, n_k), lse (..., n_q) for q (..., n_q, d_k) of rank 2, 3 or 4.
+/* -> (out, weights|None), or (out, weights|None, lse) with return_lse, then {name: stats} with
+ * row_stats; out (..., n_q, d_v), weights (..., n_q, n_k), lse and each statistic (..., n_q)
+ * (argmax int64, the others the call's dtype) for q (..., n_q, d_k) of rank 2, 3 or 4.
+ * row_stats: None or a sequence of names (ROW_STAT_NAMES); key_set: bool (n_k,) or (B, n_k),
+ * exactly when 'key_set_mass' is asked.
  * q, k, v: strided views are read in place (get_view). out: None, or a writable view of the
  * output's shape to write into (get_view: e.g. the heads of a (B, n_q, H * d_v) buffer, so that
  * they need no merging); weights_out: None, or a C-contiguous array of the weights' shape (with
@@ -470,14 +564,20 @@ static PyObject *py_attention_forward(PyObject *self, PyObject *const *args, Py_
     PyObject *q_obj = a[0], *k_obj = a[1], *v_obj = a[2], *mask_obj = OR_NONE(a[3]), *kp_obj = OR_NONE(a[4]);
     attention_scalars sc = {a[5], a[6], a[7], a[8]};
     PyObject *need_obj = a[9], *lse_obj = a[10], *out_obj = OR_NONE(a[11]), *w_obj = OR_NONE(a[12]);
-    int typenum = float_type(q_obj, "q"), need_weights = 1, return_lse = 0;
-    if (typenum < 0 || get_flag(need_obj, "need_weights", &need_weights) || get_flag(lse_obj, "return_lse", &return_lse))
+    PyObject *stats_obj = a[13], *ks_obj = OR_NONE(a[14]);
+    int typenum = float_type(q_obj, "q"), need_weights = 1, return_lse = 0, asked[N_ROW_STATS];
+    if (typenum < 0 || get_flag(need_obj, "need_weights", &need_weights) || get_flag(lse_obj, "return_lse", &return_lse) ||
+        parse_row_stats(stats_obj, asked))
         return NULL;
-    PyArrayObject *q, *k, *v, *out = NULL, *weights = NULL, *lse = NULL;
+    const int want_stats = stats_obj && stats_obj != Py_None;
+    PyArrayObject *q, *k, *v, *out = NULL, *weights = NULL, *lse = NULL, *stat_arrays[N_ROW_STATS] = {NULL};
     mha_attention_desc d;
     attention_shapes s;
+    const uint8_t *key_set;
+    int64_t key_set_stride;
     if (attention_args(&d, &s, typenum, 1, q_obj, k_obj, v_obj, &q, &k, &v) ||
-        attention_options(&d, &s, typenum, mask_obj, kp_obj, &sc, "dropout > 0 needs a seed"))
+        attention_options(&d, &s, typenum, mask_obj, kp_obj, &sc, "dropout > 0 needs a seed") ||
+        get_key_set(ks_obj, &d, asked[ROW_STAT_KEY_SET], &key_set, &key_set_stride))
         return NULL;
     if (out_obj != Py_None) {
         PyArrayObject *o = get_view(out_obj, "out", typenum, -1);
@@ -497,24 +597,37 @@ static PyObject *py_attention_forward(PyObject *self, PyObject *const *args, Py_
         weights = w;
     } else if (need_weights && !(weights = new_array(s.rank, s.scores, typenum, 0))) goto fail;
     if (return_lse && !(lse = new_array(s.rank - 1, s.out, typenum, 0))) goto fail; /* (..., n_q) */
+    for (int i = 0; i < N_ROW_STATS; i++) /* (..., n_q) */
+        if (asked[i] && !(stat_arrays[i] = new_array(s.rank - 1, s.out, i == ROW_STAT_ARGMAX ? NPY_INT64 : typenum, 0)))
+            goto fail;
+    mha_row_stats_f32 stats32;
+    mha_row_stats_f64 stats64;
+    FILL_ROW_STATS(stats32, float, stat_arrays, key_set, key_set_stride);
+    FILL_ROW_STATS(stats64, double, stat_arrays, key_set, key_set_stride);
     int err;
     Py_BEGIN_ALLOW_THREADS
     if (typenum == NPY_FLOAT32)
-        err = mha_attention_forward_lse_f32(PyArray_DATA(out), DATA_OR_NULL(weights), DATA_OR_NULL(lse),
-                                            PyArray_DATA(q), PyArray_DATA(k), PyArray_DATA(v), &d);
+        err = mha_attention_forward_stats_f32(PyArray_DATA(out), DATA_OR_NULL(weights), DATA_OR_NULL(lse),
+                                              want_stats ? &stats32 : NULL, PyArray_DATA(q), PyArray_DATA(k),
+                                              PyArray_DATA(v), &d);
     else
-        err = mha_attention_forward_lse_f64(PyArray_DATA(out), DATA_OR_NULL(weights), DATA_OR_NULL(lse),
-                                            PyArray_DATA(q), PyArray_DATA(k), PyArray_DATA(v), &d);
+        err = mha_attention_forward_stats_f64(PyArray_DATA(out), DATA_OR_NULL(weights), DATA_OR_NULL(lse),
+                                              want_stats ? &stats64 : NULL, PyArray_DATA(q), PyArray_DATA(k),
+                                              PyArray_DATA(v), &d);
     Py_END_ALLOW_THREADS
     if (raise_core_error(err)) goto fail;
-    PyObject *w = weights ? (PyObject *)weights : Py_None;
+    PyObject *w = weights ? (PyObject *)weights : Py_None, *stats = NULL;
+    if (want_stats && !(stats = row_stats_dict(stat_arrays))) goto fail;
     if (!weights) Py_INCREF(Py_None);
+    if (lse && stats) return Py_BuildValue("(NNNN)", out, w, lse, stats);
     if (lse) return Py_BuildValue("(NNN)", out, w, lse);
+    if (stats) return Py_BuildValue("(NNN)", out, w, stats);
     return Py_BuildValue("(NN)", out, w);
 fail:
     Py_XDECREF(out);
     Py_XDECREF(weights);
     Py_XDECREF(lse);
+    for (int i = 0; i < N_ROW_STATS; i++) Py_XDECREF(stat_arrays[i]);
     return NULL;
 }
 

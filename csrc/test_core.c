@@ -4,7 +4,7 @@
  * Each fast kernel is held to a naive twin written here in the plainest loops: the GEMM in all
  * four transpose combinations (and products sharing A, bitwise against single products),
  * attention forward with every mask kind, causal, GQA and dropout, its backward against
- * central finite differences (float64), the layer against projections + attention composed by
+ * central finite differences (float64), its row statistics against loops over the weights, the layer against projections + attention composed by
  * hand, and fully masked rows giving 0; the rest of the block (dense with its activation,
  * norms, RoPE, embedding) and its backward against loops in double (accumulated into
  * strided outputs, the cross-entropy in chunks); the thread layer runs every task of a job
@@ -459,6 +459,173 @@ static void test_nan_scores(void) {
         }
     free(q), free(k), free(v), free(mask), free(ref), free(out), free(w);
     free(qf), free(kf), free(vf), free(of), free(wf);
+}
+
+/* ---- row statistics ------------------------------------------------------------------------ */
+
+enum { N_STATS = 8 }; /* entropy, max, argmax, key set, self, prev, next, distance */
+static const char *const STAT_NAMES[N_STATS] = {"entropy", "max", "argmax", "key_set_mass",
+                                                "self", "prev", "next", "distance"};
+
+/* The statistics of each row of materialised weights w (B, H, n_q, n_k), the plainest loops:
+ * st (rows, N_STATS), the argmax as a double; a = i + n_k - n_q. key_set (B, n_k) with row
+ * stride ks_stride. A row of zeros (fully masked) gives 0 and argmax -1. */
+static void naive_row_stats(double *st, const double *w, const uint8_t *key_set, int64_t ks_stride,
+                            const mha_attention_desc *d) {
+    for (int64_t b = 0; b < d->batch; b++)
+        for (int64_t h = 0; h < d->heads; h++)
+            for (int64_t i = 0; i < d->n_q; i++) {
+                const int64_t row = (b * d->heads + h) * d->n_q + i, a = i + d->n_k - d->n_q;
+                const double *p = w + row * d->n_k;
+                double *o = st + row * N_STATS, total = 0;
+                memset(o, 0, N_STATS * sizeof *o);
+                o[2] = -1;
+                for (int64_t j = 0; j < d->n_k; j++) {
+                    total += p[j];
+                    if (p[j] > 0) o[0] -= p[j] * log(p[j]);
+                    if (p[j] > o[1]) o[1] = p[j], o[2] = (double)j;
+                    if (key_set[b * ks_stride + j]) o[3] += p[j];
+                    o[4] += j == a ? p[j] : 0;
+                    o[5] += j == a - 1 ? p[j] : 0;
+                    o[6] += j == a + 1 ? p[j] : 0;
+                    o[7] += p[j] * fabs((double)(a - j));
+                }
+                if (total == 0) o[2] = -1;
+            }
+}
+
+typedef struct {
+    int64_t B, H, H_kv, n_q, n_k, d;
+    int causal, use_mask, padding, shared_set; /* shared_set: one key set for every batch */
+    double dropout;
+} stats_case;
+
+/* The core's row statistics against naive_row_stats of the naive twin's weights, float64
+ * and float32, on the weights path and the fused path, every statistic asked but one
+ * (leaving a field NULL writes nothing there). Tolerances, absolute: 1e-12 (float64) and
+ * 1e-6 (float32) on the probabilities (max, key-set mass, self, prev, next); the entropy
+ * relative to its scale log(n_k), the distance to its scale n_k. The argmax must name a key
+ * whose weight is the row's max within that tolerance (a near tie may go either way). */
+static void test_row_stats_case(stats_case c) {
+    mha_attention_desc d;
+    mha_attention_desc_init(&d, c.B, c.H, c.H_kv, c.n_q, c.n_k, c.d, c.d);
+    d.causal = c.causal;
+    d.dropout = c.dropout;
+    d.seed = 99;
+    const size_t nq = c.B * c.H * c.n_q * c.d, nk = c.B * c.H_kv * c.n_k * c.d, nw = c.B * c.H * c.n_q * c.n_k;
+    const size_t rows = c.B * c.H * c.n_q;
+    double *q = random_array(nq), *k = random_array(nk), *v = random_array(nk);
+    for (size_t i = 0; i < nq; i++) q[i] = (float)q[i]; /* float32 sees the same numbers */
+    for (size_t i = 0; i < nk; i++) k[i] = (float)k[i], v[i] = (float)v[i];
+    uint8_t *mask = malloc(nw + 1), *padding = malloc(c.B * c.n_k + 1), *key_set = malloc(c.B * c.n_k + 1);
+    uint8_t *naive_mask = malloc(nw + 1);
+    for (size_t i = 0; i < nw; i++) mask[i] = !c.use_mask || randn() > -0.8;
+    if (c.use_mask && c.n_q > 0)
+        for (int64_t j = 0; j < c.n_k; j++) mask[j] = 0; /* row 0 of head 0: fully masked */
+    for (int64_t i = 0; i < c.B * c.n_k; i++) padding[i] = !c.padding || i % c.n_k < c.n_k - 1 - (i / c.n_k) * 3;
+    for (int64_t i = 0; i < c.B * c.n_k; i++) key_set[i] = i % c.n_k == 0 || randn() > 1;
+    for (size_t i = 0; i < nw; i++) naive_mask[i] = mask[i] && padding[i / (c.n_q * c.H) / c.n_k * c.n_k + i % c.n_k];
+    if (c.use_mask) {
+        d.mask_kind = MHA_MASK_BOOL;
+        d.mask = mask;
+        d.mask_strides[0] = c.H * c.n_q * c.n_k;
+        d.mask_strides[1] = c.n_q * c.n_k;
+        d.mask_strides[2] = c.n_k;
+        d.mask_strides[3] = 1;
+    }
+    if (c.padding) d.key_padding = padding, d.key_padding_stride = c.n_k;
+    const int64_t ks_stride = c.shared_set ? 0 : c.n_k;
+    double *w = malloc((nw + 1) * 8), *out = malloc((c.B * c.H * c.n_q * c.d + 1) * 8);
+    double *want = malloc((rows * N_STATS + 1) * 8);
+    naive_attention(out, w, q, k, v, naive_mask, &d);
+    naive_row_stats(want, w, key_set, ks_stride, &d);
+
+    double *got64[N_STATS], *wf64 = malloc((nw + 1) * 8), *of64 = malloc((c.B * c.H * c.n_q * c.d + 1) * 8);
+    float *got32[N_STATS], *qf = malloc((nq + 1) * 4), *kf = malloc((nk + 1) * 4), *vf = malloc((nk + 1) * 4);
+    float *wf32 = malloc((nw + 1) * 4), *of32 = malloc((c.B * c.H * c.n_q * c.d + 1) * 4);
+    int64_t *argmax = malloc((rows + 1) * 8);
+    for (int s = 0; s < N_STATS; s++) got64[s] = malloc((rows + 1) * 8), got32[s] = malloc((rows + 1) * 4);
+    for (size_t i = 0; i < nq; i++) qf[i] = (float)q[i];
+    for (size_t i = 0; i < nk; i++) kf[i] = (float)k[i], vf[i] = (float)v[i];
+    const int skip = (int)((c.n_q + c.n_k) % N_STATS); /* the statistic not asked */
+    const double scale_of[N_STATS] = {fmax(1, log((double)c.n_k)), 1, 1, 1, 1, 1, 1, fmax(1, (double)c.n_k)};
+    for (int f32 = 0; f32 < 2; f32++)
+        for (int fused = 0; fused < 2; fused++) {
+            const double sentinel = -12345;
+            for (int s = 0; s < N_STATS; s++)
+                for (size_t r = 0; r < rows; r++) got64[s][r] = sentinel, got32[s][r] = (float)sentinel;
+            for (size_t r = 0; r < rows; r++) argmax[r] = -12345;
+#define STAT(T, i) (skip == (i) ? NULL : T[i])
+            mha_row_stats_f64 s64 = {STAT(got64, 0), STAT(got64, 1), skip == 2 ? NULL : argmax, STAT(got64, 3),
+                                     STAT(got64, 4), STAT(got64, 5), STAT(got64, 6), STAT(got64, 7), key_set, ks_stride};
+            mha_row_stats_f32 s32 = {STAT(got32, 0), STAT(got32, 1), skip == 2 ? NULL : argmax, STAT(got32, 3),
+                                     STAT(got32, 4), STAT(got32, 5), STAT(got32, 6), STAT(got32, 7), key_set, ks_stride};
+#undef STAT
+            int status = f32 ? mha_attention_forward_stats_f32(of32, fused ? NULL : wf32, NULL, &s32, qf, kf, vf, &d)
+                             : mha_attention_forward_stats_f64(of64, fused ? NULL : wf64, NULL, &s64, q, k, v, &d);
+            const double tol = f32 ? 1e-6 : 1e-12;
+            double err[N_STATS] = {0};
+            int untouched = 1; /* the statistic not asked keeps its sentinel */
+            for (size_t r = 0; r < rows; r++) {
+                const double *ref = want + r * N_STATS;
+                for (int s = 0; s < N_STATS; s++) {
+                    double g = s == 2 ? (double)argmax[r] : f32 ? (double)got32[s][r] : got64[s][r];
+                    if (s == skip) {
+                        untouched &= g == sentinel;
+                        continue;
+                    }
+                    double e = fabs(g - ref[s]) / scale_of[s];
+                    if (s == 2) { /* the argmax: a key of the row's max weight, -1 for a dead row */
+                        const int64_t j = argmax[r];
+                        e = ref[2] < 0 ? (j == -1 ? 0 : 1)
+                            : j < 0 || j >= c.n_k ? 1 : ref[1] - w[r * c.n_k + j];
+                    }
+                    if (!(e <= err[s])) err[s] = e; /* keeps a NaN */
+                }
+            }
+            char what[200];
+            const char *kind = f32 ? "float32" : "float64", *path = fused ? "fused" : "weights";
+            snprintf(what, sizeof what, "row stats %s %s path B=%lld H=%lld/%lld n_q=%lld n_k=%lld causal=%d mask=%d padding=%d: status",
+                     kind, path, (long long)c.B, (long long)c.H, (long long)c.H_kv, (long long)c.n_q,
+                     (long long)c.n_k, c.causal, c.use_mask, c.padding);
+            expect(status == MHA_OK, what, status, 0);
+            for (int s = 0; s < N_STATS; s++) {
+                if (s == skip) continue;
+                char *tail = strstr(what, ": ") + 2;
+                snprintf(tail, sizeof what - (size_t)(tail - what), "%s", STAT_NAMES[s]);
+                expect(err[s] <= tol, what, err[s], tol);
+            }
+            snprintf(strstr(what, ": ") + 2, 60, "%s not asked, not written", STAT_NAMES[skip]);
+            expect(untouched, what, 1, 0);
+        }
+    for (int s = 0; s < N_STATS; s++) free(got64[s]), free(got32[s]);
+    free(q), free(k), free(v), free(mask), free(padding), free(key_set), free(naive_mask), free(w), free(out);
+    free(want), free(wf64), free(of64), free(qf), free(kf), free(vf), free(wf32), free(of32), free(argmax);
+}
+
+/* The output is bitwise the same with and without statistics (both paths), and a key-set
+ * mass asked without a key set is refused. */
+static void test_row_stats_output(void) {
+    enum { NQ = 100, NK = 300, D = 8 };
+    float *q = malloc(NQ * D * 4), *k = malloc(NK * D * 4), *v = malloc(NK * D * 4);
+    float *o1 = malloc(NQ * D * 4), *o2 = malloc(NQ * D * 4), *w = malloc(NQ * NK * 4), ent[NQ];
+    for (int i = 0; i < NQ * D; i++) q[i] = (float)randn();
+    for (int i = 0; i < NK * D; i++) k[i] = (float)randn(), v[i] = (float)randn();
+    mha_attention_desc d;
+    mha_attention_desc_init(&d, 1, 1, 1, NQ, NK, D, D);
+    d.causal = 1;
+    mha_row_stats_f32 st = {.entropy = ent};
+    for (int fused = 0; fused < 2; fused++) {
+        int status = mha_attention_forward_f32(o1, fused ? NULL : w, q, k, v, &d);
+        status |= mha_attention_forward_stats_f32(o2, fused ? NULL : w, NULL, &st, q, k, v, &d);
+        expect(status == MHA_OK && memcmp(o1, o2, sizeof(float) * NQ * D) == 0,
+               fused ? "row stats leave the fused output bitwise unchanged"
+                     : "row stats leave the weights path's output bitwise unchanged", 1, 0);
+    }
+    mha_row_stats_f32 no_set = {.key_set_mass = ent};
+    expect(mha_attention_forward_stats_f32(o2, NULL, NULL, &no_set, q, k, v, &d) == MHA_EINVAL,
+           "key_set_mass without a key_set: MHA_EINVAL", 0, 0);
+    free(q), free(k), free(v), free(o1), free(o2), free(w);
 }
 
 /* ---- attention flow --------------------------------------------------------------------- */
@@ -1236,6 +1403,18 @@ int main(int argc, char **argv) {
     test_dropout_rng();
     test_exp_f32();
     test_nan_scores();
+    const stats_case stats_cases[] = {
+        {1, 1, 1, 5, 7, 4, 0, 0, 0, 1, 0},        {2, 4, 2, 9, 9, 5, 1, 0, 1, 0, 0},
+        /* several key tiles (256) and query blocks (72); n_q > n_k (rows before the keys) */
+        {2, 2, 1, 150, 600, 24, 1, 1, 1, 0, 0},   {1, 2, 2, 300, 270, 8, 1, 1, 0, 1, 0.3},
+        {2, 2, 2, 130, 300, 16, 0, 0, 1, 0, 0.2}, {1, 3, 1, 40, 1030, 16, 0, 1, 0, 0, 0},
+        {1, 1, 1, 3, 0, 4, 0, 0, 0, 0, 0},
+        /* causal blocks of the weights path over 257 to 640 keys of 700: the GEMM's longest
+         * shared-axis slice, more workspace than all 700 keys take */
+        {1, 1, 1, 700, 700, 64, 1, 0, 0, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof stats_cases / sizeof stats_cases[0]; i++) test_row_stats_case(stats_cases[i]);
+    test_row_stats_output();
     test_attention_flow();
     test_linear();
     test_linear_packed();

@@ -6,6 +6,7 @@ the binding raises TypeError for other dtypes and ValueError for shapes that do 
 the messages users see. Inside the package only mha._core calls these (by keyword); the public,
 documented API is mha.attention, mha.attention_backward and mha.MultiHeadAttention.
 """
+from collections.abc import Sequence
 from typing import Any, Literal, overload
 
 import numpy as np
@@ -17,14 +18,17 @@ _Array = NDArray[Any]
 # attention: q (..., n_q, d_k), k (..., n_k, d_k), v (..., n_k, d_v) of one rank: 2, 3 or 4
 # ((B, H, n, d), k and v with H_kv heads dividing H); mask of the scores' shape (..., n_q, n_k),
 # any strides (bool: True = may attend; float: added to the scores); key_padding_mask (B, n_k)
-# bool, True = real token. seed: required when dropout > 0.
+# bool, True = real token. seed: required when dropout > 0. row_stats: names among "entropy",
+# "max", "argmax", "key_set_mass", "self", "prev", "next", "distance"; then the result ends
+# with {name: (..., n_q)} (argmax int64); key_set: bool (n_k,) or (B, n_k), exactly with
+# "key_set_mass".
 @overload
 def attention_forward(
     q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None = None,
     key_padding_mask: ArrayLike | None = None, causal: bool = False, scale: float | None = None,
     dropout: float = 0.0, seed: int | None = None, need_weights: bool = True,
     return_lse: Literal[False] = False, out: _Array | None = None,
-    weights_out: _Array | None = None,
+    weights_out: _Array | None = None, row_stats: None = None, key_set: None = None,
 ) -> tuple[_Array, _Array | None]: ...
 @overload
 def attention_forward(
@@ -32,7 +36,25 @@ def attention_forward(
     key_padding_mask: ArrayLike | None = None, causal: bool = False, scale: float | None = None,
     dropout: float = 0.0, seed: int | None = None, need_weights: bool = True, *,
     return_lse: Literal[True], out: _Array | None = None, weights_out: _Array | None = None,
+    row_stats: None = None, key_set: None = None,
 ) -> tuple[_Array, _Array | None, _Array]: ...
+@overload
+def attention_forward(
+    q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None = None,
+    key_padding_mask: ArrayLike | None = None, causal: bool = False, scale: float | None = None,
+    dropout: float = 0.0, seed: int | None = None, need_weights: bool = True,
+    return_lse: Literal[False] = False, out: _Array | None = None,
+    weights_out: _Array | None = None, *, row_stats: Sequence[str],
+    key_set: _Array | None = None,
+) -> tuple[_Array, _Array | None, dict[str, _Array]]: ...
+@overload
+def attention_forward(
+    q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None = None,
+    key_padding_mask: ArrayLike | None = None, causal: bool = False, scale: float | None = None,
+    dropout: float = 0.0, seed: int | None = None, need_weights: bool = True, *,
+    return_lse: Literal[True], out: _Array | None = None, weights_out: _Array | None = None,
+    row_stats: Sequence[str], key_set: _Array | None = None,
+) -> tuple[_Array, _Array | None, _Array, dict[str, _Array]]: ...
 def attention_backward(
     d_out: ArrayLike, q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None = None,
     key_padding_mask: ArrayLike | None = None, causal: bool = False, scale: float | None = None,

@@ -23,6 +23,7 @@ dtypes
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 from typing import Literal, overload
 
 import numpy as np
@@ -67,25 +68,63 @@ def _prepare(q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None, *
     return q, k, v, dtype, scores_shape, mask
 
 
+def _row_stats_args(row_stats: Collection[str] | str, key_set: ArrayLike | None,
+                    ) -> tuple[tuple[str, ...], np.ndarray | None]:
+    """The names asked for (one name alone counts as one) and the key set as a C-contiguous
+    bool array (integers: nonzero = in the set); the binding checks the names and shapes."""
+    names = (row_stats,) if isinstance(row_stats, str) else tuple(row_stats)
+    if key_set is None:
+        return names, None
+    ks = np.asarray(key_set)
+    if ks.dtype != bool:
+        if not np.issubdtype(ks.dtype, np.integer):
+            raise TypeError(f"key_set must be a bool array (True for the keys of the set), "
+                            f"not {ks.dtype}")
+        ks = ks != 0
+    return names, np.ascontiguousarray(ks)
+
+
 def _fresh_seed() -> int:
     """A dropout seed in [0, 2**63) from the operating system's entropy."""
     return int.from_bytes(os.urandom(8), "little") >> 1
 
 
+Stats = dict[str, np.ndarray]
+
+
 @overload
 def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None = None, *,
               causal: bool = False, scale: float | None = None, dropout: float = 0.0,
               seed: int | None = None, need_weights: bool = True,
-              return_lse: Literal[False] = False) -> tuple[np.ndarray, np.ndarray | None]: ...
+              return_lse: Literal[False] = False, row_stats: None = None,
+              key_set: None = None) -> tuple[np.ndarray, np.ndarray | None]: ...
 @overload
 def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None = None, *,
               causal: bool = False, scale: float | None = None, dropout: float = 0.0,
               seed: int | None = None, need_weights: bool = True,
-              return_lse: Literal[True]) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]: ...
+              return_lse: Literal[True], row_stats: None = None,
+              key_set: None = None) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]: ...
+@overload
+def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None = None, *,
+              causal: bool = False, scale: float | None = None, dropout: float = 0.0,
+              seed: int | None = None, need_weights: bool = True,
+              return_lse: Literal[False] = False, row_stats: Collection[str] | str,
+              key_set: ArrayLike | None = None) -> tuple[np.ndarray, np.ndarray | None, Stats]: ...
+@overload
+def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None = None, *,
+              causal: bool = False, scale: float | None = None, dropout: float = 0.0,
+              seed: int | None = None, need_weights: bool = True,
+              return_lse: Literal[True], row_stats: Collection[str] | str,
+              key_set: ArrayLike | None = None,
+              ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray, Stats]: ...
 def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None = None, *,
               causal: bool = False, scale: float | None = None, dropout: float = 0.0,
               seed: int | None = None, need_weights: bool = True, return_lse: bool = False,
-              ) -> tuple[np.ndarray, np.ndarray | None] | tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+              row_stats: Collection[str] | str | None = None, key_set: ArrayLike | None = None,
+              ) -> (tuple[np.ndarray, np.ndarray | None]
+                    | tuple[np.ndarray, np.ndarray | None, np.ndarray]
+                    | tuple[np.ndarray, np.ndarray | None, Stats]
+                    | tuple[np.ndarray, np.ndarray | None, np.ndarray, Stats]):
     """Compute scaled dot-product attention, softmax(scale * q k^T + mask) v, on the C core.
 
     Parameters
@@ -115,6 +154,19 @@ def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None =
     return_lse : bool
         Also return each row's log-sum-exp, so that ``attention_backward(..., out=out, lse=lse)``
         need not run the forward again (as a training step does).
+    row_stats : collection of str, optional
+        Statistics of each row of the weights to compute with the output, without the
+        (n_q, n_k) matrix (also when ``need_weights=False``; docs/semantics.md, "Row
+        statistics"), by name (one name alone counts as one): "entropy" (nats), "max" (the
+        largest weight), "argmax" (its key, the first on a tie), "key_set_mass" (the weight
+        on the keys of `key_set`), "self", "prev", "next" (the weight on the query's own
+        position among the keys, a = i + n_k - n_q as `causal` aligns it, and on a - 1,
+        a + 1), "distance" (``sum_j P_ij |a - j|``). Of the softmax probabilities, before
+        dropout; a fully masked row gives 0 and argmax -1.
+    key_set : array_like, optional
+        Bool (True = in the set) or integer (nonzero), (n_k,) or (B, n_k): the keys whose mass
+        "key_set_mass" sums (the first token, separators, punctuation...). Given exactly when
+        "key_set_mass" is asked.
 
     Returns
     -------
@@ -125,14 +177,19 @@ def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None =
     lse : ndarray
         (..., n_q), only with return_lse: log(sum_j exp(s_ij)) of the masked, scaled scores
         (-inf for a fully masked row).
+    stats : dict of str to ndarray
+        Only with row_stats: {name: (..., n_q)} for each statistic asked, "argmax" int64, the
+        others in the inputs' dtype.
 
     Raises
     ------
     TypeError
-        Non-floating inputs or mask dtype, non-numeric scale, dropout or seed.
+        Non-floating inputs or mask dtype, non-numeric scale, dropout or seed, a key_set
+        neither bool nor integer.
     ValueError
         Shapes that do not fit (the message names the arrays and gives both shapes), dropout
-        outside [0, 1), seed outside [0, 2**64).
+        outside [0, 1), seed outside [0, 2**64), an unknown name in row_stats, a key_set of
+        the wrong shape, or given without "key_set_mass" (or missing with it).
     MemoryError
         An output or the weights cannot fit in memory.
 
@@ -148,6 +205,10 @@ def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None =
     >>> out, w = mha.attention(q, k, v, causal=True)
     >>> np.allclose(w.sum(-1), 1)
     True
+    >>> out, _, stats = mha.attention(q, k, v, causal=True, need_weights=False,
+    ...                               row_stats=["entropy", "argmax"])
+    >>> stats["argmax"][0], float(stats["entropy"][0])
+    (np.int64(0), 0.0)
     """
     q, k, v, dtype, scores_shape, mask = _prepare(q, k, v, mask)
     need_weights = checks.flag(need_weights, "need_weights")     # read for the memory budget
@@ -155,10 +216,11 @@ def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None =
         checks.fits("output", q.shape[:-1] + (v.shape[-1],), dtype)
         if need_weights:
             checks.fits("weights", scores_shape, dtype)
+    names, key_set = (None, key_set) if row_stats is None else _row_stats_args(row_stats, key_set)
     return _core.attention_forward(
         core_view(q, dtype), core_view(k, dtype), core_view(v, dtype), mask=mask, causal=causal,
         scale=scale, dropout=dropout, seed=_fresh_seed() if seed is None else seed,
-        need_weights=need_weights, return_lse=return_lse)
+        need_weights=need_weights, return_lse=return_lse, row_stats=names, key_set=key_set)
 
 
 def attention_backward(d_out: ArrayLike, q: ArrayLike, k: ArrayLike, v: ArrayLike,

@@ -12,13 +12,18 @@ Shapes
 """
 from __future__ import annotations
 
+from collections.abc import Collection
+from typing import Any, overload
+
 import numpy as np
 from numpy.typing import ArrayLike, DTypeLike
 
 from .. import checks
 from .dropout import dropout_keep
 
-__all__ = ["attention", "attention_backward"]
+__all__ = ["attention", "attention_backward", "row_statistics"]
+
+ROW_STATS = ("entropy", "max", "argmax", "key_set_mass", "self", "prev", "next", "distance")
 
 
 def _repeat_kv_heads(x: np.ndarray, n_heads: int | None) -> np.ndarray:
@@ -118,10 +123,121 @@ def _inputs(q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None, sc
     return q, k, v, rest, dtype, mask, checks.scale(scale, q.shape[-1]), p, seed
 
 
+def _row_stats_names(row_stats: Collection[str] | str, key_set: ArrayLike | None,
+                     ) -> tuple[tuple[str, ...], np.ndarray | None]:
+    """The names asked for and the key set as bool, checked as the binding checks them."""
+    names = (row_stats,) if isinstance(row_stats, str) else tuple(row_stats)
+    for name in names:
+        if name not in ROW_STATS:
+            raise ValueError(f"row_stats: unknown statistic {name!r}; expected names from "
+                             + ", ".join(repr(n) for n in ROW_STATS))
+    if key_set is None:
+        if "key_set_mass" in names:
+            raise ValueError("row_stats asks for 'key_set_mass' but key_set is None: give a bool "
+                             "array (n_k,) or (batch, n_k), True for the keys of the set")
+        return names, None
+    if "key_set_mass" not in names:
+        raise ValueError("key_set is given but row_stats does not ask for 'key_set_mass'")
+    ks = np.asarray(key_set)
+    if ks.dtype != bool and not np.issubdtype(ks.dtype, np.integer):
+        raise TypeError(f"key_set must be a bool array (True for the keys of the set), not {ks.dtype}")
+    return names, ks != 0
+
+
+def row_statistics(weights: ArrayLike, row_stats: Collection[str] | str, *,
+                   key_set: ArrayLike | None = None) -> dict[str, np.ndarray]:
+    """Statistics of each row of attention weights, from the materialised maps.
+
+    With P = weights (..., n_q, n_k) and a = i + (n_k - n_q) the query's position among the
+    keys (bottom-right aligned, as `causal`), for each row i:
+
+    - entropy: -sum_j P_ij log P_ij (nats; 0 log 0 = 0);
+    - max: max_j P_ij; argmax: the first j reaching it (int64);
+    - key_set_mass: sum of P_ij over the keys j of key_set;
+    - self, prev, next: P_ia, P_i(a-1), P_i(a+1) (0 outside [0, n_k));
+    - distance: ``sum_j P_ij |a - j|``.
+
+    A row of zeros (a fully masked row) gives 0 and argmax -1. Computed in float64, returned
+    in the weights' dtype.
+
+    Parameters
+    ----------
+    weights : array_like
+        (..., n_q, n_k) floating, rows of probabilities.
+    row_stats : collection of str
+        Names among "entropy", "max", "argmax", "key_set_mass", "self", "prev", "next",
+        "distance" (one name alone counts as one).
+    key_set : array_like, optional
+        Bool or integer (nonzero = in the set), (n_k,) or (B, n_k) for weights (B, ..., n_q,
+        n_k); given exactly with "key_set_mass".
+
+    Returns
+    -------
+    dict of str to ndarray
+        {name: (..., n_q)}.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As `mha.attention`'s row_stats and key_set.
+
+    Examples
+    --------
+    >>> w = np.array([[1.0, 0.0], [0.5, 0.5]])
+    >>> s = row_statistics(w, ["entropy", "prev", "distance"])
+    >>> s["entropy"].round(4).tolist(), s["prev"].tolist(), s["distance"].tolist()
+    ([0.0, 0.6931], [0.0, 0.5], [0.0, 0.5])
+    """
+    names, ks = _row_stats_names(row_stats, key_set)
+    w = checks.float_array(weights, "weights")
+    dtype = w.dtype
+    P = w.astype(np.float64)                                            # (..., n_q, n_k)
+    n_q, n_k = P.shape[-2:]
+    a = np.arange(n_q)[:, None] + (n_k - n_q)                           # (n_q, 1)
+    j = np.arange(n_k)[None, :]                                         # (1, n_k)
+    dead = ~(P > 0).any(axis=-1)                                        # (..., n_q)
+    stats: dict[str, Any] = {}
+    for name in names:
+        if name == "entropy":
+            stats[name] = -np.sum(P * np.log(np.where(P > 0, P, 1.0)), axis=-1)
+        elif name == "max":
+            stats[name] = P.max(axis=-1, initial=0.0)
+        elif name == "argmax":
+            stats[name] = np.where(dead, -1, P.argmax(axis=-1) if n_k else -1).astype(np.int64)
+        elif name == "key_set_mass":
+            assert ks is not None
+            batch = P.shape[0] if P.ndim >= 3 else 1
+            if ks.shape not in ((n_k,), (batch, n_k)):
+                raise ValueError(f"key_set has shape {ks.shape} but (n_k,) = ({n_k},) or "
+                                 f"(batch, n_k) = ({batch}, {n_k}) was expected")
+            # (B, n_k) -> (B, 1, ..., 1, n_k) against P (B, ..., n_q, n_k)
+            in_set = ks if ks.ndim == 1 else ks.reshape((batch,) + (1,) * (P.ndim - 2) + (n_k,))
+            stats[name] = np.sum(P * in_set, axis=-1)
+        elif name == "distance":
+            stats[name] = np.sum(P * np.abs(a - j), axis=-1)
+        else:                                                           # self, prev, next
+            offset = {"self": 0, "prev": -1, "next": 1}[name]
+            stats[name] = np.sum(P * (j == a + offset), axis=-1)
+    return {name: (value if name == "argmax" else value.astype(dtype)) for name, value in stats.items()}
+
+
+@overload
+def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None = None, *,
+              causal: bool = False, scale: float | None = None, dropout: float = 0.0,
+              seed: int | None = None, need_weights: bool = True, row_stats: None = None,
+              key_set: None = None) -> tuple[np.ndarray, np.ndarray | None]: ...
+@overload
 def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None = None, *,
               causal: bool = False, scale: float | None = None, dropout: float = 0.0,
               seed: int | None = None, need_weights: bool = True,
-              ) -> tuple[np.ndarray, np.ndarray | None]:
+              row_stats: Collection[str] | str, key_set: ArrayLike | None = None,
+              ) -> tuple[np.ndarray, np.ndarray | None, dict[str, np.ndarray]]: ...
+def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None = None, *,
+              causal: bool = False, scale: float | None = None, dropout: float = 0.0,
+              seed: int | None = None, need_weights: bool = True,
+              row_stats: Collection[str] | str | None = None, key_set: ArrayLike | None = None,
+              ) -> (tuple[np.ndarray, np.ndarray | None]
+                    | tuple[np.ndarray, np.ndarray | None, dict[str, np.ndarray]]):
     """Scaled dot-product attention, softmax(scale * q k^T + mask) v, in NumPy.
 
     Parameters
@@ -146,6 +262,10 @@ def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None =
         In [0, 2**64), keys the dropout RNG; drawn at random when None.
     need_weights : bool
         Return the weights, or None.
+    row_stats : collection of str, optional
+        Statistics of each row of the weights (`row_statistics`), returned third.
+    key_set : array_like, optional
+        The key set of "key_set_mass", bool (n_k,) or (B, n_k).
 
     Returns
     -------
@@ -153,6 +273,8 @@ def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None =
         (..., n_q, d_v).
     weights : ndarray or None
         (..., n_q, n_k) softmax probabilities before dropout.
+    stats : dict of str to ndarray
+        Only with row_stats: {name: (..., n_q)}, from the weights (`row_statistics`).
 
     Raises
     ------
@@ -174,6 +296,10 @@ def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None =
     """
     q, k, v, _, dtype, mask, scale, dropout, seed = _inputs(q, k, v, mask, scale, dropout, seed)
     causal, need_weights = checks.flag(causal, "causal"), checks.flag(need_weights, "need_weights")
+    if row_stats is not None:
+        row_stats, key_set = _row_stats_names(row_stats, key_set)
+    elif key_set is not None:
+        raise ValueError("key_set is given but row_stats does not ask for 'key_set_mass'")
 
     # 1-5. A = dropout(softmax(masked scores)), with GQA's key/value heads repeated
     _, v_rep, P, _, A, fully_masked = _forward_weights(q, k, v, mask, causal, scale, dropout,
@@ -182,7 +308,11 @@ def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None =
     # 6. weighted sum of the values; a fully masked row is 0 whatever v holds
     out = A @ v_rep                                                     # (..., n_q, d_v)
     out = np.where(fully_masked, 0.0, out).astype(dtype, copy=False)
-    return out, (P if need_weights else None)
+    if row_stats is None:
+        return out, (P if need_weights else None)
+    # row statistics of P (before dropout)
+    stats = row_statistics(P, row_stats, key_set=key_set)
+    return out, (P if need_weights else None), stats
 
 
 def attention_backward(d_out: ArrayLike, q: ArrayLike, k: ArrayLike, v: ArrayLike,
