@@ -29,13 +29,14 @@ The parameter helpers init_params, params_from_torch, prune_params and KVCache a
 from ..layer_base import KVCache, init_params, params_from_torch, prune_params
 from .dropout import dropout_keep, splitmix64
 from .layer import MultiHeadAttention
-from .sdpa import attention, attention_backward
+from .sdpa import attention, attention_backward, row_statistics
 
 __all__ = [
     "splitmix64",
     "dropout_keep",
     "attention",
     "attention_backward",
+    "row_statistics",
     "init_params",
     "params_from_torch",
     "prune_params",
