@@ -45,7 +45,8 @@ def test_every_name_is_importable_from_mha_analysis():
              "use_head_mask", "PruningCurve", "pruning_curve", "HEAD_FUSIONS",
              "attention_rollout", "attention_flow", "value_norms", "CLARK_METRICS",
              "token_classes", "head_statistic_sums", "clark_metrics", "broad_heads",
-             "classical_mds", "head_map", "metric_mds", "CONVENTIONS"]
+             "classical_mds", "head_map", "metric_mds", "CONVENTIONS", "detect_head",
+             "head_detection_pattern", "HEAD_NAMES"]
     assert sorted(analysis.__all__) == sorted(names)
     for name in names:
         assert getattr(analysis, name) is not None
