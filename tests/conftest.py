@@ -20,6 +20,22 @@ def rng(request):
     return np.random.default_rng(seed)
 
 
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory):
+    """family -> (folder, transformers model class) of tests/tiny_models.py's tiny model of
+    that family ("bert": tiny_models.build_bert), each built once per session, on demand."""
+    import tiny_models
+    built = {}
+
+    def get(family):
+        if family not in built:
+            folder = tmp_path_factory.mktemp(family)
+            build = tiny_models.build_bert if family == "bert" else lambda f: tiny_models.build(family, f)
+            built[family] = folder, build(folder)
+        return built[family]
+    return get
+
+
 @pytest.fixture
 def single_thread():
     """Finite-difference loops make thousands of tiny calls: run them on one thread (thread

@@ -28,24 +28,6 @@ TOL = {np.float32: 1e-5, np.float64: 1e-12}
 FAMILIES = ["bert", *tiny_models.FAMILIES]
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """family -> (folder, transformers model class), each built once on demand; "bert" is a
-    BertModel with the WordPiece tokenizer of tiny_models."""
-    built = {}
-
-    def get(family):
-        if family in built:
-            return built[family]
-        folder = tmp_path_factory.mktemp(family)
-        if family == "bert":
-            built[family] = folder, tiny_models.build_bert(folder)
-        else:
-            built[family] = folder, tiny_models.build(family, folder)
-        return built[family]
-    return get
-
-
 # --- where each hook point sits in transformers ---------------------------------------------------
 
 def _bert_points(prefix, names):

@@ -27,19 +27,6 @@ TOL = {np.float32: 1e-4, np.float64: 1e-9}
 DTYPES = pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """family -> (folder, transformers model class), each built once on demand."""
-    built = {}
-
-    def get(family):
-        if family not in built:
-            folder = tmp_path_factory.mktemp(family)
-            built[family] = folder, tiny_models.build(family, folder)
-        return built[family]
-    return get
-
-
 def batch(model, n=12, seed=0):
     """Right-padded ids (3, n) and their mask: texts of n, n - 5 and n - 2 tokens."""
     rng = np.random.default_rng(seed)

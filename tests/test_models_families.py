@@ -32,19 +32,6 @@ CLASSES = {"roberta": mha.models.RobertaModel, "distilbert": mha.models.DistilBe
 
 
 @pytest.fixture(scope="session")
-def tiny(tmp_path_factory):
-    """family -> (folder, transformers model class), each built once per session on demand."""
-    built = {}
-
-    def get(family):
-        if family not in built:
-            folder = tmp_path_factory.mktemp(family)
-            built[family] = folder, tiny_models.build(family, folder)
-        return built[family]
-    return get
-
-
-@pytest.fixture(scope="session")
 def reference(tiny):
     """(family, dtype name) -> the transformers model in that dtype, eager attention."""
     models = {}

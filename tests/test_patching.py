@@ -26,19 +26,6 @@ SWEEPS = sorted(name for name in patching.__all__ if name.startswith("get_act_pa
 PATH_NEUTRAL = {"resid_pre", "resid_mid", "z", "q", "k", "v"}
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """family -> (folder, transformers model class), each built once."""
-    built = {}
-
-    def get(family):
-        if family not in built:
-            folder = tmp_path_factory.mktemp(family)
-            built[family] = folder, tiny_models.build(family, folder)
-        return built[family]
-    return get
-
-
 def inputs(model, n=7):
     """A clean and a corrupted id batch (2, n) that differ at three positions."""
     ids = np.asarray(model.tokenizer(tiny_models.CORPUS[3]).ids[:n])
