@@ -272,10 +272,12 @@ def layer_pos_patch_setter(corrupted_activation: np.ndarray, index: Sequence[int
 
     Parameters
     ----------
-    corrupted_activation, clean_activation : ndarray, shape (batch, pos, ...)
-        The activations.
+    corrupted_activation : ndarray, shape (batch, pos, ...)
+        The corrupted run's activation.
     index : (int, int)
         (layer, pos).
+    clean_activation : ndarray, shape (batch, pos, ...)
+        The clean run's activation, same shape.
 
     Returns
     -------
@@ -299,10 +301,12 @@ def layer_pos_head_vector_patch_setter(corrupted_activation: np.ndarray, index: 
 
     Parameters
     ----------
-    corrupted_activation, clean_activation : ndarray, shape (batch, pos, head, d_head)
-        q, k, v, z or result.
+    corrupted_activation : ndarray, shape (batch, pos, head, d_head)
+        The corrupted run's activation: q, k, v, z or result.
     index : (int, int, int)
         (layer, pos, head).
+    clean_activation : ndarray, shape (batch, pos, head, d_head)
+        The clean run's activation, same shape.
 
     Returns
     -------
@@ -327,10 +331,12 @@ def layer_head_vector_patch_setter(corrupted_activation: np.ndarray, index: Sequ
 
     Parameters
     ----------
-    corrupted_activation, clean_activation : ndarray, shape (batch, pos, head, d_head)
-        q, k, v, z or result.
+    corrupted_activation : ndarray, shape (batch, pos, head, d_head)
+        The corrupted run's activation: q, k, v, z or result.
     index : (int, int)
         (layer, head).
+    clean_activation : ndarray, shape (batch, pos, head, d_head)
+        The clean run's activation, same shape.
 
     Returns
     -------
@@ -355,10 +361,12 @@ def layer_head_pattern_patch_setter(corrupted_activation: np.ndarray, index: Seq
 
     Parameters
     ----------
-    corrupted_activation, clean_activation : ndarray, shape (batch, head, dest, src)
-        Patterns or scores.
+    corrupted_activation : ndarray, shape (batch, head, dest, src)
+        The corrupted run's activation: patterns or scores.
     index : (int, int)
         (layer, head).
+    clean_activation : ndarray, shape (batch, head, dest, src)
+        The clean run's activation, same shape.
 
     Returns
     -------
@@ -382,10 +390,12 @@ def layer_head_pos_pattern_patch_setter(corrupted_activation: np.ndarray, index:
 
     Parameters
     ----------
-    corrupted_activation, clean_activation : ndarray, shape (batch, head, dest, src)
-        Patterns or scores.
+    corrupted_activation : ndarray, shape (batch, head, dest, src)
+        The corrupted run's activation: patterns or scores.
     index : (int, int, int)
         (layer, head, dest_pos).
+    clean_activation : ndarray, shape (batch, head, dest, src)
+        The clean run's activation, same shape.
 
     Returns
     -------
@@ -411,10 +421,12 @@ def layer_head_dest_src_pos_pattern_patch_setter(corrupted_activation: np.ndarra
 
     Parameters
     ----------
-    corrupted_activation, clean_activation : ndarray, shape (batch, head, dest, src)
-        Patterns or scores.
+    corrupted_activation : ndarray, shape (batch, head, dest, src)
+        The corrupted run's activation: patterns or scores.
     index : (int, int, int, int)
         (layer, head, dest_pos, src_pos).
+    clean_activation : ndarray, shape (batch, head, dest, src)
+        The clean run's activation, same shape.
 
     Returns
     -------
@@ -569,7 +581,7 @@ def get_act_patch_attn_head_all_pos_every(model: Any,
     Returns
     -------
     ndarray of float64, shape (5, n_layers, n_heads)
-        out (z), q, k, v, pattern; with grouped-query attention the k and v rows hold the
+        Out (z), q, k, v, pattern; with grouped-query attention the k and v rows hold the
         n_kv_heads key/value heads, then zeros.
 
     Examples
@@ -610,7 +622,7 @@ def get_act_patch_attn_head_by_pos_every(model: Any,
     Returns
     -------
     ndarray of float64, shape (5, n_layers, pos, n_heads)
-        out (z), q, k, v, pattern (its query rows as positions); k and v padded with zeros
+        Out (z), q, k, v, pattern (its query rows as positions); k and v padded with zeros
         to n_heads with grouped-query attention.
 
     Examples
@@ -650,7 +662,7 @@ def get_act_patch_block_every(model: Any, corrupted_tokens: str | Sequence[str] 
     Returns
     -------
     ndarray of float64, shape (3, n_layers, pos)
-        resid_pre, attn_out, mlp_out.
+        The sweeps of resid_pre, attn_out and mlp_out, in that order.
 
     Examples
     --------

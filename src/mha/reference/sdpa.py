@@ -146,7 +146,7 @@ def _row_stats_names(row_stats: Collection[str] | str, key_set: ArrayLike | None
 
 def row_statistics(weights: ArrayLike, row_stats: Collection[str] | str, *,
                    key_set: ArrayLike | None = None) -> dict[str, np.ndarray]:
-    """Statistics of each row of attention weights, from the materialised maps.
+    """Compute the statistics of each row of attention weights from the materialised maps.
 
     With P = weights (..., n_q, n_k) and a = i + (n_k - n_q) the query's position among the
     keys (bottom-right aligned, as `causal`), for each row i:
