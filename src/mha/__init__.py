@@ -9,8 +9,10 @@ Masks: True (or 1) = may attend, False = masked, like torch.nn.functional.scaled
 and OPPOSITE to torch.nn.MultiheadAttention. `mha.reference` holds pure NumPy twins of
 everything, the oracle of the tests. See docs/semantics.md for the exact numerics.
 """
+import contextlib as _contextlib
 import os as _os
 import types as _types
+from collections.abc import Iterator as _Iterator
 
 # On POSIX systems the kernels run on mha's own thread pool (csrc/threads.c), whose idle threads
 # spin 0.1 ms and then sleep, whatever else the process loaded. Windows builds use OpenMP,
@@ -43,6 +45,7 @@ __all__ = [
     "KVCache",
     "set_num_threads",
     "get_num_threads",
+    "num_threads",
     "build_info",
     "reference",
 ]
@@ -101,6 +104,38 @@ def get_num_threads() -> int:
     True
     """
     return _C.get_num_threads()
+
+
+@_contextlib.contextmanager
+def num_threads(n: int) -> _Iterator[None]:
+    """Run a block with the C kernels on `n` threads, then restore the previous count.
+
+    Parameters
+    ----------
+    n : int
+        The thread count inside the block, as :func:`set_num_threads` takes it.
+
+    Yields
+    ------
+    None
+        The block runs with `n` threads; the count before it is restored afterwards, also
+        when the block raises.
+
+    Examples
+    --------
+    >>> old = mha.get_num_threads()
+    >>> with mha.num_threads(1):
+    ...     mha.get_num_threads()
+    1
+    >>> mha.get_num_threads() == old
+    True
+    """
+    old = get_num_threads()
+    set_num_threads(n)
+    try:
+        yield
+    finally:
+        set_num_threads(old)
 
 
 def build_info() -> dict[str, str | int | bool | tuple[str, ...]]:

@@ -2,11 +2,10 @@
 cluster (the package's docstring says how it runs)."""
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterable
 
 import dask
 import dask.bag
@@ -64,19 +63,9 @@ class _Progress(Callback):
             self.bar.update(weight)
 
 
-@contextlib.contextmanager
-def _kernel_threads(n: int) -> Iterator[None]:
-    old = mha.get_num_threads()
-    mha.set_num_threads(n)
-    try:
-        yield
-    finally:
-        mha.set_num_threads(old)
-
-
 def _run_local(root: Delayed, weights: dict[str, int], bar: Any, num_workers: int | None,
                kernel_threads: int) -> dict[str, Any]:
-    with _kernel_threads(kernel_threads), _Progress(bar, weights):
+    with mha.num_threads(kernel_threads), _Progress(bar, weights):
         (total,) = dask.compute(root, scheduler="threads", num_workers=num_workers)
     return total
 
@@ -303,7 +292,7 @@ def _text_tasks(model: TransformerModel, runner: TransformerModel | _ModelSpec,
         ids, truncated, skipped = _tokenize(model, items, name, truncation=truncation,
                                             skip_empty=skip_empty, bar=bar)
     if not ids:
-        raise ValueError(f"texts has no text to compute statistics on"
+        raise ValueError("texts has no text to compute statistics on"
                          + (f" ({skipped} empty ones skipped)" if skipped else ""))
     batches = _batches(ids, batch_size, batch_tokens)
     del ids

@@ -3,13 +3,14 @@ each computed once), one function per figure, and the table `FIGURES` that lists
 order of index.html. A new figure is a function and one entry."""
 from __future__ import annotations
 
-import contextlib
 import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
+
+import mha
 
 __all__ = ["FIGURES", "FILES", "Figure", "Tour", "TourError"]
 
@@ -36,22 +37,6 @@ def _display_name(model):
     if name.lower() in ("minilm", "all-minilm-l6-v2"):
         return "MiniLM"
     return Path(name).name or name
-
-
-@contextlib.contextmanager
-def _threads(n):
-    """Run the block with the C kernels on n threads (None: unchanged)."""
-    import mha
-
-    if n is None:
-        yield
-        return
-    old = mha.get_num_threads()
-    mha.set_num_threads(n)
-    try:
-        yield
-    finally:
-        mha.set_num_threads(old)
 
 
 def _save(fig, path):
@@ -128,7 +113,7 @@ class Tour:
     @functools.cached_property
     def training(self):
         from .. import training
-        with _threads(self.threads or 1):            # tiny matrices: one thread is faster
+        with mha.num_threads(self.threads or 1):       # tiny matrices: one thread is faster
             return training.compare_heads((1, 4, 8), epochs=self.epochs, seed=0, progress=self.progress)
 
     @functools.cached_property
@@ -256,8 +241,6 @@ def _head_diversity(t, path):
 def _causal_mask(t, path):
     from matplotlib.figure import Figure as MplFigure
 
-    import mha
-
     from ... import viz
 
     words = ["The", "cat", "sat", "on", "the", "mat"]
@@ -274,8 +257,6 @@ def _causal_mask(t, path):
 
 
 def _concat_projection(t, path):
-    import mha
-
     from ... import viz
 
     small = mha.MultiHeadAttention(8, 4, bias=False, dtype=np.float64, seed=0)
@@ -319,8 +300,6 @@ def _learned_patterns(t, path):
 
 
 def _speed(t, path):
-    import mha
-
     from ... import viz
     from ..timing import quartiles, time_in_turns
 
@@ -349,7 +328,7 @@ def _pruning(t, path):
     from .. import training
 
     test = train.pattern_data(500, seed=2024)
-    with _threads(t.threads or 1):
+    with mha.num_threads(t.threads or 1):
         prune = training.prune_experiment(model=t.training[8]["model"], test_data=test)
     _save(viz.pruning_plot(prune["curve"]), path)   # prune_figures' "pruning"
     return (f"The 8-head model, pruned one head at a time (least important by ablation first): "
