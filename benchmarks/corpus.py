@@ -204,7 +204,7 @@ def main(argv=None):
                   f"(load {result['load']:.2f}{extra})", flush=True)
 
     rate = {case: tokens / np.array([x["seconds"] for x in rs]) for case, rs in results.items()}
-    print(f"\ntokens/s per round (load average after the run)")
+    print("\ntokens/s per round (load average after the run)")
     print(f"{'case':12s} " + " ".join(f"{'round ' + str(r + 1):>17s}" for r in range(args.rounds))
           + f" {'median':>8s} {'CPU s/1k':>9s}")
     for case in cases:

@@ -19,7 +19,7 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
 import mha
 import mha.models
-from mha.models import ops, probes
+from mha.models import probes
 
 TOL = 1e-4      # issue 4: float32 model vs transformers' float32 model
 

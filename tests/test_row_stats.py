@@ -25,7 +25,6 @@ import numpy as np
 import pytest
 
 import mha
-from mha.reference.sdpa import row_statistics
 
 ALL = ("entropy", "max", "argmax", "key_set_mass", "self", "prev", "next", "distance")
 TOL = {"float32": 1e-6, "float64": 1e-12}
