@@ -210,3 +210,22 @@ def reference_outputs(model, ids, mask=None):
     hidden = torch.stack(out.hidden_states, dim=1).double().numpy()
     logits = getattr(out, "logits", None)
     return attn, hidden, None if logits is None else logits.double().numpy()
+
+
+def build_base(family, folder, seed=0, **overrides):
+    """Write the tiny ``family`` model as its base model into ``folder``, the way
+    ``AutoModel.from_config(config).save_pretrained(folder)`` writes it (LlamaModel,
+    Qwen2Model, MistralModel, GPT2Model: tensor names without the "model." or "transformer."
+    prefix, no lm_head.weight); ``overrides`` change the family's config keywords (e.g.
+    ``tie_word_embeddings=False``). Return the base model class."""
+    import torch
+    import transformers
+    config_class, _, kwargs = FAMILIES[family]
+    tok = _tokenizer(family.split("-")[0], folder)
+    torch.manual_seed(seed)
+    config = getattr(transformers, config_class)(vocab_size=tok.get_vocab_size(),
+                                                 **{**kwargs, **overrides})
+    model = transformers.AutoModel.from_config(config).eval()
+    perturb(model, seed + 1)
+    model.save_pretrained(folder, safe_serialization=True)
+    return type(model)

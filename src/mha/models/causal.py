@@ -87,8 +87,16 @@ class CausalLM(_Model):
     A family implements ``_vocab_matrix()`` -> (vocab, d_model), the LM head's weight, and a
     ``_forward`` that takes ``cache=`` (a list of one `mha.KVCache` per layer: positions start
     at their length, each layer's keys and values are appended to its own).
+
+    A base-model folder (``LlamaModel``, ``Qwen2Model``, ``MistralModel`` saved by
+    ``save_pretrained``: no ``model.`` prefix, no ``lm_head.weight``, untied embeddings) loads
+    with ``has_lm_head`` False: every forward, hook and cache works, ``run_with_cache`` and
+    ``run_with_hooks`` give no logits, and ``logits``, ``generate`` and what reads the LM head
+    raise NotImplementedError saying so.
     """
     causal = True
+    #: False for a base-model folder, saved without its LM head
+    has_lm_head = True
 
     def _new_cache(self, max_len, batch_size=1):
         """Empty KV caches, one per layer, for ``batch_size`` sequences of up to ``max_len``
@@ -101,11 +109,28 @@ class CausalLM(_Model):
 
     def _pack_weights(self):
         super()._pack_weights()
-        self._lm_head()
+        if self.has_lm_head:
+            self._lm_head()
 
     def _lm_head(self):
         """The LM head's weight packed for the GEMM (read as the (d, vocab) transpose)."""
         return self._dense("lm_head", self._vocab_matrix(), trans=True)
+
+    def _no_lm_head(self) -> NotImplementedError:
+        """The error of a base-model folder asked for what needs its LM head."""
+        return NotImplementedError(
+            f"{self.folder or self.name} holds a base model (saved without lm_head.weight, its "
+            f"embeddings untied), so it has no LM head: logits, generate and what reads the "
+            f"unembedding need the folder of the ...ForCausalLM model. Hidden states, "
+            f"attentions, run_with_cache and run_with_hooks work.")
+
+    def _run(self, text_or_ids: str | Sequence[str] | ArrayLike, hooks: HookPoints,
+             pair: str | Sequence[str] | None, attention_mask: ArrayLike | None,
+             token_type_ids: ArrayLike | None, head_mask: ArrayLike | None,
+             need_weights: bool, truncation: bool, logits: bool) -> Encoding:
+        """TransformerModel._run, without logits when the folder has no LM head."""
+        return super()._run(text_or_ids, hooks, pair, attention_mask, token_type_ids, head_mask,
+                            need_weights, truncation, logits and self.has_lm_head)
 
     def logits(self, text_or_ids: str | ArrayLike) -> np.ndarray:
         """Compute the next-token logits of one text or id sequence.
@@ -128,9 +153,10 @@ class CausalLM(_Model):
         >>> model = mha.models.load("path/to/a/gpt2/folder")             # doctest: +SKIP
         >>> int(model.logits("The cat")[-1].argmax())                    # doctest: +SKIP
         """
+        vocab = self._lm_head()
         enc = (self.encode(text_or_ids, need_weights=False) if isinstance(text_or_ids, str)
                else self(np.asarray(text_or_ids), need_weights=False))
-        return ops.unembed(enc.last_hidden_state, self._lm_head())
+        return ops.unembed(enc.last_hidden_state, vocab)
 
     def generate(self, text: str | ArrayLike, max_new_tokens: int = 20, *, greedy: bool = True,
                  temperature: float = 1.0, top_k: int | None = None, seed: int | None = None,
@@ -194,6 +220,7 @@ class CausalLM(_Model):
         """
         from tqdm.auto import tqdm
 
+        vocab = self._lm_head()
         if isinstance(text, str):
             ids = np.asarray(self._need_tokenizer()(text).ids, dtype=np.int64)
         else:
@@ -213,7 +240,6 @@ class CausalLM(_Model):
         hidden = np.empty((L + 1, total, d), self.dtype)
         attn = np.zeros((L, H, total, total), self.dtype) if need_weights else None
         cache = self._new_cache(total)
-        vocab = self._lm_head()
         rng = np.random.default_rng(seed)
         eos = set(self.config.eos_token_ids) if stop_at_eos else set()
         tokens = list(ids)

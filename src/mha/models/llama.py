@@ -18,10 +18,13 @@ i - W < j <= i); LLaMA optional biases (``attention_bias``, ``mlp_bias``), ``hea
 the "linear" and "llama3" RoPE scalings (all three read ``rope_theta`` and ``rope_scaling``).
 
 Checkpoint names are Hugging Face's (``model.layers.{i}.self_attn.q_proj.weight`` ...);
-``lm_head.weight`` when the embeddings are untied. The q, k and v projections are fused into
-one (d, (H + 2 H_kv) d_head) matrix and gate and up into one (d, 2 d_ff) matrix, so a layer
-does four products. The rotary tables are computed in float64 and rounded once to the
-model's dtype (transformers computes the angles in float32).
+``lm_head.weight`` when the embeddings are untied. A base model (LlamaModel, Qwen2Model,
+MistralModel, as ``save_pretrained`` writes it and as embedding models built on these families
+ship) has its names without ``model.`` and no ``lm_head.weight``: with untied embeddings it
+loads without an LM head (``has_lm_head`` False: no logits, no generate). The q, k and v
+projections are fused into one (d, (H + 2 H_kv) d_head) matrix and gate and up into one
+(d, 2 d_ff) matrix, so a layer does four products. The rotary tables are computed in float64
+and rounded once to the model's dtype (transformers computes the angles in float32).
 """
 from __future__ import annotations
 
@@ -84,10 +87,12 @@ class LlamaModel(CausalLM, Differentiable, TransformerModel):
 
         self.embed_tokens = read("embed_tokens.weight", (cfg.vocab_size, d))
         self.norm = read("norm.weight", (d,))
-        if cfg.tie_word_embeddings:
-            self.lm_head = None
-        else:
-            self.lm_head = read("lm_head.weight", (cfg.vocab_size, d), prefixed=False)
+        self.lm_head = None                                 # tied: the LM head is embed_tokens
+        if not cfg.tie_word_embeddings:
+            if read.prefix == "" and not read.has("lm_head.weight", prefixed=False):
+                self.has_lm_head = False                        # a base-model folder
+            else:
+                self.lm_head = read("lm_head.weight", (cfg.vocab_size, d), prefixed=False)
         self.layers = []
         for i in range(cfg.n_layers):
             p = f"layers.{i}."
@@ -132,6 +137,8 @@ class LlamaModel(CausalLM, Differentiable, TransformerModel):
         return params
 
     def _vocab_matrix(self):
+        if not self.has_lm_head:
+            raise self._no_lm_head()
         return self.embed_tokens if self.lm_head is None else self.lm_head
 
     def _final_norm(self, x: np.ndarray) -> np.ndarray:
