@@ -190,9 +190,12 @@ class Differentiable:
 
     def _run_recorded(self, input_ids: ArrayLike, attention_mask: ArrayLike | None,
                       head_mask: ArrayLike | None, need_weights: bool, logits: bool,
-                      token_type_ids: ArrayLike | None = None) -> Any:
+                      token_type_ids: ArrayLike | None = None,
+                      token_embeddings: np.ndarray | None = None) -> Any:
         """The forward that keeps its Record (``self._record``) -> an Encoding (with logits
-        for a causal model when ``logits``)."""
+        for a causal model when ``logits``). ``token_embeddings`` (B, n, d_model), when
+        given, replaces the token table's rows (``hook_embed``): integrated gradients run the
+        model on interpolated embeddings."""
         layout = self._need_layout()
         model: Any = self
         ids = np.asarray(input_ids)
@@ -211,9 +214,11 @@ class Differentiable:
         if isinstance(layout, EncoderLayout):
             from . import encoder_backward
             record, attn = encoder_backward.forward_record(model, ids, mask, type_ids,
-                                                           head_mask, need_weights)
+                                                           head_mask, need_weights,
+                                                           token_embeddings)
         else:
-            record, attn = _forward_record(model, layout, ids, mask, head_mask, need_weights)
+            record, attn = _forward_record(model, layout, ids, mask, head_mask, need_weights,
+                                           token_embeddings)
         record.single = single
         self._record = record
         from .base import Encoding, _unbatch
@@ -299,7 +304,8 @@ class Differentiable:
         return grads
 
     def loss_and_grads(self, ids: ArrayLike, labels: ArrayLike | None = None,
-                       attention_mask: ArrayLike | None = None, *, wrt: Sequence[str] = ()
+                       attention_mask: ArrayLike | None = None, *, wrt: Sequence[str] = (),
+                       head_mask: ArrayLike | None = None
                        ) -> tuple[float, dict[str, np.ndarray]]:
         """The next-token cross-entropy of a causal LM and its gradients.
 
@@ -318,6 +324,8 @@ class Differentiable:
             True / 1 = real token, False / 0 = padding.
         wrt : sequence of str, optional
             Activations to return the gradient of, as in :meth:`backward`.
+        head_mask : array_like, shape (n_layers, n_heads), optional
+            Multipliers on each head's output (a pruned model's loss and gradients).
 
         Returns
         -------
@@ -356,7 +364,7 @@ class Differentiable:
         wanted = _check_wrt(model, wrt)
         kept = self._record                 # a record of the user's own forward stays
         try:
-            self._run_recorded(ids_2d, attention_mask, None, False, False)
+            self._run_recorded(ids_2d, attention_mask, head_mask, False, False)
             record = self._record
         finally:
             self._record = kept
@@ -468,10 +476,12 @@ def _attention_options(model: Any, layer: int, B: int, H: int, n: int) -> dict[s
 
 
 def _forward_record(model: Any, layout: DecoderLayout, ids: np.ndarray, mask: np.ndarray,
-                    head_mask: np.ndarray | None, need_weights: bool
+                    head_mask: np.ndarray | None, need_weights: bool,
+                    token_embeddings: np.ndarray | None = None
                     ) -> tuple[Record, np.ndarray | None]:
     """The forward of a pre-norm decoder on the C kernels, writing every activation the
-    backward reads into one Record -> (record, attentions (B, L, H, n, n) or None)."""
+    backward reads into one Record -> (record, attentions (B, L, H, n, n) or None);
+    ``token_embeddings`` (B, n, d) in place of the token table's rows when given."""
     B, n = ids.shape
     rows = B * n
     L, H, H_kv, dh, d = (model.n_layers, model.n_heads, model.n_kv_heads, model.d_head,
@@ -497,7 +507,8 @@ def _forward_record(model: Any, layout: DecoderLayout, ids: np.ndarray, mask: np
 
     # forward: x = tok_emb[ids] (+ pos_emb[0..n))
     x = layers[0].resid_pre if L else norm_input
-    x[...] = ops.embedding(params[layout.embed], ids)
+    x[...] = (ops.embedding(params[layout.embed], ids) if token_embeddings is None
+              else token_embeddings.reshape(rows, d))
     if layout.positions is not None:
         ops.embedding(params[layout.positions], np.broadcast_to(np.arange(n), (B, n)), out=x)
     for i, (p, r) in enumerate(zip(model.layers, layers)):

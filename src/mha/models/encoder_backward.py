@@ -68,10 +68,12 @@ def encoder_points(model: Any) -> set[str]:
 
 
 def forward_record(model: Any, ids: np.ndarray, mask: np.ndarray, type_ids: np.ndarray,
-                   head_mask: np.ndarray | None, need_weights: bool
+                   head_mask: np.ndarray | None, need_weights: bool,
+                   token_embeddings: np.ndarray | None = None
                    ) -> tuple[Record, np.ndarray | None]:
     """The encoder's forward on the C kernels, every activation its backward reads written
-    into one Record -> (record, attentions (B, L, H, n, n) or None)."""
+    into one Record -> (record, attentions (B, L, H, n, n) or None); ``token_embeddings``
+    (B, n, d) in place of the word table's rows when given."""
     B, n = ids.shape
     rows = B * n
     L, H, dh, d = model.n_layers, model.n_heads, model.d_head, model.d_model
@@ -94,7 +96,8 @@ def forward_record(model: Any, ids: np.ndarray, mask: np.ndarray, type_ids: np.n
     attn = np.empty((B, L, H, n, n), dtype=model.dtype) if need_weights else None
 
     # forward: emb = word[ids] + pos[positions] (+ type[type_ids]); x = LN_emb(emb)
-    emb[...] = ops.embedding(model.word_embeddings, ids)
+    emb[...] = (ops.embedding(model.word_embeddings, ids) if token_embeddings is None
+                else token_embeddings.reshape(rows, d))
     ops.embedding(model.position_embeddings, model._positions(ids), out=emb)
     if types is not None:
         ops.embedding(types, type_ids, out=emb)
