@@ -30,6 +30,8 @@ from typing import Any, Callable, NamedTuple, Sequence, Union
 import numpy as np
 from numpy.typing import ArrayLike
 
+from mha import _core
+
 __all__ = ["gradient_relevance", "attention_x_gradient", "AttentionGradient",
            "integrated_gradients", "IntegratedGradients", "attribution_patching",
            "IG_METHODS"]
@@ -183,7 +185,7 @@ def _run(model: Any, inputs: _Inputs, top: _Top, wrt: Sequence[str], *,
         enc = model._run_recorded(ids, mask, head_mask, need_weights,
                                   model.causal and callable(top.target), types, embeddings)
         values, top_grads = top(enc, copies)
-        grads = model.backward(wrt=wrt, **top_grads) if backward else {}
+        grads = model.backward(wrt=wrt, parameters=False, **top_grads) if backward else {}
     finally:
         model._record = kept
     return enc, values, {name: grads[name] for name in wrt if name in grads}
@@ -263,7 +265,8 @@ def gradient_relevance(model: Any, tokens: Tokens, target: Target, *,
     relevance = np.tile(np.eye(n), (B, 1, 1))
     for l, name in enumerate(names):
         cam = np.maximum(grads[name] * weights[:, l], 0).mean(axis=1, dtype=np.float64)
-        relevance += cam @ relevance
+        for b in range(B):                  # the core's GEMM: NumPy's BLAS threads would
+            relevance[b] += _core.matmul(cam[b], relevance[b])    # contend with the model's
     return relevance[0] if inputs.single else relevance
 
 

@@ -248,7 +248,8 @@ class Differentiable:
         return self._grad_layout
 
     def backward(self, d_logits: ArrayLike | None = None, d_hidden: ArrayLike | None = None,
-                 wrt: Sequence[str] = (), *, retain: bool = False) -> dict[str, np.ndarray]:
+                 wrt: Sequence[str] = (), *, retain: bool = False,
+                 parameters: bool = True) -> dict[str, np.ndarray]:
         """Back-propagate through the last ``model(..., backward=True)``.
 
         Parameters
@@ -266,6 +267,9 @@ class Differentiable:
             forward's head_mask or at ones).
         retain : bool, default False
             Keep the forward's record for another backward (as torch's ``retain_graph``).
+        parameters : bool, default True
+            Compute the parameters' gradients; False returns only those of ``wrt``, about
+            half the backward's products fewer (as ``torch.autograd.grad`` for inputs only).
 
         Returns
         -------
@@ -292,7 +296,8 @@ class Differentiable:
                                "backward uses it up unless retain=True)")
         wanted = _check_wrt(model, wrt)
         arrays = _check_top(model, record, d_logits, d_hidden)
-        grads = {name: np.zeros_like(a) for name, a in model.parameters().items()}
+        grads = ({name: np.zeros_like(a) for name, a in model.parameters().items()}
+                 if parameters else NoGrads())
         top = _top_gradient(model, layout, record, arrays, grads)
         if isinstance(layout, EncoderLayout):
             from . import encoder_backward
@@ -301,7 +306,7 @@ class Differentiable:
             _backward(model, layout, record, top, wanted, grads)
         if not retain:
             self._record = None
-        return grads
+        return dict(grads)
 
     def loss_and_grads(self, ids: ArrayLike, labels: ArrayLike | None = None,
                        attention_mask: ArrayLike | None = None, *, wrt: Sequence[str] = (),
@@ -443,8 +448,8 @@ def _top_gradient(model: Any, layout: DecoderLayout | EncoderLayout, record: Rec
     top = arrays["d_hidden"].copy() if "d_hidden" in arrays else np.zeros_like(record.hidden)
     if "d_logits" in arrays:
         # forward: logits = hidden W_vocab^T
-        _core.linear_backward(arrays["d_logits"], record.hidden, model._vocab_matrix(),
-                              trans_b=True, da=top, db=grads[_vocab_name(model, layout)])
+        linear_backward(arrays["d_logits"], record.hidden, model._vocab_matrix(), None,
+                        grads[_vocab_name(model, layout)], None, da=top, trans_b=True)
     return top
 
 
@@ -638,6 +643,33 @@ class Keeper:
             self.out[name] = np.array(value).reshape(shape)
 
 
+class NoGrads(dict):  # type: ignore[type-arg]
+    """The parameter gradients of a backward that computes none (``parameters=False``): every
+    name reads None, which each step takes as "skip this parameter's gradient"."""
+
+    def __missing__(self, key: str) -> None:
+        return None
+
+
+def layer_grads(grads: dict[str, np.ndarray], i: int) -> dict[str, np.ndarray]:
+    """Layer i's parameter gradients by their names inside the layer."""
+    if isinstance(grads, NoGrads):
+        return NoGrads()
+    prefix = f"layers.{i}."
+    return {k[len(prefix):]: v for k, v in grads.items() if k.startswith(prefix)}
+
+
+def linear_backward(d_out: np.ndarray, a: np.ndarray, w: np.ndarray, bias: np.ndarray | None,
+                    dw: np.ndarray | None, dbias: np.ndarray | None,
+                    da: np.ndarray | None = None, trans_b: bool = False) -> np.ndarray:
+    """The gradient of ``a @ op(w) + bias``'s input a (added into da when given), and of w and
+    the bias added into dw and dbias; with dw None only a's, one product instead of two."""
+    if dw is not None:
+        return _core.linear_backward(d_out, a, w, bias=bias, trans_b=trans_b, da=da, db=dw,
+                                     dbias=dbias)[0]
+    return _core.linear(d_out, w, trans_b=not trans_b, out=da)
+
+
 def _backward(model: Any, layout: DecoderLayout, record: Record, top: np.ndarray,
               wanted: list[str], grads: dict[str, np.ndarray]) -> None:
     """Add every parameter's gradient into ``grads`` (which holds the LM head's already) and
@@ -655,14 +687,13 @@ def _backward(model: Any, layout: DecoderLayout, record: Record, top: np.ndarray
     gain, bias = layout.final
     _norm_backward(top, record.norm_input, params[gain], eps, dx, grads, layout.final)
     for i in reversed(range(L)):
-        p, r, g = model.layers[i], record.layers[i], f"layers.{i}."
-        lg = {k[len(g):]: v for k, v in grads.items() if k.startswith(g)}
+        p, r = model.layers[i], record.layers[i]
+        lg = layer_grads(grads, i)
         w_in, b_in, w_out, b_out = layout.mlp
         keep(i, "hook_resid_post", dx, (B, n, d))
         keep(i, "hook_mlp_out", dx, (B, n, d))
         # forward: resid_post = resid_mid + post W_out + b_out
-        d_post = _core.linear_backward(dx, r.post, p[w_out], bias=p.get(b_out), db=lg[w_out],
-                                       dbias=lg.get(b_out))[0]
+        d_post = linear_backward(dx, r.post, p[w_out], p.get(b_out), lg[w_out], lg.get(b_out))
         keep(i, "mlp.hook_post", d_post, (B, n, -1))
         # forward: post = act(pre)   (act(gate) * up when gated)
         act = model._act | (ops.GATED if layout.gated else 0)
@@ -671,8 +702,7 @@ def _backward(model: Any, layout: DecoderLayout, record: Record, top: np.ndarray
         keep(i, "mlp.hook_pre", d_pre[:, :f], (B, n, f))
         keep(i, "mlp.hook_pre_linear", d_pre[:, f:], (B, n, f))
         # forward: pre = ln2 W_in + b_in
-        d_ln2 = _core.linear_backward(d_pre, r.ln2, p[w_in], bias=p.get(b_in), db=lg[w_in],
-                                      dbias=lg.get(b_in))[0]
+        d_ln2 = linear_backward(d_pre, r.ln2, p[w_in], p.get(b_in), lg[w_in], lg.get(b_in))
         # forward: ln2 = norm_2(resid_mid)   (dx already holds the residual branch)
         _norm_backward(d_ln2, r.resid_mid, p[layout.ln2[0]], eps, dx, lg, layout.ln2)
         keep(i, "hook_resid_mid", dx, (B, n, d))
@@ -680,19 +710,19 @@ def _backward(model: Any, layout: DecoderLayout, record: Record, top: np.ndarray
         _keep_result(keep, i, dx, B, n, H, d)
         # forward: resid_mid = resid_pre + heads W_o + b_o
         W_qkv, b_qkv, W_o, b_o = layout.attention
-        d_heads = _core.linear_backward(dx, r.heads, p[W_o], bias=p.get(b_o), db=lg[W_o],
-                                        dbias=lg.get(b_o))[0]
+        d_heads = linear_backward(dx, r.heads, p[W_o], p.get(b_o), lg[W_o], lg.get(b_o))
         d_qkv = _attend_backward(model, i, r, record, d_heads, d_head_mask, keep)
         # forward: q, k, v = split(ln1 W_qkv + b_qkv)
-        d_ln1 = _core.linear_backward(d_qkv, r.ln1, p[W_qkv], bias=p.get(b_qkv),
-                                      db=lg[W_qkv], dbias=lg.get(b_qkv))[0]
+        d_ln1 = linear_backward(d_qkv, r.ln1, p[W_qkv], p.get(b_qkv), lg[W_qkv],
+                                lg.get(b_qkv))
         # forward: ln1 = norm_1(resid_pre)
         _norm_backward(d_ln1, r.resid_pre, p[layout.ln1[0]], eps, dx, lg, layout.ln1)
         keep(i, "hook_resid_pre", dx, (B, n, d))
     # forward: x = tok_emb[ids] (+ pos_emb[0..n))
-    _core.embedding_backward(dx, record.ids.reshape(-1), vocab=model.config.vocab_size,
-                             d_table=grads[layout.embed])
-    if layout.positions is not None:
+    if grads[layout.embed] is not None:
+        _core.embedding_backward(dx, record.ids.reshape(-1), vocab=model.config.vocab_size,
+                                 d_table=grads[layout.embed])
+    if layout.positions is not None and grads[layout.positions] is not None:
         grads[layout.positions][:n] += dx.reshape(B, n, d).sum(axis=0)
     keep(None, "hook_embed", dx, (B, n, d))
     keep(None, "hook_pos_embed", dx, (B, n, d))
