@@ -2,7 +2,7 @@
 head-pruning procedure on MiniLM by gradient importance against random orders.
 
     python benchmarks/attribution.py [--threads 2] [--rounds 7] [--tokens 128] [--json FILE]
-    python benchmarks/attribution.py --pruning [--random 3]
+    python benchmarks/attribution.py --pruning [--random 10]
 
 Speed: MiniLM (all-MiniLM-L6-v2, ``mha.models.load("minilm")``; a random BERT of its shape
 when the package is not installed), float32, one text of ``--tokens`` token ids. Each round
@@ -161,10 +161,13 @@ def pruning(args):
     print(" ".join(f"{divmod(int(i), model.n_heads)}" for i in order[:12]), "...")
     ours, random = pruning_against_random(evaluate, shape, importance, n_random=args.random,
                                           seed=0, step=0.1, higher_is_better=False)
-    print("pruned  importance-order loss   random orders' losses")
+    losses = np.array([c.metric for c in random])
+    print(f"pruned  loss by importance   random orders (median, min-max of {len(random)})")
     for k, n_pruned in enumerate(ours.n_pruned):
-        print(f"{n_pruned:6d}  {ours.metric[k]:10.4f}      "
-              + " ".join(f"{c.metric[k]:8.4f}" for c in random))
+        print(f"{n_pruned:6d}  {ours.metric[k]:10.4f}          {np.median(losses[:, k]):.4f} "
+              f"({losses[:, k].min():.4f}-{losses[:, k].max():.4f})")
+    print(f"mean loss over the steps: by importance {ours.metric.mean():.4f}, random "
+          f"{np.median(losses.mean(axis=1)):.4f} (median of the orders)")
     return {"model": what, "importance": ranking.tolist(), "n_pruned": ours.n_pruned.tolist(),
             "loss_by_importance": ours.metric.tolist(),
             "loss_random": [c.metric.tolist() for c in random]}
@@ -176,7 +179,7 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--pruning", action="store_true")
-    parser.add_argument("--random", type=int, default=3)
+    parser.add_argument("--random", type=int, default=10)
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
     result = pruning(args) if args.pruning else speed(args)

@@ -416,3 +416,24 @@ def test_views_take_relevance_maps(tiny):
     html = viz.head_view(maps, tokens, rollout=np.stack([relevance] * model.n_layers))
     assert "Rollout" in html.html
     viz.model_view(maps, tokens)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "bert"])
+def test_backward_without_parameters(tiny, family):
+    """model.backward(parameters=False), which the attribution functions use: the same
+    activation gradients as the full backward (1e-12), and no parameter's."""
+    folder, _ = tiny(family)
+    model = mha.models.load(folder, dtype=np.float64)
+    ids, mask = padded(model, seed=10)
+    width = model.config.vocab_size if model.causal else model.d_model
+    grad = np.random.default_rng(11).standard_normal((*ids.shape, width))
+    key = "d_logits" if model.causal else "d_hidden"
+    wrt = ["head_mask", "blocks.0.attn.hook_pattern", "blocks.1.hook_resid_pre",
+           "hook_embed" if model.causal else "embed.hook_embed"]
+    model(ids, mask, backward=True)
+    full = model.backward(wrt=wrt, **{key: grad})
+    model(ids, mask, backward=True)
+    inputs_only = model.backward(wrt=wrt, parameters=False, **{key: grad})
+    assert set(inputs_only) == set(wrt)
+    for name in wrt:
+        assert relative(inputs_only[name], full[name]) <= 1e-12, name

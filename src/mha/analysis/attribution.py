@@ -25,7 +25,7 @@ batch it sees.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple, Sequence, Union
+from typing import Any, Callable, Sequence, Union
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -199,10 +199,9 @@ def gradient_relevance(model: Any, tokens: Tokens, target: Target, *,
                        position: int | str | None = None,
                        attention_mask: ArrayLike | None = None,
                        token_type_ids: ArrayLike | None = None) -> np.ndarray:
-    """Relevance of every token to every token by gradient-weighted attention (Chefer et al.
-    2021).
+    """Compute each token's relevance over the input by gradient-weighted attention.
 
-    ``R = I``, then for each layer from the first, ``R += mean_h (dT/dA_h * A_h)^+ @ R``,
+    Chefer et al. (2021): ``R = I``, then for each layer from the first, ``R += mean_h (dT/dA_h * A_h)^+ @ R``,
     where A_h is head h's attention pattern, dT/dA_h the gradient of the target with respect
     to it, ``*`` the elementwise product and ``^+`` its positive part. Row q of R is query
     q's relevance over the input tokens: the row of the token the target reads (a causal
@@ -270,7 +269,8 @@ def gradient_relevance(model: Any, tokens: Tokens, target: Target, *,
     return relevance[0] if inputs.single else relevance
 
 
-class AttentionGradient(NamedTuple):
+@dataclass(frozen=True)
+class AttentionGradient:
     """The result of :func:`attention_x_gradient`.
 
     Parameters
@@ -281,6 +281,14 @@ class AttentionGradient(NamedTuple):
     heads : ndarray of float64, shape (layers, heads)
         Each head's maps summed over queries and keys (and texts): equal to dT/d head_mask,
         the first-order change of the target when the head is scaled (Michel et al. 2019).
+
+    Examples
+    --------
+    >>> from mha.analysis import attention_x_gradient
+    >>> model = mha.models.load("minilm")
+    >>> result = attention_x_gradient(model, "a dog ran", target=0)
+    >>> int(np.argmax(np.abs(result.heads)) // model.n_heads) in range(6)     # its layer
+    True
     """
     maps: np.ndarray
     heads: np.ndarray
@@ -334,7 +342,8 @@ def attention_x_gradient(model: Any, tokens: Tokens, target: Target, *,
     return AttentionGradient(maps[0] if inputs.single else maps, heads)
 
 
-class IntegratedGradients(NamedTuple):
+@dataclass(frozen=True)
+class IntegratedGradients:
     """The result of :func:`integrated_gradients`.
 
     Parameters
@@ -347,6 +356,14 @@ class IntegratedGradients(NamedTuple):
     delta : float or ndarray of float64, shape (B,)
         The convergence delta ``sum(attributions) - (T(x) - T(x'))`` per text (one number
         for the batch with a callable target; NaN when the callable gives no value).
+
+    Examples
+    --------
+    >>> from mha.analysis import integrated_gradients
+    >>> model = mha.models.load("minilm")
+    >>> ig = integrated_gradients(model, "a dog ran", target=0, steps=8)
+    >>> ig.embedding_attributions.shape, ig.attributions.shape
+    ((5, 384), (5,))
     """
     attributions: np.ndarray
     embedding_attributions: np.ndarray
@@ -423,13 +440,13 @@ def integrated_gradients(model: Any, tokens: Tokens, target: Target, *,
     target : int, (int, int), array_like or callable
         The scalar explained (see :mod:`mha.analysis.attribution`).
     baseline : None, int, array_like of int or array_like of float, optional
-        x': None for zero embeddings; a token id for that token at every position, or ids of
+        The baseline x': None for zero embeddings; a token id for that token at every position, or ids of
         the tokens' shape (captum's convention: its ``baselines=None`` means token id 0); or
         embeddings (n, d_model) or (B, n, d_model).
     steps : int, default 50
         Points of the quadrature.
     method : str, default "gausslegendre"
-        captum's rules: "gausslegendre", "riemann_left", "riemann_right", "riemann_middle",
+        The quadrature rule, as captum names them: "gausslegendre", "riemann_left", "riemann_right", "riemann_middle",
         "riemann_trapezoid".
     internal_batch_size : int, optional
         How many points run in one forward (each a copy of the batch); default as many as
@@ -516,10 +533,10 @@ def attribution_patching(model: Any, corrupted_tokens: Tokens, clean_tokens: Tok
                          position: int | str | None = None,
                          attention_mask: ArrayLike | None = None,
                          clean_attention_mask: ArrayLike | None = None) -> np.ndarray:
-    """Estimate activation patching with one backward: the first-order change of the target
-    when each cell of an activation takes the clean run's value (Nanda 2023).
+    """Estimate activation patching with one backward (Nanda 2023).
 
-    ``(clean - corrupted) * dT/d activation``, the gradient taken at the corrupted run and
+    The first-order change of the target when each cell of an activation takes the clean
+    run's value: ``(clean - corrupted) * dT/d activation``, the gradient taken at the corrupted run and
     the product summed over the cell (and the batch). :mod:`mha.patching`'s function of
     the same activation and axes runs ``corrupted_tokens`` with the clean activation patched
     in and returns the target there: this is an estimate of that minus T(corrupted), exact

@@ -643,7 +643,7 @@ class Keeper:
             self.out[name] = np.array(value).reshape(shape)
 
 
-class NoGrads(dict):  # type: ignore[type-arg]
+class NoGrads(dict):
     """The parameter gradients of a backward that computes none (``parameters=False``): every
     name reads None, which each step takes as "skip this parameter's gradient"."""
 
