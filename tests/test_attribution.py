@@ -437,3 +437,15 @@ def test_backward_without_parameters(tiny, family):
     assert set(inputs_only) == set(wrt)
     for name in wrt:
         assert relative(inputs_only[name], full[name]) <= 1e-12, name
+
+
+def test_exported_from_mha_analysis():
+    import mha.analysis as analysis
+    from mha.analysis import attribution
+    names = {"gradient_relevance", "attention_x_gradient", "AttentionGradient",
+             "integrated_gradients", "IntegratedGradients", "IG_METHODS",
+             "attribution_patching"}
+    assert set(attribution.__all__) == names
+    assert names | {"head_importance", "pruning_against_random"} <= set(analysis.__all__)
+    assert analysis.head_importance.__module__ == "mha.analysis.importance"
+    assert analysis.pruning_against_random.__module__ == "mha.analysis.pruning"
