@@ -449,3 +449,45 @@ def test_exported_from_mha_analysis():
     assert names | {"head_importance", "pruning_against_random"} <= set(analysis.__all__)
     assert analysis.head_importance.__module__ == "mha.analysis.importance"
     assert analysis.pruning_against_random.__module__ == "mha.analysis.pruning"
+
+
+def test_callable_target_equals_the_built_in_one(tiny):
+    """A causal model's logit as a callable on the logits (value and gradient) gives the
+    built-in int target's relevance and integrated gradients, delta included (a padded batch:
+    the callable's value is the batch's sum, so its delta is one number)."""
+    folder, _ = tiny("gpt2")
+    model = mha.models.load(folder, dtype=np.float64)
+    ids, mask = padded(model, seed=12)
+    last = mask.sum(axis=1) - 1
+
+    def logit(logits, m):
+        grad = np.zeros_like(logits)
+        grad[[0, 1], last, 6] = 1.0
+        return logits[[0, 1], last, 6].sum(), grad
+    assert relative(gradient_relevance(model, ids, logit, attention_mask=mask),
+                    gradient_relevance(model, ids, 6, attention_mask=mask)) <= 1e-12
+    ours = integrated_gradients(model, ids, logit, attention_mask=mask, steps=8)
+    built_in = integrated_gradients(model, ids, 6, attention_mask=mask, steps=8)
+    assert relative(ours.embedding_attributions, built_in.embedding_attributions) <= 1e-12
+    assert built_in.delta.shape == (2,)
+    assert abs(ours.delta - built_in.delta.sum()) <= 1e-12 * np.abs(built_in.attributions).sum()
+
+
+def test_bad_targets_say_what_is_wrong(tiny):
+    folder, _ = tiny("gpt2")
+    model = mha.models.load(folder, dtype=np.float64)
+    ids = np.arange(3, 9)
+    vocab = model.config.vocab_size
+    with pytest.raises(IndexError, match="target"):
+        gradient_relevance(model, ids, vocab)
+    with pytest.raises(IndexError, match="target"):
+        gradient_relevance(model, ids, (1, vocab))
+    with pytest.raises(ValueError, match=f"shape \\(vocab_size,\\) = \\({vocab},\\)"):
+        gradient_relevance(model, ids, np.ones(model.d_model))
+    with pytest.raises(IndexError, match="position 6"):
+        gradient_relevance(model, ids, 1, position=6)
+    with pytest.raises(ValueError, match="'mean'"):
+        gradient_relevance(model, ids, 1, position="max")
+    with pytest.raises(ValueError, match="gradient has shape"):
+        gradient_relevance(model, ids, lambda out, m: np.zeros(3))
+    assert model._record is None                 # nothing left behind by the failed calls

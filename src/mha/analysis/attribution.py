@@ -502,7 +502,7 @@ def integrated_gradients(model: Any, tokens: Tokens, target: Target, *,
                         backward=False)
     attributions = (x - x0) * total
     per_token = attributions.sum(axis=-1)
-    sums = per_token.sum(axis=1) if values.shape[1] == B else per_token.sum(keepdims=True)
+    sums = per_token.sum(axis=1) if values.shape[1] == B else np.array([per_token.sum()])
     delta = sums - (values[1] - values[0])
     if inputs.single:
         return IntegratedGradients(per_token[0], attributions[0], float(delta[0]))
