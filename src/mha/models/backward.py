@@ -274,9 +274,9 @@ class Differentiable:
         Returns
         -------
         dict of str to ndarray
-            The gradient of every parameter by the names of ``parameters()`` (same shapes),
-            then one entry per name of ``wrt``, batch first as the activation cache holds it
-            ((1, ...) for one text).
+            The gradient of every parameter by the names of ``parameters()`` (same shapes;
+            none with ``parameters=False``), then one entry per name of ``wrt``, batch first
+            as the activation cache holds it ((1, ...) for one text).
 
         Raises
         ------
