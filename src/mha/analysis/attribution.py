@@ -155,18 +155,18 @@ class _Top:
         output = (enc.logits if self.model.causal else hidden).reshape(copies, B, n, -1)
         values = np.full((copies, 1), np.nan)
         grads = np.empty_like(output)
+        mask = self.inputs.mask[0] if self.inputs.single else self.inputs.mask
         for c in range(copies):
-            out, mask = output[c], self.inputs.mask
-            result = self.target(out[0] if self.inputs.single else out,
-                                 mask[0] if self.inputs.single else mask)
+            out = output[c, 0] if self.inputs.single else output[c]   # as the user sees it
+            result = self.target(out, mask)
             if isinstance(result, tuple):
                 values[c, 0] = float(np.asarray(result[0]).reshape(()))
                 result = result[1]
             grad = np.asarray(result)
-            if grad.shape != (out[0] if self.inputs.single else out).shape:
+            if grad.shape != out.shape:
                 raise ValueError(f"the target's gradient has shape {grad.shape}, the output "
-                                 f"{(out[0] if self.inputs.single else out).shape}")
-            grads[c] = grad.reshape(out.shape)
+                                 f"{out.shape}")
+            grads[c] = grad.reshape(grads[c].shape)
         key = "d_logits" if self.model.causal else "d_hidden"
         return values, {key: grads.reshape(copies * B, n, -1)}
 
