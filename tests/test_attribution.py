@@ -211,6 +211,12 @@ def test_integrated_gradients_zero_baseline_completeness(tiny):
         integrated_gradients(model, ids, 5, method="simpson")
     with pytest.raises(ValueError, match="baseline"):
         integrated_gradients(model, ids, 5, baseline=np.zeros((3, 32)))
+    with pytest.raises(ValueError, match="baseline ids"):
+        integrated_gradients(model, ids, 5, baseline=np.zeros(3, np.int64))
+    # one id everywhere is ids of that token everywhere
+    assert relative(integrated_gradients(model, ids, 5, baseline=0, steps=4).attributions,
+                    integrated_gradients(model, ids, 5, baseline=np.zeros(8, np.int64),
+                                         steps=4).attributions) == 0
 
 
 # --- attribution patching -------------------------------------------------------------------

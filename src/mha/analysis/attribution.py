@@ -406,9 +406,10 @@ def _baseline(model: Any, baseline: ArrayLike | int | None, inputs: _Inputs,
         return np.zeros((B, n, d))
     base = np.asarray(baseline)
     if base.dtype.kind in "iu":
-        ids = np.broadcast_to(base, (B, n)) if base.ndim == 0 else base.reshape(
-            (1, n) if base.shape == (n,) else (B, n))
-        ids = model._check_ids(np.broadcast_to(ids, (B, n)))
+        if base.shape not in ((), (n,), (B, n)):
+            raise ValueError(f"baseline ids must be one id or have shape {(n,)} or {(B, n)}, "
+                             f"got {base.shape}")
+        ids = model._check_ids(np.broadcast_to(base, (B, n)))
         return np.asarray(table, dtype=np.float64)[ids]
     if base.shape not in ((n, d), (B, n, d)):
         raise ValueError(f"baseline must be token ids of shape {(B, n)}, or embeddings of "
