@@ -497,3 +497,15 @@ def test_bad_targets_say_what_is_wrong(tiny):
     with pytest.raises(ValueError, match="gradient has shape"):
         gradient_relevance(model, ids, lambda out, m: np.zeros(3))
     assert model._record is None                 # nothing left behind by the failed calls
+
+
+def test_float32_follows_float64(tiny):
+    """The float32 model's relevance and integrated gradients within 1e-4 of float64's."""
+    folder, _ = tiny("llama")
+    ids = np.arange(3, 13)
+    results = [(gradient_relevance(model, ids, 9),
+                integrated_gradients(model, ids, 9, steps=8).attributions)
+               for model in (mha.models.load(folder, dtype=d) for d in (np.float32, np.float64))]
+    assert results[0][0].dtype == np.float64
+    assert relative(results[0][0], results[1][0]) <= 1e-4
+    assert relative(results[0][1], results[1][1]) <= 1e-4
