@@ -36,7 +36,13 @@ One module per concern, every name importable from ``mha.analysis``:
 - ``clark``: Clark et al.'s (2019) per-head statistics, :func:`head_statistic_sums` (the
   corpus-ready sums and counts), :func:`clark_metrics` and :func:`broad_heads`;
 - ``headmap``: :func:`head_map`, their map of all heads, by :func:`classical_mds` or
-  :func:`metric_mds`.
+  :func:`metric_mds`;
+- ``attribution``: gradients through a whole model of :mod:`mha.models` for a target (a
+  logit, a logit difference, a direction or your own function of the output):
+  :func:`gradient_relevance` (Chefer et al. 2021), :func:`attention_x_gradient`,
+  :func:`integrated_gradients` on the input embeddings (as captum) and
+  :func:`attribution_patching` (the gradient estimate of :mod:`mha.patching`);
+  :func:`head_importance` is Michel et al.'s gradient importance of a model's heads.
 
 Where mha's definitions differ from Clark et al.'s code (denominators, smoothing, units,
 punctuation, how a corpus mean weighs texts), the functions concerned take
@@ -44,24 +50,29 @@ punctuation, how a corpus mean weighs texts), the functions concerned take
 and docs/beyond_attention.md tabulates them.
 """
 from ._inputs import CONVENTIONS
+from .attribution import (IG_METHODS, AttentionGradient, IntegratedGradients,
+                          attention_x_gradient, attribution_patching, gradient_relevance,
+                          integrated_gradients)
 from .beyond import HEAD_FUSIONS, attention_flow, attention_rollout, value_norms
 from .clark import CLARK_METRICS, broad_heads, clark_metrics, head_statistic_sums, token_classes
 from .detectors import HEAD_NAMES, detect_head, head_detection_pattern
 from .headmap import classical_mds, head_map, metric_mds
-from .importance import (head_importance_ablation, head_importance_gradient, head_mask_grads,
-                         use_head_mask)
+from .importance import (head_importance, head_importance_ablation, head_importance_gradient,
+                         head_mask_grads, use_head_mask)
 from .per_head import (PATTERNS, attention_mass, confidence, dominant_pattern, entropy,
                        pattern_scores)
-from .pruning import PruningCurve, pruning_curve
+from .pruning import PruningCurve, pruning_against_random, pruning_curve
 from .similarity import head_distance, head_diversity, head_similarity
 
 __all__ = [
     "head_similarity", "head_diversity", "head_distance", "entropy", "confidence",
     "PATTERNS", "pattern_scores", "dominant_pattern", "attention_mass",
-    "head_importance_ablation", "head_importance_gradient", "head_mask_grads", "use_head_mask",
-    "PruningCurve", "pruning_curve",
+    "head_importance", "head_importance_ablation", "head_importance_gradient", "head_mask_grads",
+    "use_head_mask", "PruningCurve", "pruning_curve", "pruning_against_random",
     "HEAD_FUSIONS", "attention_rollout", "attention_flow", "value_norms",
     "CONVENTIONS", "CLARK_METRICS", "token_classes", "head_statistic_sums", "clark_metrics",
     "broad_heads", "classical_mds", "metric_mds", "head_map",
     "HEAD_NAMES", "detect_head", "head_detection_pattern",
+    "gradient_relevance", "attention_x_gradient", "AttentionGradient", "integrated_gradients",
+    "IntegratedGradients", "IG_METHODS", "attribution_patching",
 ]

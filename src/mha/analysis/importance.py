@@ -1,5 +1,6 @@
 """Head importance: the metric's drop when a head is zeroed (ablation), or the gradient of the
-loss with respect to the head mask (Michel et al. 2019); the layers' head masks set and read."""
+loss with respect to the head mask (Michel et al. 2019), from gradients you collect or on a
+model of :mod:`mha.models`; the layers' head masks set and read."""
 from __future__ import annotations
 
 import contextlib
@@ -10,8 +11,8 @@ from numpy.typing import ArrayLike
 
 from ._inputs import _to_numpy
 
-__all__ = ["head_importance_ablation", "head_importance_gradient", "head_mask_grads",
-           "use_head_mask"]
+__all__ = ["head_importance", "head_importance_ablation", "head_importance_gradient",
+           "head_mask_grads", "use_head_mask"]
 
 
 def _initial_mask(head_mask: int | tuple[int, ...] | ArrayLike) -> np.ndarray:
@@ -134,6 +135,85 @@ def head_importance_gradient(grads: ArrayLike | Iterable[ArrayLike], *,
         norm = np.linalg.norm(importance, axis=-1, keepdims=True)
         importance = importance / np.where(norm > 0, norm, 1.0)
     return importance
+
+
+def _batch_gradients(model: Any, data: Iterable[Any], target: Any,
+                     head_mask: np.ndarray | None) -> Iterator[np.ndarray]:
+    """dL/d head_mask (n_layers, n_heads) of each batch of ``data``."""
+    from .attribution import _inputs, _run, _Top
+
+    for batch in data:
+        tokens, mask = (batch if isinstance(batch, tuple) else (batch, None))
+        if target is None:
+            if not model.causal:
+                raise ValueError(f"{type(model).__name__} has no next-token loss: give a "
+                                 f"target (e.g. a loss of the last hidden state)")
+            inputs = _inputs(model, tokens, mask, None)
+            _, grads = model.loss_and_grads(inputs.ids, attention_mask=inputs.mask,
+                                            wrt=["head_mask"], head_mask=head_mask)
+        else:
+            inputs = _inputs(model, tokens, mask, None)
+            _, _, grads = _run(model, inputs, _Top(model, target, inputs, None),
+                               ["head_mask"], head_mask=head_mask)
+        yield grads["head_mask"]
+
+
+def head_importance(model: Any, data: Iterable[Any], target: Any = None, *,
+                    head_mask: ArrayLike | None = None, normalize: bool = True) -> np.ndarray:
+    """Compute Michel et al.'s (2019) gradient importance of every head of a model.
+
+    ``I_h = mean over batches of |dL/dxi_h|``, xi the multipliers on the heads' outputs,
+    each batch's gradient that of its loss (as Michel et al.'s code accumulates it), then
+    normalised per layer by the l2 norm: :func:`head_importance_gradient` on the C core's
+    backward.
+
+    Parameters
+    ----------
+    model : TransformerModel
+        A model of :mod:`mha.models` with gradients.
+    data : iterable
+        Batches: a text, a list of texts, ids (n,) or (B, n), or a pair (ids, attention_mask).
+    target : int, (int, int), array_like or callable, optional
+        The loss (see :mod:`mha.analysis.attribution`), typically a callable
+        ``target(output, attention_mask) -> (loss, gradient)``; default the next-token
+        cross-entropy of a causal model (``model.loss_and_grads``).
+    head_mask : array_like, shape (n_layers, n_heads), optional
+        The multipliers the gradient is taken at (a partly pruned model); default ones.
+    normalize : bool, default True
+        Divide each layer's scores by their l2 norm.
+
+    Returns
+    -------
+    importance : ndarray of float64, shape (n_layers, n_heads)
+        Higher is more important.
+
+    Raises
+    ------
+    ValueError
+        An encoder without a target, or no batch.
+
+    See Also
+    --------
+    mha.analysis.pruning_curve : Prune by it, recomputed at every step.
+
+    References
+    ----------
+    P. Michel, O. Levy and G. Neubig, "Are Sixteen Heads Really Better than One?", NeurIPS
+    2019, https://arxiv.org/abs/1905.10650.
+
+    Examples
+    --------
+    >>> from mha.analysis import head_importance
+    >>> model = mha.models.load("minilm")
+    >>> def target(hidden, mask):           # one text: the norm of [CLS]'s state
+    ...     return np.linalg.norm(hidden[0]), np.eye(len(hidden), 1)[:, :1] * (
+    ...         hidden[0] / np.linalg.norm(hidden[0]))
+    >>> head_importance(model, ["the cat sat", "a dog ran"], target).shape
+    (6, 12)
+    """
+    mask = None if head_mask is None else np.asarray(head_mask, dtype=np.float64)
+    return head_importance_gradient(_batch_gradients(model, data, target, mask),
+                                    normalize=normalize)
 
 
 def _layer_list(layers: Any) -> list[Any]:

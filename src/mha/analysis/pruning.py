@@ -3,14 +3,14 @@ metric after each step (the head-pruning procedure of Michel et al. 2019)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 from numpy.typing import ArrayLike
 
 from .importance import _initial_mask, head_importance_ablation
 
-__all__ = ["PruningCurve", "pruning_curve"]
+__all__ = ["PruningCurve", "pruning_curve", "pruning_against_random"]
 
 
 @dataclass
@@ -179,3 +179,52 @@ def pruning_curve(evaluate: Callable[[np.ndarray], float],
                         masks=masks, removed=removed, baseline=baseline, max_drop=max_drop,
                         relative=relative, higher_is_better=higher_is_better,
                         prunable=prunable, prunable_mask=prunable_mask)
+
+
+def pruning_against_random(evaluate: Callable[[np.ndarray], float],
+                           head_mask: int | tuple[int, ...] | ArrayLike,
+                           importance: ArrayLike | Callable[[np.ndarray], ArrayLike] | None
+                           = None, *, n_random: int = 3, seed: int | None = None,
+                           **options: Any) -> tuple[PruningCurve, list[PruningCurve]]:
+    """Prune by importance, and in ``n_random`` random orders, for comparison.
+
+    Parameters
+    ----------
+    evaluate : callable
+        ``evaluate(head_mask) -> float`` as in :func:`pruning_curve`.
+    head_mask : int, tuple of int, or array_like
+        The number of heads, a shape such as (layers, heads), or a starting mask.
+    importance : None, array_like or callable, optional
+        The ranking of :func:`pruning_curve` (a callable, e.g. ``lambda mask:
+        head_importance(model, data, loss, head_mask=mask)``, is recomputed at every step:
+        the iterative procedure).
+    n_random : int, default 3
+        How many random orders.
+    seed : int, optional
+        Seeds the random orders.
+    **options
+        ``step``, ``max_drop``, ``relative``, ``higher_is_better``, ``stop_early`` of
+        :func:`pruning_curve`.
+
+    Returns
+    -------
+    by_importance : PruningCurve
+        The curve of the importance order.
+    random : list of PruningCurve
+        One per random order (a fixed random ranking of the heads).
+
+    Examples
+    --------
+    >>> from mha.analysis import pruning_against_random
+    >>> value = np.array([0.5, 0.1, 0.3, 0.1])
+    >>> ours, random = pruning_against_random(lambda m: float(m @ value), 4, value,
+    ...                                       n_random=2, seed=0, step=1)
+    >>> ours.metric.tolist(), len(random)
+    ([1.0, 0.9, 0.8, 0.5, 0.0], 2)
+    """
+    by_importance = pruning_curve(evaluate, head_mask, importance, **options)
+    rng = np.random.default_rng(seed)
+    shape = _initial_mask(head_mask).shape
+    random = [pruning_curve(evaluate, head_mask, rng.random(shape), **options)
+              for _ in range(n_random)]
+    return by_importance, random

@@ -190,9 +190,12 @@ class Differentiable:
 
     def _run_recorded(self, input_ids: ArrayLike, attention_mask: ArrayLike | None,
                       head_mask: ArrayLike | None, need_weights: bool, logits: bool,
-                      token_type_ids: ArrayLike | None = None) -> Any:
+                      token_type_ids: ArrayLike | None = None,
+                      token_embeddings: np.ndarray | None = None) -> Any:
         """The forward that keeps its Record (``self._record``) -> an Encoding (with logits
-        for a causal model when ``logits``)."""
+        for a causal model when ``logits``). ``token_embeddings`` (B, n, d_model), when
+        given, replaces the token table's rows (``hook_embed``): integrated gradients run the
+        model on interpolated embeddings."""
         layout = self._need_layout()
         model: Any = self
         ids = np.asarray(input_ids)
@@ -211,9 +214,11 @@ class Differentiable:
         if isinstance(layout, EncoderLayout):
             from . import encoder_backward
             record, attn = encoder_backward.forward_record(model, ids, mask, type_ids,
-                                                           head_mask, need_weights)
+                                                           head_mask, need_weights,
+                                                           token_embeddings)
         else:
-            record, attn = _forward_record(model, layout, ids, mask, head_mask, need_weights)
+            record, attn = _forward_record(model, layout, ids, mask, head_mask, need_weights,
+                                           token_embeddings)
         record.single = single
         self._record = record
         from .base import Encoding, _unbatch
@@ -243,7 +248,8 @@ class Differentiable:
         return self._grad_layout
 
     def backward(self, d_logits: ArrayLike | None = None, d_hidden: ArrayLike | None = None,
-                 wrt: Sequence[str] = (), *, retain: bool = False) -> dict[str, np.ndarray]:
+                 wrt: Sequence[str] = (), *, retain: bool = False,
+                 parameters: bool = True) -> dict[str, np.ndarray]:
         """Back-propagate through the last ``model(..., backward=True)``.
 
         Parameters
@@ -261,13 +267,16 @@ class Differentiable:
             forward's head_mask or at ones).
         retain : bool, default False
             Keep the forward's record for another backward (as torch's ``retain_graph``).
+        parameters : bool, default True
+            Compute the parameters' gradients; False returns only those of ``wrt``, about
+            half the backward's products fewer (as ``torch.autograd.grad`` for inputs only).
 
         Returns
         -------
         dict of str to ndarray
-            The gradient of every parameter by the names of ``parameters()`` (same shapes),
-            then one entry per name of ``wrt``, batch first as the activation cache holds it
-            ((1, ...) for one text).
+            The gradient of every parameter by the names of ``parameters()`` (same shapes;
+            none with ``parameters=False``), then one entry per name of ``wrt``, batch first
+            as the activation cache holds it ((1, ...) for one text).
 
         Raises
         ------
@@ -287,7 +296,8 @@ class Differentiable:
                                "backward uses it up unless retain=True)")
         wanted = _check_wrt(model, wrt)
         arrays = _check_top(model, record, d_logits, d_hidden)
-        grads = {name: np.zeros_like(a) for name, a in model.parameters().items()}
+        grads = ({name: np.zeros_like(a) for name, a in model.parameters().items()}
+                 if parameters else NoGrads())
         top = _top_gradient(model, layout, record, arrays, grads)
         if isinstance(layout, EncoderLayout):
             from . import encoder_backward
@@ -296,10 +306,11 @@ class Differentiable:
             _backward(model, layout, record, top, wanted, grads)
         if not retain:
             self._record = None
-        return grads
+        return dict(grads)
 
     def loss_and_grads(self, ids: ArrayLike, labels: ArrayLike | None = None,
-                       attention_mask: ArrayLike | None = None, *, wrt: Sequence[str] = ()
+                       attention_mask: ArrayLike | None = None, *, wrt: Sequence[str] = (),
+                       head_mask: ArrayLike | None = None
                        ) -> tuple[float, dict[str, np.ndarray]]:
         """The next-token cross-entropy of a causal LM and its gradients.
 
@@ -318,6 +329,8 @@ class Differentiable:
             True / 1 = real token, False / 0 = padding.
         wrt : sequence of str, optional
             Activations to return the gradient of, as in :meth:`backward`.
+        head_mask : array_like, shape (n_layers, n_heads), optional
+            Multipliers on each head's output (a pruned model's loss and gradients).
 
         Returns
         -------
@@ -356,7 +369,7 @@ class Differentiable:
         wanted = _check_wrt(model, wrt)
         kept = self._record                 # a record of the user's own forward stays
         try:
-            self._run_recorded(ids_2d, attention_mask, None, False, False)
+            self._run_recorded(ids_2d, attention_mask, head_mask, False, False)
             record = self._record
         finally:
             self._record = kept
@@ -435,8 +448,8 @@ def _top_gradient(model: Any, layout: DecoderLayout | EncoderLayout, record: Rec
     top = arrays["d_hidden"].copy() if "d_hidden" in arrays else np.zeros_like(record.hidden)
     if "d_logits" in arrays:
         # forward: logits = hidden W_vocab^T
-        _core.linear_backward(arrays["d_logits"], record.hidden, model._vocab_matrix(),
-                              trans_b=True, da=top, db=grads[_vocab_name(model, layout)])
+        linear_backward(arrays["d_logits"], record.hidden, model._vocab_matrix(), None,
+                        grads[_vocab_name(model, layout)], None, da=top, trans_b=True)
     return top
 
 
@@ -468,10 +481,12 @@ def _attention_options(model: Any, layer: int, B: int, H: int, n: int) -> dict[s
 
 
 def _forward_record(model: Any, layout: DecoderLayout, ids: np.ndarray, mask: np.ndarray,
-                    head_mask: np.ndarray | None, need_weights: bool
+                    head_mask: np.ndarray | None, need_weights: bool,
+                    token_embeddings: np.ndarray | None = None
                     ) -> tuple[Record, np.ndarray | None]:
     """The forward of a pre-norm decoder on the C kernels, writing every activation the
-    backward reads into one Record -> (record, attentions (B, L, H, n, n) or None)."""
+    backward reads into one Record -> (record, attentions (B, L, H, n, n) or None);
+    ``token_embeddings`` (B, n, d) in place of the token table's rows when given."""
     B, n = ids.shape
     rows = B * n
     L, H, H_kv, dh, d = (model.n_layers, model.n_heads, model.n_kv_heads, model.d_head,
@@ -497,7 +512,8 @@ def _forward_record(model: Any, layout: DecoderLayout, ids: np.ndarray, mask: np
 
     # forward: x = tok_emb[ids] (+ pos_emb[0..n))
     x = layers[0].resid_pre if L else norm_input
-    x[...] = ops.embedding(params[layout.embed], ids)
+    x[...] = (ops.embedding(params[layout.embed], ids) if token_embeddings is None
+              else token_embeddings.reshape(rows, d))
     if layout.positions is not None:
         ops.embedding(params[layout.positions], np.broadcast_to(np.arange(n), (B, n)), out=x)
     for i, (p, r) in enumerate(zip(model.layers, layers)):
@@ -627,6 +643,36 @@ class Keeper:
             self.out[name] = np.array(value).reshape(shape)
 
 
+class NoGrads(dict):
+    """The parameter gradients of a backward that computes none (``parameters=False``): every
+    name reads None, which each step takes as "skip this parameter's gradient"."""
+
+    def __missing__(self, key: str) -> None:
+        return None
+
+
+def layer_grads(grads: dict[str, np.ndarray], i: int) -> dict[str, np.ndarray]:
+    """Layer i's parameter gradients by their names inside the layer."""
+    if isinstance(grads, NoGrads):
+        return NoGrads()
+    prefix = f"layers.{i}."
+    return {k[len(prefix):]: v for k, v in grads.items() if k.startswith(prefix)}
+
+
+def linear_backward(d_out: np.ndarray, a: np.ndarray, w: np.ndarray, bias: np.ndarray | None,
+                    dw: np.ndarray | None, dbias: np.ndarray | None,
+                    da: np.ndarray | None = None, trans_b: bool = False) -> np.ndarray:
+    """The gradient of ``a @ op(w) + bias``'s input a (added into da when given), and of w and
+    the bias added into dw and dbias; with dw None only a's, one product instead of two, on
+    op(w)'s transpose packed for the GEMM (packing takes a tenth of the product's time, which
+    is several times shorter than on the unpacked transpose)."""
+    if dw is not None:
+        return _core.linear_backward(d_out, a, w, bias=bias, trans_b=trans_b, da=da, db=dw,
+                                     dbias=dbias)[0]
+    packed = _core.pack_weight(w, trans_b=not trans_b)
+    return _core.linear(d_out, packed, columns=w.shape[1] if trans_b else w.shape[0], out=da)
+
+
 def _backward(model: Any, layout: DecoderLayout, record: Record, top: np.ndarray,
               wanted: list[str], grads: dict[str, np.ndarray]) -> None:
     """Add every parameter's gradient into ``grads`` (which holds the LM head's already) and
@@ -644,14 +690,13 @@ def _backward(model: Any, layout: DecoderLayout, record: Record, top: np.ndarray
     gain, bias = layout.final
     _norm_backward(top, record.norm_input, params[gain], eps, dx, grads, layout.final)
     for i in reversed(range(L)):
-        p, r, g = model.layers[i], record.layers[i], f"layers.{i}."
-        lg = {k[len(g):]: v for k, v in grads.items() if k.startswith(g)}
+        p, r = model.layers[i], record.layers[i]
+        lg = layer_grads(grads, i)
         w_in, b_in, w_out, b_out = layout.mlp
         keep(i, "hook_resid_post", dx, (B, n, d))
         keep(i, "hook_mlp_out", dx, (B, n, d))
         # forward: resid_post = resid_mid + post W_out + b_out
-        d_post = _core.linear_backward(dx, r.post, p[w_out], bias=p.get(b_out), db=lg[w_out],
-                                       dbias=lg.get(b_out))[0]
+        d_post = linear_backward(dx, r.post, p[w_out], p.get(b_out), lg[w_out], lg.get(b_out))
         keep(i, "mlp.hook_post", d_post, (B, n, -1))
         # forward: post = act(pre)   (act(gate) * up when gated)
         act = model._act | (ops.GATED if layout.gated else 0)
@@ -660,8 +705,7 @@ def _backward(model: Any, layout: DecoderLayout, record: Record, top: np.ndarray
         keep(i, "mlp.hook_pre", d_pre[:, :f], (B, n, f))
         keep(i, "mlp.hook_pre_linear", d_pre[:, f:], (B, n, f))
         # forward: pre = ln2 W_in + b_in
-        d_ln2 = _core.linear_backward(d_pre, r.ln2, p[w_in], bias=p.get(b_in), db=lg[w_in],
-                                      dbias=lg.get(b_in))[0]
+        d_ln2 = linear_backward(d_pre, r.ln2, p[w_in], p.get(b_in), lg[w_in], lg.get(b_in))
         # forward: ln2 = norm_2(resid_mid)   (dx already holds the residual branch)
         _norm_backward(d_ln2, r.resid_mid, p[layout.ln2[0]], eps, dx, lg, layout.ln2)
         keep(i, "hook_resid_mid", dx, (B, n, d))
@@ -669,19 +713,19 @@ def _backward(model: Any, layout: DecoderLayout, record: Record, top: np.ndarray
         _keep_result(keep, i, dx, B, n, H, d)
         # forward: resid_mid = resid_pre + heads W_o + b_o
         W_qkv, b_qkv, W_o, b_o = layout.attention
-        d_heads = _core.linear_backward(dx, r.heads, p[W_o], bias=p.get(b_o), db=lg[W_o],
-                                        dbias=lg.get(b_o))[0]
+        d_heads = linear_backward(dx, r.heads, p[W_o], p.get(b_o), lg[W_o], lg.get(b_o))
         d_qkv = _attend_backward(model, i, r, record, d_heads, d_head_mask, keep)
         # forward: q, k, v = split(ln1 W_qkv + b_qkv)
-        d_ln1 = _core.linear_backward(d_qkv, r.ln1, p[W_qkv], bias=p.get(b_qkv),
-                                      db=lg[W_qkv], dbias=lg.get(b_qkv))[0]
+        d_ln1 = linear_backward(d_qkv, r.ln1, p[W_qkv], p.get(b_qkv), lg[W_qkv],
+                                lg.get(b_qkv))
         # forward: ln1 = norm_1(resid_pre)
         _norm_backward(d_ln1, r.resid_pre, p[layout.ln1[0]], eps, dx, lg, layout.ln1)
         keep(i, "hook_resid_pre", dx, (B, n, d))
     # forward: x = tok_emb[ids] (+ pos_emb[0..n))
-    _core.embedding_backward(dx, record.ids.reshape(-1), vocab=model.config.vocab_size,
-                             d_table=grads[layout.embed])
-    if layout.positions is not None:
+    if grads[layout.embed] is not None:
+        _core.embedding_backward(dx, record.ids.reshape(-1), vocab=model.config.vocab_size,
+                                 d_table=grads[layout.embed])
+    if layout.positions is not None and grads[layout.positions] is not None:
         grads[layout.positions][:n] += dx.reshape(B, n, d).sum(axis=0)
     keep(None, "hook_embed", dx, (B, n, d))
     keep(None, "hook_pos_embed", dx, (B, n, d))

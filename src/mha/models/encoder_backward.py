@@ -25,7 +25,8 @@ import numpy as np
 from mha import _core
 
 from . import ops
-from .backward import Keeper, Record, _attend, _attend_backward, _carve, _keep_result
+from .backward import (Keeper, Record, _attend, _attend_backward, _carve, _keep_result,
+                       layer_grads, linear_backward)
 
 __all__ = ["EncoderLayerRecord", "ENCODER_POINTS"]
 
@@ -68,10 +69,12 @@ def encoder_points(model: Any) -> set[str]:
 
 
 def forward_record(model: Any, ids: np.ndarray, mask: np.ndarray, type_ids: np.ndarray,
-                   head_mask: np.ndarray | None, need_weights: bool
+                   head_mask: np.ndarray | None, need_weights: bool,
+                   token_embeddings: np.ndarray | None = None
                    ) -> tuple[Record, np.ndarray | None]:
     """The encoder's forward on the C kernels, every activation its backward reads written
-    into one Record -> (record, attentions (B, L, H, n, n) or None)."""
+    into one Record -> (record, attentions (B, L, H, n, n) or None); ``token_embeddings``
+    (B, n, d) in place of the word table's rows when given."""
     B, n = ids.shape
     rows = B * n
     L, H, dh, d = model.n_layers, model.n_heads, model.d_head, model.d_model
@@ -94,7 +97,8 @@ def forward_record(model: Any, ids: np.ndarray, mask: np.ndarray, type_ids: np.n
     attn = np.empty((B, L, H, n, n), dtype=model.dtype) if need_weights else None
 
     # forward: emb = word[ids] + pos[positions] (+ type[type_ids]); x = LN_emb(emb)
-    emb[...] = ops.embedding(model.word_embeddings, ids)
+    emb[...] = (ops.embedding(model.word_embeddings, ids) if token_embeddings is None
+                else token_embeddings.reshape(rows, d))
     ops.embedding(model.position_embeddings, model._positions(ids), out=emb)
     if types is not None:
         ops.embedding(types, type_ids, out=emb)
@@ -134,8 +138,7 @@ def backward(model: Any, record: Record, top: np.ndarray, wanted: list[str],
     dx = top
     for i in reversed(range(L)):
         p, r = model.layers[i], record.layers[i]
-        lg = {k[len(f"layers.{i}."):]: v for k, v in grads.items()
-              if k.startswith(f"layers.{i}.")}
+        lg = layer_grads(grads, i)
         keep(i, "hook_normalized_resid_post", dx, (B, n, d))
         # forward: x = LN_2(c)
         dc = _core.layer_norm_backward(dx, r.resid_post, gain=p["ln_2_weight"], eps=eps,
@@ -143,16 +146,14 @@ def backward(model: Any, record: Record, top: np.ndarray, wanted: list[str],
         keep(i, "hook_resid_post", dc, (B, n, d))
         keep(i, "hook_mlp_out", dc, (B, n, d))
         # forward: c = y + post W_2 + b_2
-        d_post = _core.linear_backward(dc, r.post, p["W_2"], bias=p["b_2"], db=lg["W_2"],
-                                       dbias=lg["b_2"])[0]
+        d_post = linear_backward(dc, r.post, p["W_2"], p["b_2"], lg["W_2"], lg["b_2"])
         keep(i, "mlp.hook_post", d_post, (B, n, -1))
         # forward: post = act(pre)
         d_pre = _core.activation_backward(d_post, r.pre, act=model._act)
         keep(i, "mlp.hook_pre", d_pre, (B, n, -1))
         # forward: pre = y W_1 + b_1   (dy: the residual's dc plus the MLP's)
         dy = dc
-        _core.linear_backward(d_pre, r.ln1, p["W_1"], bias=p["b_1"], da=dy, db=lg["W_1"],
-                              dbias=lg["b_1"])
+        linear_backward(d_pre, r.ln1, p["W_1"], p["b_1"], lg["W_1"], lg["b_1"], da=dy)
         # forward: y = LN_1(a)
         da = _core.layer_norm_backward(dy, r.resid_mid, gain=p["ln_1_weight"], eps=eps,
                                        dgain=lg["ln_1_weight"], dbias=lg["ln_1_bias"])[0]
@@ -160,13 +161,12 @@ def backward(model: Any, record: Record, top: np.ndarray, wanted: list[str],
         keep(i, "hook_attn_out", da, (B, n, d))
         _keep_result(keep, i, da, B, n, H, d)
         # forward: a = x + heads W_o + b_o
-        d_heads = _core.linear_backward(da, r.heads, p["W_o"], bias=p["b_o"], db=lg["W_o"],
-                                        dbias=lg["b_o"])[0]
+        d_heads = linear_backward(da, r.heads, p["W_o"], p["b_o"], lg["W_o"], lg["b_o"])
         d_qkv = _attend_backward(model, i, r, record, d_heads, d_head_mask, keep)
         # forward: q, k, v = split(x W_qkv + b_qkv)   (dx: the residual's da plus these)
         dx = da
-        _core.linear_backward(d_qkv, r.resid_pre, p["W_qkv"], bias=p["b_qkv"], da=dx,
-                              db=lg["W_qkv"], dbias=lg["b_qkv"])
+        linear_backward(d_qkv, r.resid_pre, p["W_qkv"], p["b_qkv"], lg["W_qkv"], lg["b_qkv"],
+                        da=dx)
         keep(i, "hook_resid_pre", dx, (B, n, d))
     keep(None, "hook_full_embed", dx, (B, n, d))
     # forward: x = LN_emb(emb)
@@ -176,8 +176,17 @@ def backward(model: Any, record: Record, top: np.ndarray, wanted: list[str],
     for point in ("embed.hook_embed", "embed.hook_pos_embed", "embed.hook_token_type_embed"):
         keep(None, point, d_emb, (B, n, d))
     # forward: emb = word[ids] + pos[positions] (+ type[type_ids])
-    vocab = model.word_embeddings.shape[0]
-    _core.embedding_backward(d_emb, record.ids.reshape(-1), vocab=vocab,
+    if grads["word_embeddings"] is not None:
+        _embedding_backward(model, record, d_emb, grads)
+    keep(None, "head_mask", d_head_mask, (L, H))
+    grads.update((name, keep.out[name]) for name in wanted)
+
+
+def _embedding_backward(model: Any, record: Record, d_emb: np.ndarray,
+                        grads: dict[str, np.ndarray]) -> None:
+    """The word, position and token-type tables' gradients added into grads from d_emb."""
+    _core.embedding_backward(d_emb, record.ids.reshape(-1),
+                             vocab=model.word_embeddings.shape[0],
                              d_table=grads["word_embeddings"])
     positions = np.ascontiguousarray(model._positions(record.ids), dtype=np.int64)
     _core.embedding_backward(d_emb, positions.reshape(-1),
@@ -187,5 +196,3 @@ def backward(model: Any, record: Record, top: np.ndarray, wanted: list[str],
         _core.embedding_backward(d_emb, np.ascontiguousarray(record.type_ids).reshape(-1),
                                  vocab=model.token_type_embeddings.shape[0],
                                  d_table=grads["token_type_embeddings"])
-    keep(None, "head_mask", d_head_mask, (L, H))
-    grads.update((name, keep.out[name]) for name in wanted)
