@@ -924,17 +924,28 @@ class TransformerModel:
         sets = self._key_sets(key_sets, ids, mask, tokenized)
         if not names and not sets:
             raise ValueError("stats and key_sets ask for nothing")
-        reads = _AttentionReads((), stats=names, sets=sets, n_kv_heads=self.n_kv_heads,
-                                dtype=self.dtype)
-        self._forward(ids, mask, type_ids, False, None, reads)
-        out = {name: np.stack([reads.rows[l][name] for l in range(self.n_layers)], axis=1)
-               for name in names}
-        for s, name in enumerate(sets):
-            key = "key_set_mass" if s == 0 else "sets"
-            out[f"mass:{name}"] = np.stack(
-                [reads.rows[l][key] if s == 0 else reads.rows[l][key][..., s - 1]
-                 for l in range(self.n_layers)], axis=1)
+        out = self._row_statistics(ids, mask, type_ids, names, sets)
         return {name: value[0] for name, value in out.items()} if single else out
+
+    def _row_statistics(self, ids: np.ndarray, mask: np.ndarray, type_ids: np.ndarray,
+                        names: Sequence[str], sets: Mapping[str, np.ndarray],
+                        columns: Any = None) -> dict[str, np.ndarray]:
+        """head_statistics on checked (B, n) inputs -> {name: (B, L, H, n)}, "mass:<set>"
+        for each set; with ``columns``, a function (layer, v (B, H_kv, n, d)) -> value
+        columns c (B, H or H_kv, n, m), also "columns" (B, L, H, n, m): each row's sum_j
+        p_ij c_j (a weighted mass of the keys, e.g. by the length of what they write)."""
+        reads = _AttentionReads((), stats=names, sets=sets, n_kv_heads=self.n_kv_heads,
+                                dtype=self.dtype, columns=columns)
+        self._forward(ids, mask, type_ids, False, None, reads)
+        layers = range(self.n_layers)
+        out = {name: np.stack([reads.rows[l][name] for l in layers], axis=1) for name in names}
+        for s, name in enumerate(sets):
+            out[f"mass:{name}"] = np.stack(
+                [reads.rows[l]["key_set_mass"] if s == 0 else reads.rows[l]["sets"][..., s - 1]
+                 for l in layers], axis=1)
+        if columns is not None:
+            out["columns"] = np.stack([reads.rows[l]["columns"] for l in layers], axis=1)
+        return out
 
     def _key_sets(self, key_sets: str | Sequence[str] | Mapping[str, Any] | None,
                   ids: np.ndarray, mask: np.ndarray, tokenized: list[Any] | None
@@ -1324,7 +1335,7 @@ class TransformerModel:
                 key_set=None if stats is None else reads.key_set)
             weights = result[1]
             if reads is not None:
-                self._read_layer(layer, q, k, mask, pad_mask, reads, result, keep)
+                self._read_layer(layer, q, k, v, mask, pad_mask, reads, result, keep)
             if keep is not None and reads is not None:
                 if pattern:
                     hooks(layer, "attn.hook_pattern", reads.kept[layer], owned=True)
@@ -1335,17 +1346,24 @@ class TransformerModel:
         hooks(layer, "attn.hook_z", heads, (B, n_q, H, d_head))
         return heads, weights if need_weights else None
 
-    def _read_layer(self, layer: int, q: np.ndarray, k: np.ndarray, mask: np.ndarray | None,
-                    pad_mask: np.ndarray | None, reads: _AttentionReads, result: tuple,
+    def _read_layer(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+                    mask: np.ndarray | None, pad_mask: np.ndarray | None,
+                    reads: _AttentionReads, result: tuple,
                     keep: tuple[np.ndarray, Any] | None) -> None:
         """What a layer reports to ``reads`` after its kernel call ``result`` (out, weights[,
         stats]): its row statistics {name: (B, H, n_q)}, the masses of the key sets after the
-        first ("sets", (B, H, n_q, m)), and the kept part of its weights."""
+        first ("sets", (B, H, n_q, m)), the sums of reads.columns' value columns ("columns"),
+        and the kept part of its weights."""
+        rows = reads.rows.setdefault(layer, {})
         if reads.stats:
-            reads.rows[layer] = dict(result[-1])
+            rows.update(result[-1])
         if reads.set_values is not None:
-            reads.rows.setdefault(layer, {})["sets"] = self._set_masses(
-                layer, q, k, mask, pad_mask, reads.set_values)
+            rows["sets"] = self._set_masses(layer, q, k, mask, pad_mask, reads.set_values)
+        if reads.columns is not None:
+            values = np.ascontiguousarray(reads.columns(layer, v), dtype=self.dtype)
+            if values.shape[1] != k.shape[1]:          # per query head: k for each of them
+                k = np.repeat(k, q.shape[1] // k.shape[1], axis=1)
+            rows["columns"] = self._set_masses(layer, q, k, mask, pad_mask, values)
         if keep is not None:
             weights = result[1]
             reads.kept[layer] = (_keep_rows(weights, keep, q.shape[2]) if weights is not None
@@ -1512,19 +1530,21 @@ class _AttentionReads(HookPoints):
 
     stats: the kernel's row statistics (the first key set's as "key_set_mass"); sets: {name:
     (B, n) bool}, the first passed to the kernel as its key set, the others as value columns
-    (B, H_kv, n, m) of ``dtype`` (:meth:`TransformerModel._set_masses`); keep: {layer: (heads,
+    (B, H_kv, n, m) of ``dtype`` (:meth:`TransformerModel._set_masses`); columns: None or
+    (layer, v) -> value columns whose weighted sums each row reports; keep: {layer: (heads,
     rows)}. With ``keep``, no full map is recorded: hook_attn_scores and the hook_pattern of
     the other layers are left out of the cache. Filled by the forward: ``rows`` {layer:
     {name: (B, H, n_q)}, "sets": (B, H, n_q, m)}, ``kept`` {layer: (B, h, r, n_k)}.
     """
-    __slots__ = ("stats", "key_set", "set_values", "keep", "rows", "kept")
+    __slots__ = ("stats", "key_set", "set_values", "columns", "keep", "rows", "kept")
 
     def __init__(self, valid: Sequence[str], names: Names | Sequence[str] = None,
                  fwd_hooks: Sequence[tuple[NameFilter, HookFn]] = (), *,
                  stats: Sequence[str] = (), sets: Mapping[str, np.ndarray] | None = None,
-                 n_kv_heads: int = 1, dtype: Any = np.float32,
+                 n_kv_heads: int = 1, dtype: Any = np.float32, columns: Any = None,
                  keep: dict[int, tuple[np.ndarray, Any]] | None = None) -> None:
         super().__init__(valid, names, fwd_hooks)
+        self.columns = columns
         masks = list((sets or {}).values())
         self.stats = tuple(stats) + (("key_set_mass",) if masks else ())
         self.key_set = masks[0] if masks else None
