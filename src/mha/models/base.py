@@ -551,6 +551,8 @@ class TransformerModel:
         ------
         KeyError
             A name that is no hook point of the model (the message names the nearest).
+        IndexError
+            A layer, head or row of ``keep_weights`` out of range.
 
         See Also
         --------
@@ -1327,19 +1329,19 @@ class TransformerModel:
             full = need_weights or (pattern and keep is None)
             band = self._band(layer, n_q, n_k)
             mask = None if band is None else np.broadcast_to(band, (B, H, n_q, n_k))
-            stats = reads.stats if reads is not None and reads.stats else None
+            stats, key_set = (None, None) if reads is None else (reads.stats or None,
+                                                                 reads.key_set)
             result = _core.attention_forward(
                 q, k, v, mask=mask, key_padding_mask=pad_mask, causal=self.causal,
                 scale=self.attention_scale(layer), need_weights=full, out=out,
                 weights_out=weights_out if need_weights else None, row_stats=stats,
-                key_set=None if stats is None else reads.key_set)
+                key_set=key_set)
             weights = result[1]
             if reads is not None:
                 self._read_layer(layer, q, k, v, mask, pad_mask, reads, result, keep)
-            if keep is not None and reads is not None:
-                if pattern:
+                if keep is not None and pattern:
                     hooks(layer, "attn.hook_pattern", reads.kept[layer], owned=True)
-            elif pattern:
+            if pattern and keep is None:
                 hooks(layer, "attn.hook_pattern", weights, owned=weights is not weights_out)
         if head_mask is not None:
             out *= head_mask[layer][None, :, None, None]
@@ -1376,7 +1378,8 @@ class TransformerModel:
         The kernel takes one key set per call; the mass on a set S is the attention output
         with the value 1 on the keys of S and 0 elsewhere, so the further sets are one more
         attention of the layer's own q and k (no other part of the model is run again), with
-        the sets as m value columns: ``values`` (B, H_kv, n_k, m) of the model's dtype.
+        the sets as m value columns: ``values`` (B, H_kv, n_k, m) of the model's dtype (any
+        columns give each row's sum_j p_ij c_j; per query head, with k of H heads).
         """
         masses, _ = _core.attention_forward(
             q, k, values, mask=mask, key_padding_mask=pad_mask, causal=self.causal,
