@@ -1359,13 +1359,21 @@ class TransformerModel:
         rows = reads.rows.setdefault(layer, {})
         if reads.stats:
             rows.update(result[-1])
-        if reads.set_values is not None:
-            rows["sets"] = self._set_masses(layer, q, k, mask, pad_mask, reads.set_values)
-        if reads.columns is not None:
-            values = np.ascontiguousarray(reads.columns(layer, v), dtype=self.dtype)
-            if values.shape[1] != k.shape[1]:          # per query head: k for each of them
+        values = reads.set_values                      # (B, H_kv, n_k, m) or None
+        if reads.columns is not None:                  # their columns after the sets': one pass
+            columns = np.asarray(reads.columns(layer, v), dtype=self.dtype)
+            if columns.shape[1] != k.shape[1]:         # per query head: k for each of them
                 k = np.repeat(k, q.shape[1] // k.shape[1], axis=1)
-            rows["columns"] = self._set_masses(layer, q, k, mask, pad_mask, values)
+                if values is not None:
+                    values = np.repeat(values, q.shape[1] // values.shape[1], axis=1)
+            values = columns if values is None else np.concatenate([values, columns], axis=-1)
+        if values is not None:
+            sums = self._set_masses(layer, q, k, mask, pad_mask, np.ascontiguousarray(values))
+            m = 0 if reads.set_values is None else reads.set_values.shape[-1]
+            if m:
+                rows["sets"] = sums[..., :m]
+            if reads.columns is not None:
+                rows["columns"] = sums[..., m:]
         if keep is not None:
             weights = result[1]
             reads.kept[layer] = (_keep_rows(weights, keep, q.shape[2]) if weights is not None
