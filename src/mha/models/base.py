@@ -327,8 +327,8 @@ class TransformerModel:
         keep_weights : dict, optional
             Keep only part of some layers' weights, ``{layer: heads}`` or ``{layer: (heads,
             rows)}`` (heads and query rows: None for all, an int, a slice or a list of ints;
-            negative ones count from the end), e.g. ``{5: (3, slice(-16, None))}`` for the
-            last 16 rows of layer 5, head 3. They land in ``kept_weights`` (the
+            negative ones count from the end; a tuple is (heads, rows)), e.g. ``{5: (3,
+            slice(-16, None))}`` for the last 16 rows of layer 5, head 3. They land in ``kept_weights`` (the
             ``attentions`` stay None): memory in proportion to what is kept.
 
         Returns
@@ -415,8 +415,8 @@ class TransformerModel:
         keep_weights : dict, optional
             Keep only part of some layers' weights, ``{layer: heads}`` or ``{layer: (heads,
             rows)}`` (heads and query rows: None for all, an int, a slice or a list of ints;
-            negative ones count from the end), e.g. ``{5: (3, slice(-16, None))}`` for the
-            last 16 rows of layer 5, head 3. They land in ``kept_weights`` (the
+            negative ones count from the end; a tuple is (heads, rows)), e.g. ``{5: (3,
+            slice(-16, None))}`` for the last 16 rows of layer 5, head 3. They land in ``kept_weights`` (the
             ``attentions`` stay None): memory in proportion to what is kept.
 
         Returns
