@@ -262,3 +262,25 @@ def test_kept_memory_is_what_is_kept(long_model):
     assert enc.attentions is None
     one_layer_maps = model.n_heads * N * N * 4
     assert peak < one_layer_maps / 4, f"peak {peak / 2**20:.1f} MiB"
+
+
+def test_head_statistics_memory_is_that_of_a_forward_without_weights(long_model):
+    """At 1,024 tokens, three key sets (the kernel's and one more pass with two value
+    columns): the forward allocates O(n) per head, no (n, n) map (one layer's would be
+    H n^2 itemsize = 16 MiB)."""
+    import tracemalloc
+
+    model = long_model("qwen2", np.float32)
+    ids = np.random.default_rng(1).integers(5, model.config.vocab_size, size=N)
+    sets = {"first": "first", "punctuation": "punctuation",
+            "random": np.random.default_rng(2).random(N) < 0.1}
+    model.head_statistics(ids[:8], key_sets=sets | {"random": sets["random"][:8]})  # warm
+    tracemalloc.start()
+    try:
+        stats = model.head_statistics(ids, key_sets=sets)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert stats["mass:random"].shape == (model.n_layers, model.n_heads, N)
+    one_layer_maps = model.n_heads * N * N * 4
+    assert peak < one_layer_maps / 4, f"peak {peak / 2**20:.1f} MiB"
