@@ -319,9 +319,9 @@ def model_head_statistic_sums(model: Any, input_ids: ArrayLike,
     :func:`head_statistic_sums` of ``model(input_ids, attention_mask).attentions``, with the
     key norms of ``norms``. Convention ``"mha"``: one forward without maps
     (``model.head_statistics``), its row statistics summed by :func:`row_statistic_sums`,
-    in O(n) memory per head, so long texts fit; the norm shares come from one more pass of
-    each layer's attention on its own q and k with the value columns
-    :math:`\|f_h(x_j)\| [j \in S]` and :math:`\|f_h(x_j)\|`. Convention ``"clark"``: its
+    in O(n) memory per head, so long texts fit; the norm shares are the sums of the value
+    columns :math:`\|f_h(x_j)\| [j \in S]` and :math:`\|f_h(x_j)\|` that the same kernel
+    calls compute beside each layer's output. Convention ``"clark"``: its
     smoothed entropy is no row statistic, so the maps are computed as before.
 
     Parameters

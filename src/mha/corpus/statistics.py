@@ -128,10 +128,10 @@ def head_statistics(model: TransformerModel | str | os.PathLike[str],
     norms : bool
         Compute ``norm_cls`` and ``norm_sep``: the value vectors' lengths after the output
         projection (from each head's Gram matrix), summed over each query's keys with its
-        weights: with convention "mha", in the one more pass of each layer's attention that
-        the [SEP] and punctuation masses take anyway (16 MiniLM texts of up to 190 tokens on
-        one thread: 1.26 s without, 1.48 s with, next to 1.24 s for a forward without
-        weights; see :func:`mha.analysis.clark.model_head_statistic_sums`).
+        weights: with convention "mha", as value columns of each layer's own kernel call
+        (16 MiniLM texts of up to 190 tokens on one thread, best of 8 on a shared machine:
+        0.85 s without and with, next to 0.91 s for a forward without weights, within the
+        noise; the map path, 1.1 s; see :func:`mha.analysis.clark.model_head_statistic_sums`).
     num_workers : int, optional
         Threads of the local scheduler (default: ``mha.get_num_threads()``, the cores).
         Ignored with a client.

@@ -874,9 +874,8 @@ class TransformerModel:
             token: the attention sink), "special" ([CLS], [SEP], BOS: the tokenizer's special
             tokens) and "punctuation" (tokens of Unicode punctuation); the last two need a
             tokenizer. A name or a list of names is ``{name: name}``. Each gives the result
-            "mass:<name>". The first set comes with the other statistics; the further ones take
-            one more pass of each layer's attention on its own q and k (the model is not run
-            again), all sets at once.
+            "mass:<name>". The first set comes with the other statistics; the further ones are
+            value columns appended to each layer's v, summed by the same kernel call.
         attention_mask : array_like of bool, shape of the ids, optional
             For ids: True = real token, False = padding (padding keys get no attention).
         truncation : bool, default False
@@ -1302,9 +1301,13 @@ class TransformerModel:
         recorded), attn.hook_pattern (the kernel's weights), attn.hook_z (after head_mask);
         a hook on the scores or the pattern runs the attention step by step instead.
 
-        With :class:`_AttentionReads` hooks, the layer also reports the kernel's row statistics
-        (and the masses of further key sets, :meth:`_set_masses`) and the kept part of its
-        weights (:meth:`_kept_weights`; then hook_pattern records that part).
+        With :class:`_AttentionReads` hooks, the layer also reports the kernel's row statistics,
+        the sums of their value columns (:meth:`_AttentionReads.value_columns`: the kernel
+        takes one key set per call, and the mass on a further set S is the attention output
+        of the value 1 on S and 0 elsewhere, so those sets are columns appended to v, and
+        come out beside the heads' output, whose columns they leave bit for bit as they are)
+        and the kept part of its weights (:meth:`_kept_weights`; then hook_pattern records
+        that part).
         """
         B, H, n_q, d_head = q.shape
         n_k = k.shape[2]
@@ -1331,14 +1334,22 @@ class TransformerModel:
             mask = None if band is None else np.broadcast_to(band, (B, H, n_q, n_k))
             stats, key_set = (None, None) if reads is None else (reads.stats or None,
                                                                  reads.key_set)
+            columns = None if reads is None else reads.value_columns(layer, v)
+            k_in, v_in, out_in = k, v, out
+            if columns is not None:        # value columns after v's: their sums come out too
+                k_in, v_in = _widen(k, v, columns)
+                out_in = np.empty((B, H, n_q, v_in.shape[-1]), dtype=self.dtype)
             result = _core.attention_forward(
-                q, k, v, mask=mask, key_padding_mask=pad_mask, causal=self.causal,
-                scale=self.attention_scale(layer), need_weights=full, out=out,
+                q, k_in, v_in, mask=mask, key_padding_mask=pad_mask, causal=self.causal,
+                scale=self.attention_scale(layer), need_weights=full, out=out_in,
                 weights_out=weights_out if need_weights else None, row_stats=stats,
                 key_set=key_set)
             weights = result[1]
+            if columns is not None:
+                out[...] = out_in[..., :d_head]
             if reads is not None:
-                self._read_layer(layer, q, k, v, mask, pad_mask, reads, result, keep)
+                self._read_layer(layer, q, k, pad_mask, reads, result, keep,
+                                 None if columns is None else out_in[..., d_head:])
                 if keep is not None and pattern:
                     hooks(layer, "attn.hook_pattern", reads.kept[layer], owned=True)
             if pattern and keep is None:
@@ -1348,51 +1359,27 @@ class TransformerModel:
         hooks(layer, "attn.hook_z", heads, (B, n_q, H, d_head))
         return heads, weights if need_weights else None
 
-    def _read_layer(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray,
-                    mask: np.ndarray | None, pad_mask: np.ndarray | None,
-                    reads: _AttentionReads, result: tuple,
-                    keep: tuple[np.ndarray, Any] | None) -> None:
+    def _read_layer(self, layer: int, q: np.ndarray, k: np.ndarray,
+                    pad_mask: np.ndarray | None, reads: _AttentionReads, result: tuple,
+                    keep: tuple[np.ndarray, Any] | None, sums: np.ndarray | None) -> None:
         """What a layer reports to ``reads`` after its kernel call ``result`` (out, weights[,
-        stats]): its row statistics {name: (B, H, n_q)}, the masses of the key sets after the
-        first ("sets", (B, H, n_q, m)), the sums of reads.columns' value columns ("columns"),
-        and the kept part of its weights."""
+        stats]): its row statistics {name: (B, H, n_q)}, the sums of the value columns
+        (``sums`` (B, H, n_q, m), the output's columns after the heads'): the masses of the
+        key sets after the first ("sets") and reads.columns' ("columns"), and the kept part
+        of its weights."""
         rows = reads.rows.setdefault(layer, {})
         if reads.stats:
             rows.update(result[-1])
-        values = reads.set_values                      # (B, H_kv, n_k, m) or None
-        if reads.columns is not None:                  # their columns after the sets': one pass
-            columns = np.asarray(reads.columns(layer, v), dtype=self.dtype)
-            if columns.shape[1] != k.shape[1]:         # per query head: k for each of them
-                k = np.repeat(k, q.shape[1] // k.shape[1], axis=1)
-                if values is not None:
-                    values = np.repeat(values, q.shape[1] // values.shape[1], axis=1)
-            values = columns if values is None else np.concatenate([values, columns], axis=-1)
-        if values is not None:
-            sums = self._set_masses(layer, q, k, mask, pad_mask, np.ascontiguousarray(values))
+        if sums is not None:
             m = 0 if reads.set_values is None else reads.set_values.shape[-1]
             if m:
-                rows["sets"] = sums[..., :m]
+                rows["sets"] = sums[..., :m].copy()
             if reads.columns is not None:
-                rows["columns"] = sums[..., m:]
+                rows["columns"] = sums[..., m:].copy()
         if keep is not None:
             weights = result[1]
             reads.kept[layer] = (_keep_rows(weights, keep, q.shape[2]) if weights is not None
                                  else self._kept_weights(layer, q, k, pad_mask, keep))
-
-    def _set_masses(self, layer: int, q: np.ndarray, k: np.ndarray, mask: np.ndarray | None,
-                    pad_mask: np.ndarray | None, values: np.ndarray) -> np.ndarray:
-        """The weight each query puts on each of m key sets -> (B, H, n_q, m).
-
-        The kernel takes one key set per call; the mass on a set S is the attention output
-        with the value 1 on the keys of S and 0 elsewhere, so the further sets are one more
-        attention of the layer's own q and k (no other part of the model is run again), with
-        the sets as m value columns: ``values`` (B, H_kv, n_k, m) of the model's dtype (any
-        columns give each row's sum_j p_ij c_j; per query head, with k of H heads).
-        """
-        masses, _ = _core.attention_forward(
-            q, k, values, mask=mask, key_padding_mask=pad_mask, causal=self.causal,
-            scale=self.attention_scale(layer), need_weights=False)
-        return masses
 
     def _kept_weights(self, layer: int, q: np.ndarray, k: np.ndarray,
                       pad_mask: np.ndarray | None, keep: tuple[np.ndarray, Any]) -> np.ndarray:
@@ -1541,11 +1528,12 @@ class _AttentionReads(HookPoints):
 
     stats: the kernel's row statistics (the first key set's as "key_set_mass"); sets: {name:
     (B, n) bool}, the first passed to the kernel as its key set, the others as value columns
-    (B, H_kv, n, m) of ``dtype`` (:meth:`TransformerModel._set_masses`); columns: None or
-    (layer, v) -> value columns whose weighted sums each row reports; keep: {layer: (heads,
-    rows)}. With ``keep``, no full map is recorded: hook_attn_scores and the hook_pattern of
-    the other layers are left out of the cache. Filled by the forward: ``rows`` {layer:
-    {name: (B, H, n_q)}, "sets": (B, H, n_q, m)}, ``kept`` {layer: (B, h, r, n_k)}.
+    (B, H_kv, n, m) of ``dtype`` appended to v (:meth:`TransformerModel._attention`);
+    columns: None or (layer, v) -> more value columns whose weighted sums each row reports;
+    keep: {layer: (heads, rows)}. With ``keep``, no full map is recorded: hook_attn_scores
+    and the hook_pattern of the other layers are left out of the cache. Filled by the
+    forward: ``rows`` {layer: {name: (B, H, n_q)}, "sets" and "columns": (B, H, n_q, m)},
+    ``kept`` {layer: (B, h, r, n_k)}.
     """
     __slots__ = ("stats", "key_set", "set_values", "columns", "keep", "rows", "kept")
 
@@ -1572,6 +1560,18 @@ class _AttentionReads(HookPoints):
                 name.endswith("attn.hook_attn_scores") or (
                     name.endswith("attn.hook_pattern") and _split(name)[0] not in self.keep))}
             self._wanted = {_split(name) for name in self._keep | set(self._hooks)}
+
+    def value_columns(self, layer: int, v: np.ndarray) -> np.ndarray | None:
+        """The value columns of a layer whose weighted sums its rows report: the further
+        key sets' (B, H_kv, n, m), then ``columns(layer, v)``'s (per query head when it has
+        H heads), or None."""
+        values = self.set_values
+        if self.columns is None:
+            return values
+        columns = np.asarray(self.columns(layer, v), dtype=v.dtype)
+        if values is not None and columns.shape[1] != values.shape[1]:
+            values = np.repeat(values, columns.shape[1] // values.shape[1], axis=1)
+        return columns if values is None else np.concatenate([values, columns], axis=-1)
 
 
 def _is_texts(text_or_ids: Any) -> bool:
@@ -1616,6 +1616,15 @@ def _select(chosen: Any, size: int, what: str) -> np.ndarray:
 def _rows(rows: tuple[Any, str], n_q: int) -> np.ndarray:
     """The kept query rows of a layer, (r,) int64, from its selector (rows, its name)."""
     return _select(rows[0], n_q, rows[1])
+
+
+def _widen(k: np.ndarray, v: np.ndarray, columns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """k and v (B, H_kv, n, d) with value columns (B, H_kv or H, n, m) after v's -> (k, v
+    (B, heads, n, d + m)); columns per query head repeat k and v for each of them."""
+    if columns.shape[1] != k.shape[1]:
+        group = columns.shape[1] // k.shape[1]
+        k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+    return k, np.concatenate([v, columns.astype(v.dtype, copy=False)], axis=-1)
 
 
 def _keep_rows(weights: np.ndarray, keep: tuple[np.ndarray, Any], n_q: int) -> np.ndarray:
