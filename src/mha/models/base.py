@@ -1395,7 +1395,7 @@ class TransformerModel:
         allowed = self._allowed(layer, n_q, n_k, pad_mask, rows)
         mask = None if allowed is None else np.broadcast_to(
             allowed, (B, len(heads), len(rows), n_k))
-        _, weights = _core.attention_forward(
+        _, weights = _core.attention_forward(              # k stands in for v: unread here
             q_kept, k_kept, k_kept, mask=mask, scale=self.attention_scale(layer),
             need_weights=True)
         return weights
@@ -1549,9 +1549,9 @@ class _AttentionReads(HookPoints):
         self.key_set = masks[0] if masks else None
         self.set_values = None
         if len(masks) > 1:                      # (B, n, m) -> (B, H_kv, n, m)
-            columns = np.stack(masks[1:], axis=-1).astype(dtype)
+            indicators = np.stack(masks[1:], axis=-1).astype(dtype)
             self.set_values = np.ascontiguousarray(np.broadcast_to(
-                columns[:, None], (columns.shape[0], n_kv_heads) + columns.shape[1:]))
+                indicators[:, None], (indicators.shape[0], n_kv_heads) + indicators.shape[1:]))
         self.keep = keep or {}
         self.rows: dict[int, dict[str, np.ndarray]] = {}
         self.kept: dict[int, np.ndarray] = {}
