@@ -245,7 +245,7 @@ def test_kept_memory_is_what_is_kept(long_model):
     would be H n^2 itemsize = 16 MiB; the kept part is 16 rows of one head, 64 KiB."""
     import tracemalloc
 
-    model = long_model("llama", np.float32)
+    model = long_model("qwen2", np.float32)
     ids = np.random.default_rng(0).integers(5, model.config.vocab_size, size=N)
     keep = {1: (3, slice(-16, None))}
     def forward(ids):
