@@ -34,7 +34,9 @@ One module per concern, every name importable from ``mha.analysis``:
   follow the attention through all layers; :func:`value_norms` measures what each key adds
   to a query's output (Kobayashi et al. 2020);
 - ``clark``: Clark et al.'s (2019) per-head statistics, :func:`head_statistic_sums` (the
-  corpus-ready sums and counts), :func:`clark_metrics` and :func:`broad_heads`;
+  corpus-ready sums and counts from maps), :func:`row_statistic_sums` and
+  :func:`model_head_statistic_sums` (the same from a model's row statistics, without maps),
+  :func:`clark_metrics` and :func:`broad_heads`;
 - ``headmap``: :func:`head_map`, their map of all heads, by :func:`classical_mds` or
   :func:`metric_mds`;
 - ``attribution``: gradients through a whole model of :mod:`mha.models` for a target (a
@@ -54,7 +56,8 @@ from .attribution import (IG_METHODS, AttentionGradient, IntegratedGradients,
                           attention_x_gradient, attribution_patching, gradient_relevance,
                           integrated_gradients)
 from .beyond import HEAD_FUSIONS, attention_flow, attention_rollout, value_norms
-from .clark import CLARK_METRICS, broad_heads, clark_metrics, head_statistic_sums, token_classes
+from .clark import (CLARK_METRICS, broad_heads, clark_metrics, head_statistic_sums,
+                    model_head_statistic_sums, row_statistic_sums, token_classes)
 from .detectors import HEAD_NAMES, detect_head, head_detection_pattern
 from .headmap import classical_mds, head_map, metric_mds
 from .importance import (head_importance, head_importance_ablation, head_importance_gradient,
@@ -70,7 +73,8 @@ __all__ = [
     "head_importance", "head_importance_ablation", "head_importance_gradient", "head_mask_grads",
     "use_head_mask", "PruningCurve", "pruning_curve", "pruning_against_random",
     "HEAD_FUSIONS", "attention_rollout", "attention_flow", "value_norms",
-    "CONVENTIONS", "CLARK_METRICS", "token_classes", "head_statistic_sums", "clark_metrics",
+    "CONVENTIONS", "CLARK_METRICS", "token_classes", "head_statistic_sums", "row_statistic_sums",
+    "model_head_statistic_sums", "clark_metrics",
     "broad_heads", "classical_mds", "metric_mds", "head_map",
     "HEAD_NAMES", "detect_head", "head_detection_pattern",
     "gradient_relevance", "attention_x_gradient", "AttentionGradient", "integrated_gradients",

@@ -1,6 +1,6 @@
 """One Dask task of head statistics: a batch of token ids -> the float64 sums and counts of
-:func:`mha.analysis.head_statistic_sums` (nothing is kept in worker state), and the tree that adds
-them in an order fixed by the number of batches. On a cluster each worker loads the model once,
+:func:`mha.analysis.model_head_statistic_sums` (one forward without maps; nothing is kept in
+worker state), and the tree that adds them in an order fixed by the number of batches. On a cluster each worker loads the model once,
 by name or folder, and checks a fingerprint of its weights against the caller's."""
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ import numpy as np
 
 import mha
 
-from ..analysis import head_statistic_sums, token_classes
+from ..analysis import model_head_statistic_sums, token_classes
+
 from .texts import CorpusError, _batches, _tokenize
 
 if TYPE_CHECKING:
@@ -45,7 +46,7 @@ class _ModelSpec:
 
 class _Tables:
     """Per model, built once per process: which token ids are [CLS], [SEP], punctuation and
-    Clark et al.'s punctuation ("." and ",") (V, 4) and, per layer, each head's Gram matrix of the output projection (H, d, d)."""
+    Clark et al.'s punctuation ("." and ",") (V, 4)."""
 
     def __init__(self, model: TransformerModel) -> None:
         tok = model.tokenizer
@@ -55,12 +56,6 @@ class _Tables:
         classes = token_classes(strings)
         self.classes = np.stack([classes["cls"], classes["sep"], classes["punct"],
                                  token_classes(strings, convention="clark")["punct"]], axis=-1)
-        d = model.d_head
-        self.grams: list[np.ndarray] = []
-        for layer in range(model.n_layers):
-            W_o = model.output_projection(layer)[0].astype(np.float64)
-            heads = W_o.reshape(model.n_heads, d, W_o.shape[1])       # rows of head h
-            self.grams.append(heads @ heads.transpose(0, 2, 1))       # (H, d, d)
 
 
 _TABLES: weakref.WeakKeyDictionary[TransformerModel, _Tables] = weakref.WeakKeyDictionary()
@@ -130,17 +125,6 @@ def _resolve(runner: TransformerModel | _ModelSpec, kernel_threads: int | None,
 
 # --- one batch -> sums -------------------------------------------------------------------------
 
-def _key_norms(v: np.ndarray, gram: np.ndarray, n_heads: int) -> np.ndarray:
-    """||f_h(x_j)|| = ||v_hj W_o^(h)|| for every head and key, from the Gram matrix
-    G_h = W_o^(h) W_o^(h)^T: sqrt(v G v^T), d_head^2 work per key instead of d_head * d_model.
-    v: (B, H_kv, n, d_head) -> (B, H, n) float64."""
-    v = v.astype(np.float64)
-    if v.shape[1] != n_heads:                                 # grouped-query attention
-        v = np.repeat(v, n_heads // v.shape[1], axis=1)
-    square = np.einsum("bhnd,bhnd->bhn", v @ gram, v)
-    return np.sqrt(np.maximum(square, 0.0))                   # rounding can dip below 0
-
-
 def _batch_sums(runner: TransformerModel | _ModelSpec, ids_flat: np.ndarray, lengths: np.ndarray,
                 *, norms: bool, convention: str = "mha", kernel_threads: int | None = None,
                 ) -> dict[str, Any]:
@@ -151,22 +135,11 @@ def _batch_sums(runner: TransformerModel | _ModelSpec, ids_flat: np.ndarray, len
     mask = np.arange(n)[None, :] < lengths[:, None]
     ids = np.full((B, n), model.config.pad_token_id, dtype=np.int64)
     ids[mask] = ids_flat                                      # row-major = text after text
-    values = [f"blocks.{layer}.attn.hook_v" for layer in range(model.n_layers)] if norms else []
-    enc, cache = model.run_with_cache(ids, attention_mask=mask, names=values, need_weights=True,
-                                      logits=False)
-    weights = enc.attentions
-    assert weights is not None                                # need_weights=True
     classes = tables.classes[ids] & mask[..., None]           # (B, n, 4)
-    key_norms = None
-    if norms:                                                 # v: (B, n, H_kv, d_head)
-        key_norms = np.stack([_key_norms(cache[name].transpose(0, 2, 1, 3),
-                                         tables.grams[layer], model.n_heads)
-                              for layer, name in enumerate(values)], axis=1)
-    del cache
     punct = classes[..., 3 if convention == "clark" else 2]
-    sums, counts = head_statistic_sums(weights, mask, cls=classes[..., 0], sep=classes[..., 1],
-                                       punct=punct, causal=model.causal, convention=convention,
-                                       key_norms=key_norms)
+    sums, counts = model_head_statistic_sums(model, ids, mask, cls=classes[..., 0],
+                                             sep=classes[..., 1], punct=punct, norms=norms,
+                                             convention=convention)
     return {"sums": sums, "counts": counts, "texts": B, "tokens": int(lengths.sum()),
             "slots": B * n, "batches": 1, "truncated": 0, "skipped": 0}
 

@@ -25,7 +25,7 @@ the MLP is gated)::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -157,7 +157,8 @@ class Differentiable:
 
     def __call__(self, input_ids: ArrayLike, attention_mask: ArrayLike | None = None,
                  token_type_ids: ArrayLike | None = None, *, need_weights: bool = True,
-                 head_mask: ArrayLike | None = None, backward: bool = False) -> Any:
+                 head_mask: ArrayLike | None = None,
+                 keep_weights: Mapping[int, Any] | None = None, backward: bool = False) -> Any:
         """Run the model on token ids (see ``TransformerModel.__call__``).
 
         Parameters
@@ -172,6 +173,9 @@ class Differentiable:
             Compute and keep the attention weights.
         head_mask : array_like, shape (n_layers, n_heads), optional
             Multipliers on each head's output.
+        keep_weights : dict, optional
+            {layer: heads} or {layer: (heads, rows)}: keep only that part of the weights (see
+            ``TransformerModel.__call__``); not with ``backward``.
         backward : bool, default False
             Keep what :meth:`backward` needs (the model's ``_record``, replaced by each such
             call); causal models then also fill the Encoding's ``logits``.
@@ -184,7 +188,10 @@ class Differentiable:
         if not backward:
             return super().__call__(input_ids, attention_mask,  # type: ignore[misc]
                                     token_type_ids, need_weights=need_weights,
-                                    head_mask=head_mask)
+                                    head_mask=head_mask, keep_weights=keep_weights)
+        if keep_weights is not None:
+            raise TypeError("keep_weights is not taken with backward=True (the backward keeps "
+                            "the whole forward's record)")
         return self._run_recorded(input_ids, attention_mask, head_mask, need_weights, True,
                                   token_type_ids)
 
