@@ -152,12 +152,12 @@ def main(argv=None):
             continue
         if args.breakdown:
             times = breakdown(model, ids, args.rounds)
-            base = statistics.median(times["forward"])
-            print(f"\n{label}: run_with_cache's time / the forward's (medians)")
+            median, fastest = statistics.median(times["forward"]), min(times["forward"])
+            print(f"\n{label}: time / the forward's, of the medians and of the fastest rounds")
             for name, values in times.items():
-                print(f"  {name:55s} {statistics.median(values) / base:5.2f}x   "
-                      f"({1e3 * statistics.median(values):.1f} ms, spread "
-                      f"{1e3 * min(values):.1f} .. {1e3 * max(values):.1f})")
+                print(f"  {name:55s} {statistics.median(values) / median:5.2f}x "
+                      f"{min(values) / fastest:5.2f}x   ({1e3 * statistics.median(values):.1f} "
+                      f"ms, spread {1e3 * min(values):.1f} .. {1e3 * max(values):.1f})")
             continue
         times = time_case(model, ids, args.rounds)
         print(f"\n{label}")
@@ -165,7 +165,9 @@ def main(argv=None):
             print(f"  {name:15s} median {1e3 * statistics.median(values):7.1f} ms   spread "
                   f"{1e3 * min(values):.1f} .. {1e3 * max(values):.1f} ms")
         ratio = statistics.median(times["run_with_cache"]) / statistics.median(times["forward"])
-        print(f"  run_with_cache / forward: {ratio:.2f}x (target at most 1.2x)")
+        fastest = min(times["run_with_cache"]) / min(times["forward"])
+        print(f"  run_with_cache / forward: {ratio:.2f}x of the medians, {fastest:.2f}x of the "
+              f"fastest rounds (target at most 1.2x)")
 
 
 if __name__ == "__main__":
