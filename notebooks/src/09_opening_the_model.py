@@ -286,8 +286,8 @@ detector_figure(mini_scores, "MiniLM's heads on a repeated sequence of 20 words 
 # %% [markdown]
 # MiniLM has clear previous-token heads (2 of layer 0 attends to the previous token only,
 # 9 of layer 1 and 11 of layer 2 for 0.7 of their attention) and two duplicate-token heads
-# (9 of layer 2 and 1 of layer 1, at about 0.4), but no induction head: an encoder sees the next token itself and
-# has no need to guess it from an earlier copy.
+# (9 of layer 2 and 1 of layer 1, at about 0.4), but no induction head: an encoder sees the
+# next token itself and has no need to guess it from an earlier copy.
 
 # %% [markdown]
 # ## Ablating a head with a hook
@@ -316,7 +316,7 @@ for l, h in [(0, 0), (0, 1), (1, 0), (1, 1)]:
 # %% [markdown]
 # On MiniLM, the output is a sentence embedding (the mean of the last hidden states); below,
 # how far each of its 72 heads moves it when ablated, as $1 - \cos$ between the embeddings
-# with and without the head. Each bar of the picture is one forward with one hook.
+# with and without the head. Each cell of the picture is one forward with one hook.
 
 # %%
 reference = minilm.encode(list(viz.CLARK_TEXTS[1:]))
@@ -360,8 +360,8 @@ fig
 
 # %% [markdown]
 # Most heads barely move the embedding (the median $1 - \cos$ is about 0.002); heads 10 and 8
-# of the last layer move it about 35 and 20 times more. Zero ablation moves it more than mean ablation for
-# about 60% of the heads: a 0 also removes the part of a head's output that every sentence
+# of the last layer move it about 35 and 20 times more. Zero ablation moves it more than mean
+# ablation for about 60% of the heads: a 0 also removes the part of a head's output that every sentence
 # gets, a value the layers above never saw there, while mean ablation removes only what
 # depends on *this* sentence. Which of the two is the right question depends on the claim
 # being tested; they disagree most for heads whose average output is large.
@@ -371,7 +371,7 @@ fig
 # Patching runs the model on a **corrupted** input and puts back one activation from the
 # **clean** run; the metric of each patched run says how much that activation alone carries
 # of the difference. The clean text is the repeated sequence; the corrupted one has the same
-# second half but a shuffled first half, so the induction head copies the wrong words. The
+# second half but its first half reversed, so the induction head copies the wrong words. The
 # metric is the logit difference at the last word between what follows it in the clean
 # first half and what follows it in the corrupted one, scaled so that the corrupted run
 # scores 0 and the clean run 1.
@@ -479,7 +479,8 @@ fig
 # %% [markdown]
 # Until the last layer the lens reads the current word back (the residual holds it and
 # nothing else of the vocabulary); the induction head's write turns it into the next word,
-# and the direct logit attribution puts all of the difference on head 1.0. The
+# and the direct logit attribution puts the difference on head 1.0 (the remainder, the
+# embeddings that hold the current word, counts against it). The
 # previous-token head 0.0 matters (patching showed it) without writing anything the
 # unembedding reads: its effect is **indirect**, through the keys of layer 1, which direct
 # attribution cannot see and patching can.
