@@ -117,10 +117,11 @@ llama_tensors = {"model.embed_tokens.weight": rng.normal(0, 0.5, (V, d)),
                  "model.norm.weight": np.ones(d), "lm_head.weight": rng.normal(0, 0.5, (V, d))}
 for l in range(2):
     p = f"model.layers.{l}."
-    for name, shape in [("self_attn.q_proj", (H * d_head, d)), ("self_attn.k_proj", (H_kv * d_head, d)),
-                        ("self_attn.v_proj", (H_kv * d_head, d)), ("self_attn.o_proj", (d, H * d_head)),
-                        ("mlp.gate_proj", (d_ff, d)), ("mlp.up_proj", (d_ff, d)),
-                        ("mlp.down_proj", (d, d_ff))]:
+    for name, shape in [("self_attn.q_proj", (H * d_head, d)),      # torch Linear: (out, in)
+                        ("self_attn.k_proj", (H_kv * d_head, d)),
+                        ("self_attn.v_proj", (H_kv * d_head, d)),
+                        ("self_attn.o_proj", (d, H * d_head)), ("mlp.gate_proj", (d_ff, d)),
+                        ("mlp.up_proj", (d_ff, d)), ("mlp.down_proj", (d, d_ff))]:
         llama_tensors[p + name + ".weight"] = rng.normal(0, 0.5 / np.sqrt(shape[1]), shape)
     llama_tensors[p + "input_layernorm.weight"] = np.ones(d)
     llama_tensors[p + "post_attention_layernorm.weight"] = np.ones(d)
@@ -361,9 +362,9 @@ fig
 # %% [markdown]
 # Most heads barely move the embedding (the median $1 - \cos$ is about 0.002); heads 10 and 8
 # of the last layer move it about 35 and 20 times more. Zero ablation moves it more than mean
-# ablation for about 60% of the heads: a 0 also removes the part of a head's output that every sentence
-# gets, a value the layers above never saw there, while mean ablation removes only what
-# depends on *this* sentence. Which of the two is the right question depends on the claim
+# ablation for about 60% of the heads: a 0 also removes the part of a head's output that
+# every sentence gets, a value the layers above never saw there, while mean ablation removes
+# only what depends on *this* sentence. Which of the two is the right question depends on the claim
 # being tested; they disagree most for heads whose average output is large.
 #
 # ## Activation patching
