@@ -13,8 +13,17 @@ this one imports torch only with --torch-first) on 256 tokens. For each, a round
   but ``attn.hook_result``, which is kept only when named), in one forward;
 
 the first going first in odd rounds. Reported: the median over the rounds, the spread (lowest,
-highest) and the ratio of the medians; the target is at most 1.2x. The machine may be shared:
-the spread says how much the load moved the numbers. ``--profile`` prints where
+highest), the minor page faults of a call and the ratio of the medians; the target is at most
+1.2x. The machine may be shared: the spread says how much the load moved the numbers.
+
+Most of run_with_cache's extra time is the first touch of the memory its cache is made of:
+glibc gives the freed arrays of one call back to the system (they are larger than its mmap
+and trim thresholds), so each call faults in new pages (about 34 MiB a call for MiniLM, 275
+MiB for GPT-2 here). With the allocator told to keep them,
+
+    MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=4294967296 python benchmarks/hooks.py
+
+a call after the first faults in nothing, and both the forward and run_with_cache run faster. ``--profile`` prints where
 run_with_cache's time goes (cProfile, by function, own time); ``--breakdown`` times it
 without each kind of hook point in turn (scores, pattern, the MLP's pre-activation, the
 norms' steps, q/k/v/z, the residual stream), which says what each kind costs.
@@ -22,6 +31,7 @@ norms' steps, q/k/v/z, the residual stream), which says what each kind costs.
 import argparse
 import importlib
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -56,19 +66,23 @@ def cases(workdir, mha_models):
 
 
 def time_case(model, ids, rounds):
-    """{name: [seconds per round]} of the forward with weights and of run_with_cache."""
+    """({name: [seconds per round]}, {name: [minor page faults per round]}) of the forward
+    with weights and of run_with_cache."""
     calls = {"forward": lambda: model(ids, need_weights=True),
              "run_with_cache": lambda: model.run_with_cache(ids, logits=False)}
-    for call in calls.values():                  # warm up: first-touch pages, the packed weights
+    for call in calls.values():                  # warm up: the packed weights, the heap
         call()
     times = {name: [] for name in calls}
+    faults = {name: [] for name in calls}
     for r in range(rounds):
         order = list(calls.items())
         for name, call in order if r % 2 == 0 else order[::-1]:
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             start = time.perf_counter()
             call()
             times[name].append(time.perf_counter() - start)
-    return times
+            faults[name].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    return times, faults
 
 
 #: what --breakdown leaves out of "every name", one kind at a time (the suffix of the names)
@@ -159,11 +173,12 @@ def main(argv=None):
                       f"{min(values) / fastest:5.2f}x   ({1e3 * statistics.median(values):.1f} "
                       f"ms, spread {1e3 * min(values):.1f} .. {1e3 * max(values):.1f})")
             continue
-        times = time_case(model, ids, args.rounds)
+        times, faults = time_case(model, ids, args.rounds)
         print(f"\n{label}")
         for name, values in times.items():
             print(f"  {name:15s} median {1e3 * statistics.median(values):7.1f} ms   spread "
-                  f"{1e3 * min(values):.1f} .. {1e3 * max(values):.1f} ms")
+                  f"{1e3 * min(values):.1f} .. {1e3 * max(values):.1f} ms   "
+                  f"{statistics.median(faults[name]):.0f} page faults a call")
         ratio = statistics.median(times["run_with_cache"]) / statistics.median(times["forward"])
         fastest = min(times["run_with_cache"]) / min(times["forward"])
         print(f"  run_with_cache / forward: {ratio:.2f}x of the medians, {fastest:.2f}x of the "
