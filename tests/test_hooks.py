@@ -478,6 +478,35 @@ def test_qkv_and_attention_norms_run_one_forward(tiny, monkeypatch):
     assert np.array_equal(q[1], cache["rot_q", 1][0].transpose(1, 0, 2))
 
 
+def test_special_token_shares_run_one_forward_a_text(tiny, monkeypatch):
+    from mha import viz
+    from mha.analysis import attention_mass, value_norms
+    model = mha.models.load(tiny("bert")[0])
+    texts = tiny_models.TEXTS[:2]
+    calls = []
+    forward = model._forward
+    monkeypatch.setattr(model, "_forward", lambda *a, **kw: calls.append(1) or forward(*a, **kw))
+    shares = viz.special_token_shares(model, texts)
+    assert len(calls) == len(texts)
+    monkeypatch.undo()
+    # the shares from attentions() and qkv(), each text on its own, to float rounding
+    weight, norm, summed = [], [], []
+    for text in texts:
+        tokens, att = model.attentions(text)
+        v = model.qkv(text)[3]
+        keys = np.isin(tokens, ["[CLS]", "[SEP]"])
+        W_o = [model.output_projection(l)[0] for l in range(model.n_layers)]
+        per_head = np.stack([value_norms(att[l], v[l], W_o[l]) for l in range(len(W_o))])
+        total = np.stack([value_norms(att[l], v[l], W_o[l], summed=True)
+                          for l in range(len(W_o))])
+        weight.append(attention_mass(att, keys).mean(axis=-1))
+        norm.append(attention_mass(per_head, keys, normalize=True).mean(axis=-1))
+        summed.append(attention_mass(total, keys, normalize=True))
+    for name, values in (("weight", weight), ("norm", norm), ("norm_summed", summed)):
+        assert np.abs(shares[name] - np.mean(values, axis=0)).max() < 1e-6, name
+    assert 0 < shares["overall"]["weight"] < 1
+
+
 # --- the ActivationCache's analyses ------------------------------------------------------------
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])

@@ -6,7 +6,7 @@ arrays to the drawing functions of :mod:`mha.viz.beyond`; the neuron view
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence, cast
 
 import numpy as np
 
@@ -45,6 +45,24 @@ def _clark_metrics(model: TransformerModel, texts: str | Sequence[str]
                                        attention_mask=enc.attention_mask, causal=model.causal)
 
 
+def _weights_and_norms(model: TransformerModel, text: str
+                       ) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
+    """One forward of one text -> (tokens, weights (L, H, n, n), value norms per head
+    (L, H, n, n), value norms summed over heads (L, n, n)), as ``model.attentions`` and
+    ``model.attention_norms`` give them."""
+    L = model.n_layers
+    enc, cache = model.run_with_cache(
+        text, logits=False, names=lambda name: name.endswith(("attn.hook_v", "hook_pattern")))
+    att = np.stack([cache["pattern", l][0] for l in range(L)])
+    per_head, total = [], []
+    for l in range(L):
+        v = cache["v", l][0].transpose(1, 0, 2)                   # (H_kv, n, d_head)
+        W_o = model.output_projection(l)[0]
+        per_head.append(analysis.value_norms(att[l], v, W_o))
+        total.append(analysis.value_norms(att[l], v, W_o, summed=True))
+    return cast("list[str]", enc.tokens), att, np.stack(per_head), np.stack(total)
+
+
 def beyond_attention_figure(model: TransformerModel, text: str = BEYOND_TEXT, *, layer: int = -1,
                             figsize: tuple[float, float] = (17, 4.8)) -> Figure:
     """Draw four views of what a layer's positions draw on, side by side, for one text.
@@ -73,8 +91,7 @@ def beyond_attention_figure(model: TransformerModel, text: str = BEYOND_TEXT, *,
     >>> model = mha.models.load("minilm")
     >>> fig = beyond_attention_figure(model, "The cat sat on the mat.")
     """
-    tokens, att = model.attentions(text)
-    _, norms = model.attention_norms(text, summed=True)
+    tokens, att, _, norms = _weights_and_norms(model, text)
     layer = layer % att.shape[0]
     panels = [(att[layer].mean(axis=0), f"Raw attention, layer {layer}\n(mean of heads)"),
               (analysis.attention_rollout(att[:layer + 1])[-1], f"Rollout, layers 0-{layer}"),
@@ -113,11 +130,7 @@ def special_token_shares(model: TransformerModel, texts: str | Sequence[str] = C
     """
     weight, norm, summed = [], [], []
     for text in ([texts] if isinstance(texts, str) else texts):
-        tokens, _, _, v = model.qkv(text)                   # two forward passes a text, not five
-        _, att = model.attentions(text)
-        W_o = [model.output_projection(l)[0] for l in range(model.n_layers)]
-        per_head = np.stack([analysis.value_norms(att[l], v[l], W_o[l]) for l in range(len(W_o))])
-        total = np.stack([analysis.value_norms(att[l], v[l], W_o[l], summed=True) for l in range(len(W_o))])
+        tokens, att, per_head, total = _weights_and_norms(model, text)
         keys = _special_keys(tokens)
         weight.append(analysis.attention_mass(att, keys).mean(axis=-1))
         norm.append(analysis.attention_mass(per_head, keys, normalize=True).mean(axis=-1))
