@@ -150,18 +150,17 @@ def from_config(config: Mapping[str, Any] | ModelConfig, *, dtype: DTypeLike = n
     """
     from . import _CLASSES
 
-    if not isinstance(config, ModelConfig):
-        config = ModelConfig.from_dict(dict(config), source="the config")
-    cls = _CLASSES[config.model_type]
+    cfg = config if isinstance(config, ModelConfig) else ModelConfig.from_dict(
+        dict(config), source="the config")
+    cls = _CLASSES[cfg.model_type]
     np_dtype = np.dtype(dtype)
     if np_dtype not in (np.float32, np.float64):
         raise TypeError(f"dtype must be float32 or float64, got {np_dtype}")
     recorder = _Recorder(np_dtype.type)
     dry: Any = cls.__new__(cls)             # the family's _load names the tensors it reads
-    dry.config, dry.dtype = config, np_dtype.type
+    dry.config, dry.dtype = cfg, np_dtype.type
     dry._load(recorder)
     del dry
-    entropy = np.random.SeedSequence(seed).entropy if seed is None else int(seed)
-    checkpoint = _RandomCheckpoint(recorder.shapes, config, int(entropy), np_dtype.type)
-    return cls(config, checkpoint, tokenizer, dtype=np_dtype.type,
-               name=f"random {config.model_type}")
+    root = int(np.random.default_rng().integers(2**63)) if seed is None else int(seed)
+    checkpoint = _RandomCheckpoint(recorder.shapes, cfg, root, np_dtype.type)
+    return cls(cfg, checkpoint, tokenizer, dtype=np_dtype.type, name=f"random {cfg.model_type}")

@@ -1,5 +1,7 @@
 """Training on mha's C backward: any model of mha.models, and the period-3 task's small model.
 
+A random LLaMA-family model trained on next-token prediction::
+
     import mha
     model = mha.models.from_config({"model_type": "llama", "hidden_size": 64,
                                     "intermediate_size": 128, "num_hidden_layers": 2,
@@ -15,7 +17,7 @@ hidden state (:mod:`mha.train.losses`: sentence-pair similarity), with :class:`A
 and transformers' warm-up/decay schedules (:func:`lr_schedule`), in the model's dtype.
 
 The period-3 task: sequences of random tokens in which every token repeats the one three places
-before it; a model predicts each next token, which attention can copy from three positions back.
+before it; a model predicts each next token, which attention can copy from three positions back::
 
     from mha.train import pattern_data, SimpleAttentionModel, fit
     x, y = pattern_data(500, seq_len=12, vocab_size=5, seed=0)          # (500, 12) ints each

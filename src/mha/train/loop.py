@@ -355,8 +355,9 @@ def _fit_pattern(model: Any, tokens: ArrayLike, targets: ArrayLike | None,
         optimizer = AdamW(model.params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
     rng = np.random.default_rng(seed)
     N = tokens.shape[0]
-    full = batch_size is None or batch_size >= N
-    per_epoch = 1 if full else -(-N // int(batch_size))      # type: ignore[arg-type]
+    size = N if batch_size is None else max(1, min(int(batch_size), N))
+    full = size == N
+    per_epoch = -(-N // size)
     update = _Update(optimizer, lr_schedule(schedule, warmup_steps, per_epoch * int(epochs)),
                      max_grad_norm)
     eval_every = max(1, int(eval_every))
@@ -369,7 +370,7 @@ def _fit_pattern(model: Any, tokens: ArrayLike, targets: ArrayLike | None,
             batches: Sequence[slice | np.ndarray] = [slice(None)]
         else:
             order = rng.permutation(N)
-            batches = [order[i:i + batch_size] for i in range(0, N, int(batch_size))]
+            batches = [order[i:i + size] for i in range(0, N, size)]
         total = 0.0
         for idx in batches:
             x, y = tokens[idx], targets[idx]

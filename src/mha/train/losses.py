@@ -34,6 +34,12 @@ def mean_pool(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
     -------
     ndarray, shape (B, d)
         ``sum_i mask_i h_i / max(1, sum_i mask_i)``.
+
+    Examples
+    --------
+    >>> hidden = np.arange(6.0).reshape(1, 3, 2)
+    >>> mean_pool(hidden, [[True, True, False]])            # the mean of rows 0 and 1
+    array([[1., 2.]])
     """
     weights = np.asarray(mask, dtype=hidden.dtype)
     counts = np.maximum(weights.sum(axis=1, keepdims=True), 1)                 # (B, 1)
@@ -54,6 +60,13 @@ def mean_pool_backward(d_pooled: np.ndarray, mask: np.ndarray) -> np.ndarray:
     -------
     ndarray, shape (B, n, d)
         ``mask_i d_pooled / max(1, sum_i mask_i)`` at each position i.
+
+    Examples
+    --------
+    >>> mean_pool_backward(np.array([[1.0, 2.0]]), [[True, True, False]])
+    array([[[0.5, 1. ],
+            [0.5, 1. ],
+            [0. , 0. ]]])
     """
     weights = np.asarray(mask, dtype=d_pooled.dtype)
     counts = np.maximum(weights.sum(axis=1, keepdims=True), 1)
@@ -78,6 +91,14 @@ def cosine_similarity_loss(hidden: np.ndarray, batch: Mapping[str, Any]
         ``mean_b (cos(e_b, e_{B+b}) - score_b)^2``, e the mean-pooled embeddings.
     d_hidden : ndarray, shape (2B, n, d)
         Its gradient.
+
+    Examples
+    --------
+    >>> hidden = np.array([[[1.0, 0.0]], [[0.0, 1.0]]])      # one pair, orthogonal: cosine 0
+    >>> loss, d_hidden = cosine_similarity_loss(hidden, {"attention_mask": [[True], [True]],
+    ...                                                  "scores": [1.0]})
+    >>> loss, d_hidden.shape
+    (1.0, (2, 1, 2))
     """
     mask = np.asarray(batch["attention_mask"], dtype=bool)
     scores = np.asarray(batch["scores"], dtype=np.float64)
@@ -118,6 +139,13 @@ def pair_batch(model: Any, pairs: Sequence[tuple[str, str, float]]) -> dict[str,
     ------
     ValueError
         A model without a tokenizer.
+
+    Examples
+    --------
+    >>> model = mha.models.load("minilm")
+    >>> batch = pair_batch(model, [("A cat sat.", "A cat was sitting.", 0.9)])
+    >>> batch["input_ids"].shape[0], batch["scores"]
+    (2, array([0.9]))
     """
     if model.tokenizer is None:
         raise ValueError(f"{model!r} has no tokenizer")

@@ -115,10 +115,9 @@ class Adam:
 
 
 class AdamW(Adam):
-    """Optimise with AdamW (Loshchilov & Hutter): Adam with decoupled weight decay, step for
-    step the arithmetic of ``torch.optim.AdamW``.
+    """Optimise with AdamW (Loshchilov & Hutter), Adam with decoupled weight decay.
 
-    Each step first shrinks every weight, ``p *= 1 - lr * weight_decay``, then takes the Adam
+    Step for step the arithmetic of ``torch.optim.AdamW``: each step first shrinks every weight, ``p *= 1 - lr * weight_decay``, then takes the Adam
     step of :class:`Adam` on the gradient alone. Every parameter is decayed (as
     ``torch.optim.AdamW(model.parameters())``).
 
@@ -175,6 +174,11 @@ def global_norm(grads: Mapping[str, np.ndarray], names: Mapping[str, object] | N
     -------
     float
         ``sqrt(sum of g^2 over every entry)``, in float64.
+
+    Examples
+    --------
+    >>> global_norm({"a": np.array([3.0]), "b": np.array([[4.0]])})
+    5.0
     """
     keys = grads.keys() if names is None else names.keys()
     total = 0.0
@@ -248,7 +252,7 @@ def lr_schedule(kind: str, warmup_steps: int, total_steps: int) -> Callable[[int
     Returns
     -------
     callable
-        factor(step) -> float.
+        The factor of a step, ``factor(step) -> float``.
 
     Raises
     ------
