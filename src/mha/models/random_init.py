@@ -92,7 +92,12 @@ def _draw(name: str, shape: tuple[int, ...], config: ModelConfig, rng: np.random
     std = float(config.raw.get("initializer_range") or 0.02)
     if config.model_type == "gpt2" and name.endswith("c_proj.weight"):
         std /= math.sqrt(2 * config.n_layers)
-    weight = (rng.standard_normal(shape) * std).astype(dtype)
+    weight = np.empty(shape, dtype)
+    rows = max(1, (1 << 20) // max(1, math.prod(shape[1:])))     # about 1M values at a time
+    for start in range(0, shape[0], rows):                      # float64 draws, rounded once
+        block = rng.standard_normal((min(rows, shape[0] - start), *shape[1:]))
+        block *= std
+        weight[start:start + rows] = block
     row = _padding_row(name, config)
     if row is not None and 0 <= row < shape[0]:
         weight[row] = 0
