@@ -16,12 +16,14 @@ embeddings):
 - ``torch``: transformers' GPT2LMHeadModel in eager mode, ``zero_grad(set_to_none=True)``,
   ``model(ids, labels=ids).loss.backward()``, ``torch.optim.AdamW.step()``.
 
-Each case runs in its own process: it builds its model, takes one untimed step, resets the
-peak resident set size (``/proc/self/clear_refs``), then times ``--rounds`` steps.
-Reported per case: the median step and the spread (lowest and highest); the memory of a step
-over the weights, peak RSS during the timed steps minus RSS once the model is built (Linux's
-VmHWM and VmRSS, measured the same way for every case; the optimizer's moments, the
-gradients and the activations all count); and the loss of the first step. The cases run one
+Each case runs in its own process: it builds its model (RSS then: "with the model"; mha's
+includes the packed copies of its dense weights that its GEMM reads), builds the optimizer,
+takes one untimed step, resets the peak resident set size (``/proc/self/clear_refs``), then
+times ``--rounds`` steps. Reported per case: the median step and the spread (lowest and
+highest); the memory of a step over the model, peak RSS during the timed steps minus RSS
+with the model (Linux's VmHWM and VmRSS, measured the same way for every case; the
+optimizer's moments, the gradients and the activations all count); and the loss of the
+first step. The cases run one
 after the other, so a loaded machine shows up in the spread.
 """
 import argparse
@@ -60,6 +62,7 @@ def run_case(case, threads, rounds, batch, tokens, layers):
         torch.set_num_threads(threads)
         torch.manual_seed(0)
         model = transformers.GPT2LMHeadModel(transformers.GPT2Config(**config)).eval()
+        weights = _status("VmRSS")
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
         ids_t = torch.from_numpy(ids)
 
@@ -78,6 +81,7 @@ def run_case(case, threads, rounds, batch, tokens, layers):
         from mha import train
         mha.set_num_threads(threads)
         model = mha.models.from_config(config, seed=0)
+        weights = _status("VmRSS")
         optimizer = train.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
 
         def step():
@@ -85,7 +89,6 @@ def run_case(case, threads, rounds, batch, tokens, layers):
             with model.writable_parameters():
                 optimizer.step(grads)
             return loss
-    weights = _status("VmRSS")
     loss = step()                                               # untimed: warm up
     _reset_peak()
     base = _status("VmRSS")
