@@ -43,7 +43,7 @@ def mean_pool(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """
     weights = np.asarray(mask, dtype=hidden.dtype)
     counts = np.maximum(weights.sum(axis=1, keepdims=True), 1)                 # (B, 1)
-    return np.einsum("bn,bnd->bd", weights, hidden) / counts
+    return np.asarray(np.einsum("bn,bnd->bd", weights, hidden) / counts)
 
 
 def mean_pool_backward(d_pooled: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -70,7 +70,7 @@ def mean_pool_backward(d_pooled: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """
     weights = np.asarray(mask, dtype=d_pooled.dtype)
     counts = np.maximum(weights.sum(axis=1, keepdims=True), 1)
-    return (weights / counts)[:, :, None] * d_pooled[:, None, :]
+    return np.asarray((weights / counts)[:, :, None] * d_pooled[:, None, :])
 
 
 def cosine_similarity_loss(hidden: np.ndarray, batch: Mapping[str, Any]
