@@ -3,8 +3,8 @@ AdamW, clipping and the warm-up/cosine schedule, against torch and transformers.
 
 The run that matters: 50 AdamW steps (warm-up, cosine decay, clipping at norm 1, weight
 decay) of the tiny random LLaMA of tests/tiny_models.py (GQA, every bias, untied, llama3
-RoPE) on right-padded batches give the same losses as the same steps in torch through
-transformers' model, float64 within 1e-9 relative. The reference runs RMSNorm, the rotary
+RoPE), and of its GPT-2 (tied embeddings, LayerNorm), on right-padded batches give the same
+losses as the same steps in torch through transformers' model, float64 within 1e-9 relative. The reference runs RMSNorm, the rotary
 angles and the softmax in float64 (tiny_models.float64_everywhere) and its cross-entropy on
 float64 logits (transformers' loss casts them to float32).
 """
@@ -158,11 +158,12 @@ def test_adamw_clipping_and_schedules_match_torch(rng):
 
 
 def _torch_losses(folder, model_class, batches, lr, warmup, total, max_norm, weight_decay):
-    """The same training in torch: transformers' LLaMA in float64 (its float32 steps run in
-    float64), float64 cross-entropy, AdamW, clip_grad_norm_, the cosine schedule."""
+    """The same training in torch: transformers' model in float64 (the LLaMA family's float32
+    steps run in float64), float64 cross-entropy, AdamW, clip_grad_norm_, the cosine
+    schedule."""
     import torch
     import transformers
-    ref = tiny_models.load_reference(model_class, folder, "float64").train()
+    ref = tiny_models.load_reference(model_class, folder, "float64")   # eval: no dropout
     optimizer = torch.optim.AdamW(ref.parameters(), lr=lr, weight_decay=weight_decay)
     schedule = transformers.get_cosine_schedule_with_warmup(optimizer, warmup, total)
     losses = []
@@ -184,9 +185,10 @@ def _torch_losses(folder, model_class, batches, lr, warmup, total, max_norm, wei
     return np.array(losses)
 
 
-def test_fifty_adamw_steps_match_torch(tiny):
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_fifty_adamw_steps_match_torch(tiny, family):
     pytest.importorskip("torch")
-    folder, model_class = tiny("llama")
+    folder, model_class = tiny(family)
     model = mha.models.load(folder, dtype=np.float64)
     vocab, steps = model.config.vocab_size, 50
     batches = [padded_batch(s % 5, vocab, model.config.pad_token_id) for s in range(steps)]
@@ -197,7 +199,7 @@ def test_fifty_adamw_steps_match_torch(tiny):
                         progress=False)
     rel = np.abs(history["loss"] - expected) / expected
     assert rel.max() <= 1e-9, f"max relative loss difference {rel.max():.1e}"
-    print(f"50 steps: loss {expected[0]:.3f} -> {expected[-1]:.3f}, max relative difference "
+    print(f"{family}, 50 steps: loss {expected[0]:.3f} -> {expected[-1]:.3f}, max relative difference "
           f"{rel.max():.1e}")
     assert expected[-5:].mean() < 0.5 * expected[:5].mean()         # it learnt the 5 batches
     assert (history["grad_norm"] > 1.0).any()                        # clipping was active
