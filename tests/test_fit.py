@@ -281,5 +281,7 @@ def test_fit_stops_on_nan_with_the_step_and_last_finite_loss():
     message = str(err.value)
     assert "step 4: the loss is nan" in message
     assert f"the last finite loss was {values[2]:.6g} at step 3" in message
+    np.testing.assert_array_equal(err.value.history["loss"][:3], values[:3])
+    assert np.isnan(err.value.history["loss"][3:]).all()
     for name, a in model.parameters().items():                       # step 4 changed nothing
         assert np.array_equal(a, kept[name]), name

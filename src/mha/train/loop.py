@@ -190,7 +190,8 @@ def fit(model: Any, data: Any, targets: ArrayLike | None = None,
     ------
     FloatingPointError
         A loss (or gradient norm) that is not finite: the message gives the step and the last
-        finite loss; the weights are those before that step.
+        finite loss; the weights are those before that step, and the error's ``history``
+        attribute the history so far (a TransformerModel; NaN from that step on).
     ValueError
         Training arrays of the wrong shapes, a callable ``data`` without ``steps``, an encoder
         without ``loss``, or a negative count.
@@ -314,6 +315,12 @@ def _fit_model(model: Any, data: Any, *, steps: int | None, epochs: int, lr: flo
         if callback is not None:
             evals.append({"step": step, **(callback(model, step) or {})})
 
+    def history() -> dict[str, Any]:
+        stacked = {key: np.array([e.get(key) for e in evals])
+                   for key in (evals[0] if evals else {})}
+        return {"loss": losses, "lr": rates, "grad_norm": norms, "eval": stacked,
+                "seconds": time.perf_counter() - start}
+
     measure(0)
     bar = _progress(range(total), progress, desc)
     start = time.perf_counter()
@@ -327,13 +334,13 @@ def _fit_model(model: Any, data: Any, *, steps: int | None, epochs: int, lr: flo
                                 refresh=False)
             if (step + 1) % every == 0 or step + 1 == total:
                 measure(step + 1)
+    except FloatingPointError as error:
+        error.history = history()           # type: ignore[attr-defined]
+        raise
     finally:
         if progress:
             bar.close()
-    seconds = time.perf_counter() - start
-    stacked = {key: np.array([e.get(key) for e in evals]) for key in (evals[0] if evals else {})}
-    return {"loss": losses, "lr": rates, "grad_norm": norms, "eval": stacked,
-            "seconds": seconds}
+    return history()
 
 
 def _fit_pattern(model: Any, tokens: ArrayLike, targets: ArrayLike | None,
