@@ -137,9 +137,10 @@ def main(argv=None):
     if "torch" in by_case:
         for case in ("mha", "mha+torch"):
             if case in by_case:
-                print(f"  torch / {case}: {by_case['torch']['median'] / by_case[case]['median']:.2f}x"
-                      f" time, {by_case[case]['peak_over_model'] / by_case['torch']['peak_over_model']:.2f}"
-                      f"x memory")
+                ours, torch = by_case[case], by_case["torch"]
+                print(f"  torch / {case}: {torch['median'] / ours['median']:.2f}x time; "
+                      f"{case} / torch: "
+                      f"{ours['peak_over_model'] / torch['peak_over_model']:.2f}x memory")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(vars(args), results=results), f, indent=1)

@@ -4,9 +4,10 @@ AdamW, clipping and the warm-up/cosine schedule, against torch and transformers.
 The run that matters: 50 AdamW steps (warm-up, cosine decay, clipping at norm 1, weight
 decay) of the tiny random LLaMA of tests/tiny_models.py (GQA, every bias, untied, llama3
 RoPE), and of its GPT-2 (tied embeddings, LayerNorm), on right-padded batches give the same
-losses as the same steps in torch through transformers' model, float64 within 1e-9 relative. The reference runs RMSNorm, the rotary
-angles and the softmax in float64 (tiny_models.float64_everywhere) and its cross-entropy on
-float64 logits (transformers' loss casts them to float32).
+losses as the same steps in torch through transformers' model, float64 within 1e-9
+relative. The reference runs the LLaMA's RMSNorm, rotary angles and softmax in float64
+(tiny_models.float64_everywhere) and its cross-entropy on float64 logits (transformers' loss
+casts them to float32).
 """
 import math
 import os
@@ -146,7 +147,8 @@ def test_adamw_clipping_and_schedules_match_torch(rng):
         assert_close(p, t.detach().numpy(), 1e-13, f"AdamW {name}")
     # the other two schedules, through torch's LambdaLR and transformers' own
     for kind, theirs in (("linear", transformers.get_linear_schedule_with_warmup),
-                         ("constant", lambda o, w, t: transformers.get_constant_schedule_with_warmup(o, w))):
+                         ("constant", lambda o, w, t:
+                          transformers.get_constant_schedule_with_warmup(o, w))):
         opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
         sched, f = theirs(opt, 4, 20), train.lr_schedule(kind, 4, 20)
         for step in range(22):
@@ -199,14 +201,14 @@ def test_fifty_adamw_steps_match_torch(tiny, family):
                         progress=False)
     rel = np.abs(history["loss"] - expected) / expected
     assert rel.max() <= 1e-9, f"max relative loss difference {rel.max():.1e}"
-    print(f"{family}, 50 steps: loss {expected[0]:.3f} -> {expected[-1]:.3f}, max relative difference "
-          f"{rel.max():.1e}")
+    print(f"{family}, 50 steps: loss {expected[0]:.3f} -> {expected[-1]:.3f}, "
+          f"max relative difference {rel.max():.1e}")
     assert expected[-5:].mean() < 0.5 * expected[:5].mean()         # it learnt the 5 batches
     assert (history["grad_norm"] > 1.0).any()                        # clipping was active
     assert history["lr"][0] == 0 and history["lr"][5] == pytest.approx(1e-2)
 
 
-# --- fit: encoders, progress, history, bad input ---------------------------------------------------
+# --- fit: encoders, progress, history, bad input -------------------------------------------
 
 def test_cosine_similarity_loss_gradient():
     """d_hidden of the sentence-pair loss against central differences (float64)."""

@@ -143,10 +143,11 @@ plt.show()
 # The loss on the repeated half sits on a plateau, then falls abruptly: the phase change
 # Olsson et al. describe, at the moment the layer-1 heads become induction heads (their score
 # jumps) and a layer-0 head becomes a previous-token head. (The first half's loss ends a
-# little above $\ln 64$: the model now bets on copies that the first half does not hold.) The patterns on the probe, before
-# and after: the induction heads' rows from position 8 on put their weight one place after
-# each earlier copy of the current token (stripes 7 positions below the diagonal, one per
-# earlier copy); the previous-token heads, just below the diagonal.
+# little above $\ln 64$: the model now bets on copies that the first half does not hold.)
+# The patterns on the probe, before and after: the induction heads' rows from position 8 on
+# put their weight one place after each earlier copy of the current token (stripes 7
+# positions below the diagonal, one per earlier copy); the previous-token heads, just below
+# the diagonal.
 
 # %%
 labels = [str(t) for t in probe]
@@ -175,7 +176,8 @@ POSITIVE = [
     "The film was a joy from start to finish.", "I loved every minute of this movie.",
     "The waiter was friendly and the food was delicious.", "Best pizza I have had in years.",
     "This phone is fast and the battery lasts for days.", "The camera takes beautiful pictures.",
-    "Our hotel room was spotless and the staff were kind.", "The view from the hotel was wonderful.",
+    "Our hotel room was spotless and the staff were kind.",
+    "The view from the hotel was wonderful.",
     "The novel kept me gripped until the last page.", "A beautifully written book.",
     "The concert was a fantastic night out.", "The band played brilliantly."]
 NEGATIVE = [

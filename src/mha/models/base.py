@@ -1214,10 +1214,10 @@ class TransformerModel:
         """Change the weights in place, as an optimizer step does, inside a ``with`` block.
 
         The block gets the arrays of ``parameters()``, writable; they are packed again for
-        the GEMM when it ends. Outside this block the dense weights are read-only, because the forward reads a copy
-        of each packed for the GEMM (see ``layers``). Inside it the packed copies are dropped
-        (every forward would pack them again), and so is the state a ``backward=True``
-        forward kept: it was computed with the old weights.
+        the GEMM when it ends. Outside the block the dense weights are read-only, because the
+        forward reads a copy of each packed for the GEMM (see ``layers``). Inside it the
+        packed copies are dropped (every forward would pack them again), and so is the state
+        a ``backward=True`` forward kept: it was computed with the old weights.
 
         Yields
         ------

@@ -117,9 +117,9 @@ class Adam:
 class AdamW(Adam):
     """Optimise with AdamW (Loshchilov & Hutter), Adam with decoupled weight decay.
 
-    Step for step the arithmetic of ``torch.optim.AdamW``: each step first shrinks every weight, ``p *= 1 - lr * weight_decay``, then takes the Adam
-    step of :class:`Adam` on the gradient alone. Every parameter is decayed (as
-    ``torch.optim.AdamW(model.parameters())``).
+    Step for step the arithmetic of ``torch.optim.AdamW``: each step first shrinks every
+    weight, ``p *= 1 - lr * weight_decay``, then takes the Adam step of :class:`Adam` on the
+    gradient alone. Every parameter is decayed (as ``torch.optim.AdamW(model.parameters())``).
 
     Parameters
     ----------
