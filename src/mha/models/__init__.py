@@ -32,6 +32,9 @@ returns the gradient of every parameter and of the activations named, and causal
 ``model.loss_and_grads(ids)`` the next-token cross-entropy with its gradients
 (:mod:`mha.models.backward`, :mod:`mha.models.encoder_backward`).
 
+:func:`from_config` builds a model of any of these families from a config dict alone, its
+weights drawn as transformers initialises them, to train from scratch (:func:`mha.train.fit`).
+
 Probes of a model's heads (positional pattern classification, the coreference probe, the
 ambiguous sentences) are in :mod:`mha.models.probes`.
 """
@@ -53,11 +56,12 @@ from .hooks import ActivationCache, get_act_name
 from .hub import (MINILM_INSTALL, CheckpointError, minilm_path, read_config, read_safetensors,
                   resolve)
 from .llama import LlamaModel
+from .random_init import from_config
 from .tokenizer import TokenizedText, Tokenizer
 from .words import aggregate_to_words, group_words
 from . import probes
 
-__all__ = ["load", "minilm_path", "resolve", "TransformerModel", "BertModel", "RobertaModel",
+__all__ = ["load", "from_config", "minilm_path", "resolve", "TransformerModel", "BertModel", "RobertaModel",
            "DistilBertModel", "GPT2Model", "LlamaModel", "Encoding", "Generation",
            "ModelConfig", "CheckpointError", "Tokenizer", "TokenizedText", "aggregate_to_words",
            "group_words", "probes", "MINILM_INSTALL", "SUPPORTED_TYPES", "ActivationCache",

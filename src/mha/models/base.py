@@ -3,6 +3,8 @@ q/k/v and output projection that each attention layer used, the hook points of a
 the pieces of a block that visit them)."""
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Collection, Mapping, Sequence, cast
 
@@ -1516,6 +1518,45 @@ class TransformerModel:
         out = ops.linear(post, W_out, p.get(b_out))
         hooks(layer, "hook_mlp_out", out, (B, n, residual.shape[-1]), owned=True)
         residual += out
+
+    # --- changing the weights in place ---------------------------------------------------------
+    @contextlib.contextmanager
+    def writable_parameters(self) -> Iterator[dict[str, np.ndarray]]:
+        """Change the weights in place, as an optimizer step does, inside a ``with`` block.
+
+        The block gets the arrays of ``parameters()``, writable; they are packed again for
+        the GEMM when it ends. Outside the block the dense weights are read-only, because the
+        forward reads a copy of each packed for the GEMM (see ``layers``). Inside it the
+        packed copies are dropped (every forward would pack them again), and so is the state
+        a ``backward=True`` forward kept: it was computed with the old weights.
+
+        Yields
+        ------
+        dict of str to ndarray
+            ``parameters()``: the model's own arrays, by name, writable.
+
+        See Also
+        --------
+        mha.train.AdamW : Updates them (``mha.train.fit`` does this every step).
+
+        Examples
+        --------
+        >>> model = mha.models.from_config({"model_type": "gpt2", "n_embd": 32, "n_layer": 1,
+        ...     "n_head": 4, "vocab_size": 50, "n_positions": 16}, seed=0)
+        >>> with model.writable_parameters() as params:
+        ...     params["layers.0.W_qkv"] *= 0.5
+        >>> model.layers[0]["W_qkv"].flags.writeable
+        False
+        """
+        params = self.parameters()
+        self._packs.clear()
+        self.__dict__.pop("_record", None)
+        for array in params.values():
+            array.flags.writeable = True
+        try:
+            yield params
+        finally:
+            self._pack_weights()
 
 
 #: the row statistics of head_statistics (the kernel's, but "key_set_mass": see key_sets)

@@ -1,4 +1,5 @@
-"""A small attention model for the period-3 task, its loss, Adam, and the training loop.
+"""A small attention model for the period-3 task and its loss (trained by
+:func:`mha.train.fit` with :class:`mha.train.AdamW`).
 
     tokens (B, n) -> token_embedding[tokens] + pos_embedding[:n]      x (B, n, d_model)
                   -> MultiHeadAttention(x, causal=True)               h (B, n, d_model)
@@ -6,17 +7,17 @@
                   -> softmax cross-entropy, mean over every token
 
 The attention layer (forward and backward) runs on mha's C kernels; the embeddings, the output
-projection, the loss and Adam are a few lines of NumPy each.
+projection and the loss are a few lines of NumPy each.
 """
 from __future__ import annotations
 
-import time
-from typing import Any, Mapping
 
 import numpy as np
 from numpy.typing import ArrayLike, DTypeLike
 
 from ..layer import MultiHeadAttention
+from .loop import fit
+from .optim import Adam
 
 __all__ = ["SimpleAttentionModel", "cross_entropy", "Adam", "fit"]
 
@@ -346,194 +347,3 @@ class SimpleAttentionModel:
         return (f"SimpleAttentionModel(vocab_size={self.vocab_size}, d_model={self.d_model}, "
                 f"n_heads={self.n_heads}, seq_len={self.seq_len}, bias={self.attention.bias}, "
                 f"dtype={np.dtype(self.dtype).name}, parameters={self.num_parameters()})")
-
-
-class Adam:
-    """Optimise with Adam (Kingma & Ba), step for step the arithmetic of ``torch.optim.Adam``.
-
-    Each step computes ``m = b1 m + (1 - b1) g``, ``v = b2 v + (1 - b2) g^2`` and
-    ``p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)``.
-
-    Parameters
-    ----------
-    params : dict of str to ndarray
-        The arrays to update in place (e.g. ``model.params``).
-    lr : float, default 1e-3
-        The learning rate.
-    betas : tuple of float, default (0.9, 0.999)
-        The decay rates of the first and second moments.
-    eps : float, default 1e-8
-        Added to the denominator.
-    weight_decay : float, default 0.0
-        Adds ``weight_decay * p`` to the gradient (L2, like torch.optim.Adam, not AdamW).
-
-    Raises
-    ------
-    ValueError
-        A learning rate that is not positive.
-
-    References
-    ----------
-    D. P. Kingma and J. Ba, "Adam: A Method for Stochastic Optimization", ICLR 2015,
-    https://arxiv.org/abs/1412.6980.
-
-    Examples
-    --------
-    >>> p = {"w": np.array([1.0, -1.0])}
-    >>> opt = Adam(p, lr=0.1)
-    >>> opt.step({"w": np.array([0.5, -2.0])})
-    >>> p["w"]                                     # each moved by lr against its gradient's sign
-    array([ 0.9, -0.9])
-    """
-
-    def __init__(self, params: Mapping[str, np.ndarray], lr: float = 1e-3,
-                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0) -> None:
-        if lr <= 0:
-            raise ValueError(f"lr must be positive, got {lr}")
-        self.params = dict(params)
-        self.lr, self.betas = float(lr), tuple(betas)
-        self.eps, self.weight_decay = float(eps), float(weight_decay)
-        self.m = {name: np.zeros_like(p) for name, p in self.params.items()}
-        self.v = {name: np.zeros_like(p) for name, p in self.params.items()}
-        self.t = 0
-
-    def step(self, grads: Mapping[str, np.ndarray]) -> None:
-        """Update the parameters in place by one Adam step.
-
-        Parameters
-        ----------
-        grads : dict of str to ndarray
-            The gradients, with at least the keys of ``params``.
-        """
-        b1, b2 = self.betas
-        self.t += 1
-        step_size = self.lr / (1.0 - b1 ** self.t)
-        bc2_sqrt = np.sqrt(1.0 - b2 ** self.t)
-        for name, p in self.params.items():
-            g = grads[name]
-            if self.weight_decay:
-                g = g + self.weight_decay * p
-            m, v = self.m[name], self.v[name]
-            m *= b1
-            m += (1.0 - b1) * g
-            v *= b2
-            v += (1.0 - b2) * (g * g)
-            p -= step_size * m / (np.sqrt(v) / bc2_sqrt + self.eps)
-
-
-def _progress(iterable: range, enabled: bool, desc: str | None) -> Any:
-    """tqdm (the notebook widget when ipywidgets is installed), or the bare iterable.
-
-    Typed Any: tqdm ships no annotations, and fit calls the bar's set_postfix and close."""
-    if not enabled:
-        return iterable
-    try:
-        import ipywidgets  # noqa: F401
-        from tqdm.auto import tqdm
-    except ImportError:
-        from tqdm import tqdm
-    return tqdm(iterable, desc=desc, leave=True)
-
-
-def fit(model: Any, tokens: ArrayLike, targets: ArrayLike, test_tokens: ArrayLike | None = None,
-        test_targets: ArrayLike | None = None, *, epochs: int = 100, lr: float = 0.005,
-        batch_size: int | None = None, optimizer: Any = None, eval_every: int = 1,
-        seed: int | None = None, progress: bool = True, desc: str | None = None,
-        ) -> dict[str, Any]:
-    """Train a model with Adam and return its history.
-
-    Parameters
-    ----------
-    model : SimpleAttentionModel
-        Or anything with ``params``, ``loss_and_grads``, ``loss`` and ``accuracy``.
-    tokens, targets : array_like of int, shape (N, n)
-        The training set.
-    test_tokens, test_targets : array_like of int, shape (N_test, n), optional
-        A test set whose accuracy is measured every `eval_every` epochs (and after the last).
-    epochs : int, default 100
-        The number of passes over the training set.
-    lr : float, default 0.005
-        The learning rate of the default optimizer.
-    batch_size : int, optional
-        None: full batch, one step per epoch (the seed); else shuffled mini-batches.
-    optimizer : object, optional
-        Anything with ``step(grads)``; default ``Adam(model.params, lr=lr)``.
-    eval_every : int, default 1
-        Epochs between test measurements.
-    seed : int, optional
-        Seeds the shuffling of mini-batches.
-    progress : bool, default True
-        Show a tqdm bar (loss and test accuracy).
-    desc : str, optional
-        The bar's label.
-
-    Returns
-    -------
-    dict
-        ``loss`` (epochs,): mean training loss of each epoch, measured before each step (the
-        seed); ``test_epochs`` (k,): 1-based epochs at which the test accuracy was measured;
-        ``test_accuracy`` (k,) (empty without a test set); ``final_loss``: training loss after
-        the last step; ``final_test_accuracy`` (nan without a test set); ``seconds``: wall time
-        of the training loop.
-
-    Raises
-    ------
-    ValueError
-        Training arrays that are not both (N, n), only one of the test arrays, or negative
-        epochs.
-
-    Examples
-    --------
-    >>> x, y = pattern_data(64, seed=0)
-    >>> model = SimpleAttentionModel(d_model=16, n_heads=2, seed=0)
-    >>> history = fit(model, x, y, epochs=5, progress=False)
-    >>> history["loss"].shape
-    (5,)
-    """
-    tokens, targets = np.asarray(tokens), np.asarray(targets)
-    if tokens.shape != targets.shape or tokens.ndim != 2:
-        raise ValueError(f"tokens {tokens.shape} and targets {targets.shape} must both be (N, n)")
-    has_test = test_tokens is not None
-    if has_test != (test_targets is not None):
-        raise ValueError("pass both test_tokens and test_targets, or neither")
-    if int(epochs) < 0:
-        raise ValueError(f"epochs must be >= 0, got {epochs}")
-    optimizer = Adam(model.params, lr=lr) if optimizer is None else optimizer
-    rng = np.random.default_rng(seed)
-    N = tokens.shape[0]
-    eval_every = max(1, int(eval_every))
-    losses, test_epochs, test_accuracy = [], [], []
-    bar = _progress(range(int(epochs)), progress, desc)
-    start = time.perf_counter()
-    for epoch in bar:
-        if batch_size is None or batch_size >= N:
-            batches: list[slice | np.ndarray] = [slice(None)]
-        else:
-            order = rng.permutation(N)
-            batches = [order[i:i + batch_size] for i in range(0, N, int(batch_size))]
-        total = 0.0
-        for idx in batches:
-            x, y = tokens[idx], targets[idx]
-            loss, grads = model.loss_and_grads(x, y)
-            optimizer.step(grads)
-            total += loss * x.shape[0]
-        losses.append(total / N)
-        postfix = {"loss": f"{losses[-1]:.4f}"}
-        if has_test and ((epoch + 1) % eval_every == 0 or epoch + 1 == epochs):
-            test_epochs.append(epoch + 1)
-            test_accuracy.append(model.accuracy(test_tokens, test_targets))
-            postfix["test_acc"] = f"{test_accuracy[-1]:.3f}"
-        if progress:
-            bar.set_postfix(postfix, refresh=False)
-    seconds = time.perf_counter() - start
-    if progress:
-        bar.close()
-    return {
-        "loss": np.array(losses),
-        "test_epochs": np.array(test_epochs, dtype=np.int64),
-        "test_accuracy": np.array(test_accuracy),
-        "final_loss": model.loss(tokens, targets),
-        "final_test_accuracy": test_accuracy[-1] if test_accuracy else float("nan"),
-        "seconds": seconds,
-    }

@@ -1,0 +1,283 @@
+"""Adam and AdamW, gradient clipping and learning-rate schedules, on dicts of NumPy arrays.
+
+Each follows PyTorch's arithmetic step for step (``torch.optim.Adam`` / ``AdamW``,
+``torch.nn.utils.clip_grad_norm_``) and transformers' schedules
+(``get_cosine_schedule_with_warmup``, ``get_linear_schedule_with_warmup``,
+``get_constant_schedule_with_warmup``), so that a run here and the same run in torch give the
+same weights up to rounding.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Mapping
+
+import numpy as np
+
+__all__ = ["Adam", "AdamW", "clip_grad_norm", "global_norm", "lr_schedule", "SCHEDULES"]
+
+
+class Adam:
+    """Optimise with Adam (Kingma & Ba), step for step the arithmetic of ``torch.optim.Adam``.
+
+    Each step computes ``m = b1 m + (1 - b1) g``, ``v = b2 v + (1 - b2) g^2`` and
+    ``p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)``. The weight decay is an
+    L2 term added to the gradient (``g += weight_decay * p``, as ``torch.optim.Adam``), or,
+    with ``decoupled_weight_decay=True``, a shrinking of the weights before the step
+    (``p *= 1 - lr * weight_decay``, as ``torch.optim.AdamW``; see :class:`AdamW`).
+
+    Parameters
+    ----------
+    params : dict of str to ndarray
+        The arrays to update in place (e.g. ``model.params``; a TransformerModel's
+        ``parameters()``, updated inside ``model.writable_parameters()``).
+    lr : float, default 1e-3
+        The learning rate (``lr`` may be changed between steps, as a schedule does).
+    betas : tuple of float, default (0.9, 0.999)
+        The decay rates of the first and second moments.
+    eps : float, default 1e-8
+        Added to the denominator.
+    weight_decay : float, default 0.0
+        The L2 coefficient (or the decoupled decay rate).
+    decoupled_weight_decay : bool, default False
+        Decay the weights directly (AdamW) instead of adding to the gradient.
+
+    Attributes
+    ----------
+    m, v : dict of str to ndarray
+        The first and second moments, by parameter name.
+    t : int
+        The number of steps taken.
+
+    Raises
+    ------
+    ValueError
+        A learning rate that is not positive.
+
+    References
+    ----------
+    D. P. Kingma and J. Ba, "Adam: A Method for Stochastic Optimization", ICLR 2015,
+    https://arxiv.org/abs/1412.6980.
+
+    Examples
+    --------
+    >>> p = {"w": np.array([1.0, -1.0])}
+    >>> opt = Adam(p, lr=0.1)
+    >>> opt.step({"w": np.array([0.5, -2.0])})
+    >>> p["w"]                                     # each moved by lr against its gradient's sign
+    array([ 0.9, -0.9])
+    """
+
+    def __init__(self, params: Mapping[str, np.ndarray], lr: float = 1e-3,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.0, *, decoupled_weight_decay: bool = False) -> None:
+        if lr <= 0:
+            raise ValueError(f"lr must be positive, got {lr}")
+        self.params = dict(params)
+        self.lr, self.betas = float(lr), (float(betas[0]), float(betas[1]))
+        self.eps, self.weight_decay = float(eps), float(weight_decay)
+        self.decoupled_weight_decay = bool(decoupled_weight_decay)
+        self.m = {name: np.zeros_like(p) for name, p in self.params.items()}
+        self.v = {name: np.zeros_like(p) for name, p in self.params.items()}
+        self.t = 0
+
+    def step(self, grads: Mapping[str, np.ndarray]) -> None:
+        """Update the parameters in place by one step.
+
+        Parameters
+        ----------
+        grads : dict of str to ndarray
+            The gradients, with at least the keys of ``params`` (same shapes); not modified.
+        """
+        b1, b2 = self.betas
+        self.t += 1
+        step_size = self.lr / (1.0 - b1 ** self.t)
+        bc2_sqrt = math.sqrt(1.0 - b2 ** self.t)
+        for name, p in self.params.items():
+            g = np.asarray(grads[name], dtype=p.dtype)
+            if self.weight_decay and self.decoupled_weight_decay:
+                p *= 1.0 - self.lr * self.weight_decay
+            elif self.weight_decay:
+                g = g + self.weight_decay * p
+            m, v = self.m[name], self.v[name]
+            scratch = g - m                                    # m.lerp_(g, 1 - b1), as torch
+            scratch *= 1.0 - b1
+            m += scratch
+            v *= b2
+            np.multiply(g, g, out=scratch)
+            scratch *= 1.0 - b2
+            v += scratch
+            np.sqrt(v, out=scratch)                            # denom = sqrt(v) / bc2 + eps
+            scratch /= bc2_sqrt
+            scratch += self.eps
+            np.divide(m, scratch, out=scratch)
+            scratch *= step_size
+            p -= scratch
+
+
+class AdamW(Adam):
+    """Optimise with AdamW (Loshchilov & Hutter), Adam with decoupled weight decay.
+
+    Step for step the arithmetic of ``torch.optim.AdamW``: each step first shrinks every
+    weight, ``p *= 1 - lr * weight_decay``, then takes the Adam step of :class:`Adam` on the
+    gradient alone. Every parameter is decayed (as ``torch.optim.AdamW(model.parameters())``).
+
+    Parameters
+    ----------
+    params : dict of str to ndarray
+        The arrays to update in place.
+    lr : float, default 1e-3
+        The learning rate.
+    betas : tuple of float, default (0.9, 0.999)
+        The decay rates of the first and second moments.
+    eps : float, default 1e-8
+        Added to the denominator.
+    weight_decay : float, default 0.01
+        The decay rate (torch's default).
+
+    Raises
+    ------
+    ValueError
+        A learning rate that is not positive.
+
+    References
+    ----------
+    I. Loshchilov and F. Hutter, "Decoupled Weight Decay Regularization", ICLR 2019,
+    https://arxiv.org/abs/1711.05101.
+
+    Examples
+    --------
+    >>> p = {"w": np.array([1.0, -1.0])}
+    >>> opt = AdamW(p, lr=0.1, weight_decay=0.5)
+    >>> opt.step({"w": np.array([0.5, -2.0])})
+    >>> p["w"]                                     # 0.95 after the decay, then 0.1 against g
+    array([ 0.85, -0.85])
+    """
+
+    def __init__(self, params: Mapping[str, np.ndarray], lr: float = 1e-3,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.01) -> None:
+        super().__init__(params, lr, betas, eps, weight_decay, decoupled_weight_decay=True)
+
+
+def global_norm(grads: Mapping[str, np.ndarray], names: Mapping[str, object] | None = None
+                ) -> float:
+    """Compute the 2-norm of every gradient taken together.
+
+    Parameters
+    ----------
+    grads : dict of str to ndarray
+        The gradients.
+    names : mapping, optional
+        Only these keys of ``grads`` (e.g. the parameters, leaving out ``head_mask``).
+
+    Returns
+    -------
+    float
+        ``sqrt(sum of g^2 over every entry)``, in float64.
+
+    Examples
+    --------
+    >>> global_norm({"a": np.array([3.0]), "b": np.array([[4.0]])})
+    5.0
+    """
+    keys = grads.keys() if names is None else names.keys()
+    total = 0.0
+    for name in keys:
+        g = np.asarray(grads[name]).reshape(-1)
+        total += float(np.dot(g, g))
+    return math.sqrt(total)
+
+
+def clip_grad_norm(grads: Mapping[str, np.ndarray], max_norm: float,
+                   names: Mapping[str, object] | None = None) -> float:
+    """Scale the gradients in place so that their global 2-norm is at most ``max_norm``.
+
+    As ``torch.nn.utils.clip_grad_norm_``: every gradient is multiplied by
+    ``min(1, max_norm / (norm + 1e-6))``.
+
+    Parameters
+    ----------
+    grads : dict of str to ndarray
+        The gradients (changed in place).
+    max_norm : float
+        The largest norm let through.
+    names : mapping, optional
+        Only these keys of ``grads`` are counted and scaled.
+
+    Returns
+    -------
+    float
+        The norm before clipping.
+
+    Examples
+    --------
+    >>> g = {"a": np.array([3.0, 4.0])}
+    >>> clip_grad_norm(g, 1.0), g["a"].round(6)
+    (5.0, array([0.6, 0.8]))
+    """
+    norm = global_norm(grads, names)
+    factor = min(1.0, float(max_norm) / (norm + 1e-6))
+    if factor < 1.0:
+        for name in (grads.keys() if names is None else names.keys()):
+            grads[name] *= factor
+    return norm
+
+
+#: the schedules of :func:`lr_schedule`
+SCHEDULES = ("cosine", "linear", "constant")
+
+
+def lr_schedule(kind: str, warmup_steps: int, total_steps: int) -> Callable[[int], float]:
+    """Return the learning-rate factor of each step: a linear warm-up, then a decay.
+
+    For step s (0-based, the factor of the s-th update) and W = ``warmup_steps``,
+    T = ``total_steps``: s / W while s < W, then with p = (s - W) / max(1, T - W)
+
+    - "cosine": max(0, (1 + cos(pi p)) / 2) (transformers' ``get_cosine_schedule_with_warmup``)
+    - "linear": max(0, 1 - p) (``get_linear_schedule_with_warmup``)
+    - "constant": 1 (``get_constant_schedule_with_warmup``).
+
+    The learning rate of step s is ``lr * factor(s)``, as ``torch.optim.lr_scheduler.LambdaLR``
+    with this function gives it.
+
+    Parameters
+    ----------
+    kind : {"cosine", "linear", "constant"}
+        The decay after the warm-up.
+    warmup_steps : int
+        W (0: no warm-up).
+    total_steps : int
+        T, the steps of the run.
+
+    Returns
+    -------
+    callable
+        The factor of a step, ``factor(step) -> float``.
+
+    Raises
+    ------
+    ValueError
+        An unknown kind, or negative steps.
+
+    Examples
+    --------
+    >>> f = lr_schedule("cosine", 2, 10)
+    >>> [round(f(s), 3) for s in (0, 1, 2, 6, 10)]
+    [0.0, 0.5, 1.0, 0.5, 0.0]
+    """
+    if kind not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, got {kind!r}")
+    warmup, total = int(warmup_steps), int(total_steps)
+    if warmup < 0 or total < 0:
+        raise ValueError(f"warmup_steps and total_steps must be >= 0, got {warmup}, {total}")
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return float(step) / float(max(1, warmup))
+        if kind == "constant":
+            return 1.0
+        progress = float(step - warmup) / float(max(1, total - warmup))
+        if kind == "linear":
+            return max(0.0, 1.0 - progress)
+        return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
+    return factor
