@@ -208,7 +208,7 @@ class _CorruptedRun:
         self.type_ids = np.atleast_2d(enc.token_type_ids)
         self.resid = [cache[f"blocks.{l}.hook_resid_pre"] for l in range(model.n_layers)]
         B, self.n = self.ids.shape
-        width = model.config.vocab_size if model.causal else model.d_model
+        width = model.config.vocab_size if model.has_lm_head else model.d_model
         bytes_per_cell = B * self.n * width * np.dtype(model.dtype).itemsize
         self.cells_per_forward = max(1, min(_ROWS_PER_FORWARD // (B * self.n),
                                             _OUTPUT_BYTES // bytes_per_cell))
@@ -251,7 +251,7 @@ class _CorruptedRun:
                                    np.tile(self.type_ids, (count, 1)), False, None, hooks,
                                    resume=(layer, x))
         last = hidden[:, -1]                                            # (count * B, n, d)
-        if model.causal:
+        if model.has_lm_head:
             last = ops.unembed(last.reshape(count * B * n, -1), model._lm_head())
         output = last.reshape(count, B, n, -1)
         values = np.empty(count, dtype=np.float64)

@@ -8,7 +8,7 @@ from numpy.typing import DTypeLike
 
 from .timing import time_in_turns
 from ..train.data import pattern_data
-from ..train.model import Adam, SimpleAttentionModel
+from ..train import Adam, SimpleAttentionModel
 
 __all__ = ["benchmark_epoch"]
 

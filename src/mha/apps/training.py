@@ -18,7 +18,7 @@ from numpy.typing import ArrayLike, DTypeLike
 
 from .. import analysis
 from ..train.data import pattern_ceiling, pattern_data, pattern_min_loss
-from ..train.model import SimpleAttentionModel, fit
+from ..train import SimpleAttentionModel, fit
 
 __all__ = ["experiment_data", "compare_heads", "heads_sweep", "offset_profile", "period_mass",
            "prune_experiment"]

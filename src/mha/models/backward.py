@@ -239,7 +239,7 @@ class Differentiable:
                       for row, m in zip(ids, mask)]
         enc = Encoding(tokens=tokens, input_ids=ids, attention_mask=mask, hidden_states=hidden,
                        attentions=attn, token_type_ids=type_ids)
-        if model.causal and logits:
+        if model.has_lm_head and logits:
             enc.logits = ops.unembed(record.hidden, model._lm_head()).reshape(B, n, -1)
         if single:
             enc = _unbatch(enc)
@@ -436,7 +436,7 @@ def _check_top(model: Any, record: Record, d_logits: ArrayLike | None,
                                ("d_hidden", d_hidden, d)):
         if value is None:
             continue
-        if name == "d_logits" and not model.causal:
+        if name == "d_logits" and not model.has_lm_head:
             raise ValueError(f"{type(model).__name__} has no logits: give d_hidden")
         a = np.asarray(value)
         if a.shape != (*lead, width):

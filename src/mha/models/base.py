@@ -185,6 +185,7 @@ class TransformerModel:
     BertModel(name='minilm', n_layers=6, n_heads=12, d_model=384, dtype=float32)
     """
     causal = False
+    has_lm_head = False             # logits and generate: causal models with an LM head
     #: the C core's activation code of the MLP (ops.activation), set by ``_load``
     _act: int
     #: one dict of weights per layer (set by ``_load``)
@@ -533,7 +534,7 @@ class TransformerModel:
             Cut texts longer than the model's positions instead of raising.
         logits : bool, default True
             Causal models: compute the Encoding's ``logits`` (False spares the (B, n, vocab)
-            product).
+            product; None for a folder without an LM head).
         keep_weights : dict, optional
             As for ``model.encode``: ``{layer: heads}`` or ``{layer: (heads, rows)}``. Then
             no full (n, n) map is kept: the ``hook_pattern`` of a chosen layer holds only the
@@ -611,7 +612,8 @@ class TransformerModel:
         truncation : bool, default False
             Cut texts longer than the model's positions instead of raising.
         logits : bool, default True
-            Causal models: compute the Encoding's ``logits``.
+            Causal models: compute the Encoding's ``logits`` (None for a folder without an LM
+            head).
 
         Returns
         -------
@@ -647,7 +649,7 @@ class TransformerModel:
                 raise TypeError("pair is for texts; give ids with their token_type_ids")
             enc = self._encode_ids(text_or_ids, attention_mask, token_type_ids, need_weights,
                                    head_mask, hooks)
-        if self.causal and logits:
+        if self.has_lm_head and logits:
             last = enc.last_hidden_state
             enc.logits = ops.unembed(last.reshape(-1, last.shape[-1]), self._lm_head()
                                      ).reshape(*last.shape[:-1], -1)

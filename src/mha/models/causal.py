@@ -124,14 +124,6 @@ class CausalLM(_Model):
             f"unembedding need the folder of the ...ForCausalLM model. Hidden states, "
             f"attentions, run_with_cache and run_with_hooks work.")
 
-    def _run(self, text_or_ids: str | Sequence[str] | ArrayLike, hooks: HookPoints,
-             pair: str | Sequence[str] | None, attention_mask: ArrayLike | None,
-             token_type_ids: ArrayLike | None, head_mask: ArrayLike | None,
-             need_weights: bool, truncation: bool, logits: bool) -> Encoding:
-        """TransformerModel._run, without logits when the folder has no LM head."""
-        return super()._run(text_or_ids, hooks, pair, attention_mask, token_type_ids, head_mask,
-                            need_weights, truncation, logits and self.has_lm_head)
-
     def logits(self, text_or_ids: str | ArrayLike) -> np.ndarray:
         """Compute the next-token logits of one text or id sequence.
 

@@ -28,7 +28,11 @@ __all__ = ["from_config"]
 
 
 class _Recorder:
-    """A TensorReader stand-in for the dry run: every tensor is zeros, its name and shape kept."""
+    """A TensorReader stand-in for the dry run: every tensor is zeros, its name and shape kept.
+    Its prefix is a head model's, so that the families read their LM head (a random model is
+    whole, never a base-model folder)."""
+
+    prefix = "model."
 
     def __init__(self, dtype: Any) -> None:
         self.dtype = dtype

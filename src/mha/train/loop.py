@@ -31,16 +31,13 @@ Loss = Callable[[np.ndarray, Batch], "tuple[float, np.ndarray]"]
 
 
 def _progress(iterable: range, enabled: bool, desc: str | None) -> Any:
-    """tqdm (the notebook widget when ipywidgets is installed), or the bare iterable.
+    """tqdm.auto's bar (the notebook widget where ipywidgets is installed, text otherwise), as
+    the library's other long runs, or the bare iterable.
 
     Typed Any: tqdm ships no annotations, and fit calls the bar's set_postfix and close."""
     if not enabled:
         return iterable
-    try:
-        import ipywidgets  # noqa: F401
-        from tqdm.auto import tqdm
-    except ImportError:
-        from tqdm import tqdm
+    from tqdm.auto import tqdm
     return tqdm(iterable, desc=desc, leave=True)
 
 

@@ -16,10 +16,8 @@ import numpy as np
 from numpy.typing import ArrayLike, DTypeLike
 
 from ..layer import MultiHeadAttention
-from .loop import fit
-from .optim import Adam
 
-__all__ = ["SimpleAttentionModel", "cross_entropy", "Adam", "fit"]
+__all__ = ["SimpleAttentionModel", "cross_entropy"]
 
 
 def cross_entropy(logits: ArrayLike, targets: ArrayLike) -> tuple[float, np.ndarray]:
