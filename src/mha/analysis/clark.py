@@ -349,6 +349,16 @@ def model_head_statistic_sums(model: Any, input_ids: ArrayLike,
     ------
     ValueError
         Inputs that do not fit, or an unknown ``convention``.
+
+    Examples
+    --------
+    >>> import mha.models
+    >>> model = mha.models.load("minilm", dtype=np.float64)
+    >>> ids = model.encode("The cat sat, then slept.", need_weights=False).input_ids[None]
+    >>> sums, counts = model_head_statistic_sums(model, ids, cls=ids == 101, sep=ids == 102)
+    >>> maps, _ = head_statistic_sums(model(ids).attentions, cls=ids == 101, sep=ids == 102)
+    >>> bool(np.allclose(sums["mass_cls"], maps["mass_cls"], rtol=0, atol=1e-12))
+    True
     """
     clark = _check_convention(convention) == "clark"
     ids = np.asarray(input_ids)

@@ -331,8 +331,9 @@ class TransformerModel:
             Keep only part of some layers' weights, ``{layer: heads}`` or ``{layer: (heads,
             rows)}`` (heads and query rows: None for all, an int, a slice or a list of ints;
             negative ones count from the end; a tuple is (heads, rows)), e.g. ``{5: (3,
-            slice(-16, None))}`` for the last 16 rows of layer 5, head 3. They land in ``kept_weights`` (the
-            ``attentions`` stay None): memory in proportion to what is kept.
+            slice(-16, None))}`` for the last 16 rows of layer 5, head 3. They land in
+            ``kept_weights`` (the ``attentions`` stay None): memory in proportion to what is
+            kept.
 
         Returns
         -------
@@ -419,8 +420,9 @@ class TransformerModel:
             Keep only part of some layers' weights, ``{layer: heads}`` or ``{layer: (heads,
             rows)}`` (heads and query rows: None for all, an int, a slice or a list of ints;
             negative ones count from the end; a tuple is (heads, rows)), e.g. ``{5: (3,
-            slice(-16, None))}`` for the last 16 rows of layer 5, head 3. They land in ``kept_weights`` (the
-            ``attentions`` stay None): memory in proportion to what is kept.
+            slice(-16, None))}`` for the last 16 rows of layer 5, head 3. They land in
+            ``kept_weights`` (the ``attentions`` stay None): memory in proportion to what is
+            kept.
 
         Returns
         -------
@@ -871,7 +873,7 @@ class TransformerModel:
         stats : str or collection of str, optional
             Among "entropy" (nats), "max" (the largest weight), "argmax" (its key), "self",
             "prev", "next" (the weight on the query's own, previous and next position) and
-            "distance" (sum of weight x |i - j|); None: all of them.
+            "distance" (sum of weight x ``|i - j|``); None: all of them.
         key_sets : str, list of str, or dict, optional
             Sets of keys whose attention mass to sum: ``{name: keys}``, keys a bool array
             (n,) or (B, n) (True = in the set) or a built-in set by name: "first" (the first

@@ -51,6 +51,8 @@ class Generation(Encoding):
         All 0.
     logits : None
         Generations keep no logits.
+    kept_weights : None
+        Generations keep no partial maps.
     n_prompt : int
         The number of prompt tokens.
     text : str
