@@ -4,7 +4,7 @@ the pieces of a block that visit them)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence, cast
+from typing import Any, Collection, Mapping, Sequence, cast
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -12,7 +12,7 @@ from numpy.typing import ArrayLike
 from mha import _core
 
 from . import ops
-from .hooks import NO_HOOKS, ActivationCache, HookFn, HookPoints, NameFilter, Names
+from .hooks import NO_HOOKS, ActivationCache, HookFn, HookPoints, NameFilter, Names, _split
 from .words import aggregate_to_words, group_words
 
 
@@ -43,6 +43,9 @@ class Encoding:
         BERT segments: 1 on the second text of a pair.
     logits : ndarray, shape (n, vocab) or (B, n, vocab), optional
         Causal models' next-token logits, from ``run_with_cache`` and ``run_with_hooks``.
+    kept_weights : dict of int to ndarray, optional
+        With ``keep_weights``: the kept part of each chosen layer's weights, shape
+        (h, r, n_k) or (B, h, r, n_k) for the h heads and r query rows chosen.
 
     Attributes
     ----------
@@ -65,6 +68,7 @@ class Encoding:
     tokenized: Any = None
     token_type_ids: np.ndarray | None = None
     logits: np.ndarray | None = None
+    kept_weights: dict[int, np.ndarray] | None = None
 
     @property
     def last_hidden_state(self):
@@ -304,7 +308,8 @@ class TransformerModel:
 
     def encode(self, text: str | Sequence[str], pair: str | Sequence[str] | None = None, *,
                need_weights: bool = True, truncation: bool = False,
-               head_mask: ArrayLike | None = None) -> Encoding:
+               head_mask: ArrayLike | None = None,
+               keep_weights: Mapping[int, Any] | None = None) -> Encoding:
         """Tokenize and run the model.
 
         Parameters
@@ -319,6 +324,12 @@ class TransformerModel:
             Cut texts longer than the model's positions instead of raising.
         head_mask : array_like, shape (n_layers, n_heads), optional
             Multipliers on each head's output (1 keep, 0 prune), for ablation studies.
+        keep_weights : dict, optional
+            Keep only part of some layers' weights, ``{layer: heads}`` or ``{layer: (heads,
+            rows)}`` (heads and query rows: None for all, an int, a slice or a list of ints;
+            negative ones count from the end), e.g. ``{5: (3, slice(-16, None))}`` for the
+            last 16 rows of layer 5, head 3. They land in ``kept_weights`` (the
+            ``attentions`` stay None): memory in proportion to what is kept.
 
         Returns
         -------
@@ -330,6 +341,8 @@ class TransformerModel:
         ValueError
             No tokenizer, an empty list, a ``pair`` list of another length, a text too long without
             ``truncation``, or a ``head_mask`` of the wrong shape.
+        IndexError
+            A layer, head or row of ``keep_weights`` out of range.
 
         Examples
         --------
@@ -338,14 +351,28 @@ class TransformerModel:
         >>> enc.attention_mask.tolist()
         [[True, True, True, True, True, False], [True, True, True, True, True, True]]
         """
-        return self._encode_texts(text, pair, need_weights, truncation, head_mask, NO_HOOKS)
+        hooks = NO_HOOKS if keep_weights is None else _AttentionReads(
+            (), keep=self._keep_spec(keep_weights))
+        return self._encode_texts(text, pair, need_weights and keep_weights is None, truncation,
+                                  head_mask, hooks)
 
     def _encode_texts(self, text: str | Sequence[str], pair: str | Sequence[str] | None,
                       need_weights: bool, truncation: bool, head_mask: ArrayLike | None,
                       hooks: HookPoints) -> Encoding:
         """encode, with the hook points of the forward."""
+        tokenized, ids, type_ids, mask = self._tokenize_batch(text, pair, truncation)
+        enc = self._encode_ids(ids, mask, type_ids, need_weights, head_mask, hooks)
+        enc.tokens = [t.tokens for t in tokenized]
+        enc.tokenized = tokenized
+        if isinstance(text, str):
+            enc = _unbatch(enc)
+        return enc
+
+    def _tokenize_batch(self, text: str | Sequence[str], pair: str | Sequence[str] | None,
+                        truncation: bool) -> tuple[list[Any], np.ndarray, np.ndarray, np.ndarray]:
+        """Texts (and pairs) -> (TokenizedText of each, ids, type ids, mask (B, n)), padded
+        on the right with the model's pad id."""
         tok = self._need_tokenizer()
-        single = isinstance(text, str)
         texts: list[str] = [text] if isinstance(text, str) else list(text)
         pairs: list[str | None]
         if pair is None:
@@ -365,16 +392,12 @@ class TransformerModel:
             ids[b, :len(t)] = t.ids
             type_ids[b, :len(t)] = t.type_ids
             mask[b, :len(t)] = True
-        enc = self._encode_ids(ids, mask, type_ids, need_weights, head_mask, hooks)
-        enc.tokens = [t.tokens for t in tokenized]
-        enc.tokenized = tokenized
-        if single:
-            enc = _unbatch(enc)
-        return enc
+        return tokenized, ids, type_ids, mask
 
     def __call__(self, input_ids: ArrayLike, attention_mask: ArrayLike | None = None,
                  token_type_ids: ArrayLike | None = None, *, need_weights: bool = True,
-                 head_mask: ArrayLike | None = None) -> Encoding:
+                 head_mask: ArrayLike | None = None,
+                 keep_weights: Mapping[int, Any] | None = None) -> Encoding:
         """Run the model on token ids.
 
         Parameters
@@ -389,6 +412,12 @@ class TransformerModel:
             Compute and keep the attention weights.
         head_mask : array_like, shape (n_layers, n_heads), optional
             Multipliers on each head's output.
+        keep_weights : dict, optional
+            Keep only part of some layers' weights, ``{layer: heads}`` or ``{layer: (heads,
+            rows)}`` (heads and query rows: None for all, an int, a slice or a list of ints;
+            negative ones count from the end), e.g. ``{5: (3, slice(-16, None))}`` for the
+            last 16 rows of layer 5, head 3. They land in ``kept_weights`` (the
+            ``attentions`` stay None): memory in proportion to what is kept.
 
         Returns
         -------
@@ -401,14 +430,39 @@ class TransformerModel:
             Ids that are not integers.
         ValueError
             Ids out of range, more tokens than positions, or a ``head_mask`` of the wrong shape.
+        IndexError
+            A layer, head or row of ``keep_weights`` out of range.
         """
-        return self._encode_ids(input_ids, attention_mask, token_type_ids, need_weights,
-                                head_mask, NO_HOOKS)
+        hooks = NO_HOOKS if keep_weights is None else _AttentionReads(
+            (), keep=self._keep_spec(keep_weights))
+        return self._encode_ids(input_ids, attention_mask, token_type_ids,
+                                need_weights and keep_weights is None, head_mask, hooks)
 
     def _encode_ids(self, input_ids: ArrayLike, attention_mask: ArrayLike | None,
                     token_type_ids: ArrayLike | None, need_weights: bool,
                     head_mask: ArrayLike | None, hooks: HookPoints) -> Encoding:
         """__call__, with the hook points of the forward."""
+        ids, mask, type_ids, single = self._id_inputs(input_ids, attention_mask, token_type_ids)
+        if head_mask is not None:
+            head_mask = np.asarray(head_mask, dtype=self.dtype)
+            if head_mask.shape != (self.n_layers, self.n_heads):
+                raise ValueError(f"head_mask must have shape (n_layers, n_heads) = "
+                                 f"{(self.n_layers, self.n_heads)}, got {head_mask.shape}")
+        hidden, attn = self._forward(ids, mask, type_ids, need_weights, head_mask, hooks)
+        tokens = None
+        if self.tokenizer is not None:
+            tokens = [[self.tokenizer.id_to_token(i) for i in row[m]] for row, m in zip(ids, mask)]
+        enc = Encoding(tokens=tokens, input_ids=ids, attention_mask=mask, hidden_states=hidden,
+                       attentions=attn, token_type_ids=type_ids)
+        if isinstance(hooks, _AttentionReads) and hooks.keep:
+            enc.kept_weights = hooks.kept
+        return _unbatch(enc) if single else enc
+
+    def _id_inputs(self, input_ids: ArrayLike, attention_mask: ArrayLike | None,
+                   token_type_ids: ArrayLike | None
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
+        """Checked ids, mask (True = real) and type ids, each (B, n), and whether the ids
+        were one text (n,)."""
         ids = np.asarray(input_ids)
         single = ids.ndim == 1
         ids = self._check_ids(np.atleast_2d(ids))
@@ -421,18 +475,7 @@ class TransformerModel:
             type_ids = np.zeros((B, n), dtype=np.int64)
         else:
             type_ids = np.asarray(token_type_ids).astype(np.int64).reshape(B, n)
-        if head_mask is not None:
-            head_mask = np.asarray(head_mask, dtype=self.dtype)
-            if head_mask.shape != (self.n_layers, self.n_heads):
-                raise ValueError(f"head_mask must have shape (n_layers, n_heads) = "
-                                 f"{(self.n_layers, self.n_heads)}, got {head_mask.shape}")
-        hidden, attn = self._forward(ids, mask, type_ids, need_weights, head_mask, hooks)
-        tokens = None
-        if self.tokenizer is not None:
-            tokens = [[self.tokenizer.id_to_token(i) for i in row[m]] for row, m in zip(ids, mask)]
-        enc = Encoding(tokens=tokens, input_ids=ids, attention_mask=mask, hidden_states=hidden,
-                       attentions=attn, token_type_ids=type_ids)
-        return _unbatch(enc) if single else enc
+        return ids, mask, type_ids, single
 
     # --- hook points: read and change any activation of a forward --------------------------------
     def hook_names(self) -> list[str]:
@@ -456,7 +499,8 @@ class TransformerModel:
                        attention_mask: ArrayLike | None = None,
                        token_type_ids: ArrayLike | None = None,
                        head_mask: ArrayLike | None = None, need_weights: bool = False,
-                       truncation: bool = False, logits: bool = True
+                       truncation: bool = False, logits: bool = True,
+                       keep_weights: Mapping[int, Any] | None = None
                        ) -> tuple[Encoding, ActivationCache]:
         """Run the model once and keep the activations named by ``names``.
 
@@ -488,6 +532,12 @@ class TransformerModel:
         logits : bool, default True
             Causal models: compute the Encoding's ``logits`` (False spares the (B, n, vocab)
             product).
+        keep_weights : dict, optional
+            As for ``model.encode``: ``{layer: heads}`` or ``{layer: (heads, rows)}``. Then
+            no full (n, n) map is kept: the ``hook_pattern`` of a chosen layer holds only the
+            kept part, (batch, h, r, n_k) for its h heads and r query rows (when ``names``
+            selects it; the Encoding's ``kept_weights`` always has it), and the other layers'
+            ``hook_pattern`` and every ``hook_attn_scores`` are left out of the cache.
 
         Returns
         -------
@@ -513,8 +563,13 @@ class TransformerModel:
         >>> list(cache), cache["z", 0].shape        # (batch, pos, head, d_head)
         (['blocks.0.attn.hook_z'], (1, 5, 12, 32))
         """
-        hooks = HookPoints(self.hook_names(), (lambda name: True) if names is None else names,
-                           fwd_hooks)
+        keep = (lambda name: True) if names is None else names
+        if keep_weights is None:
+            hooks = HookPoints(self.hook_names(), keep, fwd_hooks)
+        else:
+            hooks = _AttentionReads(self.hook_names(), keep, fwd_hooks,
+                                    keep=self._keep_spec(keep_weights))
+            need_weights = False
         enc = self._run(text_or_ids, hooks, pair, attention_mask, token_type_ids, head_mask,
                         need_weights, truncation, logits)
         return enc, ActivationCache(hooks.cache, self)
@@ -577,10 +632,7 @@ class TransformerModel:
              need_weights: bool, truncation: bool, logits: bool) -> Encoding:
         """One forward of texts or ids with hook points -> an Encoding (logits for causal
         models)."""
-        texts = isinstance(text_or_ids, str) or (
-            isinstance(text_or_ids, (list, tuple)) and len(text_or_ids) > 0
-            and all(isinstance(t, str) for t in text_or_ids))
-        if texts:
+        if _is_texts(text_or_ids):
             if attention_mask is not None or token_type_ids is not None:
                 raise TypeError("attention_mask and token_type_ids are for ids; a text's come "
                                 "from the tokenizer")
@@ -791,6 +843,175 @@ class TransformerModel:
         if normalize:
             out /= np.maximum(np.linalg.norm(out, axis=-1, keepdims=True), 1e-12)
         return out[0] if single else out
+
+    # --- row statistics and partial maps --------------------------------------------------------
+    def head_statistics(self, text_or_ids: str | Sequence[str] | ArrayLike, *,
+                        stats: str | Collection[str] | None = None,
+                        key_sets: str | Sequence[str] | Mapping[str, Any] | None = None,
+                        attention_mask: ArrayLike | None = None,
+                        truncation: bool = False) -> dict[str, np.ndarray]:
+        """Compute statistics of every query row of every layer and head, without the maps.
+
+        One forward; each layer's attention kernel computes the statistics of its rows as it
+        goes (:func:`mha.attention`'s ``row_stats``), so memory is O(n) per head, not O(n^2):
+        a text of thousands of tokens runs in the memory of a forward without weights. The
+        values equal :func:`mha.reference.row_statistics` of the rows of
+        ``model.encode(text).attentions`` (float32 within 1e-6, float64 within 1e-12).
+
+        Parameters
+        ----------
+        text_or_ids : str, list of str, or array_like of int, shape (n,) or (B, n)
+            A text, a batch of texts (padded on the right), or token ids.
+        stats : str or collection of str, optional
+            Among "entropy" (nats), "max" (the largest weight), "argmax" (its key), "self",
+            "prev", "next" (the weight on the query's own, previous and next position) and
+            "distance" (sum of weight x |i - j|); None: all of them.
+        key_sets : str, list of str, or dict, optional
+            Sets of keys whose attention mass to sum: ``{name: keys}``, keys a bool array
+            (n,) or (B, n) (True = in the set) or a built-in set by name: "first" (the first
+            token: the attention sink), "special" ([CLS], [SEP], BOS: the tokenizer's special
+            tokens) and "punctuation" (tokens of Unicode punctuation); the last two need a
+            tokenizer. A name or a list of names is ``{name: name}``. Each gives the result
+            "mass:<name>". The first set comes with the other statistics; the further ones take
+            one more pass of each layer's attention on its own q and k (the model is not run
+            again), all sets at once.
+        attention_mask : array_like of bool, shape of the ids, optional
+            For ids: True = real token, False = padding (padding keys get no attention).
+        truncation : bool, default False
+            Cut texts longer than the model's positions instead of raising.
+
+        Returns
+        -------
+        dict of str to ndarray
+            {name: (L, H, n)} for one text or 1-D ids, (B, L, H, n) for a batch, in the
+            model's dtype ("argmax" int64, -1 for a row without any key). Rows of padding
+            queries are computed like the others (mask them with the attention mask).
+
+        Raises
+        ------
+        ValueError
+            An unknown statistic in ``stats`` (or "key_set_mass": ask for it with
+            ``key_sets``), nothing asked, a key set of the wrong shape or an unknown
+            built-in one (named by ``key_sets[name]``), "special" or "punctuation" without
+            a tokenizer, or the errors of ``model.encode`` and ``model(ids)``.
+        TypeError
+            A key set that is not a bool (or integer) array, or an attention mask with texts.
+
+        See Also
+        --------
+        mha.attention : ``row_stats``, the kernel's statistics.
+        mha.reference.row_statistics : The same from the weights.
+
+        Examples
+        --------
+        >>> model = mha.models.load("minilm")
+        >>> s = model.head_statistics("The cat sat on the mat", key_sets="first")
+        >>> s["entropy"].shape, sorted(s)[:3]               # (layers, heads, tokens)
+        ((6, 12, 8), ['argmax', 'distance', 'entropy'])
+        >>> bool(np.allclose(s["mass:first"], s["mass:first"].clip(0, 1)))
+        True
+        """
+        names = _statistic_names(stats)
+        if _is_texts(text_or_ids):
+            if attention_mask is not None:
+                raise TypeError("attention_mask is for ids; a text's comes from the tokenizer")
+            text = cast("str | list[str]", text_or_ids)
+            tokenized, ids, type_ids, mask = self._tokenize_batch(text, None, truncation)
+            single = isinstance(text, str)
+        else:
+            ids, mask, type_ids, single = self._id_inputs(text_or_ids, attention_mask, None)
+            tokenized = None
+        sets = self._key_sets(key_sets, ids, mask, tokenized)
+        if not names and not sets:
+            raise ValueError("stats and key_sets ask for nothing")
+        reads = _AttentionReads((), stats=names, sets=sets, n_kv_heads=self.n_kv_heads,
+                                dtype=self.dtype)
+        self._forward(ids, mask, type_ids, False, None, reads)
+        out = {name: np.stack([reads.rows[l][name] for l in range(self.n_layers)], axis=1)
+               for name in names}
+        for s, name in enumerate(sets):
+            key = "key_set_mass" if s == 0 else "sets"
+            out[f"mass:{name}"] = np.stack(
+                [reads.rows[l][key] if s == 0 else reads.rows[l][key][..., s - 1]
+                 for l in range(self.n_layers)], axis=1)
+        return {name: value[0] for name, value in out.items()} if single else out
+
+    def _key_sets(self, key_sets: str | Sequence[str] | Mapping[str, Any] | None,
+                  ids: np.ndarray, mask: np.ndarray, tokenized: list[Any] | None
+                  ) -> dict[str, np.ndarray]:
+        """head_statistics' key sets -> {name: (B, n) bool}, checked; built-in ones from the
+        tokens (TokenizedText of each text, or the vocabulary for ids)."""
+        if key_sets is None:
+            return {}
+        if isinstance(key_sets, str):
+            key_sets = {key_sets: key_sets}
+        elif not isinstance(key_sets, Mapping):
+            if not all(isinstance(name, str) for name in key_sets):
+                raise TypeError("key_sets must be a dict {name: bool array or built-in name}, "
+                                "a built-in name or a list of them")
+            key_sets = {name: name for name in key_sets}
+        B, n = ids.shape
+        sets: dict[str, np.ndarray] = {}
+        for name, keys in key_sets.items():
+            what = f"key_sets[{name!r}]"
+            if isinstance(keys, str):
+                sets[str(name)] = self._builtin_set(keys, what, ids, tokenized) & mask
+                continue
+            keys = np.asarray(keys)
+            if keys.dtype != bool:
+                if keys.dtype.kind not in "iu":
+                    raise TypeError(f"{what} must be a bool array (True = in the set), got "
+                                    f"dtype {keys.dtype}")
+                keys = keys != 0
+            if keys.shape not in ((n,), (B, n)):
+                raise ValueError(f"{what} has shape {keys.shape} but the text has {n} tokens: "
+                                 f"expected (n,) = ({n},) or (batch, n) = ({B}, {n})")
+            sets[str(name)] = np.ascontiguousarray(np.broadcast_to(keys, (B, n)))
+        return sets
+
+    def _builtin_set(self, kind: str, what: str, ids: np.ndarray, tokenized: list[Any] | None
+                     ) -> np.ndarray:
+        """(B, n) bool of a built-in key set: "first", "special" or "punctuation"."""
+        keys = np.zeros(ids.shape, dtype=bool)
+        if kind == "first":
+            keys[:, 0] = True
+            return keys
+        if kind not in ("special", "punctuation"):
+            raise ValueError(f"{what} = {kind!r}: the built-in key sets are 'first', "
+                             "'special' and 'punctuation' (or give a bool array)")
+        if self.tokenizer is None:
+            raise ValueError(f"{what} = {kind!r} needs the tokens: "
+                             f"{self.name or 'this model'} has no tokenizer")
+        from ..analysis.clark import token_classes
+
+        for b in range(ids.shape[0]):
+            if tokenized is not None:
+                tokens, special = tokenized[b].tokens, tokenized[b].special
+            else:
+                tokens = [self.tokenizer.id_to_token(int(i)) for i in ids[b]]
+                special = [t in self.tokenizer.special_tokens for t in tokens]
+            row = special if kind == "special" else token_classes(
+                [str(t) for t in tokens])["punct"]
+            keys[b, :len(row)] = row
+        return keys
+
+    def _keep_spec(self, keep_weights: Mapping[int, Any]) -> dict[int, tuple[np.ndarray, Any]]:
+        """keep_weights -> {layer: (heads (h,) int64, the rows' selector)}; the rows are
+        resolved in the forward, where the number of queries is known (:func:`_rows`)."""
+        if not isinstance(keep_weights, Mapping):
+            raise TypeError(f"keep_weights must be a dict {{layer: heads or (heads, rows)}}, "
+                            f"got {type(keep_weights).__name__}")
+        spec = {}
+        for layer, chosen in keep_weights.items():
+            try:
+                index = self._layer_index(layer)
+            except IndexError as e:
+                raise IndexError(f"keep_weights: {e}") from None
+            heads, rows = chosen if isinstance(chosen, tuple) and len(chosen) == 2 else (
+                chosen, None)
+            spec[index] = (_select(heads, self.n_heads, f"keep_weights[{layer}]: heads"),
+                           (rows, f"keep_weights[{layer}]: rows"))
+        return spec
 
     # --- what each attention layer computed ------------------------------------------------------
     def qkv(self, text: str, pair: str | None = None, *, truncation: bool = False
@@ -1067,6 +1288,10 @@ class TransformerModel:
         reads them. Hook points: attn.hook_attn_scores (computed beside the kernel when only
         recorded), attn.hook_pattern (the kernel's weights), attn.hook_z (after head_mask);
         a hook on the scores or the pattern runs the attention step by step instead.
+
+        With :class:`_AttentionReads` hooks, the layer also reports the kernel's row statistics
+        (and the masses of further key sets, :meth:`_set_masses`) and the kept part of its
+        weights (:meth:`_kept_weights`; then hook_pattern records that part).
         """
         B, H, n_q, d_head = q.shape
         n_k = k.shape[2]
@@ -1074,41 +1299,111 @@ class TransformerModel:
         out = heads.reshape(B, n_q, H, d_head).transpose(0, 2, 1, 3)     # a view: no merging
         if weights_out is not None and not weights_out.flags.c_contiguous:
             weights_out = None
+        reads = hooks if isinstance(hooks, _AttentionReads) else None
+        keep = None if reads is None else reads.keep.get(layer)
         if hooks.hooked(layer, "attn.hook_attn_scores") or hooks.hooked(layer, "attn.hook_pattern"):
             weights = self._attention_steps(layer, q, k, v, pad_mask, hooks, out)
+            if keep is not None and reads is not None:
+                kept = reads.kept[layer] = _keep_rows(weights, keep, n_q)
+                name = f"blocks.{layer}.attn.hook_pattern"
+                if name in hooks.cache:
+                    hooks.cache[name] = kept
         else:
             if hooks.wants(layer, "attn.hook_attn_scores"):
                 hooks(layer, "attn.hook_attn_scores", self._scores(layer, q, k, pad_mask),
                       owned=True)
             pattern = hooks.wants(layer, "attn.hook_pattern")
+            full = need_weights or (pattern and keep is None)
             band = self._band(layer, n_q, n_k)
             mask = None if band is None else np.broadcast_to(band, (B, H, n_q, n_k))
-            _, weights = _core.attention_forward(
+            stats = reads.stats if reads is not None and reads.stats else None
+            result = _core.attention_forward(
                 q, k, v, mask=mask, key_padding_mask=pad_mask, causal=self.causal,
-                scale=self.attention_scale(layer), need_weights=need_weights or pattern,
-                out=out, weights_out=weights_out if need_weights else None)
-            if pattern:
+                scale=self.attention_scale(layer), need_weights=full, out=out,
+                weights_out=weights_out if need_weights else None, row_stats=stats,
+                key_set=None if stats is None else reads.key_set)
+            weights = result[1]
+            if reads is not None:
+                self._read_layer(layer, q, k, mask, pad_mask, reads, result, keep)
+            if keep is not None and reads is not None:
+                if pattern:
+                    hooks(layer, "attn.hook_pattern", reads.kept[layer], owned=True)
+            elif pattern:
                 hooks(layer, "attn.hook_pattern", weights, owned=weights is not weights_out)
         if head_mask is not None:
             out *= head_mask[layer][None, :, None, None]
         hooks(layer, "attn.hook_z", heads, (B, n_q, H, d_head))
         return heads, weights if need_weights else None
 
-    def _allowed(self, layer: int, n_q: int, n_k: int, pad_mask: np.ndarray | None
-                 ) -> np.ndarray | None:
+    def _read_layer(self, layer: int, q: np.ndarray, k: np.ndarray, mask: np.ndarray | None,
+                    pad_mask: np.ndarray | None, reads: _AttentionReads, result: tuple,
+                    keep: tuple[np.ndarray, Any] | None) -> None:
+        """What a layer reports to ``reads`` after its kernel call ``result`` (out, weights[,
+        stats]): its row statistics {name: (B, H, n_q)}, the masses of the key sets after the
+        first ("sets", (B, H, n_q, m)), and the kept part of its weights."""
+        if reads.stats:
+            reads.rows[layer] = dict(result[-1])
+        if reads.set_values is not None:
+            reads.rows.setdefault(layer, {})["sets"] = self._set_masses(
+                layer, q, k, mask, pad_mask, reads.set_values)
+        if keep is not None:
+            weights = result[1]
+            reads.kept[layer] = (_keep_rows(weights, keep, q.shape[2]) if weights is not None
+                                 else self._kept_weights(layer, q, k, pad_mask, keep))
+
+    def _set_masses(self, layer: int, q: np.ndarray, k: np.ndarray, mask: np.ndarray | None,
+                    pad_mask: np.ndarray | None, values: np.ndarray) -> np.ndarray:
+        """The weight each query puts on each of m key sets -> (B, H, n_q, m).
+
+        The kernel takes one key set per call; the mass on a set S is the attention output
+        with the value 1 on the keys of S and 0 elsewhere, so the further sets are one more
+        attention of the layer's own q and k (no other part of the model is run again), with
+        the sets as m value columns: ``values`` (B, H_kv, n_k, m) of the model's dtype.
+        """
+        masses, _ = _core.attention_forward(
+            q, k, values, mask=mask, key_padding_mask=pad_mask, causal=self.causal,
+            scale=self.attention_scale(layer), need_weights=False)
+        return masses
+
+    def _kept_weights(self, layer: int, q: np.ndarray, k: np.ndarray,
+                      pad_mask: np.ndarray | None, keep: tuple[np.ndarray, Any]) -> np.ndarray:
+        """The weights of the chosen heads and query rows only -> (B, h, r, n_k): the kernel
+        on those queries (and the key heads they read), with the causal, window and padding
+        masks of those rows: memory in proportion to h r n_k."""
+        B, H, n_q, _ = q.shape
+        n_k = k.shape[2]
+        heads = keep[0]
+        rows = _rows(keep[1], n_q)
+        q_kept = q[:, heads][:, :, rows]                             # (B, h, r, d) copies
+        k_kept = k[:, heads // (H // k.shape[1])]                    # (B, h, n_k, d)
+        allowed = self._allowed(layer, n_q, n_k, pad_mask, rows)
+        mask = None if allowed is None else np.broadcast_to(
+            allowed, (B, len(heads), len(rows), n_k))
+        _, weights = _core.attention_forward(
+            q_kept, k_kept, k_kept, mask=mask, scale=self.attention_scale(layer),
+            need_weights=True)
+        return weights
+
+    def _allowed(self, layer: int, n_q: int, n_k: int, pad_mask: np.ndarray | None,
+                 rows: np.ndarray | None = None) -> np.ndarray | None:
         """(B or 1, 1, n_q, n_k) bool: the keys each query may attend (causal, sliding window,
-        padding), or None when it may attend every key."""
+        padding), or None when it may attend every key; of the query rows ``rows`` only
+        (B or 1, 1, len(rows), n_k) when given."""
         allowed = None
+        at = np.arange(n_q) if rows is None else rows
+        position = (at + (n_k - n_q))[:, None]                       # the queries' positions
+        keys = np.arange(n_k)[None, :]
         if self.causal:
-            allowed = np.arange(n_k)[None, :] <= np.arange(n_k - n_q, n_k)[:, None]
-        band = self._band(layer, n_q, n_k)
-        if band is not None:
+            allowed = keys <= position
+        window = self.config.sliding_windows[layer]
+        if window is not None and n_k > window:
+            band = keys > position - window
             allowed = band if allowed is None else allowed & band
         if allowed is not None:
             allowed = allowed[None, None]
         if pad_mask is not None:
-            keys = pad_mask[:, None, None, :]
-            allowed = keys if allowed is None else allowed & keys
+            real = pad_mask[:, None, None, :]
+            allowed = real if allowed is None else allowed & real
         return allowed
 
     def _scores(self, layer: int, q: np.ndarray, k: np.ndarray, pad_mask: np.ndarray | None
@@ -1207,6 +1502,96 @@ class TransformerModel:
         residual += out
 
 
+#: the row statistics of head_statistics (the kernel's, but "key_set_mass": see key_sets)
+ROW_STATISTICS = ("entropy", "max", "argmax", "self", "prev", "next", "distance")
+
+
+class _AttentionReads(HookPoints):
+    """HookPoints that also ask each attention layer for more than its output: row
+    statistics (``model.head_statistics``) and the kept part of chosen maps (``keep_weights``).
+
+    stats: the kernel's row statistics (the first key set's as "key_set_mass"); sets: {name:
+    (B, n) bool}, the first passed to the kernel as its key set, the others as value columns
+    (B, H_kv, n, m) of ``dtype`` (:meth:`TransformerModel._set_masses`); keep: {layer: (heads,
+    rows)}. With ``keep``, no full map is recorded: hook_attn_scores and the hook_pattern of
+    the other layers are left out of the cache. Filled by the forward: ``rows`` {layer:
+    {name: (B, H, n_q)}, "sets": (B, H, n_q, m)}, ``kept`` {layer: (B, h, r, n_k)}.
+    """
+    __slots__ = ("stats", "key_set", "set_values", "keep", "rows", "kept")
+
+    def __init__(self, valid: Sequence[str], names: Names | Sequence[str] = None,
+                 fwd_hooks: Sequence[tuple[NameFilter, HookFn]] = (), *,
+                 stats: Sequence[str] = (), sets: Mapping[str, np.ndarray] | None = None,
+                 n_kv_heads: int = 1, dtype: Any = np.float32,
+                 keep: dict[int, tuple[np.ndarray, Any]] | None = None) -> None:
+        super().__init__(valid, names, fwd_hooks)
+        masks = list((sets or {}).values())
+        self.stats = tuple(stats) + (("key_set_mass",) if masks else ())
+        self.key_set = masks[0] if masks else None
+        self.set_values = None
+        if len(masks) > 1:                      # (B, n, m) -> (B, H_kv, n, m)
+            columns = np.stack(masks[1:], axis=-1).astype(dtype)
+            self.set_values = np.ascontiguousarray(np.broadcast_to(
+                columns[:, None], (columns.shape[0], n_kv_heads) + columns.shape[1:]))
+        self.keep = keep or {}
+        self.rows: dict[int, dict[str, np.ndarray]] = {}
+        self.kept: dict[int, np.ndarray] = {}
+        if self.keep:
+            self._keep = {name for name in self._keep if not (
+                name.endswith("attn.hook_attn_scores") or (
+                    name.endswith("attn.hook_pattern") and _split(name)[0] not in self.keep))}
+            self._wanted = {_split(name) for name in self._keep | set(self._hooks)}
+
+
+def _is_texts(text_or_ids: Any) -> bool:
+    """Whether the argument is a text or a non-empty list of texts (else: ids)."""
+    return isinstance(text_or_ids, str) or (
+        isinstance(text_or_ids, (list, tuple)) and len(text_or_ids) > 0
+        and all(isinstance(t, str) for t in text_or_ids))
+
+
+def _statistic_names(stats: str | Collection[str] | None) -> tuple[str, ...]:
+    """head_statistics' ``stats`` -> the names, checked (None: ROW_STATISTICS)."""
+    if stats is None:
+        return ROW_STATISTICS
+    names = (stats,) if isinstance(stats, str) else tuple(stats)
+    for name in names:
+        if name == "key_set_mass":
+            raise ValueError("stats: 'key_set_mass' is asked with key_sets= (e.g. "
+                             "key_sets='first' gives 'mass:first')")
+        if name not in ROW_STATISTICS:
+            raise ValueError(f"stats: unknown statistic {name!r}; expected names among "
+                             f"{', '.join(ROW_STATISTICS)}")
+    return tuple(dict.fromkeys(names))
+
+
+def _select(chosen: Any, size: int, what: str) -> np.ndarray:
+    """Heads or rows chosen by None (all), an int, a slice or a list of ints (negative ones
+    from the end) -> their indices (k,) int64, in the order given."""
+    if chosen is None:
+        return np.arange(size)
+    if isinstance(chosen, slice):
+        return np.arange(size)[chosen]
+    index = np.atleast_1d(np.asarray(chosen))
+    if index.ndim != 1 or (index.size and index.dtype.kind not in "iu"):
+        raise TypeError(f"{what} must be None, an int, a slice or a list of ints, got {chosen!r}")
+    index = index.astype(np.int64)
+    bad = (index < -size) | (index >= size)
+    if bad.any():
+        raise IndexError(f"{what}: {int(index[bad][0])} is out of range for {size}")
+    return index % size if size else index
+
+
+def _rows(rows: tuple[Any, str], n_q: int) -> np.ndarray:
+    """The kept query rows of a layer, (r,) int64, from its selector (rows, its name)."""
+    return _select(rows[0], n_q, rows[1])
+
+
+def _keep_rows(weights: np.ndarray, keep: tuple[np.ndarray, Any], n_q: int) -> np.ndarray:
+    """The kept part (B, h, r, n_k) of full weights (B, H, n_q, n_k), a copy."""
+    return weights[:, keep[0]][:, :, _rows(keep[1], n_q)]
+
+
 def _grouped_products(a: np.ndarray, b: np.ndarray, trans_b: bool = False) -> np.ndarray:
     """Per batch and key/value head, the product of the query heads it serves with it, on
     mha's GEMM: a (B, H, m, K), b (B, H_kv, K, N), or (B, H_kv, N, K) with ``trans_b``
@@ -1228,6 +1613,8 @@ def _unbatch(enc):
     enc.hidden_states = enc.hidden_states[0]
     if enc.attentions is not None:
         enc.attentions = enc.attentions[0]
+    if enc.kept_weights is not None:
+        enc.kept_weights = {layer: w[0] for layer, w in enc.kept_weights.items()}
     if enc.tokens is not None:
         enc.tokens = enc.tokens[0]
     if isinstance(enc.tokenized, list):
