@@ -122,3 +122,29 @@ def test_python_m_mha_lists_and_runs_stats(tmp_path):
     run = subprocess.run([sys.executable, "-m", "mha", "stats", "--help"], capture_output=True,
                          text=True, timeout=120)
     assert run.returncode == 0 and "--max-tokens N" in run.stdout, run.stderr
+
+
+def test_long_context_benchmark_quick(tmp_path):
+    """benchmarks/long_context.py --quick: each case in its own process; the peak above the
+    weights counts what the call allocates (the maps of the weights case at least)."""
+    import json
+    from pathlib import Path
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "long_context.py"
+    out = tmp_path / "quick.json"
+    run = subprocess.run([sys.executable, str(script), "--quick", "--tokens", "256",
+                          "--workdir", str(tmp_path), "--json", str(out)],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert "| stats |" in run.stdout and "2 x 14 x 256^2 x 4 bytes" in run.stdout
+    results = {case: rs[0] for case, rs in json.loads(out.read_text())["results"].items()}
+    assert set(results) == {"forward", "stats", "stats-3sets", "weights"}
+    maps = 2 * 14 * 256 * 256 * 4
+    hidden = 3 * 256 * 896 * 4                          # every layer's hidden states
+    assert results["weights"]["result"] == maps + hidden
+    assert results["forward"]["result"] == hidden
+    # per layer, head and query: 6 float32 statistics, argmax (int64) and the sink mass
+    assert results["stats"]["result"] == 2 * 14 * 256 * (6 * 4 + 8 + 4)
+    assert results["weights"]["peak"] >= maps + hidden
+    assert results["stats"]["peak"] < results["weights"]["peak"] - maps // 2
+    for r in results.values():
+        assert abs(r["reset_residue"]) < 2**20 and r["seconds"] > 0
