@@ -25,6 +25,71 @@ def softmax(s):
     return e / e.sum(axis=-1, keepdims=True)
 
 
+# --- the corpus statistics from row statistics (no maps) against the maps -----------------------
+
+def _maps_sums(model, ids, mask, kinds, convention):
+    """head_statistic_sums of the model's maps, with the key norms computed from its value
+    vectors and output projection by the definition ||v_hj W_o^(h)||."""
+    _, cache = model.run_with_cache(ids, attention_mask=mask, logits=False,
+                                    names=lambda name: name.endswith(("hook_v", "hook_pattern")))
+    H, H_kv = model.n_heads, model.n_kv_heads
+    norms = []
+    for layer in range(model.n_layers):
+        v = np.repeat(cache["v", layer].astype(np.float64), H // H_kv, axis=2)   # (B, n, H, d)
+        W_o = model.output_projection(layer)[0].astype(np.float64)
+        W_heads = W_o.reshape(H, model.d_head, -1)
+        norms.append(np.linalg.norm(np.einsum("bnhd,hde->bhne", v, W_heads), axis=-1))
+    weights = np.stack([cache["pattern", layer] for layer in range(model.n_layers)], axis=1)
+    return analysis.head_statistic_sums(weights, mask, causal=model.causal,
+                                        convention=convention, key_norms=np.stack(norms, 1),
+                                        **kinds)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("family", ["bert", "gpt2", "qwen2", "llama-mqa-tied"])
+def test_sums_from_row_statistics_equal_those_of_the_maps(tiny, family, dtype):
+    """model_head_statistic_sums (one forward without maps, for convention "mha") against
+    head_statistic_sums of the maps: the same counts, means within 1e-6 (float32) and 1e-12
+    (float64) of 1; a padded batch, GQA and sliding windows (qwen2's layer 1)."""
+    import tiny_models
+    from mha.analysis.clark import model_head_statistic_sums
+
+    import mha.models
+    folder = tiny(family)[0]
+    model = mha.models.load(folder, dtype=dtype)
+    enc = model.encode(tiny_models.TEXTS, need_weights=False)
+    kinds = analysis.token_classes(enc.tokens, enc.n_tokens)
+    ids, mask = enc.input_ids, enc.attention_mask
+    assert (~mask).any() and kinds["punct"].any()
+    tol = 1e-6 if dtype == np.float32 else 1e-12
+    for convention in ("mha", "clark"):
+        sums, counts = model_head_statistic_sums(model, ids, mask, norms=True,
+                                                 convention=convention, **kinds)
+        want_sums, want_counts = _maps_sums(model, ids, mask, kinds, convention)
+        assert counts == want_counts
+        assert sorted(sums) == sorted(want_sums) == sorted(
+            analysis.CLARK_METRICS + ("uniform_entropy", "norm_cls", "norm_sep"))
+        for name in sums:
+            mean, want = sums[name] / counts[name], want_sums[name] / want_counts[name]
+            scale = np.log(enc.n_tokens) if "entropy" in name else 1.0
+            assert np.abs(mean - want).max() <= tol * scale, (convention, name)
+
+
+def test_row_statistic_sums_count_neighbours_and_check_shapes():
+    from mha.analysis.clark import row_statistic_sums
+
+    names = ("entropy", "max", "self", "prev", "next", "mass:cls", "mass:sep", "mass:punct")
+    rows = {name: np.ones((2, 1, 1, 4)) for name in names}
+    mask = np.array([[True, True, True, False], [False, True, True, True]])
+    sums, counts = row_statistic_sums(rows, mask)
+    assert counts["entropy"] == 6 and counts["mass_prev"] == 4 and counts["mass_next"] == 4
+    assert sums["mass_prev"][0, 0] == 4.0
+    assert sums["uniform_entropy"][0, 0] == pytest.approx(6 * np.log(3))
+    rows["max"] = np.ones((2, 1, 1, 5))
+    with pytest.raises(ValueError, match="rows must all have shape"):
+        row_statistic_sums(rows, mask)
+
+
 # --- head_statistic_sums(key_norms=...): Kobayashi et al.'s shares, in plain loops --------------
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -8,15 +8,15 @@ in docs/beyond_attention.md).
 from __future__ import annotations
 
 import unicodedata
-from typing import Mapping, Sequence, cast
+from typing import Any, Mapping, Sequence, cast
 
 import numpy as np
 from numpy.typing import ArrayLike
 
 from ._inputs import _batch_mask, _check_convention, _float_array, _real_square
 
-__all__ = ["CLARK_METRICS", "token_classes", "head_statistic_sums", "clark_metrics",
-           "broad_heads"]
+__all__ = ["CLARK_METRICS", "token_classes", "head_statistic_sums", "row_statistic_sums",
+           "model_head_statistic_sums", "clark_metrics", "broad_heads"]
 
 #: The per-head statistics of :func:`head_statistic_sums` (the corpus means of mha.corpus).
 CLARK_METRICS = ("entropy", "confidence", "mass_cls", "mass_sep", "mass_punct", "mass_self",
@@ -215,6 +215,190 @@ def head_statistic_sums(weights: ArrayLike, attention_mask: ArrayLike | None = N
                 sums[name] += text[name]
                 counts[name] += pairs if name in ("mass_prev", "mass_next") else len(idx)
     return sums, counts
+
+
+#: head_statistic_sums' names -> model.head_statistics' row statistics they sum
+_ROW_SOURCES = {"entropy": "entropy", "confidence": "max", "mass_cls": "mass:cls",
+                "mass_sep": "mass:sep", "mass_punct": "mass:punct", "mass_self": "self",
+                "mass_prev": "prev", "mass_next": "next"}
+
+
+def row_statistic_sums(rows: Mapping[str, ArrayLike], attention_mask: ArrayLike | None = None,
+                       *, causal: bool = False) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+    r"""Sum Clark et al.'s per-head statistics from each query's row statistics.
+
+    What :func:`head_statistic_sums` (``convention="mha"``) computes from the maps, computed
+    from what ``model.head_statistics`` gives without them: every statistic of the
+    ``"mha"`` convention is a sum over each query's row, so the sums over the real queries of
+    the row statistics are the same sums (to the rounding of the weights' dtype), in O(n)
+    memory per head instead of O(n^2).
+
+    Parameters
+    ----------
+    rows : mapping of str to array_like, each (B, L, H, n) (or (L, H, n) for one text)
+        ``model.head_statistics(ids, stats=["entropy", "max", "self", "prev", "next"],
+        key_sets={"cls": ..., "sep": ..., "punct": ...})``: "entropy", "max", "self",
+        "prev", "next", "mass:cls", "mass:sep", "mass:punct"; optionally "norm_cls" and
+        "norm_sep", each query's share of the norm-weighted attention on those keys.
+    attention_mask : array_like of bool, shape (B, n), optional
+        True = real token, False = padding (default: all real).
+    causal : bool
+        Queries see only keys j <= i: only changes ``uniform_entropy``.
+
+    Returns
+    -------
+    sums : dict of str -> ndarray (L, H) float64
+        :data:`CLARK_METRICS`, ``uniform_entropy`` and, when given, ``norm_cls`` and
+        ``norm_sep``.
+    counts : dict of str -> int
+        The real queries (``mass_prev``, ``mass_next``: those with a real neighbour there).
+
+    Raises
+    ------
+    KeyError
+        A row statistic missing from ``rows``.
+    ValueError
+        Rows of different shapes, or an attention mask that does not fit them.
+
+    Notes
+    -----
+    The ``"clark"`` convention cannot be summed this way: its entropy is that of the weights
+    smoothed to 0.9999 p + 0.0001 / n, a sum over the keys of a function of each weight that
+    the row's entropy does not give; it needs the maps (:func:`model_head_statistic_sums`
+    computes them for it).
+
+    Examples
+    --------
+    >>> rows = {name: np.full((1, 1, 1, 3), 0.5) for name in
+    ...         ("entropy", "max", "self", "prev", "next", "mass:cls", "mass:sep", "mass:punct")}
+    >>> sums, counts = row_statistic_sums(rows)
+    >>> float(sums["mass_prev"][0, 0]), counts["mass_prev"], counts["entropy"]
+    (1.0, 2, 3)
+    """
+    names = list(_ROW_SOURCES.values()) + [n for n in ("norm_cls", "norm_sep") if n in rows]
+    arrays = {name: np.asarray(rows[name], dtype=np.float64) for name in names}
+    shape = arrays["entropy"].shape
+    if len(shape) == 3:
+        arrays = {name: a[None] for name, a in arrays.items()}
+        shape = (1,) + shape
+    if len(shape) != 4 or any(a.shape != shape for a in arrays.values()):
+        raise ValueError(f"rows must all have shape (batch, layers, heads, n), got "
+                         f"{ {name: a.shape for name, a in arrays.items()} }")
+    B, L, H, n = shape
+    if attention_mask is None:
+        real = np.ones((B, n), dtype=bool)
+    else:
+        real = _batch_mask(np.reshape(attention_mask, (B, n)), (B, n), "attention_mask")
+    before = np.zeros_like(real)                         # i - 1 is real (and i is)
+    before[:, 1:] = real[:, 1:] & real[:, :-1]
+    after = np.zeros_like(real)                          # i + 1 is real (and i is)
+    after[:, :-1] = real[:, :-1] & real[:, 1:]
+    which = {"mass_prev": before, "mass_next": after}
+    sums, counts = {}, {}
+    for metric, source in [*_ROW_SOURCES.items(), *((n, n) for n in ("norm_cls", "norm_sep")
+                                                    if n in arrays)]:
+        rows_in = which.get(metric, real).astype(np.float64)
+        sums[metric] = np.einsum("blhn,bn->lh", arrays[source], rows_in)
+        counts[metric] = int(rows_in.sum())
+    visible = np.cumsum(real, axis=1) if causal else np.broadcast_to(
+        real.sum(axis=1)[:, None], real.shape)
+    uniform = float(np.log(visible[real]).sum()) if real.any() else 0.0
+    sums["uniform_entropy"] = np.full((L, H), uniform)
+    counts["uniform_entropy"] = int(real.sum())
+    return sums, counts
+
+
+def model_head_statistic_sums(model: Any, input_ids: ArrayLike,
+                              attention_mask: ArrayLike | None = None, *,
+                              cls: ArrayLike | None = None, sep: ArrayLike | None = None,
+                              punct: ArrayLike | None = None, norms: bool = False,
+                              convention: str = "mha",
+                              ) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+    r"""Run a model on a padded batch and sum Clark et al.'s per-head statistics.
+
+    :func:`head_statistic_sums` of ``model(input_ids, attention_mask).attentions``, with the
+    key norms of ``norms``. Convention ``"mha"``: one forward without maps
+    (``model.head_statistics``), its row statistics summed by :func:`row_statistic_sums`,
+    in O(n) memory per head, so long texts fit; the norm shares are the sums of the value
+    columns :math:`\|f_h(x_j)\| [j \in S]` and :math:`\|f_h(x_j)\|` that the same kernel
+    calls compute beside each layer's output. Convention ``"clark"``: its
+    smoothed entropy is no row statistic, so the maps are computed as before.
+
+    Parameters
+    ----------
+    model : mha.models.TransformerModel
+        The model.
+    input_ids : array_like of int, shape (B, n)
+        A batch padded on the right.
+    attention_mask : array_like of bool, shape (B, n), optional
+        True = real token.
+    cls, sep, punct : array_like of bool, shape (B, n), optional
+        As for :func:`head_statistic_sums`.
+    norms : bool
+        Add ``norm_cls`` and ``norm_sep`` (Kobayashi et al. 2020): the key norms
+        :math:`\|f_h(x_j)\| = \|v_{hj} W_o^{(h)}\|`, from each head's Gram matrix.
+    convention : {"mha", "clark"}
+        As for :func:`head_statistic_sums`.
+
+    Returns
+    -------
+    sums, counts : dict
+        As :func:`head_statistic_sums` returns them.
+
+    Raises
+    ------
+    ValueError
+        Inputs that do not fit, or an unknown ``convention``.
+    """
+    clark = _check_convention(convention) == "clark"
+    ids = np.asarray(input_ids)
+    B, n = ids.shape
+    mask = np.ones((B, n), bool) if attention_mask is None else np.asarray(
+        attention_mask, dtype=bool).reshape(B, n)
+    kinds = {name: _batch_mask(keys, (B, n), name) & mask
+             for name, keys in (("cls", cls), ("sep", sep), ("punct", punct))}
+    grams = [_gram(model, layer) for layer in range(model.n_layers)] if norms else []
+    if clark:
+        values = [f"blocks.{layer}.attn.hook_v" for layer in range(model.n_layers)] if norms else []
+        enc, cache = model.run_with_cache(ids, attention_mask=mask, names=values,
+                                          need_weights=True, logits=False)
+        key_norms = np.stack([_value_norms(cache[name].transpose(0, 2, 1, 3), grams[layer],
+                                           model.n_heads)
+                              for layer, name in enumerate(values)], axis=1) if norms else None
+        return head_statistic_sums(enc.attentions, mask, causal=model.causal, convention="clark",
+                                   key_norms=key_norms, **kinds)
+
+    def columns(layer: int, v: np.ndarray) -> np.ndarray:
+        f = _value_norms(v, grams[layer], model.n_heads)                # (B, H, n)
+        return np.stack([f * kinds["cls"][:, None], f * kinds["sep"][:, None], f], axis=-1)
+
+    rows = model._row_statistics(ids, mask, np.zeros((B, n), np.int64),
+                                 ["entropy", "max", "self", "prev", "next"], kinds,
+                                 columns if norms else None)
+    if norms:
+        drawn = rows.pop("columns")                                     # (B, L, H, n, 3)
+        total = drawn[..., 2].astype(np.float64)
+        for s, name in enumerate(("norm_cls", "norm_sep")):
+            rows[name] = np.divide(drawn[..., s], total, out=np.zeros(total.shape),
+                                   where=total > 0)
+    return row_statistic_sums(rows, mask, causal=model.causal)
+
+
+def _gram(model: Any, layer: int) -> np.ndarray:
+    """Each head's Gram matrix of its rows of the output projection, (H, d_head, d_head)."""
+    W_o = model.output_projection(layer)[0].astype(np.float64)
+    heads = W_o.reshape(model.n_heads, model.d_head, W_o.shape[1])
+    return heads @ heads.transpose(0, 2, 1)
+
+
+def _value_norms(v: np.ndarray, gram: np.ndarray, n_heads: int) -> np.ndarray:
+    """||f_h(x_j)|| = ||v_hj W_o^(h)|| = sqrt(v G_h v^T) for every head and key: d_head^2 work
+    per key instead of d_head * d_model. v: (B, H_kv, n, d_head) -> (B, H, n) float64."""
+    v = v.astype(np.float64)
+    if v.shape[1] != n_heads:                                 # grouped-query attention
+        v = np.repeat(v, n_heads // v.shape[1], axis=1)
+    square = np.einsum("bhnd,bhnd->bhn", v @ gram, v)
+    return np.sqrt(np.maximum(square, 0.0))                   # rounding can dip below 0
 
 
 def _statistic_inputs(weights: ArrayLike, attention_mask: ArrayLike | None, cls: ArrayLike | None,

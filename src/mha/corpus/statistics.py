@@ -127,9 +127,11 @@ def head_statistics(model: TransformerModel | str | os.PathLike[str],
         instead of raising.
     norms : bool
         Compute ``norm_cls`` and ``norm_sep``: the value vectors' lengths after the output
-        projection (from each head's Gram matrix) and one more product with the weights, 0.08
-        s next to 1.6-1.9 s for the forward pass of 16 MiniLM texts of ~110 tokens on one
-        thread (docs/corpus.md).
+        projection (from each head's Gram matrix), summed over each query's keys with its
+        weights: with convention "mha", as value columns of each layer's own kernel call
+        (16 MiniLM texts of up to 190 tokens on one thread, best of 8 on a shared machine:
+        0.85 s without and with, next to 0.91 s for a forward without weights, within the
+        noise; the map path, 1.1 s; see :func:`mha.analysis.clark.model_head_statistic_sums`).
     num_workers : int, optional
         Threads of the local scheduler (default: ``mha.get_num_threads()``, the cores).
         Ignored with a client.
@@ -142,16 +144,20 @@ def head_statistics(model: TransformerModel | str | os.PathLike[str],
         Most padded positions per forward pass (texts x the longest of them; a longer text runs
         alone); None: ``batch_size`` alone cuts. Long texts thus run in fewer per batch, short
         ones in up to ``batch_size``, and the arrays of a batch stay small enough for the
-        caches (docs/corpus.md has the measurements). Memory per running batch is at most
-        about ``batch_tokens * layers * heads * n * 4`` bytes for texts of n tokens (MiniLM,
-        texts of 200 tokens: 30 MB), once per worker thread.
+        caches (docs/corpus.md has the measurements). With convention "mha" no map is made
+        (each layer's kernel sums its rows' statistics as it goes): memory per running batch
+        is that of a forward without weights plus ``batch_tokens * layers * heads`` numbers
+        per statistic, so long texts fit. Convention "clark" makes the maps: at most about
+        ``batch_tokens * layers * heads * n * 4`` bytes for texts of n tokens (MiniLM, texts
+        of 200 tokens: 30 MB), once per worker thread.
 
     convention : {"mha", "clark"}
         ``"mha"``: token-weighted corpus means; a query without a previous (next) token is
         left out of ``mass_prev`` (``mass_next``); punctuation is every punctuation token.
         ``"clark"``: Clark et al.'s formulas as their code computes them: each text's mean,
         then the mean over texts; previous/next divided by all of a text's tokens; entropy of
-        the weights smoothed to 0.9999 p + 0.0001 / n; punctuation "." and "," (see
+        the weights smoothed to 0.9999 p + 0.0001 / n (no row statistic of the kernel: this
+        convention computes the maps); punctuation "." and "," (see
         :func:`mha.analysis.head_statistic_sums`).
 
     Returns

@@ -327,8 +327,8 @@ class TransformerModel:
         keep_weights : dict, optional
             Keep only part of some layers' weights, ``{layer: heads}`` or ``{layer: (heads,
             rows)}`` (heads and query rows: None for all, an int, a slice or a list of ints;
-            negative ones count from the end), e.g. ``{5: (3, slice(-16, None))}`` for the
-            last 16 rows of layer 5, head 3. They land in ``kept_weights`` (the
+            negative ones count from the end; a tuple is (heads, rows)), e.g. ``{5: (3,
+            slice(-16, None))}`` for the last 16 rows of layer 5, head 3. They land in ``kept_weights`` (the
             ``attentions`` stay None): memory in proportion to what is kept.
 
         Returns
@@ -415,8 +415,8 @@ class TransformerModel:
         keep_weights : dict, optional
             Keep only part of some layers' weights, ``{layer: heads}`` or ``{layer: (heads,
             rows)}`` (heads and query rows: None for all, an int, a slice or a list of ints;
-            negative ones count from the end), e.g. ``{5: (3, slice(-16, None))}`` for the
-            last 16 rows of layer 5, head 3. They land in ``kept_weights`` (the
+            negative ones count from the end; a tuple is (heads, rows)), e.g. ``{5: (3,
+            slice(-16, None))}`` for the last 16 rows of layer 5, head 3. They land in ``kept_weights`` (the
             ``attentions`` stay None): memory in proportion to what is kept.
 
         Returns
@@ -551,6 +551,8 @@ class TransformerModel:
         ------
         KeyError
             A name that is no hook point of the model (the message names the nearest).
+        IndexError
+            A layer, head or row of ``keep_weights`` out of range.
 
         See Also
         --------
@@ -872,9 +874,8 @@ class TransformerModel:
             token: the attention sink), "special" ([CLS], [SEP], BOS: the tokenizer's special
             tokens) and "punctuation" (tokens of Unicode punctuation); the last two need a
             tokenizer. A name or a list of names is ``{name: name}``. Each gives the result
-            "mass:<name>". The first set comes with the other statistics; the further ones take
-            one more pass of each layer's attention on its own q and k (the model is not run
-            again), all sets at once.
+            "mass:<name>". The first set comes with the other statistics; the further ones are
+            value columns appended to each layer's v, summed by the same kernel call.
         attention_mask : array_like of bool, shape of the ids, optional
             For ids: True = real token, False = padding (padding keys get no attention).
         truncation : bool, default False
@@ -924,17 +925,28 @@ class TransformerModel:
         sets = self._key_sets(key_sets, ids, mask, tokenized)
         if not names and not sets:
             raise ValueError("stats and key_sets ask for nothing")
-        reads = _AttentionReads((), stats=names, sets=sets, n_kv_heads=self.n_kv_heads,
-                                dtype=self.dtype)
-        self._forward(ids, mask, type_ids, False, None, reads)
-        out = {name: np.stack([reads.rows[l][name] for l in range(self.n_layers)], axis=1)
-               for name in names}
-        for s, name in enumerate(sets):
-            key = "key_set_mass" if s == 0 else "sets"
-            out[f"mass:{name}"] = np.stack(
-                [reads.rows[l][key] if s == 0 else reads.rows[l][key][..., s - 1]
-                 for l in range(self.n_layers)], axis=1)
+        out = self._row_statistics(ids, mask, type_ids, names, sets)
         return {name: value[0] for name, value in out.items()} if single else out
+
+    def _row_statistics(self, ids: np.ndarray, mask: np.ndarray, type_ids: np.ndarray,
+                        names: Sequence[str], sets: Mapping[str, np.ndarray],
+                        columns: Any = None) -> dict[str, np.ndarray]:
+        """head_statistics on checked (B, n) inputs -> {name: (B, L, H, n)}, "mass:<set>"
+        for each set; with ``columns``, a function (layer, v (B, H_kv, n, d)) -> value
+        columns c (B, H or H_kv, n, m), also "columns" (B, L, H, n, m): each row's sum_j
+        p_ij c_j (a weighted mass of the keys, e.g. by the length of what they write)."""
+        reads = _AttentionReads((), stats=names, sets=sets, n_kv_heads=self.n_kv_heads,
+                                dtype=self.dtype, columns=columns)
+        self._forward(ids, mask, type_ids, False, None, reads)
+        layers = range(self.n_layers)
+        out = {name: np.stack([reads.rows[l][name] for l in layers], axis=1) for name in names}
+        for s, name in enumerate(sets):
+            out[f"mass:{name}"] = np.stack(
+                [reads.rows[l]["key_set_mass"] if s == 0 else reads.rows[l]["sets"][..., s - 1]
+                 for l in layers], axis=1)
+        if columns is not None:
+            out["columns"] = np.stack([reads.rows[l]["columns"] for l in layers], axis=1)
+        return out
 
     def _key_sets(self, key_sets: str | Sequence[str] | Mapping[str, Any] | None,
                   ids: np.ndarray, mask: np.ndarray, tokenized: list[Any] | None
@@ -1289,9 +1301,13 @@ class TransformerModel:
         recorded), attn.hook_pattern (the kernel's weights), attn.hook_z (after head_mask);
         a hook on the scores or the pattern runs the attention step by step instead.
 
-        With :class:`_AttentionReads` hooks, the layer also reports the kernel's row statistics
-        (and the masses of further key sets, :meth:`_set_masses`) and the kept part of its
-        weights (:meth:`_kept_weights`; then hook_pattern records that part).
+        With :class:`_AttentionReads` hooks, the layer also reports the kernel's row statistics,
+        the sums of their value columns (:meth:`_AttentionReads.value_columns`: the kernel
+        takes one key set per call, and the mass on a further set S is the attention output
+        of the value 1 on S and 0 elsewhere, so those sets are columns appended to v, and
+        come out beside the heads' output, whose columns they leave bit for bit as they are)
+        and the kept part of its weights (:meth:`_kept_weights`; then hook_pattern records
+        that part).
         """
         B, H, n_q, d_head = q.shape
         n_k = k.shape[2]
@@ -1316,54 +1332,54 @@ class TransformerModel:
             full = need_weights or (pattern and keep is None)
             band = self._band(layer, n_q, n_k)
             mask = None if band is None else np.broadcast_to(band, (B, H, n_q, n_k))
-            stats = reads.stats if reads is not None and reads.stats else None
+            stats, key_set = (None, None) if reads is None else (reads.stats or None,
+                                                                 reads.key_set)
+            columns = None if reads is None else reads.value_columns(layer, v)
+            k_in, v_in, out_in = k, v, out
+            if columns is not None:        # value columns after v's: their sums come out too
+                k_in, v_in = _widen(k, v, columns)
+                out_in = np.empty((B, H, n_q, v_in.shape[-1]), dtype=self.dtype)
             result = _core.attention_forward(
-                q, k, v, mask=mask, key_padding_mask=pad_mask, causal=self.causal,
-                scale=self.attention_scale(layer), need_weights=full, out=out,
+                q, k_in, v_in, mask=mask, key_padding_mask=pad_mask, causal=self.causal,
+                scale=self.attention_scale(layer), need_weights=full, out=out_in,
                 weights_out=weights_out if need_weights else None, row_stats=stats,
-                key_set=None if stats is None else reads.key_set)
+                key_set=key_set)
             weights = result[1]
+            if columns is not None:
+                out[...] = out_in[..., :d_head]
             if reads is not None:
-                self._read_layer(layer, q, k, mask, pad_mask, reads, result, keep)
-            if keep is not None and reads is not None:
-                if pattern:
+                self._read_layer(layer, q, k, pad_mask, reads, result, keep,
+                                 None if columns is None else out_in[..., d_head:])
+                if keep is not None and pattern:
                     hooks(layer, "attn.hook_pattern", reads.kept[layer], owned=True)
-            elif pattern:
+            if pattern and keep is None:
                 hooks(layer, "attn.hook_pattern", weights, owned=weights is not weights_out)
         if head_mask is not None:
             out *= head_mask[layer][None, :, None, None]
         hooks(layer, "attn.hook_z", heads, (B, n_q, H, d_head))
         return heads, weights if need_weights else None
 
-    def _read_layer(self, layer: int, q: np.ndarray, k: np.ndarray, mask: np.ndarray | None,
+    def _read_layer(self, layer: int, q: np.ndarray, k: np.ndarray,
                     pad_mask: np.ndarray | None, reads: _AttentionReads, result: tuple,
-                    keep: tuple[np.ndarray, Any] | None) -> None:
+                    keep: tuple[np.ndarray, Any] | None, sums: np.ndarray | None) -> None:
         """What a layer reports to ``reads`` after its kernel call ``result`` (out, weights[,
-        stats]): its row statistics {name: (B, H, n_q)}, the masses of the key sets after the
-        first ("sets", (B, H, n_q, m)), and the kept part of its weights."""
+        stats]): its row statistics {name: (B, H, n_q)}, the sums of the value columns
+        (``sums`` (B, H, n_q, m), the output's columns after the heads'): the masses of the
+        key sets after the first ("sets") and reads.columns' ("columns"), and the kept part
+        of its weights."""
+        rows = reads.rows.setdefault(layer, {})
         if reads.stats:
-            reads.rows[layer] = dict(result[-1])
-        if reads.set_values is not None:
-            reads.rows.setdefault(layer, {})["sets"] = self._set_masses(
-                layer, q, k, mask, pad_mask, reads.set_values)
+            rows.update(result[-1])
+        if sums is not None:
+            m = 0 if reads.set_values is None else reads.set_values.shape[-1]
+            if m:
+                rows["sets"] = sums[..., :m].copy()
+            if reads.columns is not None:
+                rows["columns"] = sums[..., m:].copy()
         if keep is not None:
             weights = result[1]
             reads.kept[layer] = (_keep_rows(weights, keep, q.shape[2]) if weights is not None
                                  else self._kept_weights(layer, q, k, pad_mask, keep))
-
-    def _set_masses(self, layer: int, q: np.ndarray, k: np.ndarray, mask: np.ndarray | None,
-                    pad_mask: np.ndarray | None, values: np.ndarray) -> np.ndarray:
-        """The weight each query puts on each of m key sets -> (B, H, n_q, m).
-
-        The kernel takes one key set per call; the mass on a set S is the attention output
-        with the value 1 on the keys of S and 0 elsewhere, so the further sets are one more
-        attention of the layer's own q and k (no other part of the model is run again), with
-        the sets as m value columns: ``values`` (B, H_kv, n_k, m) of the model's dtype.
-        """
-        masses, _ = _core.attention_forward(
-            q, k, values, mask=mask, key_padding_mask=pad_mask, causal=self.causal,
-            scale=self.attention_scale(layer), need_weights=False)
-        return masses
 
     def _kept_weights(self, layer: int, q: np.ndarray, k: np.ndarray,
                       pad_mask: np.ndarray | None, keep: tuple[np.ndarray, Any]) -> np.ndarray:
@@ -1379,7 +1395,7 @@ class TransformerModel:
         allowed = self._allowed(layer, n_q, n_k, pad_mask, rows)
         mask = None if allowed is None else np.broadcast_to(
             allowed, (B, len(heads), len(rows), n_k))
-        _, weights = _core.attention_forward(
+        _, weights = _core.attention_forward(              # k stands in for v: unread here
             q_kept, k_kept, k_kept, mask=mask, scale=self.attention_scale(layer),
             need_weights=True)
         return weights
@@ -1512,27 +1528,30 @@ class _AttentionReads(HookPoints):
 
     stats: the kernel's row statistics (the first key set's as "key_set_mass"); sets: {name:
     (B, n) bool}, the first passed to the kernel as its key set, the others as value columns
-    (B, H_kv, n, m) of ``dtype`` (:meth:`TransformerModel._set_masses`); keep: {layer: (heads,
-    rows)}. With ``keep``, no full map is recorded: hook_attn_scores and the hook_pattern of
-    the other layers are left out of the cache. Filled by the forward: ``rows`` {layer:
-    {name: (B, H, n_q)}, "sets": (B, H, n_q, m)}, ``kept`` {layer: (B, h, r, n_k)}.
+    (B, H_kv, n, m) of ``dtype`` appended to v (:meth:`TransformerModel._attention`);
+    columns: None or (layer, v) -> more value columns whose weighted sums each row reports;
+    keep: {layer: (heads, rows)}. With ``keep``, no full map is recorded: hook_attn_scores
+    and the hook_pattern of the other layers are left out of the cache. Filled by the
+    forward: ``rows`` {layer: {name: (B, H, n_q)}, "sets" and "columns": (B, H, n_q, m)},
+    ``kept`` {layer: (B, h, r, n_k)}.
     """
-    __slots__ = ("stats", "key_set", "set_values", "keep", "rows", "kept")
+    __slots__ = ("stats", "key_set", "set_values", "columns", "keep", "rows", "kept")
 
     def __init__(self, valid: Sequence[str], names: Names | Sequence[str] = None,
                  fwd_hooks: Sequence[tuple[NameFilter, HookFn]] = (), *,
                  stats: Sequence[str] = (), sets: Mapping[str, np.ndarray] | None = None,
-                 n_kv_heads: int = 1, dtype: Any = np.float32,
+                 n_kv_heads: int = 1, dtype: Any = np.float32, columns: Any = None,
                  keep: dict[int, tuple[np.ndarray, Any]] | None = None) -> None:
         super().__init__(valid, names, fwd_hooks)
+        self.columns = columns
         masks = list((sets or {}).values())
         self.stats = tuple(stats) + (("key_set_mass",) if masks else ())
         self.key_set = masks[0] if masks else None
         self.set_values = None
         if len(masks) > 1:                      # (B, n, m) -> (B, H_kv, n, m)
-            columns = np.stack(masks[1:], axis=-1).astype(dtype)
+            indicators = np.stack(masks[1:], axis=-1).astype(dtype)
             self.set_values = np.ascontiguousarray(np.broadcast_to(
-                columns[:, None], (columns.shape[0], n_kv_heads) + columns.shape[1:]))
+                indicators[:, None], (indicators.shape[0], n_kv_heads) + indicators.shape[1:]))
         self.keep = keep or {}
         self.rows: dict[int, dict[str, np.ndarray]] = {}
         self.kept: dict[int, np.ndarray] = {}
@@ -1541,6 +1560,18 @@ class _AttentionReads(HookPoints):
                 name.endswith("attn.hook_attn_scores") or (
                     name.endswith("attn.hook_pattern") and _split(name)[0] not in self.keep))}
             self._wanted = {_split(name) for name in self._keep | set(self._hooks)}
+
+    def value_columns(self, layer: int, v: np.ndarray) -> np.ndarray | None:
+        """The value columns of a layer whose weighted sums its rows report: the further
+        key sets' (B, H_kv, n, m), then ``columns(layer, v)``'s (per query head when it has
+        H heads), or None."""
+        values = self.set_values
+        if self.columns is None:
+            return values
+        columns = np.asarray(self.columns(layer, v), dtype=v.dtype)
+        if values is not None and columns.shape[1] != values.shape[1]:
+            values = np.repeat(values, columns.shape[1] // values.shape[1], axis=1)
+        return columns if values is None else np.concatenate([values, columns], axis=-1)
 
 
 def _is_texts(text_or_ids: Any) -> bool:
@@ -1585,6 +1616,15 @@ def _select(chosen: Any, size: int, what: str) -> np.ndarray:
 def _rows(rows: tuple[Any, str], n_q: int) -> np.ndarray:
     """The kept query rows of a layer, (r,) int64, from its selector (rows, its name)."""
     return _select(rows[0], n_q, rows[1])
+
+
+def _widen(k: np.ndarray, v: np.ndarray, columns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """k and v (B, H_kv, n, d) with value columns (B, H_kv or H, n, m) after v's -> (k, v
+    (B, heads, n, d + m)); columns per query head repeat k and v for each of them."""
+    if columns.shape[1] != k.shape[1]:
+        group = columns.shape[1] // k.shape[1]
+        k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+    return k, np.concatenate([v, columns.astype(v.dtype, copy=False)], axis=-1)
 
 
 def _keep_rows(weights: np.ndarray, keep: tuple[np.ndarray, Any], n_q: int) -> np.ndarray:
