@@ -53,7 +53,7 @@ def smooth_positions(values: Any, window: int) -> np.ndarray:
     Returns
     -------
     numpy.ndarray
-        float64, the shape of ``values``.
+        The means, float64, in the shape of ``values``.
 
     Raises
     ------
@@ -150,7 +150,7 @@ def long_context_figure(stats: Mapping[str, Any] | xr.Dataset,
     reads at 24 layers x 14 heads) a panel is an image of (heads, position): one horizontal
     stripe per head, its colour the statistic at each position, one colour bar per column.
     With ``kind="lines"`` a panel draws one line per head, coloured by head (a few layers
-    read better this way). Weights ("mass:*", "max", "self", "prev", "next") share the
+    read better this way). Weights (``"mass:*"``, "max", "self", "prev", "next") share the
     scale [0, 1]; the others run from 0 to their largest value over the layers shown. When
     the statistics come from several windows (a Dataset with a ``window`` coordinate), a
     dotted line marks where each new window starts.
@@ -195,7 +195,7 @@ def long_context_figure(stats: Mapping[str, Any] | xr.Dataset,
 
     See Also
     --------
-    smooth_positions : the moving mean along the position.
+    smooth_positions : The moving mean along the position.
 
     Examples
     --------
