@@ -15,7 +15,7 @@ NumPy (N(0, 0.02) weights, unit norm gains; nothing downloaded, no torch) and lo
                max, argmax, self, prev, next, distance) of every layer, head and query, and the
                sink mass (the weight on the first token), on one forward without maps
   stats-3sets  the same with two more key sets (every 64th token; a random tenth of the
-               tokens): the further sets take one more pass of each layer's attention
+               tokens): value columns appended to each layer's v, summed by the same call
   weights      ``model(ids)``, which keeps every map (layers, heads, n, n): refused when those
                maps alone would pass --weights-limit (8,192 tokens: 24 x 14 x 8192^2 x 4 bytes
                = 90.2 GB)
