@@ -942,7 +942,7 @@ class TransformerModel:
         columns c (B, H or H_kv, n, m), also "columns" (B, L, H, n, m): each row's sum_j
         p_ij c_j (a weighted mass of the keys, e.g. by the length of what they write)."""
         reads = _AttentionReads((), stats=names, sets=sets, n_kv_heads=self.n_kv_heads,
-                                dtype=self.dtype, columns=columns)
+                                dtype=self.dtype, columns=columns, keep_hidden=False)
         self._forward(ids, mask, type_ids, False, None, reads)
         layers = range(self.n_layers)
         out = {name: np.stack([reads.rows[l][name] for l in layers], axis=1) for name in names}
@@ -1196,6 +1196,20 @@ class TransformerModel:
         (B*n, d) C-contiguous, the residual there (written in place): the embeddings and the
         layers before it are skipped (their hidden states are NaN)."""
         raise NotImplementedError
+
+    def _hidden_buffer(self, B: int, n: int, first: int, hooks: HookPoints) -> np.ndarray:
+        """The (B, L+1, n, d) array a forward writes each layer's input and its output into
+        (NaN for the layers a resumed forward skips). A forward for row statistics only keeps
+        none of them: every layer then writes the same (B, n, d) slot (a view with stride 0
+        along the layer axis), so a long text costs one layer's hidden states, not L + 1."""
+        L, d = self.n_layers, self.d_model
+        if isinstance(hooks, _AttentionReads) and not hooks.keep_hidden:
+            slot = np.empty((B, 1, n, d), dtype=self.dtype)
+            return np.lib.stride_tricks.as_strided(
+                slot, (B, L + 1, n, d), (slot.strides[0], 0) + slot.strides[2:])
+        hidden = np.empty((B, L + 1, n, d), dtype=self.dtype)
+        hidden[:, :first] = np.nan
+        return hidden
 
     def _final_norm(self, x: np.ndarray) -> np.ndarray:
         """Pre-norm decoders: the final norm (gain and bias) over the last axis of x."""
@@ -1578,16 +1592,20 @@ class _AttentionReads(HookPoints):
     keep: {layer: (heads, rows)}. With ``keep``, no full map is recorded: hook_attn_scores
     and the hook_pattern of the other layers are left out of the cache. Filled by the
     forward: ``rows`` {layer: {name: (B, H, n_q)}, "sets" and "columns": (B, H, n_q, m)},
-    ``kept`` {layer: (B, h, r, n_k)}.
+    ``kept`` {layer: (B, h, r, n_k)}. keep_hidden False: the forward's hidden states are not
+    kept (:meth:`TransformerModel._hidden_buffer`).
     """
-    __slots__ = ("stats", "key_set", "set_values", "columns", "keep", "rows", "kept")
+    __slots__ = ("stats", "key_set", "set_values", "columns", "keep", "rows", "kept",
+                 "keep_hidden")
 
     def __init__(self, valid: Sequence[str], names: Names | Sequence[str] = None,
                  fwd_hooks: Sequence[tuple[NameFilter, HookFn]] = (), *,
                  stats: Sequence[str] = (), sets: Mapping[str, np.ndarray] | None = None,
                  n_kv_heads: int = 1, dtype: Any = np.float32, columns: Any = None,
-                 keep: dict[int, tuple[np.ndarray, Any]] | None = None) -> None:
+                 keep: dict[int, tuple[np.ndarray, Any]] | None = None,
+                 keep_hidden: bool = True) -> None:
         super().__init__(valid, names, fwd_hooks)
+        self.keep_hidden = keep_hidden
         self.columns = columns
         masks = list((sets or {}).values())
         self.stats = tuple(stats) + (("key_set_mass",) if masks else ())

@@ -179,8 +179,7 @@ class BertModel(Differentiable, TransformerModel):
         if x is None:
             x = self._embed(ids, type_ids, hooks)                       # (B*n, d)
             hooks(None, "hook_full_embed", x, (B, n, d))
-        hidden = np.empty((B, L + 1, n, d), dtype=self.dtype)
-        hidden[:, :first] = np.nan                      # layers a resumed forward skipped
+        hidden = self._hidden_buffer(B, n, first, hooks)
         attn = np.empty((B, L, H, n, n), dtype=self.dtype) if need_weights else None
         # key padding: (B, n), True = real token; None when nothing is padded
         pad_mask = None if mask.all() else np.ascontiguousarray(mask, dtype=bool)

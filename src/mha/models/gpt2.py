@@ -159,8 +159,7 @@ class GPT2Model(CausalLM, Differentiable, TransformerModel):
             else:
                 ops.embedding(self.wpe, positions, out=x)
 
-        hidden = np.empty((B, L + 1, n, d), dtype=self.dtype)
-        hidden[:, :first] = np.nan                      # layers a resumed forward skipped
+        hidden = self._hidden_buffer(B, n, first, hooks)
         attn = np.empty((B, L, H, n, n_k), dtype=self.dtype) if need_weights else None
         pad_mask = None if mask.all() else np.ascontiguousarray(mask, dtype=bool)
 

@@ -169,8 +169,7 @@ class LlamaModel(CausalLM, Differentiable, TransformerModel):
         if x is None:
             x = ops.embedding(self.embed_tokens, ids)                   # (B*n, d)
             hooks(None, "hook_embed", x, (B, n, d))
-        hidden = np.empty((B, L + 1, n, d), dtype=self.dtype)
-        hidden[:, :first] = np.nan                      # layers a resumed forward skipped
+        hidden = self._hidden_buffer(B, n, first, hooks)
         attn = np.empty((B, L, H, n, start + n), dtype=self.dtype) if need_weights else None
         pad_mask = None if mask.all() else np.ascontiguousarray(mask, dtype=bool)
 
