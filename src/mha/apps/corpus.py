@@ -5,16 +5,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
 
 from ..corpus import CorpusError, head_statistics, statistics_figure
+from ._command import CommandError, run_command
 
 __all__ = ["main"]
-
-
-class _CommandError(Exception):
-    """A problem the user can fix, reported in one line with exit status 2."""
 
 
 def _parser():
@@ -57,34 +53,34 @@ def _connect(address):
     try:
         from distributed import Client
     except ImportError:
-        raise _CommandError('--scheduler needs dask.distributed: pip install ".[corpus]" in '
+        raise CommandError('--scheduler needs dask.distributed: pip install ".[corpus]" in '
                             "mha's source folder") from None
     try:
         return Client(address, timeout="10s")
     except (OSError, TimeoutError, ValueError) as e:
-        raise _CommandError(f"cannot reach the Dask scheduler {address!r}: "
+        raise CommandError(f"cannot reach the Dask scheduler {address!r}: "
                             f"{' '.join(str(e).split())}") from None
 
 
 def _command(args):
     source = Path(args.file)
     if not source.is_file():
-        raise _CommandError(f"{args.file}: no such file")
+        raise CommandError(f"{args.file}: no such file")
     for option, value in (("--batch-size", args.batch_size), ("--batch-tokens", args.batch_tokens)):
         if value < 1:
-            raise _CommandError(f"{option} must be at least 1, got {value}")
+            raise CommandError(f"{option} must be at least 1, got {value}")
     out = Path(args.out)
     if out.suffix != ".nc":
-        raise _CommandError(f"--out {args.out}: expected a file name ending in .nc")
+        raise CommandError(f"--out {args.out}: expected a file name ending in .nc")
     if not out.parent.is_dir() or not os.access(out.parent, os.W_OK):
-        raise _CommandError(f"--out {args.out}: cannot write to the folder {str(out.parent)!r}")
+        raise CommandError(f"--out {args.out}: cannot write to the folder {str(out.parent)!r}")
     from ..models import load
 
     try:
         model = load(args.model)
     except (FileNotFoundError, ModuleNotFoundError, NotImplementedError, KeyError, ValueError,
             TypeError) as e:
-        raise _CommandError(f"cannot load the model {args.model!r}: "
+        raise CommandError(f"cannot load the model {args.model!r}: "
                             f"{' '.join(str(e).split())}") from None
     client = _connect(args.scheduler) if args.scheduler else None
     try:
@@ -94,16 +90,16 @@ def _command(args):
                                   skip_empty=args.skip_empty, norms=not args.no_norms,
                                   convention=args.convention)
     except (CorpusError, TypeError, UnicodeDecodeError) as e:
-        raise _CommandError(str(e)) from None
+        raise CommandError(str(e)) from None
     except ValueError as e:
-        raise _CommandError(str(e)) from None
+        raise CommandError(str(e)) from None
     finally:
         if client is not None:
             client.close()
     try:
         dataset.to_netcdf(out)
     except (ValueError, ImportError) as e:               # no NetCDF engine installed
-        raise _CommandError(f"cannot write {out}: {' '.join(str(e).split())} (pip install "
+        raise CommandError(f"cannot write {out}: {' '.join(str(e).split())} (pip install "
                             "netCDF4)") from None
     figure = out.with_suffix(".png")
     statistics_figure(dataset).savefig(figure, dpi=100, facecolor="white")
@@ -124,21 +120,13 @@ def main(argv=None):
         The exit status: 0 on success (or --help), 2 on a usage or input error, 130 when
         interrupted.
     """
-    parser = _parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as e:                 # --help (0) or a bad option (2, message printed)
-        return int(e.code or 0)
-    try:
-        dataset, out, figure = _command(args)
-    except _CommandError as e:
-        print(f"{parser.prog}: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"{parser.prog}: interrupted", file=sys.stderr)
-        return 130
+    return run_command(_parser(), argv, _command, _report)
+
+
+def _report(result):
+    """Print what the command did: its counts, speed and the files written."""
+    dataset, out, figure = result
     a = dataset.attrs
     print(f"{a['texts']:,} texts, {a['tokens']:,} tokens in {a['seconds']:.1f} s "
           f"({a['tokens'] / max(a['seconds'], 1e-9):,.0f} tokens/s; {a['scheduler']})")
     print(f"wrote {out}\nwrote {figure}")
-    return 0

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -24,6 +23,8 @@ try:
 except ImportError:
     raise ImportError("xarray is not installed (the command writes NetCDF with it): pip install "
                       "\".[corpus]\" in mha's source folder") from None
+
+from ._command import CommandError, run_command
 
 __all__ = ["main", "statistics_dataset", "STATS", "KEY_SETS"]
 
@@ -48,15 +49,11 @@ _DEFINITIONS = {
 }
 
 
-class _CommandError(Exception):
-    """A problem the user can fix, reported in one line with exit status 2."""
-
-
 def _names(value: str, allowed: tuple[str, ...], option: str) -> list[str]:
     names = [v.strip() for v in value.split(",") if v.strip()]
     unknown = [v for v in names if v not in allowed]
     if unknown or not names:
-        raise _CommandError(f"{option}: unknown {', '.join(map(repr, unknown)) or 'empty list'}; "
+        raise CommandError(f"{option}: unknown {', '.join(map(repr, unknown)) or 'empty list'}; "
                             f"choose from {','.join(allowed)}")
     return list(dict.fromkeys(names))
 
@@ -98,11 +95,11 @@ def _parser() -> argparse.ArgumentParser:
 
 def _writable(path: Path, option: str, suffixes: tuple[str, ...]) -> Path:
     if path.suffix not in suffixes:
-        raise _CommandError(f"{option} {path}: expected a file name ending in "
+        raise CommandError(f"{option} {path}: expected a file name ending in "
                             + " or ".join(suffixes))
     folder = path.parent
     if not folder.is_dir() or not os.access(folder, os.W_OK):
-        raise _CommandError(f"{option} {path}: cannot write to the folder {str(folder)!r}")
+        raise CommandError(f"{option} {path}: cannot write to the folder {str(folder)!r}")
     return path
 
 
@@ -111,7 +108,7 @@ def _tokenize(model, text: str, max_tokens: int | None) -> tuple[np.ndarray, lis
     from ..models import Tokenizer
 
     if model.tokenizer is None or model.folder is None:
-        raise _CommandError(f"the model {model.name!r} has no tokenizer")
+        raise CommandError(f"the model {model.name!r} has no tokenizer")
     tokenized = Tokenizer.from_folder(model.folder)(text)        # no length limit: windows
     ids, tokens = tokenized.ids, tokenized.tokens
     if max_tokens is not None:
@@ -186,42 +183,42 @@ def statistics_dataset(model, ids, *, stats=STATS, key_sets=("first",), window=N
 def _command(args):
     source = Path(args.file)
     if not source.is_file():
-        raise _CommandError(f"{args.file}: no such file")
+        raise CommandError(f"{args.file}: no such file")
     stats = _names(args.stats, STATS, "--stats")
     key_sets = _names(args.key_sets, KEY_SETS, "--key-sets")
     for option, value in (("--max-tokens", args.max_tokens), ("--window", args.window),
                           ("--smooth", args.smooth)):
         if value is not None and value < 1:
-            raise _CommandError(f"{option} must be at least 1, got {value}")
+            raise CommandError(f"{option} must be at least 1, got {value}")
     out = _writable(Path(args.out or source.with_suffix(".nc").name), "--out", (".nc",))
     figure = None if args.figure is None else _writable(Path(args.figure), "--figure",
                                                         (".png", ".svg", ".pdf"))
     try:
         text = source.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
-        raise _CommandError(f"{args.file} is not UTF-8 text: {e}") from None
+        raise CommandError(f"{args.file} is not UTF-8 text: {e}") from None
     from ..models import load
 
     try:
         model = load(args.model, dtype=args.dtype)
     except (FileNotFoundError, ModuleNotFoundError, NotImplementedError, KeyError, ValueError,
             TypeError) as e:
-        raise _CommandError(f"cannot load the model {args.model!r}: "
+        raise CommandError(f"cannot load the model {args.model!r}: "
                             f"{' '.join(str(e).split())}") from None
     ids, tokens = _tokenize(model, text, args.max_tokens)
     if len(ids) == 0:
-        raise _CommandError(f"{args.file} has no tokens")
+        raise CommandError(f"{args.file} has no tokens")
     try:
         dataset = statistics_dataset(model, ids, stats=stats, key_sets=key_sets,
                                      window=args.window, tokens=tokens, progress=not args.quiet)
     except (TypeError, ValueError) as e:
-        raise _CommandError(str(e)) from None
+        raise CommandError(str(e)) from None
     dataset.attrs.update(model=str(args.model), text_file=str(source), stats=",".join(stats),
                          key_sets=",".join(key_sets), dtype=args.dtype)
     try:
         dataset.to_netcdf(out)
     except (ValueError, ImportError) as e:               # no NetCDF engine installed
-        raise _CommandError(f"cannot write {out}: {' '.join(str(e).split())} (pip install "
+        raise CommandError(f"cannot write {out}: {' '.join(str(e).split())} (pip install "
                             "netCDF4)") from None
     if figure is not None:
         _draw(dataset, figure, args.smooth)
@@ -233,7 +230,7 @@ def _draw(dataset, path: Path, smooth: int | None) -> None:
 
     quantities = [q for q in ("mass:first", "entropy") if q in dataset.data_vars]
     if not quantities:
-        raise _CommandError("--figure draws the sink mass and the entropy: keep 'entropy' in "
+        raise CommandError("--figure draws the sink mass and the entropy: keep 'entropy' in "
                             "--stats or 'first' in --key-sets")
     smooth = max(1, dataset.attrs["tokens"] // 256) if smooth is None else smooth
     name = Path(str(dataset.attrs["model"])).name
@@ -259,21 +256,13 @@ def main(argv=None):
         The exit status: 0 on success (or --help), 2 on a usage or input error, 130 when
         interrupted.
     """
-    parser = _parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as e:                 # --help (0) or a bad option (2, message printed)
-        return int(e.code or 0)
-    try:
-        dataset, out, figure = _command(args)
-    except _CommandError as e:
-        print(f"{parser.prog}: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"{parser.prog}: interrupted", file=sys.stderr)
-        return 130
+    return run_command(_parser(), argv, _command, _report)
+
+
+def _report(result):
+    """Print what the command did: its counts, speed and the files written."""
+    dataset, out, figure = result
     a = dataset.attrs
     print(f"{a['tokens']:,} tokens in {a['windows']} window(s) of at most {a['window_tokens']:,} "
           f"in {a['seconds']:.1f} s ({a['tokens'] / max(a['seconds'], 1e-9):,.0f} tokens/s)")
     print(f"wrote {out}" + ("" if figure is None else f"\nwrote {figure}"))
-    return 0

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from ...checks import positive_int
+from .._command import run_command
 from .figures import FIGURES, FILES, Tour, TourError
 from .page import write_index
 from .schedule import draw_all
@@ -167,24 +168,18 @@ def _positive_int(text):
 
 def main(argv=None):
     """Entry point of `python -m mha tour`; returns the exit status (0 ok, 2 error)."""
-    parser = _parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as e:                 # --help (0) or a bad option (2, message printed)
-        return int(e.code or 0)
     start = time.perf_counter()
-    try:
+
+    def command(args):
         entries = run(args.out, args.model, quick=args.quick, threads=args.threads,
                       progress=not args.quiet, jobs=args.jobs or _default_jobs())
-    except TourError as e:
-        print(f"{parser.prog}: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"{parser.prog}: interrupted", file=sys.stderr)
-        return 130
-    out = Path(args.out)
-    print(f"wrote {len(entries) + 1} files to {out} in {time.perf_counter() - start:.0f} s:")
-    for name, _, _ in entries:
-        print(f"  {out / name}")
-    print(f"  {out / 'index.html'}  <- open this one")
-    return 0
+        return Path(args.out), entries
+
+    def report(result):
+        out, entries = result
+        print(f"wrote {len(entries) + 1} files to {out} in {time.perf_counter() - start:.0f} s:")
+        for name, _, _ in entries:
+            print(f"  {out / name}")
+        print(f"  {out / 'index.html'}  <- open this one")
+
+    return run_command(_parser(), argv, command, report, errors=(TourError,))
