@@ -1271,12 +1271,20 @@ class TransformerModel:
         hook_rot_q, hook_rot_k, then those of ``_attention`` and ``_project``.
         """
         H, H_kv, d_head = self.n_heads, self.n_kv_heads, self.d_head
-        qkv = ops.linear(h, self._dense((layer, "W_qkv"), p["W_qkv"]), p.get("b_qkv"))
+        W_qkv, b_qkv = self._dense((layer, "W_qkv"), p["W_qkv"]), p.get("b_qkv")
+        # q, k and v all kept and never turned: the cache holds qkv itself, from its blocks
+        owned = rope is None and all(hooks.keeps(layer, f"attn.hook_{x}") for x in "qkv")
+        if owned:
+            qkv = hooks.empty(layer, "attn.hook_q", (B * n, W_qkv.columns), self.dtype)
+            qkv.fill(0)
+            ops.linear(h, W_qkv, b_qkv, out=qkv)
+        else:
+            qkv = ops.linear(h, W_qkv, b_qkv)
         if hooks:                                   # (B, n, heads, d_head) views of qkv
             parts = qkv.reshape(B, n, H + 2 * H_kv, d_head)
-            hooks(layer, "attn.hook_q", parts[:, :, :H])
-            hooks(layer, "attn.hook_k", parts[:, :, H:H + H_kv])
-            hooks(layer, "attn.hook_v", parts[:, :, H + H_kv:])
+            hooks(layer, "attn.hook_q", parts[:, :, :H], owned=owned)
+            hooks(layer, "attn.hook_k", parts[:, :, H:H + H_kv], owned=owned)
+            hooks(layer, "attn.hook_v", parts[:, :, H + H_kv:], owned=owned)
         if rope is not None:                                     # q and k turned in place
             ops.rope_(qkv, H + H_kv, d_head, *rope)
             if hooks:

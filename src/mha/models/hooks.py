@@ -131,29 +131,34 @@ def _resolve(selector: NameFilter, valid: Sequence[str]) -> list[str]:
 
 
 class _Arena:
-    """The memory of one forward's recorded activations: arrays carved in turn from blocks of
-    ``BLOCK`` bytes, each array 64-byte aligned; an array of ``OWN`` bytes or more is allocated
-    on its own (NumPy asks the system for huge pages for those already).
+    """The memory of one forward's recorded activations: once the call has recorded ``LOOSE``
+    bytes in arrays of their own, the next arrays are carved in turn from blocks of ``BLOCK``
+    bytes, each 64-byte aligned; an array of ``OWN`` bytes or more is always allocated on its
+    own (NumPy asks the system for huge pages for those already).
 
     A block is one allocation that NumPy advises the kernel to back with huge pages (2 MiB on
-    x86-64 Linux with transparent huge pages in "madvise" or "always" mode): a call's cache
-    then costs a few hundred page faults instead of one per 4 KiB page. A cached array keeps
-    its block alive (the block's untouched pages cost no memory).
+    x86-64 Linux with transparent huge pages in "madvise" or "always" mode): a large cache
+    then costs a few hundred page faults instead of one per 4 KiB page, each call. A small
+    cache (a few patterns) stays in arrays of their own. A cached array keeps its block alive
+    (the block's untouched pages cost no memory).
     """
-    __slots__ = ("_block", "_used")
+    __slots__ = ("_block", "_used", "_loose")
 
     BLOCK = 32 << 20
     OWN = 4 << 20
+    LOOSE = 2 << 20
 
     def __init__(self) -> None:
         self._block: np.ndarray | None = None
         self._used = 0
+        self._loose = 0
 
     def empty(self, shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
         """An uninitialised C-contiguous array of this shape and dtype."""
         dtype = np.dtype(dtype)
         nbytes = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
-        if nbytes >= self.OWN:
+        if nbytes >= self.OWN or self._loose < self.LOOSE:
+            self._loose += nbytes
             return np.empty(shape, dtype)
         start = -(-self._used // 64) * 64
         if self._block is None or start + nbytes > self._block.size:
@@ -226,11 +231,15 @@ class HookPoints:
         """Whether a hook may change the activation at this point."""
         return bool(self._hooks) and _join(layer, point) in self._hooks
 
+    def keeps(self, layer: int | None, point: str) -> bool:
+        """Whether the activation at this point goes into the cache."""
+        return _join(layer, point) in self._keep
+
     def empty(self, layer: int | None, point: str, shape: tuple[int, ...],
               dtype: np.dtype | type) -> np.ndarray:
         """A new C-contiguous array for the activation at a point, to be recorded with
         ``owned=True``: carved from the forward's blocks when the point is kept."""
-        if _join(layer, point) in self._keep:
+        if self.keeps(layer, point):
             return self._arena.empty(shape, dtype)
         return np.empty(shape, dtype)
 
