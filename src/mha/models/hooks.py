@@ -7,7 +7,8 @@ A forward visits its hook points in order (``hook_embed``, then for each block
 hooked) before computing anything extra, so a forward with nothing asked costs what it cost
 without hooks; a wanted point gets its activation as a view of the forward's own buffer
 (batch first, TransformerLens's shapes), runs the hooks on it, writes a replacement back into
-the buffer and records a copy.
+the buffer and records a copy of it, or the buffer itself when the forward made it for the
+point and does not write it again.
 
 The arrays a forward records are carved from a few large blocks (:class:`_Arena`) rather
 than allocated one by one: the C library's allocator gives large freed arrays back to the
