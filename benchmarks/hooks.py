@@ -13,20 +13,23 @@ this one imports torch only with --torch-first) on 256 tokens. For each, a round
   but ``attn.hook_result``, which is kept only when named), in one forward;
 
 the first going first in odd rounds. Reported: the median over the rounds, the spread (lowest,
-highest), the minor page faults of a call and the ratio of the medians; the target is at most
-1.2x. The machine may be shared: the spread says how much the load moved the numbers.
+highest), the minor page faults of a call, the ratio of the medians, and the median and spread
+of the ratio within each round (the two calls of a round run back to back, so that ratio moves
+less when the load on a shared machine changes between rounds); the target is at most 1.2x.
 
-Most of run_with_cache's extra time is the first touch of the memory its cache is made of:
-glibc gives the freed arrays of one call back to the system (they are larger than its mmap
-and trim thresholds), so each call faults in new pages (about 34 MiB a call for MiniLM, 275
-MiB for GPT-2 here). With the allocator told to keep them,
+run_with_cache carves the arrays of a large cache from 32 MiB blocks that NumPy asks the
+kernel to back with huge pages: a call faults in a few hundred pages, where arrays allocated
+one by one would fault in each 4 KiB page anew every call (about 9,100 pages for MiniLM and
+69,500 for GPT-2; glibc gives large freed arrays back to the system). The page faults of a
+call are printed. Telling glibc to keep freed memory,
 
     MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=4294967296 python benchmarks/hooks.py
 
-a call after the first faults in nothing, and both the forward and run_with_cache run faster. ``--profile`` prints where
-run_with_cache's time goes (cProfile, by function, own time); ``--breakdown`` times it
-without each kind of hook point in turn (scores, pattern, the MLP's pre-activation, the
-norms' steps, q/k/v/z, the residual stream), which says what each kind costs.
+spares the forward's own faults too (a choice for the process that runs it, not one a
+library makes behind its back). ``--profile`` prints where run_with_cache's time goes
+(cProfile, by function, own time); ``--breakdown`` times it without each kind of hook point
+in turn (scores, pattern, the MLP's pre-activation, the norms' steps, q/k/v/z, the residual
+stream), which says what each kind costs.
 """
 import argparse
 import importlib
@@ -87,13 +90,13 @@ def time_case(model, ids, rounds):
 
 #: what --breakdown leaves out of "every name", one kind at a time (the suffix of the names)
 LEFT_OUT = {
-    "attn.hook_attn_scores": "the scores (computed beside the kernel)",
+    "attn.hook_attn_scores": "the scores (written by the attention kernel)",
     "attn.hook_pattern": "the pattern",
     "mlp.hook_pre": "the MLP's input to the activation (unfuses it)",
     "ln1.hook_scale|ln1.hook_normalized|ln2.hook_scale|ln2.hook_normalized|"
     "ln_final.hook_scale|ln_final.hook_normalized": "the norms' steps (unfuses them)",
     "attn.hook_q|attn.hook_k|attn.hook_v|attn.hook_rot_q|attn.hook_rot_k|attn.hook_z":
-        "q, k, v, z (copies)",
+        "q, k, v, z",
     "hook_resid_pre|hook_resid_mid|hook_resid_post": "the residual stream (copies)",
 }
 
@@ -183,6 +186,9 @@ def main(argv=None):
         fastest = min(times["run_with_cache"]) / min(times["forward"])
         print(f"  run_with_cache / forward: {ratio:.2f}x of the medians, {fastest:.2f}x of the "
               f"fastest rounds (target at most 1.2x)")
+        rounds = [c / f for c, f in zip(times["run_with_cache"], times["forward"])]
+        print(f"  the same ratio round by round: median {statistics.median(rounds):.2f}x, "
+              f"spread {min(rounds):.2f} .. {max(rounds):.2f}")
 
 
 if __name__ == "__main__":

@@ -208,7 +208,8 @@ static void FN(row_stats_store)(const TY(mha_row_stats) *o, int64_t at, const FN
  * [i0, i0 + rows) of head (b, h). On entry P holds scale * q k^T; masks are applied here.
  * A row with no finite score becomes all zeros and is flagged in dead[r]. lse[r] (if not
  * NULL) gets the row's log-sum-exp, -inf for a dead row; st->out (if not NULL) the row's
- * statistics (st->in_set holding the key set's first n_vis keys). */
+ * statistics (st->in_set holding the key set's first n_vis keys); d->scores (if not NULL) the
+ * masked scores of the rows' n_k keys, -inf past those each row may see. */
 static void FN(softmax_rows)(real *P, uint8_t *dead, real *lse, int64_t ld, int64_t rows,
                              int64_t n_vis, int64_t b, int64_t h, int64_t i0,
                              const mha_attention_desc *d, const FN(stats_scratch) *st) {
@@ -216,6 +217,11 @@ static void FN(softmax_rows)(real *P, uint8_t *dead, real *lse, int64_t ld, int6
     for (int64_t r = 0; r < rows; r++) {
         real *p = P + r * ld;
         const int64_t n_row = FN(mask_row)(p, n_vis, b, h, i0 + r, 0, d);
+        if (d->scores) {
+            real *s = (real *)d->scores + (at0 + r) * d->n_k;
+            memcpy(s, p, (size_t)n_row * sizeof(real));
+            for (int64_t j = n_row; j < d->n_k; j++) s[j] = -INFINITY;
+        }
         real m = VN(mha_max)(p, n_row); /* NaN reaches the row through the sum */
         FN(row_acc) acc;
         dead[r] = m == -INFINITY;
@@ -547,6 +553,7 @@ static void FN(weights_forward_task)(void *ctx, int64_t task, int thread) {
 
 /* Forward
  * out: (B, H, n_q, d_v) by d->out   weights: (B, H, n_q, n_k) contiguous or NULL
+ * d->scores: (B, H, n_q, n_k) contiguous or NULL (with weights only): the masked scores
  * lse: (B, H, n_q) contiguous or NULL: each row's log-sum-exp of its masked, scaled scores
  * (what the backward needs to rebuild P; -inf for a fully masked row)
  * q: (B, H, n_q, d_k)   k: (B, H_kv, n_k, d_k)   v: (B, H_kv, n_k, d_v)
@@ -556,7 +563,9 @@ static int FN(mha_attention_forward_lse)(real *out, real *weights, real *lse, co
                                          const real *k, const real *v,
                                          const mha_attention_desc *d) {
     const TY(mha_row_stats) *stats = d->row_stats;
-    if (FN(check_desc)(d) || (stats && stats->key_set_mass && !stats->key_set)) return MHA_EINVAL;
+    if (FN(check_desc)(d) || (stats && stats->key_set_mass && !stats->key_set) ||
+        (d->scores && !weights))
+        return MHA_EINVAL;
     const int64_t B = d->batch, H = d->heads;
     /* nothing to write (this also bounds the task count below by an array's size) */
     if (NONE(B, H, d->n_q, d->d_v) && (!weights || NONE(B, H, d->n_q, d->n_k)) &&

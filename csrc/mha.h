@@ -57,6 +57,10 @@ typedef struct {
     /* row statistics: the mha_row_stats_f32 / _f64 of mha_attention_forward_stats_f32 / _f64
      * (which set it on a copy of the descriptor), NULL otherwise                          */
     const void *row_stats;
+    /* scores: NULL, or (B, H, n_q, n_k) contiguous, of q's type, written by the forward with
+     * weights (weights not NULL, else MHA_EINVAL): each scale * q k^T with the masks applied,
+     * -inf at every key a mask, the key padding or causality hides (the input of the softmax) */
+    void *scores;
 } mha_attention_desc;
 
 /* Fills a descriptor with contiguous views for (B, H, n, d) arrays, no mask, scale 1/sqrt(d_k). */

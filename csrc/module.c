@@ -545,7 +545,7 @@ static PyObject *row_stats_dict(PyArrayObject *arrays[N_ROW_STATS]) {
 
 static const char *const attention_kw[] = {"q", "k", "v", "mask", "key_padding_mask", "causal", "scale",
                                            "dropout", "seed", "need_weights", "return_lse", "out",
-                                           "weights_out", "row_stats", "key_set", NULL};
+                                           "weights_out", "row_stats", "key_set", "scores_out", NULL};
 static call_spec attention_spec = {"attention_forward", attention_kw, 3, {NULL}};
 
 /* -> (out, weights|None), or (out, weights|None, lse) with return_lse, then {name: stats} with
@@ -556,7 +556,9 @@ static call_spec attention_spec = {"attention_forward", attention_kw, 3, {NULL}}
  * q, k, v: strided views are read in place (get_view). out: None, or a writable view of the
  * output's shape to write into (get_view: e.g. the heads of a (B, n_q, H * d_v) buffer, so that
  * they need no merging); weights_out: None, or a C-contiguous array of the weights' shape (with
- * need_weights). What is written into is what is returned. */
+ * need_weights). scores_out: None, or a C-contiguous array of the weights' shape (with
+ * need_weights) that receives the masked, scaled scores (-inf where masked); not returned.
+ * What is written into is what is returned. */
 static PyObject *py_attention_forward(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     (void)self;
     PyObject *a[MAX_PARAMS];
@@ -564,13 +566,14 @@ static PyObject *py_attention_forward(PyObject *self, PyObject *const *args, Py_
     PyObject *q_obj = a[0], *k_obj = a[1], *v_obj = a[2], *mask_obj = OR_NONE(a[3]), *kp_obj = OR_NONE(a[4]);
     attention_scalars sc = {a[5], a[6], a[7], a[8]};
     PyObject *need_obj = a[9], *lse_obj = a[10], *out_obj = OR_NONE(a[11]), *w_obj = OR_NONE(a[12]);
-    PyObject *stats_obj = a[13], *ks_obj = OR_NONE(a[14]);
+    PyObject *stats_obj = a[13], *ks_obj = OR_NONE(a[14]), *scores_obj = OR_NONE(a[15]);
     int typenum = float_type(q_obj, "q"), need_weights = 1, return_lse = 0, asked[N_ROW_STATS];
     if (typenum < 0 || get_flag(need_obj, "need_weights", &need_weights) || get_flag(lse_obj, "return_lse", &return_lse) ||
         parse_row_stats(stats_obj, asked))
         return NULL;
     const int want_stats = stats_obj && stats_obj != Py_None;
-    PyArrayObject *q, *k, *v, *out = NULL, *weights = NULL, *lse = NULL, *stat_arrays[N_ROW_STATS] = {NULL};
+    PyArrayObject *q, *k, *v, *out = NULL, *weights = NULL, *lse = NULL, *scores = NULL;
+    PyArrayObject *stat_arrays[N_ROW_STATS] = {NULL};
     mha_attention_desc d;
     attention_shapes s;
     const uint8_t *key_set;
@@ -596,6 +599,16 @@ static PyObject *py_attention_forward(PyObject *self, PyObject *const *args, Py_
         Py_INCREF(w);
         weights = w;
     } else if (need_weights && !(weights = new_array(s.rank, s.scores, typenum, 0))) goto fail;
+    if (scores_obj != Py_None) {
+        if (!need_weights) {
+            PyErr_SetString(PyExc_ValueError, "scores_out needs need_weights=True");
+            goto fail;
+        }
+        if (!(scores = get_output_array(scores_obj, "scores_out", typenum, -1)) ||
+            expect_shape(scores, "scores_out", s.rank, s.scores, "the scores have shape"))
+            goto fail;
+        d.scores = PyArray_DATA(scores);
+    }
     if (return_lse && !(lse = new_array(s.rank - 1, s.out, typenum, 0))) goto fail; /* (..., n_q) */
     for (int i = 0; i < N_ROW_STATS; i++) /* (..., n_q) */
         if (asked[i] && !(stat_arrays[i] = new_array(s.rank - 1, s.out, i == ROW_STAT_ARGMAX ? NPY_INT64 : typenum, 0)))
@@ -1939,7 +1952,7 @@ static PyObject *py_build_info(PyObject *self, PyObject *unused) {
 
 static PyMethodDef methods[] = {
     {"attention_forward", (PyCFunction)(void (*)(void))py_attention_forward, METH_FASTCALL | METH_KEYWORDS,
-     "attention_forward(q, k, v, mask, key_padding_mask, causal, scale, dropout, seed, need_weights, return_lse, out, weights_out) -> (out, weights[, lse])"},
+     "attention_forward(q, k, v, mask, key_padding_mask, causal, scale, dropout, seed, need_weights, return_lse, out, weights_out, row_stats, key_set, scores_out) -> (out, weights[, lse][, stats])"},
     {"attention_backward", (PyCFunction)(void (*)(void))py_attention_backward, METH_FASTCALL | METH_KEYWORDS,
      "attention_backward(d_out, q, k, v, mask, key_padding_mask, causal, scale, dropout, seed, out, lse) -> (dq, dk, dv)"},
     {"layer_forward", (PyCFunction)(void (*)(void))py_layer_forward, METH_FASTCALL | METH_KEYWORDS,

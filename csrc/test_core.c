@@ -180,6 +180,60 @@ typedef struct {
     double dropout;
 } attention_case;
 
+/* The worst difference between the scores a forward wrote (float or double, by `single`) and
+ * the naive twin's: scale * q k^T, -inf where the mask or causality hides the key. A key
+ * hidden in one and not in the other counts as an infinite difference. */
+static double scores_error(const void *got, int single, const double *q, const double *k,
+                           const uint8_t *mask, const mha_attention_desc *d) {
+    const int64_t group = d->heads / d->kv_heads;
+    double worst = 0;
+    for (int64_t b = 0; b < d->batch; b++)
+        for (int64_t h = 0; h < d->heads; h++)
+            for (int64_t i = 0; i < d->n_q; i++)
+                for (int64_t j = 0; j < d->n_k; j++) {
+                    const int64_t at = ((b * d->heads + h) * d->n_q + i) * d->n_k + j;
+                    const double *q_i = q + ((b * d->heads + h) * d->n_q + i) * d->d_k;
+                    const double *k_j = k + ((b * d->kv_heads + h / group) * d->n_k + j) * d->d_k;
+                    double want = 0;
+                    for (int64_t c = 0; c < d->d_k; c++) want += q_i[c] * k_j[c];
+                    want *= d->scale;
+                    if ((mask && !mask[at]) || (d->causal && j > i + d->n_k - d->n_q)) want = -INFINITY;
+                    const double s = single ? ((const float *)got)[at] : ((const double *)got)[at];
+                    if (isinf(want) || isinf(s)) worst = s == want ? worst : INFINITY;
+                    else worst = fmax(worst, fabs(s - want) / fmax(1, fabs(want)));
+                }
+    return worst;
+}
+
+/* scores_out: the softmax's input, beside the weights, in both types; it needs the weights. */
+static void test_attention_scores(const attention_case *c, const mha_attention_desc *desc,
+                                  const double *q, const double *k, const double *v,
+                                  const uint8_t *mask) {
+    mha_attention_desc d = *desc;
+    const size_t nq = c->B * c->H * c->n_q * c->d_k, nk = c->B * c->H_kv * c->n_k * c->d_k;
+    const size_t nv = c->B * c->H_kv * c->n_k * c->d_v, no = c->B * c->H * c->n_q * c->d_v;
+    const size_t nw = c->B * c->H * c->n_q * c->n_k;
+    double *out = malloc(no * 8), *w = malloc(nw * 8), *scores = malloc(nw * 8 + 8);
+    d.scores = scores;
+    expect(mha_attention_forward_f64(out, NULL, q, k, v, &d) == MHA_EINVAL,
+           "scores without weights is refused", 0, 0);
+    int err = mha_attention_forward_f64(out, w, q, k, v, &d);
+    double e = scores_error(scores, 0, q, k, mask, &d);
+    expect(!err && e <= 1e-12, "attention scores_out (float64) against the naive scores", e, 1e-12);
+    float *qf = malloc(nq * 4), *kf = malloc(nk * 4), *vf = malloc(nv * 4);
+    float *of = malloc(no * 4), *wf = malloc(nw * 4), *sf = malloc(nw * 4 + 4);
+    double *qr = malloc(nq * 8), *kr = malloc(nk * 8); /* the float inputs, widened */
+    for (size_t i = 0; i < nq; i++) qr[i] = qf[i] = (float)q[i];
+    for (size_t i = 0; i < nk; i++) kr[i] = kf[i] = (float)k[i];
+    for (size_t i = 0; i < nv; i++) vf[i] = (float)v[i];
+    d.scores = sf;
+    err = mha_attention_forward_f32(of, wf, qf, kf, vf, &d);
+    e = scores_error(sf, 1, qr, kr, mask, &d);
+    expect(!err && e <= 1e-5, "attention scores_out (float32) against the naive scores", e, 1e-5);
+    free(out), free(w), free(scores), free(qf), free(kf), free(vf), free(of), free(wf), free(sf);
+    free(qr), free(kr);
+}
+
 static void test_attention_case(attention_case c) {
     mha_attention_desc d;
     mha_attention_desc_init(&d, c.B, c.H, c.H_kv, c.n_q, c.n_k, c.d_k, c.d_v);
@@ -215,6 +269,7 @@ static void test_attention_case(attention_case c) {
     mha_attention_forward_f64(out2, NULL, q, k, v, &d);
     err = max_abs_diff(out2, out_ref, no);
     expect(err <= 1e-12, "need_weights=false (fused path) matches the naive twin", err, 1e-12);
+    test_attention_scores(&c, &d, q, k, v, mask);
 
     /* float32 from the same source */
     float *qf = malloc(nq * 4), *kf = malloc(nk * 4), *vf = malloc(nv * 4), *of = malloc(no * 4);

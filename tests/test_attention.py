@@ -661,6 +661,49 @@ def test_lse_is_the_log_sum_exp_of_the_masked_scores(need_weights, n_q, n_k, cau
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n_q, n_k, causal, mask_kind", [
+    (5, 7, False, "bool"), (70, 300, True, "bool"), (300, 270, True, None), (9, 9, False, "float")])
+def test_scores_out_holds_the_masked_scaled_scores(dtype, n_q, n_k, causal, mask_kind):
+    # the kernel's softmax input beside its weights: scale q k^T, masks applied, -inf at every
+    # hidden key (mask, key padding, causality), grouped-query heads reading their key head
+    from mha import _core
+    r = np.random.default_rng(12)
+    q = r.standard_normal((2, 4, n_q, 16)).astype(dtype)
+    k, v = r.standard_normal((2, 2, n_k, 16)).astype(dtype), r.standard_normal((2, 2, n_k, 8)).astype(dtype)
+    mask = None
+    if mask_kind == "bool":
+        mask = r.random((n_q, n_k)) < 0.8
+        mask[1] = False                                          # a fully masked row
+    elif mask_kind == "float":
+        mask = r.standard_normal((n_q, n_k)).astype(dtype)
+    padding = np.ones((2, n_k), bool)
+    padding[1, -3:] = False
+    scores = np.full((2, 4, n_q, n_k), np.nan, dtype)
+    kw = dict(mask=None if mask is None else np.broadcast_to(mask, scores.shape),
+              key_padding_mask=padding, causal=causal, need_weights=True)
+    out, weights = _core.attention_forward(q, k, v, scores_out=scores, **kw)
+    want = _masked_scores(q.astype(np.float64), np.repeat(k, 2, axis=1).astype(np.float64),
+                          mask, causal)
+    want = np.where(padding[:, None, None, :], want, -np.inf)
+    hidden = np.isneginf(want)
+    assert hidden.any() and np.array_equal(np.isneginf(scores), hidden)
+    assert_close(scores[~hidden], want[~hidden], TOL[dtype], "scores_out")
+    plain_out, plain_weights = _core.attention_forward(q, k, v, **kw)    # left as they were
+    assert np.array_equal(out, plain_out) and np.array_equal(weights, plain_weights)
+
+
+def test_scores_out_errors():
+    from mha import _core
+    q = k = v = np.zeros((1, 2, 5, 4))
+    with pytest.raises(ValueError, match="scores_out needs need_weights=True"):
+        _core.attention_forward(q, k, v, need_weights=False, scores_out=np.empty((1, 2, 5, 5)))
+    with pytest.raises(ValueError, match="scores_out.*scores have shape"):
+        _core.attention_forward(q, k, v, scores_out=np.empty((1, 2, 5, 4)))
+    with pytest.raises(ValueError, match="scores_out must be C-contiguous"):
+        _core.attention_forward(q, k, v, scores_out=np.empty((1, 2, 5, 10))[..., ::2])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("dropout", [0.0, 0.3])
 def test_backward_from_saved_out_and_lse_equals_the_stateless_one(dtype, dropout):
     r = np.random.default_rng(8)

@@ -321,6 +321,29 @@ def test_names_keep_only_what_is_asked(tiny):
     assert every["scale"] is every["ln_final.hook_scale"] and ("pattern", 0) in every
 
 
+def test_a_large_cache_is_carved_from_blocks_a_small_one_is_not():
+    # past its first LOOSE bytes, a call's recorded arrays come from a few large blocks (faulted
+    # in by huge pages, not page by page), no two activations sharing an element; a cache
+    # of one pattern is an array of its own
+    from mha.models.hooks import _Arena
+    model = mha.models.load("minilm")
+    _, cache = model.run_with_cache(np.arange(1000, 1064))
+    arrays = list(cache.values())
+    total = sum(a.nbytes for a in arrays)
+    carved = [a for a in arrays if a.base is not None and a.base.nbytes == _Arena.BLOCK]
+    blocks = {id(a.base) for a in carved}
+    assert total > 4 * _Arena.LOOSE
+    assert sum(a.nbytes for a in carved) >= total - _Arena.LOOSE - max(a.nbytes for a in arrays)
+    assert len(blocks) <= total // _Arena.BLOCK + 2
+    for i, a in enumerate(carved):
+        for b in carved[i + 1:]:
+            assert a.base is not b.base or not np.shares_memory(a, b)
+    _, small = model.run_with_cache(np.arange(1000, 1064), names=["blocks.1.attn.hook_pattern"])
+    assert small["pattern", 1].base is None
+    # (layer 0 ran the kernel without weights, which rounds otherwise)
+    assert np.abs(small["pattern", 1] - cache["pattern", 1]).max() < 1e-5
+
+
 def test_get_act_name_as_transformer_lens():
     assert get_act_name("k", 6, "a") == "blocks.6.attn.hook_k"
     assert get_act_name("pre", 2) == "blocks.2.mlp.hook_pre"

@@ -29,6 +29,7 @@ def attention_forward(
     dropout: float = 0.0, seed: int | None = None, need_weights: bool = True,
     return_lse: Literal[False] = False, out: _Array | None = None,
     weights_out: _Array | None = None, row_stats: None = None, key_set: None = None,
+    scores_out: _Array | None = None,
 ) -> tuple[_Array, _Array | None]: ...
 @overload
 def attention_forward(
@@ -37,6 +38,7 @@ def attention_forward(
     dropout: float = 0.0, seed: int | None = None, need_weights: bool = True, *,
     return_lse: Literal[True], out: _Array | None = None, weights_out: _Array | None = None,
     row_stats: None = None, key_set: None = None,
+    scores_out: _Array | None = None,
 ) -> tuple[_Array, _Array | None, _Array]: ...
 @overload
 def attention_forward(
@@ -45,7 +47,7 @@ def attention_forward(
     dropout: float = 0.0, seed: int | None = None, need_weights: bool = True,
     return_lse: Literal[False] = False, out: _Array | None = None,
     weights_out: _Array | None = None, *, row_stats: Sequence[str],
-    key_set: _Array | None = None,
+    key_set: _Array | None = None, scores_out: _Array | None = None,
 ) -> tuple[_Array, _Array | None, dict[str, _Array]]: ...
 @overload
 def attention_forward(
@@ -53,7 +55,7 @@ def attention_forward(
     key_padding_mask: ArrayLike | None = None, causal: bool = False, scale: float | None = None,
     dropout: float = 0.0, seed: int | None = None, need_weights: bool = True, *,
     return_lse: Literal[True], out: _Array | None = None, weights_out: _Array | None = None,
-    row_stats: Sequence[str], key_set: _Array | None = None,
+    row_stats: Sequence[str], key_set: _Array | None = None, scores_out: _Array | None = None,
 ) -> tuple[_Array, _Array | None, _Array, dict[str, _Array]]: ...
 def attention_backward(
     d_out: ArrayLike, q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None = None,

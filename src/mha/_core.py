@@ -29,7 +29,7 @@ __all__ = [
 
 def attention_forward(q, k, v, *, mask=None, key_padding_mask=None, causal=False, scale=None,
                       dropout=0.0, seed=None, need_weights=True, return_lse=False, out=None,
-                      weights_out=None, row_stats=None, key_set=None):
+                      weights_out=None, row_stats=None, key_set=None, scores_out=None):
     """softmax(scale * q k^T + mask) v -> (out, weights or None[, lse][, stats]).
 
     q (..., n_q, d_k), k (..., n_k, d_k), v (..., n_k, d_v) of one rank, 2, 3 or 4 ((B, H, n,
@@ -40,12 +40,14 @@ def attention_forward(q, k, v, *, mask=None, key_padding_mask=None, causal=False
     weights_out: None or a C-contiguous array of the weights' shape. row_stats: None or a
     sequence of names ("entropy", "max", "argmax", "key_set_mass", "self", "prev", "next",
     "distance"): stats is then {name: (..., n_q)}; key_set: bool (n_k,) or (B, n_k)
-    C-contiguous, given exactly with "key_set_mass".
+    C-contiguous, given exactly with "key_set_mass". scores_out: None or a C-contiguous array
+    of the weights' shape (need_weights=True) that receives the softmax's input, scale * q k^T
+    with the masks applied (-inf where a key is hidden).
     """
     return _C.attention_forward(
         q=q, k=k, v=v, mask=mask, key_padding_mask=key_padding_mask, causal=causal, scale=scale,
         dropout=dropout, seed=seed, need_weights=need_weights, return_lse=return_lse, out=out,
-        weights_out=weights_out, row_stats=row_stats, key_set=key_set)
+        weights_out=weights_out, row_stats=row_stats, key_set=key_set, scores_out=scores_out)
 
 
 def attention_backward(d_out, q, k, v, *, mask=None, key_padding_mask=None, causal=False,

@@ -1253,9 +1253,11 @@ class TransformerModel:
                 x, gain, bias, eps)
         d = x.shape[-1]
         centered = x if bias is None else x - x.mean(axis=-1, keepdims=True)
-        scale = np.sqrt(np.mean(np.square(centered), axis=-1, keepdims=True) + eps)
+        scale = np.sqrt(np.mean(np.square(centered), axis=-1, keepdims=True) + eps,
+                        out=hooks.empty(layer, name + ".hook_scale", (B * n, 1), x.dtype))
         hooks(layer, name + ".hook_scale", scale, (B, n, 1), owned=True)
-        normalized = centered / scale
+        normalized = np.divide(centered, scale, out=hooks.empty(
+            layer, name + ".hook_normalized", (B * n, d), x.dtype))
         hooks(layer, name + ".hook_normalized", normalized, (B, n, d), owned=True)
         out = x if inplace else np.empty_like(x)
         np.multiply(normalized, gain, out=out)
@@ -1283,12 +1285,20 @@ class TransformerModel:
         hook_rot_q, hook_rot_k, then those of ``_attention`` and ``_project``.
         """
         H, H_kv, d_head = self.n_heads, self.n_kv_heads, self.d_head
-        qkv = ops.linear(h, self._dense((layer, "W_qkv"), p["W_qkv"]), p.get("b_qkv"))
+        W_qkv, b_qkv = self._dense((layer, "W_qkv"), p["W_qkv"]), p.get("b_qkv")
+        # q, k and v all kept and never turned: the cache holds qkv itself, from its blocks
+        owned = rope is None and all(hooks.keeps(layer, f"attn.hook_{x}") for x in "qkv")
+        if owned:
+            qkv = hooks.empty(layer, "attn.hook_q", (B * n, W_qkv.columns), self.dtype)
+            qkv.fill(0)
+            ops.linear(h, W_qkv, b_qkv, out=qkv)
+        else:
+            qkv = ops.linear(h, W_qkv, b_qkv)
         if hooks:                                   # (B, n, heads, d_head) views of qkv
             parts = qkv.reshape(B, n, H + 2 * H_kv, d_head)
-            hooks(layer, "attn.hook_q", parts[:, :, :H])
-            hooks(layer, "attn.hook_k", parts[:, :, H:H + H_kv])
-            hooks(layer, "attn.hook_v", parts[:, :, H + H_kv:])
+            hooks(layer, "attn.hook_q", parts[:, :, :H], owned=owned)
+            hooks(layer, "attn.hook_k", parts[:, :, H:H + H_kv], owned=owned)
+            hooks(layer, "attn.hook_v", parts[:, :, H + H_kv:], owned=owned)
         if rope is not None:                                     # q and k turned in place
             ops.rope_(qkv, H + H_kv, d_head, *rope)
             if hooks:
@@ -1317,9 +1327,10 @@ class TransformerModel:
         each head's output) are applied here. The kernel is called directly (mha._core), without
         mha.attention's dtype policy and broadcasting (the model made these arrays; the binding
         checks them), and writes the heads side by side per token, as the output projection
-        reads them. Hook points: attn.hook_attn_scores (computed beside the kernel when only
-        recorded), attn.hook_pattern (the kernel's weights), attn.hook_z (after head_mask);
-        a hook on the scores or the pattern runs the attention step by step instead.
+        reads them. Hook points: attn.hook_attn_scores (the kernel's softmax input, written
+        beside its weights when only recorded), attn.hook_pattern (the kernel's weights),
+        attn.hook_z (after head_mask); a hook on the scores or the pattern runs the attention
+        step by step instead.
 
         With :class:`_AttentionReads` hooks, the layer also reports the kernel's row statistics,
         the sums of their value columns (:meth:`_AttentionReads.value_columns`: the kernel
@@ -1331,7 +1342,7 @@ class TransformerModel:
         """
         B, H, n_q, d_head = q.shape
         n_k = k.shape[2]
-        heads = np.empty((B * n_q, H * d_head), dtype=self.dtype)
+        heads = hooks.empty(layer, "attn.hook_z", (B * n_q, H * d_head), self.dtype)
         out = heads.reshape(B, n_q, H, d_head).transpose(0, 2, 1, 3)     # a view: no merging
         if weights_out is not None and not weights_out.flags.c_contiguous:
             weights_out = None
@@ -1345,11 +1356,13 @@ class TransformerModel:
                 if name in hooks.cache:
                     hooks.cache[name] = kept
         else:
-            if hooks.wants(layer, "attn.hook_attn_scores"):
-                hooks(layer, "attn.hook_attn_scores", self._scores(layer, q, k, pad_mask),
-                      owned=True)
+            scores = hooks.empty(layer, "attn.hook_attn_scores", (B, H, n_q, n_k), self.dtype
+                                 ) if hooks.wants(layer, "attn.hook_attn_scores") else None
             pattern = hooks.wants(layer, "attn.hook_pattern")
-            full = need_weights or (pattern and keep is None)
+            full = need_weights or (pattern and keep is None) or scores is not None
+            if not need_weights:
+                weights_out = hooks.empty(layer, "attn.hook_pattern", (B, H, n_q, n_k),
+                                          self.dtype) if full else None
             band = self._band(layer, n_q, n_k)
             mask = None if band is None else np.broadcast_to(band, (B, H, n_q, n_k))
             stats, key_set = (None, None) if reads is None else (reads.stats or None,
@@ -1362,9 +1375,10 @@ class TransformerModel:
             result = _core.attention_forward(
                 q, k_in, v_in, mask=mask, key_padding_mask=pad_mask, causal=self.causal,
                 scale=self.attention_scale(layer), need_weights=full, out=out_in,
-                weights_out=weights_out if need_weights else None, row_stats=stats,
-                key_set=key_set)
+                weights_out=weights_out, row_stats=stats, key_set=key_set, scores_out=scores)
             weights = result[1]
+            if scores is not None:
+                hooks(layer, "attn.hook_attn_scores", scores, owned=True)
             if columns is not None:
                 out[...] = out_in[..., :d_head]
             if reads is not None:
@@ -1373,10 +1387,11 @@ class TransformerModel:
                 if keep is not None and pattern:
                     hooks(layer, "attn.hook_pattern", reads.kept[layer], owned=True)
             if pattern and keep is None:
-                hooks(layer, "attn.hook_pattern", weights, owned=weights is not weights_out)
+                hooks(layer, "attn.hook_pattern", weights,
+                      owned=not need_weights or weights is not weights_out)
         if head_mask is not None:
             out *= head_mask[layer][None, :, None, None]
-        hooks(layer, "attn.hook_z", heads, (B, n_q, H, d_head))
+        hooks(layer, "attn.hook_z", heads, (B, n_q, H, d_head), owned=True)
         return heads, weights if need_weights else None
 
     def _read_layer(self, layer: int, q: np.ndarray, k: np.ndarray,
@@ -1442,13 +1457,16 @@ class TransformerModel:
             allowed = real if allowed is None else allowed & real
         return allowed
 
-    def _scores(self, layer: int, q: np.ndarray, k: np.ndarray, pad_mask: np.ndarray | None
-                ) -> np.ndarray:
+    def _scores(self, layer: int, q: np.ndarray, k: np.ndarray, pad_mask: np.ndarray | None,
+                hooks: HookPoints) -> np.ndarray:
         """The attention scores as TransformerLens gives them: (B, H, n_q, n_k) scale q k^T,
         -inf where the key is masked; query head h reads key head h // (H / H_kv)."""
         B, H, n_q, d_head = q.shape
         n_k = k.shape[2]
-        scores = _grouped_products(q, k, trans_b=True).reshape(B, H, n_q, n_k)
+        H_kv = k.shape[1]
+        scores = _grouped_products(q, k, trans_b=True, out=hooks.empty(
+            layer, "attn.hook_attn_scores", (B, H_kv, H // H_kv * n_q, n_k), self.dtype)
+        ).reshape(B, H, n_q, n_k)
         scores *= self.dtype(self.attention_scale(layer))
         allowed = self._allowed(layer, n_q, n_k, pad_mask)
         if allowed is not None:
@@ -1462,7 +1480,7 @@ class TransformerModel:
         scores (hooked), softmax (a row without any allowed key gives 0, as the kernel),
         pattern (hooked), pattern @ v written into ``out`` (B, H, n_q, d_head) -> the
         pattern."""
-        scores = self._scores(layer, q, k, pad_mask)
+        scores = self._scores(layer, q, k, pad_mask, hooks)
         hooks(layer, "attn.hook_attn_scores", scores, owned=True)
         top = scores.max(axis=-1, keepdims=True)
         top[~np.isfinite(top)] = 0
@@ -1497,7 +1515,9 @@ class TransformerModel:
                 if b_o is not None:
                     projected += b_o
         if projected is None and hooks.wants(layer, "hook_attn_out"):
-            projected = ops.linear(heads, W_o, b_o)
+            projected = hooks.empty(layer, "hook_attn_out", (B * n, d), self.dtype)
+            projected.fill(0)
+            ops.linear(heads, W_o, b_o, out=projected)
         if projected is None:
             ops.linear(heads, W_o, b_o, out=residual)              # residual += attention
             return
@@ -1520,20 +1540,27 @@ class TransformerModel:
         W_in = self._dense((layer, w_in), p[w_in])
         act = self._act | (ops.GATED if gated else 0)
         if hooks.wants(layer, "mlp.hook_pre") or hooks.wants(layer, "mlp.hook_pre_linear"):
-            pre = ops.linear(h, W_in, p.get(b_in))
-            f = pre.shape[1] // 2 if gated else pre.shape[1]
-            hooks(layer, "mlp.hook_pre", pre[:, :f], (B, n, f))
+            width = W_in.columns
+            f = width // 2 if gated else width
+            pre = hooks.empty(layer, "mlp.hook_pre", (B * n, width), self.dtype)
+            pre.fill(0)
+            ops.linear(h, W_in, p.get(b_in), out=pre)
+            hooks(layer, "mlp.hook_pre", pre[:, :f], (B, n, f), owned=True)
             if gated:
-                hooks(layer, "mlp.hook_pre_linear", pre[:, f:], (B, n, f))
-            post = _core.activation(pre, act=act)
+                hooks(layer, "mlp.hook_pre_linear", pre[:, f:], (B, n, f), owned=True)
+            post = _core.activation(pre, act=act, out=hooks.empty(
+                layer, "mlp.hook_post", (B * n, f), self.dtype))
+            hooks(layer, "mlp.hook_post", post, (B, n, f), owned=True)
         else:
             post = ops.linear(h, W_in, p.get(b_in), act=act)
-        hooks(layer, "mlp.hook_post", post, (B, n, post.shape[1]))
+            hooks(layer, "mlp.hook_post", post, (B, n, post.shape[1]))
         W_out = self._dense((layer, w_out), p[w_out])
         if not hooks.wants(layer, "hook_mlp_out"):
             ops.linear(post, W_out, p.get(b_out), out=residual)       # residual += MLP
             return
-        out = ops.linear(post, W_out, p.get(b_out))
+        out = hooks.empty(layer, "hook_mlp_out", (B * n, residual.shape[-1]), self.dtype)
+        out.fill(0)
+        ops.linear(post, W_out, p.get(b_out), out=out)
         hooks(layer, "hook_mlp_out", out, (B, n, residual.shape[-1]), owned=True)
         residual += out
 
@@ -1695,15 +1722,19 @@ def _keep_rows(weights: np.ndarray, keep: tuple[np.ndarray, Any], n_q: int) -> n
     return weights[:, keep[0]][:, :, _rows(keep[1], n_q)]
 
 
-def _grouped_products(a: np.ndarray, b: np.ndarray, trans_b: bool = False) -> np.ndarray:
+def _grouped_products(a: np.ndarray, b: np.ndarray, trans_b: bool = False,
+                      out: np.ndarray | None = None) -> np.ndarray:
     """Per batch and key/value head, the product of the query heads it serves with it, on
     mha's GEMM: a (B, H, m, K), b (B, H_kv, K, N), or (B, H_kv, N, K) with ``trans_b``
-    -> (B, H_kv, H / H_kv * m, N), query head h reading head h // (H / H_kv)."""
+    -> (B, H_kv, H / H_kv * m, N) (written into ``out`` when given), query head h reading
+    head h // (H / H_kv)."""
     B, H, m, K = a.shape
     H_kv = b.shape[1]
     rows = np.ascontiguousarray(a).reshape(B, H_kv, H // H_kv * m, K)
     b = np.ascontiguousarray(b)
-    out = np.empty((B, H_kv, rows.shape[2], b.shape[2] if trans_b else b.shape[3]), a.dtype)
+    if out is None:
+        out = np.empty((B, H_kv, rows.shape[2], b.shape[2] if trans_b else b.shape[3]),
+                       a.dtype)
     for i in np.ndindex(B, H_kv):
         out[i] = _core.matmul(rows[i], b[i], trans_b=trans_b)
     return out
