@@ -509,9 +509,12 @@ class TransformerModel:
                        ) -> tuple[Encoding, ActivationCache]:
         """Run the model once and keep the activations named by ``names``.
 
-        One forward on the C kernels; each activation asked for is copied out as the forward
-        passes it (batch first, TransformerLens's names and shapes), so that the cache holds
-        only what was asked.
+        One forward on the C kernels; each activation asked for is kept as the forward passes
+        it (batch first, TransformerLens's names and shapes; copied where the forward
+        overwrites it later, such as the residual stream), so that the cache holds only what
+        was asked. Some are views that are not C-contiguous (q, k, v of a model without rotary
+        embedding; a gated MLP's halves), and a large cache carves its arrays from 32 MiB
+        blocks: an array taken out of it keeps its block alive (``.copy()`` keeps it alone).
 
         Parameters
         ----------
