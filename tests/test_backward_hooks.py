@@ -212,3 +212,22 @@ def test_bad_hooks_say_so_and_change_nothing(case):
     got = model.backward(d_hidden=run.d_hidden)
     for k, g in expected.items():
         assert np.array_equal(got[k], g), k
+
+
+def test_loss_and_grads_takes_the_hooks(tiny):
+    """loss_and_grads(..., bwd_hooks=): a hook zeroing blocks.1.hook_resid_pre leaves block 0
+    no gradient, the loss as it was; what the hook sees is ``wrt=``'s."""
+    folder, _ = tiny("gpt2")
+    model = mha.models.load(folder, dtype=np.float64)
+    ids, mask = batch(model)
+    name = "blocks.1.hook_resid_pre"
+    loss, expected = model.loss_and_grads(ids, attention_mask=mask, wrt=[name])
+    seen = []
+    got_loss, got = model.loss_and_grads(
+        ids, attention_mask=mask,
+        bwd_hooks=[(name, lambda g, _n: seen.append(g.copy())),
+                   (name, lambda g, _n: np.zeros_like(g))])
+    assert got_loss == loss
+    assert np.array_equal(seen[0], expected[name])
+    assert not any(np.any(g) for k, g in got.items() if k.startswith("layers.0."))
+    assert np.array_equal(got["layers.1.W_qkv"], expected["layers.1.W_qkv"])

@@ -332,7 +332,8 @@ class Differentiable:
 
     def loss_and_grads(self, ids: ArrayLike, labels: ArrayLike | None = None,
                        attention_mask: ArrayLike | None = None, *, wrt: Sequence[str] = (),
-                       head_mask: ArrayLike | None = None
+                       head_mask: ArrayLike | None = None,
+                       bwd_hooks: Sequence[tuple[Any, Callable[[np.ndarray, str], Any]]] = ()
                        ) -> tuple[float, dict[str, np.ndarray]]:
         """The next-token cross-entropy of a causal LM and its gradients.
 
@@ -353,6 +354,8 @@ class Differentiable:
             Activations to return the gradient of, as in :meth:`backward`.
         head_mask : array_like, shape (n_layers, n_heads), optional
             Multipliers on each head's output (a pruned model's loss and gradients).
+        bwd_hooks : sequence of (str or callable, callable), optional
+            Hooks on the gradients on the way back, as in :meth:`backward`.
 
         Returns
         -------
@@ -389,6 +392,7 @@ class Differentiable:
         shifted = np.full(targets.shape, -100, dtype=np.int64)      # position i -> label i+1
         shifted[:, :-1] = targets[:, 1:]
         wanted = _check_wrt(model, wrt)
+        hooks = _check_hooks(model, bwd_hooks)
         kept = self._record                 # a record of the user's own forward stays
         try:
             self._run_recorded(ids_2d, attention_mask, head_mask, False, False)
@@ -402,7 +406,7 @@ class Differentiable:
         loss, _, _ = _core.cross_entropy(record.hidden, model._vocab_matrix(),
                                          shifted.reshape(-1), trans_w=True, d_hidden=top,
                                          d_w=grads[_vocab_name(model, layout)])
-        _backward(model, layout, record, top, wanted, grads)
+        _backward(model, layout, record, top, wanted, grads, hooks)
         return float(loss), grads
 
 
