@@ -318,8 +318,9 @@ enum mha_activation {
      * transformers); no counted row: NaN (as torch) and no gradient. With d_logits =          \
      * (softmax - onehot) / count: d_hidden (n, d) += d_logits @ op(W)^T, dW (W's shape,       \
      * leading dimension ldw) += hidden^T d_logits (or its transpose with trans_w), `chunk`    \
-     * rows at a time (chunk <= 0: as many as keep a chunk within 2^22 logits); d_hidden, dW   \
-     * may be NULL. MHA_EINVAL, nothing written, for a label outside [0, vocab) but -100. */   \
+     * rows at a time (chunk <= 0: as many as keep a chunk's logits within 64 MiB);            \
+     * d_hidden, dW may be NULL. MHA_EINVAL, nothing written, for a label outside              \
+     * [0, vocab) but -100. */                                                                 \
     int mha_cross_entropy_##SFX(double *loss, T *d_hidden, int64_t ldd, T *dW,                 \
                                 const T *hidden, int64_t ldh, const T *W, int64_t ldw,         \
                                 int trans_w, const int64_t *labels, int64_t n, int64_t d,      \
