@@ -267,21 +267,24 @@ static void FN(pack_panel_task)(void *ctx, int64_t panel, int thread) {
  * other work that is most of the product's time. Packing costs about a tenth of the product
  * at M = 128 rows. */
 static int FN(input_grad)(real *dA, int64_t ldda, const real *dz, int64_t lddz, const real *B,
-                          int64_t ldb, int trans_b, int64_t M, int64_t NB, int64_t K) {
+                          int64_t ldb, int trans_b, int64_t M, int64_t NB, int64_t K,
+                          real *scratch) {
     if (M == 0 || K == 0) return MHA_OK;
     int64_t width;
     FN(mha_pack_width)(&width);
     const int64_t panels = (K + width - 1) / width;
-    int ok = 1;
-    size_t bytes = mha_mul_size(mha_mul_size((size_t)panels, (size_t)width, &ok), (size_t)NB, &ok);
-    bytes = mha_mul_size(bytes, sizeof(real), &ok);
-    real *packed = ok ? mha_alloc(MHA_MAX(bytes, 1)) : NULL;
-    if (!packed) return MHA_ENOMEM;
+    real *packed = scratch;
+    if (!scratch) {
+        int ok = 1;
+        size_t bytes = mha_mul_size(mha_mul_size((size_t)panels, (size_t)width, &ok), (size_t)NB, &ok);
+        bytes = mha_mul_size(bytes, sizeof(real), &ok);
+        if (!ok || !(packed = mha_alloc(MHA_MAX(bytes, 1)))) return MHA_ENOMEM;
+    }
     /* op(B)^T (NB, K): B^T when B is stored (K, NB), B itself when stored (NB, K) */
     FN(pack_job) job = {packed, B, ldb, NB, K, width, !trans_b};
     mha_parallel_for(mha_threads_for((double)NB * (double)K), panels, 1, FN(pack_panel_task), &job);
     int err = FN(linear)(M, K, NB, dz, lddz, NULL, 0, 0, packed, NULL, MHA_ACT_NONE, 1, dA, ldda);
-    mha_free(packed);
+    if (!scratch) mha_free(packed);
     return err;
 }
 
@@ -289,7 +292,7 @@ static int FN(input_grad)(real *dA, int64_t ldda, const real *dz, int64_t lddz, 
 static int FN(mha_linear_backward)(real *dA, int64_t ldda, real *dB, real *dbias, const real *dC,
                                    int64_t lddc, const real *A, int64_t lda, const real *B,
                                    int64_t ldb, int trans_b, const real *bias, const real *z,
-                                   int act, int64_t M, int64_t N, int64_t K) {
+                                   int act, int64_t M, int64_t N, int64_t K, real *packed) {
     if (M < 0 || N < 0 || K < 0 || !FN(act_valid)(act)) return MHA_EINVAL;
     const int64_t NB = act & MHA_ACT_GATED ? 2 * N : N; /* z's columns */
     const real *dz = dC;
@@ -311,7 +314,7 @@ static int FN(mha_linear_backward)(real *dA, int64_t ldda, real *dB, real *dbias
     /* z = ... + bias:          dbias += sum over rows of dz */
     if (!err && dbias) FN(column_sums)(dbias, dz, lddz, M, NB);
     /* z = A @ op(B):           dA += dz @ op(B)^T */
-    if (!err && dA) err = FN(input_grad)(dA, ldda, dz, lddz, B, ldb, trans_b, M, NB, K);
+    if (!err && dA) err = FN(input_grad)(dA, ldda, dz, lddz, B, ldb, trans_b, M, NB, K, packed);
     /*                          d op(B) += A^T @ dz: dB += A^T dz, or (dz^T A) for B stored (NB, K) */
     if (!err && dB)
         err = trans_b ? FN(mha_gemm)(1, 0, NB, K, M, 1, dz, lddz, A, lda, 1, dB, ldb)

@@ -242,11 +242,14 @@ enum mha_activation {
      *   transpose with trans_b); dbias (N') += the column sums of dz, rows in order.          \
      * Any of dA, dB, dbias may be NULL (not computed). z: the forward's pre-activation        \
      * (M, N') contiguous, or NULL: recomputed from A, B and bias (one more product); unused   \
-     * when act is MHA_ACT_NONE (dz is dC). Results do not depend on the thread count. */      \
+     * when act is MHA_ACT_NONE (dz is dC). Results do not depend on the thread count.         \
+     * dA's product reads op(B)^T packed whole (mha_pack_weight's layout) into scratch:        \
+     * NULL (allocated per call), or room for ceil(K / W) * W * N' elements, W from            \
+     * mha_pack_width (callers making many calls pass one, sparing an allocation each). */     \
     int mha_linear_backward_##SFX(T *dA, int64_t ldda, T *dB, T *dbias, const T *dC,           \
                                   int64_t lddc, const T *A, int64_t lda, const T *B,           \
                                   int64_t ldb, int trans_b, const T *bias, const T *z,         \
-                                  int act, int64_t M, int64_t N, int64_t K);                   \
+                                  int act, int64_t M, int64_t N, int64_t K, T *scratch);       \
     /* Weights packed once for many products (a model's dense layers): mha_pack_weight writes \
      * op(B) (K, N) into ceil(N / W) panels of K x W, W = *width from mha_pack_width (it      \
      * depends on the SIMD path in use; zero-padded columns), K * W * ceil(N / W) elements;   \

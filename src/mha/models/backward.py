@@ -153,6 +153,7 @@ class Differentiable:
     def __getstate__(self) -> dict[str, Any]:
         state: dict[str, Any] = super().__getstate__()  # type: ignore[misc]
         state.pop("_record", None)          # a forward's activations are not the model's
+        state.pop("_grad_workspace", None)
         return state
 
     def __call__(self, input_ids: ArrayLike, attention_mask: ArrayLike | None = None,
@@ -692,10 +693,12 @@ def _pattern_gradients(model: Any, i: int, r: Any, record: Record, d_att: np.nda
 def _output_backward(keep: Any, i: int, shape: tuple[int, int, int, int],
                      d_attn_out: np.ndarray, heads: np.ndarray, W_o: np.ndarray,
                      b_o: np.ndarray | None, dW_o: np.ndarray | None,
-                     db_o: np.ndarray | None) -> np.ndarray:
+                     db_o: np.ndarray | None, workspace: np.ndarray | None = None
+                     ) -> np.ndarray:
     """The backward of the attention's output product ``attn_out = heads W_o + b_o`` (heads
     (rows, H d_head), d_attn_out (rows, d)) -> d_heads, W_o's and b_o's gradients added into
-    dW_o, db_o (None: not computed); shape = (B, n, H, d_head).
+    dW_o, db_o (None: not computed); shape = (B, n, H, d_head); workspace: as
+    :func:`linear_backward`'s.
 
     attn.hook_result (B, n, H, d) is each head's z_h W_o^(h), summed (plus b_o) into the
     attention's output, so each head's gradient is the output's; with hooks there, each head
@@ -706,7 +709,7 @@ def _output_backward(keep: Any, i: int, shape: tuple[int, int, int, int],
         if keep.wants(i, "attn.hook_result"):
             keep(i, "attn.hook_result", np.broadcast_to(d_attn_out.reshape(B, n, 1, d),
                                                          (B, n, H, d)).copy(), (B, n, H, d))
-        return linear_backward(d_attn_out, heads, W_o, b_o, dW_o, db_o)
+        return linear_backward(d_attn_out, heads, W_o, b_o, dW_o, db_o, workspace=workspace)
     d_result = np.ascontiguousarray(np.broadcast_to(d_attn_out.reshape(B, n, 1, d),
                                                     (B, n, H, d)))
     keep(i, "attn.hook_result", d_result, (B, n, H, d))
@@ -808,16 +811,34 @@ def layer_grads(grads: dict[str, np.ndarray], i: int) -> dict[str, np.ndarray]:
 
 def linear_backward(d_out: np.ndarray, a: np.ndarray, w: np.ndarray, bias: np.ndarray | None,
                     dw: np.ndarray | None, dbias: np.ndarray | None,
-                    da: np.ndarray | None = None, trans_b: bool = False) -> np.ndarray:
+                    da: np.ndarray | None = None, trans_b: bool = False,
+                    workspace: np.ndarray | None = None) -> np.ndarray:
     """The gradient of ``a @ op(w) + bias``'s input a (added into da when given), and of w and
-    the bias added into dw and dbias; with dw None only a's, one product instead of two, on
-    op(w)'s transpose packed for the GEMM (packing takes a tenth of the product's time, which
-    is several times shorter than on the unpacked transpose)."""
+    the bias added into dw and dbias; with dw None only a's, one product instead of two. a's
+    product runs on op(w)'s transpose packed for the GEMM (packing takes a tenth of the
+    product's time, which is several times shorter than on the unpacked transpose), into
+    ``workspace`` when given (see :func:`grad_workspace`)."""
     if dw is not None:
         return _core.linear_backward(d_out, a, w, bias=bias, trans_b=trans_b, da=da, db=dw,
-                                     dbias=dbias)[0]
+                                     dbias=dbias, workspace=workspace)[0]
     packed = _core.pack_weight(w, trans_b=not trans_b)
     return _core.linear(d_out, packed, columns=w.shape[1] if trans_b else w.shape[0], out=da)
+
+
+def grad_workspace(model: Any) -> np.ndarray:
+    """The buffer where every dense product of a backward packs its weight's transpose
+    (``_core.linear_backward``'s workspace), as large as the largest of the layers' dense
+    weights packed (2.4 MB for MiniLM, 9.4 MB for GPT-2 small in float32) and kept on the
+    model. An allocation per product would be released and taken again, and its first-touch
+    page faults, taken by the product's threads at once, cost MiniLM's backward on 2 threads
+    a third of its time."""
+    width = _core.pack_weight(np.zeros((1, 1), model.dtype)).shape[2]
+    need = max(-(-w.shape[0] // width) * width * w.shape[1]
+               for p in model.layers for k, w in p.items() if k.startswith("W_"))
+    ws = model.__dict__.get("_grad_workspace")
+    if ws is None or ws.dtype != model.dtype or ws.size < need:
+        ws = model.__dict__["_grad_workspace"] = np.empty(need, model.dtype)
+    return ws
 
 
 def _backward(model: Any, layout: DecoderLayout, record: Record, top: np.ndarray,
@@ -833,6 +854,7 @@ def _backward(model: Any, layout: DecoderLayout, record: Record, top: np.ndarray
     eps = model.config.norm_eps
     params = model.parameters()
     keep = Keeper(wanted, hooks)
+    ws = grad_workspace(model)
     d_head_mask = np.zeros((L, H), dtype=model.dtype)
     # forward: hidden = norm_f(norm_input)
     dx = np.zeros((rows, d), dtype=model.dtype)
@@ -846,7 +868,7 @@ def _backward(model: Any, layout: DecoderLayout, record: Record, top: np.ndarray
         d_mlp_out = keep.branch(i, "hook_mlp_out", dx, (B, n, d))
         # forward: resid_post = resid_mid + post W_out + b_out
         d_post = linear_backward(d_mlp_out, r.post, p[w_out], p.get(b_out), lg[w_out],
-                                 lg.get(b_out))
+                                 lg.get(b_out), workspace=ws)
         keep(i, "mlp.hook_post", d_post, (B, n, -1))
         # forward: post = act(pre)   (act(gate) * up when gated)
         act = model._act | (ops.GATED if layout.gated else 0)
@@ -855,7 +877,8 @@ def _backward(model: Any, layout: DecoderLayout, record: Record, top: np.ndarray
         keep(i, "mlp.hook_pre", d_pre[:, :f], (B, n, f))
         keep(i, "mlp.hook_pre_linear", d_pre[:, f:], (B, n, f))
         # forward: pre = ln2 W_in + b_in
-        d_ln2 = linear_backward(d_pre, r.ln2, p[w_in], p.get(b_in), lg[w_in], lg.get(b_in))
+        d_ln2 = linear_backward(d_pre, r.ln2, p[w_in], p.get(b_in), lg[w_in], lg.get(b_in),
+                                workspace=ws)
         # forward: ln2 = norm_2(resid_mid)   (dx already holds the residual branch)
         _norm_backward(d_ln2, r.resid_mid, p[layout.ln2[0]], eps, dx, lg, layout.ln2)
         keep(i, "hook_resid_mid", dx, (B, n, d))
@@ -863,11 +886,11 @@ def _backward(model: Any, layout: DecoderLayout, record: Record, top: np.ndarray
         # forward: resid_mid = resid_pre + heads W_o + b_o
         W_qkv, b_qkv, W_o, b_o = layout.attention
         d_heads = _output_backward(keep, i, (B, n, H, model.d_head), d_attn_out, r.heads,
-                                   p[W_o], p.get(b_o), lg[W_o], lg.get(b_o))
+                                   p[W_o], p.get(b_o), lg[W_o], lg.get(b_o), ws)
         d_qkv = _attend_backward(model, i, r, record, d_heads, d_head_mask, keep)
         # forward: q, k, v = split(ln1 W_qkv + b_qkv)
         d_ln1 = linear_backward(d_qkv, r.ln1, p[W_qkv], p.get(b_qkv), lg[W_qkv],
-                                lg.get(b_qkv))
+                                lg.get(b_qkv), workspace=ws)
         # forward: ln1 = norm_1(resid_pre)
         _norm_backward(d_ln1, r.resid_pre, p[layout.ln1[0]], eps, dx, lg, layout.ln1)
         keep(i, "hook_resid_pre", dx, (B, n, d))

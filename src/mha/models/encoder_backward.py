@@ -26,7 +26,7 @@ from mha import _core
 
 from . import ops
 from .backward import (Keeper, Record, _attend, _attend_backward, _carve, _output_backward,
-                       layer_grads, linear_backward)
+                       grad_workspace, layer_grads, linear_backward)
 
 __all__ = ["EncoderLayerRecord", "ENCODER_POINTS"]
 
@@ -137,6 +137,7 @@ def backward(model: Any, record: Record, top: np.ndarray, wanted: list[str],
     L, H, d = model.n_layers, model.n_heads, model.d_model
     eps = model.config.norm_eps
     keep = Keeper(wanted, hooks)
+    ws = grad_workspace(model)
     d_head_mask = np.zeros((L, H), dtype=model.dtype)
     dx = top
     for i in reversed(range(L)):
@@ -149,14 +150,16 @@ def backward(model: Any, record: Record, top: np.ndarray, wanted: list[str],
         keep(i, "hook_resid_post", dc, (B, n, d))
         d_mlp_out = keep.branch(i, "hook_mlp_out", dc, (B, n, d))
         # forward: c = y + post W_2 + b_2
-        d_post = linear_backward(d_mlp_out, r.post, p["W_2"], p["b_2"], lg["W_2"], lg["b_2"])
+        d_post = linear_backward(d_mlp_out, r.post, p["W_2"], p["b_2"], lg["W_2"], lg["b_2"],
+                                 workspace=ws)
         keep(i, "mlp.hook_post", d_post, (B, n, -1))
         # forward: post = act(pre)
         d_pre = _core.activation_backward(d_post, r.pre, act=model._act)
         keep(i, "mlp.hook_pre", d_pre, (B, n, -1))
         # forward: pre = y W_1 + b_1   (dy: the residual's dc plus the MLP's)
         dy = dc
-        linear_backward(d_pre, r.ln1, p["W_1"], p["b_1"], lg["W_1"], lg["b_1"], da=dy)
+        linear_backward(d_pre, r.ln1, p["W_1"], p["b_1"], lg["W_1"], lg["b_1"], da=dy,
+                        workspace=ws)
         # forward: y = LN_1(a)
         da = _core.layer_norm_backward(dy, r.resid_mid, gain=p["ln_1_weight"], eps=eps,
                                        dgain=lg["ln_1_weight"], dbias=lg["ln_1_bias"])[0]
@@ -164,12 +167,12 @@ def backward(model: Any, record: Record, top: np.ndarray, wanted: list[str],
         d_attn_out = keep.branch(i, "hook_attn_out", da, (B, n, d))
         # forward: a = x + heads W_o + b_o
         d_heads = _output_backward(keep, i, (B, n, H, model.d_head), d_attn_out, r.heads,
-                                   p["W_o"], p["b_o"], lg["W_o"], lg["b_o"])
+                                   p["W_o"], p["b_o"], lg["W_o"], lg["b_o"], ws)
         d_qkv = _attend_backward(model, i, r, record, d_heads, d_head_mask, keep)
         # forward: q, k, v = split(x W_qkv + b_qkv)   (dx: the residual's da plus these)
         dx = da
         linear_backward(d_qkv, r.resid_pre, p["W_qkv"], p["b_qkv"], lg["W_qkv"], lg["b_qkv"],
-                        da=dx)
+                        da=dx, workspace=ws)
         keep(i, "hook_resid_pre", dx, (B, n, d))
     keep(None, "hook_full_embed", dx, (B, n, d))
     # forward: x = LN_emb(emb)
