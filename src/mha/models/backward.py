@@ -833,8 +833,8 @@ def grad_workspace(model: Any) -> np.ndarray:
     page faults, taken by the product's threads at once, cost MiniLM's backward on 2 threads
     a third of its time."""
     width = _core.pack_weight(np.zeros((1, 1), model.dtype)).shape[2]
-    need = max(-(-w.shape[0] // width) * width * w.shape[1]
-               for p in model.layers for k, w in p.items() if k.startswith("W_"))
+    need = max((-(-w.shape[0] // width) * width * w.shape[1]
+                for p in model.layers for k, w in p.items() if k.startswith("W_")), default=0)
     ws = model.__dict__.get("_grad_workspace")
     if ws is None or ws.dtype != model.dtype or ws.size < need:
         ws = model.__dict__["_grad_workspace"] = np.empty(need, model.dtype)
