@@ -265,7 +265,7 @@ static void FN(pack_panel_task)(void *ctx, int64_t panel, int thread) {
  * mha_linear_packed). The product on B as it is packs op(B)^T per slice of its shared axis
  * NB, between two barriers each, and the threads wait at every one: on a machine shared with
  * other work that is most of the product's time. Packing costs about a tenth of the product
- * at M = 128 rows. */
+ * at M = 128 rows. scratch: room for the packed copy (mha.h), or NULL: allocated here. */
 static int FN(input_grad)(real *dA, int64_t ldda, const real *dz, int64_t lddz, const real *B,
                           int64_t ldb, int trans_b, int64_t M, int64_t NB, int64_t K,
                           real *scratch) {
@@ -288,7 +288,8 @@ static int FN(input_grad)(real *dA, int64_t ldda, const real *dz, int64_t lddz, 
     return err;
 }
 
-/* Backward of mha_linear (mha.h). Its forward, per row:  z = A @ op(B) + bias;  C = act(z). */
+/* Backward of mha_linear (mha.h). Its forward, per row:  z = A @ op(B) + bias;  C = act(z).
+ * packed: mha.h's scratch, room for op(B)^T packed (or NULL); scratch here holds dz. */
 static int FN(mha_linear_backward)(real *dA, int64_t ldda, real *dB, real *dbias, const real *dC,
                                    int64_t lddc, const real *A, int64_t lda, const real *B,
                                    int64_t ldb, int trans_b, const real *bias, const real *z,
