@@ -72,8 +72,8 @@
     X(mha_linear_backward_##SFX,                                                               \
       (T *dA, int64_t ldda, T *dB, T *dbias, const T *dC, int64_t lddc, const T *A,            \
        int64_t lda, const T *B, int64_t ldb, int trans_b, const T *bias, const T *z, int act,  \
-       int64_t M, int64_t N, int64_t K),                                                       \
-      (dA, ldda, dB, dbias, dC, lddc, A, lda, B, ldb, trans_b, bias, z, act, M, N, K))         \
+       int64_t M, int64_t N, int64_t K, T *scratch),                                           \
+      (dA, ldda, dB, dbias, dC, lddc, A, lda, B, ldb, trans_b, bias, z, act, M, N, K, scratch))\
     X(mha_activation_backward_##SFX,                                                           \
       (T *dx, int64_t lddx, const T *dy, int64_t lddy, const T *x, int64_t ldx, int64_t rows,  \
        int64_t n, int act),                                                                    \

@@ -246,11 +246,14 @@ enum mha_activation {
      *   transpose with trans_b); dbias (N') += the column sums of dz, rows in order.          \
      * Any of dA, dB, dbias may be NULL (not computed). z: the forward's pre-activation        \
      * (M, N') contiguous, or NULL: recomputed from A, B and bias (one more product); unused   \
-     * when act is MHA_ACT_NONE (dz is dC). Results do not depend on the thread count. */      \
+     * when act is MHA_ACT_NONE (dz is dC). Results do not depend on the thread count.         \
+     * dA's product reads op(B)^T packed whole (mha_pack_weight's layout) into scratch:        \
+     * NULL (allocated per call), or room for ceil(K / W) * W * N' elements, W from            \
+     * mha_pack_width (callers making many calls pass one, sparing an allocation each). */     \
     int mha_linear_backward_##SFX(T *dA, int64_t ldda, T *dB, T *dbias, const T *dC,           \
                                   int64_t lddc, const T *A, int64_t lda, const T *B,           \
                                   int64_t ldb, int trans_b, const T *bias, const T *z,         \
-                                  int act, int64_t M, int64_t N, int64_t K);                   \
+                                  int act, int64_t M, int64_t N, int64_t K, T *scratch);       \
     /* Weights packed once for many products (a model's dense layers): mha_pack_weight writes \
      * op(B) (K, N) into ceil(N / W) panels of K x W, W = *width from mha_pack_width (it      \
      * depends on the SIMD path in use; zero-padded columns), K * W * ceil(N / W) elements;   \
@@ -322,8 +325,9 @@ enum mha_activation {
      * transformers); no counted row: NaN (as torch) and no gradient. With d_logits =          \
      * (softmax - onehot) / count: d_hidden (n, d) += d_logits @ op(W)^T, dW (W's shape,       \
      * leading dimension ldw) += hidden^T d_logits (or its transpose with trans_w), `chunk`    \
-     * rows at a time (chunk <= 0: as many as keep a chunk within 2^22 logits); d_hidden, dW   \
-     * may be NULL. MHA_EINVAL, nothing written, for a label outside [0, vocab) but -100. */   \
+     * rows at a time (chunk <= 0: as many as keep a chunk's logits within 64 MiB);            \
+     * d_hidden, dW may be NULL. MHA_EINVAL, nothing written, for a label outside              \
+     * [0, vocab) but -100. */                                                                 \
     int mha_cross_entropy_##SFX(double *loss, T *d_hidden, int64_t ldd, T *dW,                 \
                                 const T *hidden, int64_t ldh, const T *W, int64_t ldw,         \
                                 int trans_w, const int64_t *labels, int64_t n, int64_t d,      \

@@ -1577,14 +1577,17 @@ static int check_apart(PyArrayObject *const *all, const char *const *names, int 
 }
 
 static const char *const linear_backward_kw[] = {"d_out", "a", "b", "bias", "act", "trans_b", "z", "da", "db",
-                                                  "dbias", NULL};
+                                                  "dbias", "workspace", NULL};
 static call_spec linear_backward_spec = {"linear_backward", linear_backward_kw, 3, {NULL}};
 
 /* linear_backward(d_out (M, N), a (M, K), b (K, N') or (N', K) with trans_b, bias (N') or None,
  * act=0, trans_b=False, z (M, N') or None, da=None, db=None, dbias=None) -> (da, db, dbias or
  * None): the gradients of linear's inputs, added into da, db, dbias when given (else into
  * zeros); dbias when bias or dbias is given. z: the pre-activation (else recomputed). a and
- * d_out may have any row stride. */
+ * d_out may have any row stride. workspace: None, or a C-contiguous 1-D array of the dtype
+ * with at least ceil(K / W) * W * N' elements (W: pack_weight's panel width), where da's
+ * product packs op(b)^T; a caller making many calls passes one, sparing an allocation (and
+ * its first-touch page faults, taken by the product's threads) per call. */
 static PyObject *py_linear_backward(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     (void)self;
     PyObject *arg[MAX_PARAMS];
@@ -1623,13 +1626,23 @@ static PyObject *py_linear_backward(PyObject *self, PyObject *const *args, Py_ss
         !(db = grad_out(arg[8], "db", typenum, 2, PyArray_DIMS(b))) ||
         (want_dbias && !(dbias = grad_out(arg[9], "dbias", typenum, 1, &NB))))
         goto done;
-    PyArrayObject *all[] = {da, db, dbias, dc, a, b, bias, z};
-    const char *const names[] = {"da", "db", "dbias", "d_out", "a", "b", "bias", "z"};
-    if (check_apart(all, names, 8, 3)) goto done;
+    PyArrayObject *ws = NULL;
+    if (OR_NONE(arg[10]) != Py_None) {
+        const npy_intp W = pack_width(typenum), need = (K + W - 1) / W * W * NB;
+        if (!(ws = get_output_array(arg[10], "workspace", typenum, 1))) goto done;
+        if (PyArray_DIM(ws, 0) < need) {
+            PyErr_Format(PyExc_ValueError, "workspace has %zd elements but this product needs %zd",
+                         (Py_ssize_t)PyArray_DIM(ws, 0), (Py_ssize_t)need);
+            goto done;
+        }
+    }
+    PyArrayObject *all[] = {da, db, dbias, ws, dc, a, b, bias, z};
+    const char *const names[] = {"da", "db", "dbias", "workspace", "d_out", "a", "b", "bias", "z"};
+    if (check_apart(all, names, 9, 4)) goto done;
     int err;
     CALL_TYPED(typenum, err, mha_linear_backward, PyArray_DATA(da), K, PyArray_DATA(db), DPTR(dbias),
                PyArray_DATA(dc), lddc, PyArray_DATA(a), lda, PyArray_DATA(b), PyArray_DIM(b, 1), tb, DPTR(bias),
-               DPTR(z), act, M, out_shape[1], K);
+               DPTR(z), act, M, out_shape[1], K, DPTR(ws));
     if (raise_core_error(err)) goto done;
     result = Py_BuildValue("(OOO)", da, db, dbias ? (PyObject *)dbias : Py_None);
 done:
@@ -1979,7 +1992,8 @@ static PyMethodDef methods[] = {
     {"embedding", (PyCFunction)(void (*)(void))py_embedding, METH_FASTCALL | METH_KEYWORDS,
      "embedding(table, ids, out=None, accumulate=False) -> rows of table"},
     {"linear_backward", (PyCFunction)(void (*)(void))py_linear_backward, METH_FASTCALL | METH_KEYWORDS,
-     "linear_backward(d_out, a, b, bias=None, act=0, trans_b=False, z=None, da=None, db=None, dbias=None) -> "
+     "linear_backward(d_out, a, b, bias=None, act=0, trans_b=False, z=None, da=None, db=None, dbias=None, "
+     "workspace=None) -> "
      "(da, db, dbias or None), added into the given arrays"},
     {"activation_backward", (PyCFunction)(void (*)(void))py_activation_backward, METH_FASTCALL | METH_KEYWORDS,
      "activation_backward(d_y, x, act, out=None) -> d_y * act'(x) (gated: d gate, d up side by side)"},

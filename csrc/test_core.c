@@ -1099,12 +1099,17 @@ static void test_linear_backward_case(int64_t M, int act, int gated, int tb, int
             }
         }
 #undef OPB
+    /* float64 packs op(B)^T into the caller's scratch, float32 into its own */
+    int64_t width = 0;
+    mha_pack_width_f64(&width);
+    double *scratch = malloc(sizeof(double) * (size_t)((K + width - 1) / width * width * NB));
     int err = mha_linear_backward_f64(got[0], ldda, got[1], got[2], dC, N, A, K, B, ldb, tb, bias,
-                                      saved ? z : NULL, full, M, N, K);
+                                      saved ? z : NULL, full, M, N, K, scratch);
+    free(scratch);
     float *Af = to_f32(A, (size_t)(M * K)), *Bf = to_f32(B, nB), *biasf = to_f32(bias, nb);
     float *dCf = to_f32(dC, (size_t)(M * N)), *zf = to_f32(z, nz);
     int err_f = mha_linear_backward_f32(got_f[0], ldda, got_f[1], got_f[2], dCf, N, Af, K, Bf, ldb, tb, biasf,
-                                        saved ? zf : NULL, full, M, N, K);
+                                        saved ? zf : NULL, full, M, N, K, NULL);
     double e = err ? INFINITY : 0, e_f = err_f ? INFINITY : 0;
     for (int o = 0; o < 3; o++) {
         e = MHA_MAX(e, rel_err(got[o], want[o], sizes[o]));
@@ -1127,7 +1132,7 @@ static void test_linear_backward(void) {
                 test_linear_backward_case(150, act, gated, tb, (act + gated) % 2);
             }
     double x = 0, dx = 0;
-    expect(mha_linear_backward_f64(&dx, 1, NULL, NULL, &x, 1, &x, 1, &x, 1, 0, NULL, NULL, 7, 1, 1, 1) == MHA_EINVAL,
+    expect(mha_linear_backward_f64(&dx, 1, NULL, NULL, &x, 1, &x, 1, &x, 1, 0, NULL, NULL, 7, 1, 1, 1, NULL) == MHA_EINVAL,
            "linear_backward: an unknown activation is refused", 0, 0);
 }
 

@@ -434,3 +434,24 @@ def test_encoder_activation_gradients_by_hook_name(tiny_bert):
         expected = (values[0] - values[1]) / (2 * eps)
         got = float(np.sum(grads[name] * u))
         assert abs(got - expected) <= 1e-7 * np.abs(grads[name]).sum(), (name, got, expected)
+
+
+def test_linear_backward_workspace():
+    """The dense backward with a workspace for the packed op(b)^T: bitwise the result of the
+    per-call allocation, either layout of b; too small a workspace says how much is needed."""
+    from mha import _core
+    rng = np.random.default_rng(5)
+    width = _core.pack_weight(np.zeros((1, 1))).shape[2]
+    for trans_b in (False, True):
+        a, d_out = rng.standard_normal((37, 21)), rng.standard_normal((37, 19))
+        b = rng.standard_normal((19, 21) if trans_b else (21, 19))
+        bias = rng.standard_normal(19)
+        need = -(-21 // width) * width * 19
+        plain = _core.linear_backward(d_out, a, b, bias=bias, trans_b=trans_b)
+        ws = np.full(need, np.nan)
+        got = _core.linear_backward(d_out, a, b, bias=bias, trans_b=trans_b, workspace=ws)
+        for x, y in zip(got, plain):
+            assert np.array_equal(x, y)
+        assert np.abs(plain[0] - d_out @ (b if trans_b else b.T)).max() < 1e-12
+        with pytest.raises(ValueError, match=f"needs {need}"):
+            _core.linear_backward(d_out, a, b, trans_b=trans_b, workspace=ws[:need - 1])

@@ -113,7 +113,7 @@ def embedding(
 def linear_backward(
     d_out: ArrayLike, a: ArrayLike, b: ArrayLike, bias: ArrayLike | None = None, act: int = 0,
     trans_b: bool = False, z: ArrayLike | None = None, da: _Array | None = None,
-    db: _Array | None = None, dbias: _Array | None = None,
+    db: _Array | None = None, dbias: _Array | None = None, workspace: _Array | None = None,
 ) -> tuple[_Array, _Array, _Array | None]: ...
 def activation_backward(
     d_y: ArrayLike, x: ArrayLike, act: int, out: _Array | None = None,

@@ -173,13 +173,15 @@ def attention_flow(weights, *, sources=None) -> np.ndarray:
 # ---- the block's backward: gradients added into the given arrays (else into zeros) -----------
 
 def linear_backward(d_out, a, b, *, bias=None, act=0, trans_b=False, z=None, da=None, db=None,
-                    dbias=None):
+                    dbias=None, workspace=None):
     """Gradients of ``linear(a, b, bias=bias, act=act, trans_b=trans_b)`` for d_out (M, N) ->
     (da (M, K), db (b's shape), dbias (N') or None: when bias or dbias is given), added into
     da, db, dbias when given. z: the forward's pre-activation a @ op(b) + bias (M, N'), or
-    None (recomputed). a, d_out: any row stride."""
+    None (recomputed). a, d_out: any row stride. workspace: None, or a 1-D array of at least
+    ceil(K / W) * W * N' elements (W: `pack_weight`'s panel width) where da's product packs
+    op(b)^T, instead of an allocation per call."""
     return _C.linear_backward(d_out=d_out, a=a, b=b, bias=bias, act=act, trans_b=trans_b, z=z,
-                              da=da, db=db, dbias=dbias)
+                              da=da, db=db, dbias=dbias, workspace=workspace)
 
 
 def activation_backward(d_y, x, *, act, out=None):

@@ -25,7 +25,7 @@ the MLP is gated)::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -153,6 +153,7 @@ class Differentiable:
     def __getstate__(self) -> dict[str, Any]:
         state: dict[str, Any] = super().__getstate__()  # type: ignore[misc]
         state.pop("_record", None)          # a forward's activations are not the model's
+        state.pop("_grad_workspace", None)
         return state
 
     def __call__(self, input_ids: ArrayLike, attention_mask: ArrayLike | None = None,
@@ -256,7 +257,9 @@ class Differentiable:
 
     def backward(self, d_logits: ArrayLike | None = None, d_hidden: ArrayLike | None = None,
                  wrt: Sequence[str] = (), *, retain: bool = False,
-                 parameters: bool = True) -> dict[str, np.ndarray]:
+                 parameters: bool = True,
+                 bwd_hooks: Sequence[tuple[Any, Callable[[np.ndarray, str], Any]]] = ()
+                 ) -> dict[str, np.ndarray]:
         """Back-propagate through the last ``model(..., backward=True)``.
 
         Parameters
@@ -277,6 +280,15 @@ class Differentiable:
         parameters : bool, default True
             Compute the parameters' gradients; False returns only those of ``wrt``, about
             half the backward's products fewer (as ``torch.autograd.grad`` for inputs only).
+        bwd_hooks : sequence of (str or callable, callable), optional
+            ``(name_or_predicate, fn)`` at the points ``wrt`` takes (not ``head_mask``; a
+            predicate skips ``attn.hook_result`` unless named, as forward hooks do):
+            ``fn(grad, name)`` gets the gradient arriving at that point, batch first with the
+            activation cache's shape, and returns a replacement (same shape and dtype) or
+            None (it may also edit grad in place); what it leaves flows on to every earlier
+            point and parameter, as TransformerLens's ``run_with_hooks(bwd_hooks=...)``.
+            Several hooks at one point run in list order; ``wrt`` gets the gradient after
+            them.
 
         Returns
         -------
@@ -292,7 +304,11 @@ class Differentiable:
         ValueError
             Neither gradient given, or one of the wrong shape.
         KeyError
-            A name of ``wrt`` that is no differentiable hook point of the model.
+            A name of ``wrt`` or ``bwd_hooks`` that is no differentiable hook point of the
+            model.
+        TypeError, ValueError
+            A backward hook that returns something else than None or an array of the
+            gradient's shape and dtype (the error names the point; the record stays).
         """
         layout = self._need_layout()
         model: Any = self
@@ -302,22 +318,23 @@ class Differentiable:
                                "model(ids, attention_mask, backward=True) first (each "
                                "backward uses it up unless retain=True)")
         wanted = _check_wrt(model, wrt)
+        hooks = _check_hooks(model, bwd_hooks)
         arrays = _check_top(model, record, d_logits, d_hidden)
-        grads = ({name: np.zeros_like(a) for name, a in model.parameters().items()}
-                 if parameters else NoGrads())
+        grads = _zero_grads(model, "d_logits" in arrays) if parameters else NoGrads()
         top = _top_gradient(model, layout, record, arrays, grads)
         if isinstance(layout, EncoderLayout):
             from . import encoder_backward
-            encoder_backward.backward(model, record, top, wanted, grads)
+            encoder_backward.backward(model, record, top, wanted, grads, hooks)
         else:
-            _backward(model, layout, record, top, wanted, grads)
+            _backward(model, layout, record, top, wanted, grads, hooks)
         if not retain:
             self._record = None
         return dict(grads)
 
     def loss_and_grads(self, ids: ArrayLike, labels: ArrayLike | None = None,
                        attention_mask: ArrayLike | None = None, *, wrt: Sequence[str] = (),
-                       head_mask: ArrayLike | None = None
+                       head_mask: ArrayLike | None = None,
+                       bwd_hooks: Sequence[tuple[Any, Callable[[np.ndarray, str], Any]]] = ()
                        ) -> tuple[float, dict[str, np.ndarray]]:
         """The next-token cross-entropy of a causal LM and its gradients.
 
@@ -338,6 +355,8 @@ class Differentiable:
             Activations to return the gradient of, as in :meth:`backward`.
         head_mask : array_like, shape (n_layers, n_heads), optional
             Multipliers on each head's output (a pruned model's loss and gradients).
+        bwd_hooks : sequence of (str or callable, callable), optional
+            Hooks on the gradients on the way back, as in :meth:`backward`.
 
         Returns
         -------
@@ -374,6 +393,7 @@ class Differentiable:
         shifted = np.full(targets.shape, -100, dtype=np.int64)      # position i -> label i+1
         shifted[:, :-1] = targets[:, 1:]
         wanted = _check_wrt(model, wrt)
+        hooks = _check_hooks(model, bwd_hooks)
         kept = self._record                 # a record of the user's own forward stays
         try:
             self._run_recorded(ids_2d, attention_mask, head_mask, False, False)
@@ -381,40 +401,81 @@ class Differentiable:
         finally:
             self._record = kept
         assert record is not None
-        grads = {name: np.zeros_like(a) for name, a in model.parameters().items()}
+        grads = _zero_grads(model, True)
         top = np.zeros_like(record.hidden)
         # forward: loss = cross_entropy(hidden W_vocab^T, labels shifted by one)
         loss, _, _ = _core.cross_entropy(record.hidden, model._vocab_matrix(),
                                          shifted.reshape(-1), trans_w=True, d_hidden=top,
                                          d_w=grads[_vocab_name(model, layout)])
-        _backward(model, layout, record, top, wanted, grads)
+        _backward(model, layout, record, top, wanted, grads, hooks)
         return float(loss), grads
 
 
-def _check_wrt(model: Any, wrt: Sequence[str]) -> list[str]:
-    """The names of ``wrt`` after checking them against the model's differentiable points."""
-    if isinstance(wrt, str):
-        wrt = [wrt]
+def _zero_grads(model: Any, lm_head: bool) -> dict[str, np.ndarray]:
+    """A zero array per parameter, by name, each gradient added into its own.
+
+    The embedding tables' gradients get only the batch's rows: they are np.zeros, whose
+    pages the system zeroes as they are first written, so the rest costs nothing (MiniLM's
+    47 MB word table). Every other array is filled here, on one thread: the products that
+    add into them run on several, and first-touch page faults taken by several threads at
+    once cost more than the products (MiniLM's backward at 128 tokens: 0.146 s on 2 threads
+    against 0.112 s on 1 with lazily zeroed arrays, 0.072 s filled). ``lm_head``: the LM
+    head gets a gradient (a tied token table is then written whole)."""
+    layout = model._grad_layout
+    if isinstance(layout, DecoderLayout):
+        tables = {layout.embed, layout.positions}
+    else:
+        tables = {"word_embeddings", "position_embeddings", "token_type_embeddings"}
+    if lm_head:
+        tables.discard(_vocab_name(model, layout))
+    return {name: np.zeros(a.shape, a.dtype) if name in tables else np.zeros_like(a)
+            for name, a in model.parameters().items()}
+
+
+def _grad_points(model: Any) -> tuple[set[str], str]:
+    """Every name ``wrt`` may take for the model, and how the error of an unknown one lists
+    them."""
     if isinstance(model._grad_layout, EncoderLayout):
         from .encoder_backward import encoder_points
         valid = encoder_points(model)
-        for name in wrt:
-            if name not in valid:
-                raise KeyError(f"{name!r} is no hook point the backward reaches; expected "
-                               f"one of {sorted(p for p in valid if 'blocks.' not in p)} "
-                               f"or blocks.{{l}}.<a block's point>")
-        return list(wrt)
+        return valid, (f"one of {sorted(p for p in valid if 'blocks.' not in p)} "
+                       f"or blocks.{{l}}.<a block's point>")
     points = {"hook_embed", "head_mask"}
     if model._grad_layout.positions is not None:
         points.add("hook_pos_embed")
     block = [p for p in BLOCK_POINTS if (model.rotary or "rot_" not in p)
              and (model._grad_layout.gated or p != "mlp.hook_pre_linear")]
     points.update(f"blocks.{l}.{p}" for l in range(model.n_layers) for p in block)
+    return points, f"head_mask, hook_embed or blocks.{{l}}.<one of {block}>"
+
+
+def _check_wrt(model: Any, wrt: Sequence[str]) -> list[str]:
+    """The names of ``wrt`` after checking them against the model's differentiable points."""
+    if isinstance(wrt, str):
+        wrt = [wrt]
+    points, expected = _grad_points(model)
     for name in wrt:
         if name not in points:
             raise KeyError(f"{name!r} is no hook point the backward reaches; expected "
-                           f"head_mask, hook_embed or blocks.{{l}}.<one of {block}>")
+                           f"{expected}")
     return list(wrt)
+
+
+def _check_hooks(model: Any, bwd_hooks: Sequence[tuple[Any, Any]]
+                 ) -> dict[str, list[Callable[[np.ndarray, str], Any]]]:
+    """{point: [fn, ...]} of ``bwd_hooks`` ((name or predicate, fn) pairs), in list order,
+    after checking every name and fn; a predicate selects among the points ``wrt`` takes
+    (``head_mask`` is no activation, ``attn.hook_result`` only by its name, as forward)."""
+    from .hooks import _resolve
+    points, _ = _grad_points(model)
+    valid = sorted(points - {"head_mask"})
+    hooks: dict[str, list[Callable[[np.ndarray, str], Any]]] = {}
+    for selector, fn in bwd_hooks:
+        if not callable(fn):
+            raise TypeError(f"the backward hook at {selector!r} is not callable: {fn!r}")
+        for name in _resolve(selector, valid):
+            hooks.setdefault(name, []).append(fn)
+    return hooks
 
 
 def _vocab_name(model: Any, layout: DecoderLayout | EncoderLayout) -> str:
@@ -580,12 +641,15 @@ def _attend_backward(model: Any, i: int, r: Any, record: Record, d_heads: np.nda
     d_head_mask[i] = np.einsum("bhnd,bhnd->h", d_att, r.att)
     if record.head_mask is not None:
         d_att *= record.head_mask[i][None, :, None, None]
+    d_scores = None
     if keep.wants(i, "attn.hook_pattern") or keep.wants(i, "attn.hook_attn_scores"):
-        _pattern_gradients(model, i, r, record, d_att, keep)
+        d_scores = _pattern_gradients(model, i, r, record, d_att, keep)
     # forward: att = attention(q, k, v)
     dq, dk, dv = _core.attention_backward(
         d_att, r.q, r.k, r.v, key_padding_mask=record.pad_mask, out=r.att, lse=r.lse,
         **_attention_options(model, i, B, H, n))
+    if d_scores is not None:
+        dq, dk = _score_input_gradients(model.attention_scale(i), r.q, r.k, d_scores)
     d_qkv = np.empty((B * n, (H + 2 * H_kv) * dh), dtype=model.dtype)
     for dst, src in zip(ops.split_heads(d_qkv, B, n, (H, H_kv, H_kv), dh), (dq, dk, dv)):
         np.copyto(dst, src)
@@ -602,26 +666,19 @@ def _attend_backward(model: Any, i: int, r: Any, record: Record, d_heads: np.nda
     return d_qkv
 
 
-def _keep_result(keep: Any, i: int, d_attn_out: np.ndarray, B: int, n: int, H: int,
-                 d: int) -> None:
-    """attn.hook_result (B, n, H, d): each head's z_h W_o^(h), summed (plus b_o) into the
-    attention's output, so each head's gradient is the output's."""
-    if keep.wants(i, "attn.hook_result"):
-        keep(i, "attn.hook_result", np.broadcast_to(d_attn_out.reshape(B, n, 1, d),
-                                                     (B, n, H, d)), (B, n, H, d))
-
-
 def _pattern_gradients(model: Any, i: int, r: Any, record: Record, d_att: np.ndarray,
-                       keep: Any) -> None:
-    """The gradients of layer i's pattern P and scores S, each (B, H, n, n): dP = d_att v^T
-    at every entry (masked keys included), dS = P * (dP - rowsum(dP * P)), 0 at masked keys;
-    P recomputed from q, k and the kept log-sum-exp."""
+                       keep: Any) -> np.ndarray | None:
+    """The gradients of layer i's pattern P and scores S, each (B, H, n, n), offered to keep:
+    dP = d_att v^T at every entry (masked keys included), dS = P * (dP - rowsum(dP * P)), 0
+    at masked keys; P recomputed from q, k and the kept log-sum-exp. -> dS when a backward
+    hook is at either point (what q and k then get their gradients from), else None."""
     from .base import _grouped_products
     B, H, n, _ = r.q.shape
+    hooked = keep.hooked(i, "attn.hook_pattern") or keep.hooked(i, "attn.hook_attn_scores")
     d_pattern = _grouped_products(d_att, r.v, trans_b=True).reshape(B, H, n, n)
     keep(i, "attn.hook_pattern", d_pattern, (B, H, n, n))
-    if not keep.wants(i, "attn.hook_attn_scores"):
-        return
+    if not hooked and not keep.wants(i, "attn.hook_attn_scores"):
+        return None
     # forward: P = softmax(S), S = scale q k^T (-inf at masked keys)
     scores = _grouped_products(r.q, r.k, trans_b=True).reshape(B, H, n, n)
     pattern = np.exp(scores * model.attention_scale(i) - r.lse[..., None])
@@ -630,24 +687,110 @@ def _pattern_gradients(model: Any, i: int, r: Any, record: Record, d_att: np.nda
         pattern = np.where(allowed, pattern, 0)
     d_scores = pattern * (d_pattern - np.sum(d_pattern * pattern, axis=-1, keepdims=True))
     keep(i, "attn.hook_attn_scores", d_scores, (B, H, n, n))
+    return d_scores if hooked else None
+
+
+def _output_backward(keep: Any, i: int, shape: tuple[int, int, int, int],
+                     d_attn_out: np.ndarray, heads: np.ndarray, W_o: np.ndarray,
+                     b_o: np.ndarray | None, dW_o: np.ndarray | None,
+                     db_o: np.ndarray | None, workspace: np.ndarray | None = None
+                     ) -> np.ndarray:
+    """The backward of the attention's output product ``attn_out = heads W_o + b_o`` (heads
+    (rows, H d_head), d_attn_out (rows, d)) -> d_heads, W_o's and b_o's gradients added into
+    dW_o, db_o (None: not computed); shape = (B, n, H, d_head); workspace: as
+    :func:`linear_backward`'s.
+
+    attn.hook_result (B, n, H, d) is each head's z_h W_o^(h), summed (plus b_o) into the
+    attention's output, so each head's gradient is the output's; with hooks there, each head
+    goes back through its own rows of W_o with its own (hooked) gradient."""
+    B, n, H, dh = shape
+    d = d_attn_out.shape[1]
+    if not keep.hooked(i, "attn.hook_result"):
+        if keep.wants(i, "attn.hook_result"):
+            keep(i, "attn.hook_result", np.broadcast_to(d_attn_out.reshape(B, n, 1, d),
+                                                         (B, n, H, d)).copy(), (B, n, H, d))
+        return linear_backward(d_attn_out, heads, W_o, b_o, dW_o, db_o, workspace=workspace)
+    d_result = np.ascontiguousarray(np.broadcast_to(d_attn_out.reshape(B, n, 1, d),
+                                                    (B, n, H, d)))
+    keep(i, "attn.hook_result", d_result, (B, n, H, d))
+    # forward: result_h = z_h W_o^(h);  attn_out = sum_h result_h + b_o
+    W_heads = W_o.reshape(H, dh, d)
+    d_heads = np.einsum("bnhe,hde->bnhd", d_result, W_heads).reshape(B * n, H * dh)
+    if dW_o is not None:
+        dW_o += np.einsum("bnhd,bnhe->hde", heads.reshape(B, n, H, dh),
+                          d_result).reshape(H * dh, d)
+    if db_o is not None:
+        db_o += d_attn_out.sum(axis=0)
+    return d_heads
+
+
+def _score_input_gradients(scale: float, q: np.ndarray, k: np.ndarray, d_scores: np.ndarray
+                           ) -> tuple[np.ndarray, np.ndarray]:
+    """(dq, dk) of ``S = scale q k^T`` from dS (B, H, n, n): q (B, H, n, d_head), k (B, H_kv,
+    n, d_head), each key head shared by H / H_kv query heads (its gradient their sum). The
+    attention kernel's dq, dk give the same from the output's gradient; this one runs when a
+    backward hook may have changed the pattern's or the scores' gradient."""
+    B, H, n, dh = q.shape
+    H_kv = k.shape[1]
+    group = H // H_kv
+    dq = scale * np.matmul(d_scores, np.repeat(k, group, axis=1))
+    dk = scale * np.matmul(d_scores.transpose(0, 1, 3, 2), q)
+    dk = dk.reshape(B, H_kv, group, n, dh).sum(axis=2)
+    return dq.astype(q.dtype, copy=False), dk.astype(k.dtype, copy=False)
 
 
 class Keeper:
-    """Collects the activation gradients asked for: ``keep(layer, point, value, shape)``
+    """The activation gradients asked for and the backward hooks: ``keep(layer, point, value,
+    shape)`` runs the hooks of that point on value seen with ``shape`` (batch first), writes
+    a replacement into value (the backward's own array, which flows on from there), and then
     copies value into ``out`` under its hook name when that name was asked."""
 
-    def __init__(self, names: Sequence[str]) -> None:
+    def __init__(self, names: Sequence[str],
+                 hooks: Mapping[str, list[Callable[[np.ndarray, str], Any]]] | None = None
+                 ) -> None:
         self.names = set(names)
+        self.hooks = dict(hooks or {})
         self.out: dict[str, np.ndarray] = {}
 
     def wants(self, layer: int | None, point: str) -> bool:
-        return (point if layer is None else f"blocks.{layer}.{point}") in self.names
+        name = point if layer is None else f"blocks.{layer}.{point}"
+        return name in self.names or name in self.hooks
+
+    def hooked(self, layer: int | None, point: str) -> bool:
+        return (point if layer is None else f"blocks.{layer}.{point}") in self.hooks
+
+    def branch(self, layer: int | None, point: str, value: np.ndarray,
+               shape: tuple[int, ...]) -> np.ndarray:
+        """The gradient of a point that is one branch of a sum (``hook_attn_out``,
+        ``hook_mlp_out``, the embeddings): value itself, or a copy of it, hooked, when the
+        point has hooks (the other branch keeps value)."""
+        if self.hooked(layer, point):
+            value = value.copy()
+        self(layer, point, value, shape)
+        return value
 
     def __call__(self, layer: int | None, point: str, value: np.ndarray,
                  shape: tuple[int, ...]) -> None:
-        if self.wants(layer, point):
-            name = point if layer is None else f"blocks.{layer}.{point}"
-            self.out[name] = np.array(value).reshape(shape)
+        name = point if layer is None else f"blocks.{layer}.{point}"
+        if name not in self.names and name not in self.hooks:
+            return
+        view = value.view()
+        view.shape = shape                          # raises rather than copy
+        for fn in self.hooks.get(name, ()):
+            got = fn(view, name)
+            if got is None or got is view:
+                continue
+            if not isinstance(got, np.ndarray):
+                raise TypeError(f"the backward hook at {name} returned {type(got).__name__}; "
+                                f"expected None or an array of shape {view.shape} and dtype "
+                                f"{view.dtype}")
+            if got.shape != view.shape or got.dtype != view.dtype:
+                raise ValueError(f"the backward hook at {name} returned shape {got.shape} "
+                                 f"dtype {got.dtype}; the gradient there has shape "
+                                 f"{view.shape} dtype {view.dtype}")
+            view[...] = got
+        if name in self.names:
+            self.out[name] = np.array(view)
 
 
 class NoGrads(dict):
@@ -668,29 +811,50 @@ def layer_grads(grads: dict[str, np.ndarray], i: int) -> dict[str, np.ndarray]:
 
 def linear_backward(d_out: np.ndarray, a: np.ndarray, w: np.ndarray, bias: np.ndarray | None,
                     dw: np.ndarray | None, dbias: np.ndarray | None,
-                    da: np.ndarray | None = None, trans_b: bool = False) -> np.ndarray:
+                    da: np.ndarray | None = None, trans_b: bool = False,
+                    workspace: np.ndarray | None = None) -> np.ndarray:
     """The gradient of ``a @ op(w) + bias``'s input a (added into da when given), and of w and
-    the bias added into dw and dbias; with dw None only a's, one product instead of two, on
-    op(w)'s transpose packed for the GEMM (packing takes a tenth of the product's time, which
-    is several times shorter than on the unpacked transpose)."""
+    the bias added into dw and dbias; with dw None only a's, one product instead of two. a's
+    product runs on op(w)'s transpose packed for the GEMM (packing takes a tenth of the
+    product's time, which is several times shorter than on the unpacked transpose), into
+    ``workspace`` when given (see :func:`grad_workspace`)."""
     if dw is not None:
         return _core.linear_backward(d_out, a, w, bias=bias, trans_b=trans_b, da=da, db=dw,
-                                     dbias=dbias)[0]
+                                     dbias=dbias, workspace=workspace)[0]
     packed = _core.pack_weight(w, trans_b=not trans_b)
     return _core.linear(d_out, packed, columns=w.shape[1] if trans_b else w.shape[0], out=da)
 
 
+def grad_workspace(model: Any) -> np.ndarray:
+    """The buffer where every dense product of a backward packs its weight's transpose
+    (``_core.linear_backward``'s workspace), as large as the largest of the layers' dense
+    weights packed (2.4 MB for MiniLM, 9.4 MB for GPT-2 small in float32) and kept on the
+    model. An allocation per product would be released and taken again, and its first-touch
+    page faults, taken by the product's threads at once, cost MiniLM's backward on 2 threads
+    a third of its time."""
+    width = _core.pack_weight(np.zeros((1, 1), model.dtype)).shape[2]
+    need = max((-(-w.shape[0] // width) * width * w.shape[1]
+                for p in model.layers for k, w in p.items() if k.startswith("W_")), default=0)
+    ws = model.__dict__.get("_grad_workspace")
+    if ws is None or ws.dtype != model.dtype or ws.size < need:
+        ws = model.__dict__["_grad_workspace"] = np.empty(need, model.dtype)
+    return ws
+
+
 def _backward(model: Any, layout: DecoderLayout, record: Record, top: np.ndarray,
-              wanted: list[str], grads: dict[str, np.ndarray]) -> None:
+              wanted: list[str], grads: dict[str, np.ndarray],
+              hooks: Mapping[str, list[Callable[[np.ndarray, str], Any]]] | None = None
+              ) -> None:
     """Add every parameter's gradient into ``grads`` (which holds the LM head's already) and
     put those of ``wanted`` there, from the gradient ``top`` (rows, d) of the final norm's
-    output."""
+    output; ``hooks`` {point: [fn]} run on the gradients on the way (:class:`Keeper`)."""
     B, n = record.ids.shape
     rows = B * n
     L, H, d = model.n_layers, model.n_heads, model.d_model
     eps = model.config.norm_eps
     params = model.parameters()
-    keep = Keeper(wanted)
+    keep = Keeper(wanted, hooks)
+    ws = grad_workspace(model)
     d_head_mask = np.zeros((L, H), dtype=model.dtype)
     # forward: hidden = norm_f(norm_input)
     dx = np.zeros((rows, d), dtype=model.dtype)
@@ -701,9 +865,10 @@ def _backward(model: Any, layout: DecoderLayout, record: Record, top: np.ndarray
         lg = layer_grads(grads, i)
         w_in, b_in, w_out, b_out = layout.mlp
         keep(i, "hook_resid_post", dx, (B, n, d))
-        keep(i, "hook_mlp_out", dx, (B, n, d))
+        d_mlp_out = keep.branch(i, "hook_mlp_out", dx, (B, n, d))
         # forward: resid_post = resid_mid + post W_out + b_out
-        d_post = linear_backward(dx, r.post, p[w_out], p.get(b_out), lg[w_out], lg.get(b_out))
+        d_post = linear_backward(d_mlp_out, r.post, p[w_out], p.get(b_out), lg[w_out],
+                                 lg.get(b_out), workspace=ws)
         keep(i, "mlp.hook_post", d_post, (B, n, -1))
         # forward: post = act(pre)   (act(gate) * up when gated)
         act = model._act | (ops.GATED if layout.gated else 0)
@@ -712,29 +877,31 @@ def _backward(model: Any, layout: DecoderLayout, record: Record, top: np.ndarray
         keep(i, "mlp.hook_pre", d_pre[:, :f], (B, n, f))
         keep(i, "mlp.hook_pre_linear", d_pre[:, f:], (B, n, f))
         # forward: pre = ln2 W_in + b_in
-        d_ln2 = linear_backward(d_pre, r.ln2, p[w_in], p.get(b_in), lg[w_in], lg.get(b_in))
+        d_ln2 = linear_backward(d_pre, r.ln2, p[w_in], p.get(b_in), lg[w_in], lg.get(b_in),
+                                workspace=ws)
         # forward: ln2 = norm_2(resid_mid)   (dx already holds the residual branch)
         _norm_backward(d_ln2, r.resid_mid, p[layout.ln2[0]], eps, dx, lg, layout.ln2)
         keep(i, "hook_resid_mid", dx, (B, n, d))
-        keep(i, "hook_attn_out", dx, (B, n, d))
-        _keep_result(keep, i, dx, B, n, H, d)
+        d_attn_out = keep.branch(i, "hook_attn_out", dx, (B, n, d))
         # forward: resid_mid = resid_pre + heads W_o + b_o
         W_qkv, b_qkv, W_o, b_o = layout.attention
-        d_heads = linear_backward(dx, r.heads, p[W_o], p.get(b_o), lg[W_o], lg.get(b_o))
+        d_heads = _output_backward(keep, i, (B, n, H, model.d_head), d_attn_out, r.heads,
+                                   p[W_o], p.get(b_o), lg[W_o], lg.get(b_o), ws)
         d_qkv = _attend_backward(model, i, r, record, d_heads, d_head_mask, keep)
         # forward: q, k, v = split(ln1 W_qkv + b_qkv)
         d_ln1 = linear_backward(d_qkv, r.ln1, p[W_qkv], p.get(b_qkv), lg[W_qkv],
-                                lg.get(b_qkv))
+                                lg.get(b_qkv), workspace=ws)
         # forward: ln1 = norm_1(resid_pre)
         _norm_backward(d_ln1, r.resid_pre, p[layout.ln1[0]], eps, dx, lg, layout.ln1)
         keep(i, "hook_resid_pre", dx, (B, n, d))
     # forward: x = tok_emb[ids] (+ pos_emb[0..n))
+    d_embed = keep.branch(None, "hook_embed", dx, (B, n, d))
     if grads[layout.embed] is not None:
-        _core.embedding_backward(dx, record.ids.reshape(-1), vocab=model.config.vocab_size,
-                                 d_table=grads[layout.embed])
-    if layout.positions is not None and grads[layout.positions] is not None:
-        grads[layout.positions][:n] += dx.reshape(B, n, d).sum(axis=0)
-    keep(None, "hook_embed", dx, (B, n, d))
-    keep(None, "hook_pos_embed", dx, (B, n, d))
+        _core.embedding_backward(d_embed, record.ids.reshape(-1),
+                                 vocab=model.config.vocab_size, d_table=grads[layout.embed])
+    if layout.positions is not None:
+        d_pos = keep.branch(None, "hook_pos_embed", dx, (B, n, d))
+        if grads[layout.positions] is not None:
+            grads[layout.positions][:n] += d_pos.reshape(B, n, d).sum(axis=0)
     keep(None, "head_mask", d_head_mask, (L, H))
     grads.update((name, keep.out[name]) for name in wanted)

@@ -18,15 +18,15 @@ arrays), for the encoder's forward (rows = B * n tokens)::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
 from mha import _core
 
 from . import ops
-from .backward import (Keeper, Record, _attend, _attend_backward, _carve, _keep_result,
-                       layer_grads, linear_backward)
+from .backward import (Keeper, Record, _attend, _attend_backward, _carve, _output_backward,
+                       grad_workspace, layer_grads, linear_backward)
 
 __all__ = ["EncoderLayerRecord", "ENCODER_POINTS"]
 
@@ -127,13 +127,17 @@ def forward_record(model: Any, ids: np.ndarray, mask: np.ndarray, type_ids: np.n
 
 
 def backward(model: Any, record: Record, top: np.ndarray, wanted: list[str],
-             grads: dict[str, np.ndarray]) -> None:
+             grads: dict[str, np.ndarray],
+             hooks: Mapping[str, list[Callable[[np.ndarray, str], Any]]] | None = None
+             ) -> None:
     """Add every parameter's gradient into ``grads`` and put those of ``wanted`` there, from
-    the gradient ``top`` (rows, d) of the last hidden state."""
+    the gradient ``top`` (rows, d) of the last hidden state; ``hooks`` {point: [fn]} run on
+    the gradients on the way (``backward.Keeper``)."""
     B, n = record.ids.shape
     L, H, d = model.n_layers, model.n_heads, model.d_model
     eps = model.config.norm_eps
-    keep = Keeper(wanted)
+    keep = Keeper(wanted, hooks)
+    ws = grad_workspace(model)
     d_head_mask = np.zeros((L, H), dtype=model.dtype)
     dx = top
     for i in reversed(range(L)):
@@ -144,55 +148,59 @@ def backward(model: Any, record: Record, top: np.ndarray, wanted: list[str],
         dc = _core.layer_norm_backward(dx, r.resid_post, gain=p["ln_2_weight"], eps=eps,
                                        dgain=lg["ln_2_weight"], dbias=lg["ln_2_bias"])[0]
         keep(i, "hook_resid_post", dc, (B, n, d))
-        keep(i, "hook_mlp_out", dc, (B, n, d))
+        d_mlp_out = keep.branch(i, "hook_mlp_out", dc, (B, n, d))
         # forward: c = y + post W_2 + b_2
-        d_post = linear_backward(dc, r.post, p["W_2"], p["b_2"], lg["W_2"], lg["b_2"])
+        d_post = linear_backward(d_mlp_out, r.post, p["W_2"], p["b_2"], lg["W_2"], lg["b_2"],
+                                 workspace=ws)
         keep(i, "mlp.hook_post", d_post, (B, n, -1))
         # forward: post = act(pre)
         d_pre = _core.activation_backward(d_post, r.pre, act=model._act)
         keep(i, "mlp.hook_pre", d_pre, (B, n, -1))
         # forward: pre = y W_1 + b_1   (dy: the residual's dc plus the MLP's)
         dy = dc
-        linear_backward(d_pre, r.ln1, p["W_1"], p["b_1"], lg["W_1"], lg["b_1"], da=dy)
+        linear_backward(d_pre, r.ln1, p["W_1"], p["b_1"], lg["W_1"], lg["b_1"], da=dy,
+                        workspace=ws)
         # forward: y = LN_1(a)
         da = _core.layer_norm_backward(dy, r.resid_mid, gain=p["ln_1_weight"], eps=eps,
                                        dgain=lg["ln_1_weight"], dbias=lg["ln_1_bias"])[0]
         keep(i, "hook_resid_mid", da, (B, n, d))
-        keep(i, "hook_attn_out", da, (B, n, d))
-        _keep_result(keep, i, da, B, n, H, d)
+        d_attn_out = keep.branch(i, "hook_attn_out", da, (B, n, d))
         # forward: a = x + heads W_o + b_o
-        d_heads = linear_backward(da, r.heads, p["W_o"], p["b_o"], lg["W_o"], lg["b_o"])
+        d_heads = _output_backward(keep, i, (B, n, H, model.d_head), d_attn_out, r.heads,
+                                   p["W_o"], p["b_o"], lg["W_o"], lg["b_o"], ws)
         d_qkv = _attend_backward(model, i, r, record, d_heads, d_head_mask, keep)
         # forward: q, k, v = split(x W_qkv + b_qkv)   (dx: the residual's da plus these)
         dx = da
         linear_backward(d_qkv, r.resid_pre, p["W_qkv"], p["b_qkv"], lg["W_qkv"], lg["b_qkv"],
-                        da=dx)
+                        da=dx, workspace=ws)
         keep(i, "hook_resid_pre", dx, (B, n, d))
     keep(None, "hook_full_embed", dx, (B, n, d))
     # forward: x = LN_emb(emb)
     d_emb = _core.layer_norm_backward(dx, record.norm_input, gain=model.ln_emb[0], eps=eps,
                                       dgain=grads["ln_emb_weight"],
                                       dbias=grads["ln_emb_bias"])[0]
-    for point in ("embed.hook_embed", "embed.hook_pos_embed", "embed.hook_token_type_embed"):
-        keep(None, point, d_emb, (B, n, d))
     # forward: emb = word[ids] + pos[positions] (+ type[type_ids])
+    tables = {point: keep.branch(None, point, d_emb, (B, n, d)) for point in
+              ("embed.hook_embed", "embed.hook_pos_embed", "embed.hook_token_type_embed")}
     if grads["word_embeddings"] is not None:
-        _embedding_backward(model, record, d_emb, grads)
+        _embedding_backward(model, record, tables, grads)
     keep(None, "head_mask", d_head_mask, (L, H))
     grads.update((name, keep.out[name]) for name in wanted)
 
 
-def _embedding_backward(model: Any, record: Record, d_emb: np.ndarray,
+def _embedding_backward(model: Any, record: Record, d_rows: dict[str, np.ndarray],
                         grads: dict[str, np.ndarray]) -> None:
-    """The word, position and token-type tables' gradients added into grads from d_emb."""
-    _core.embedding_backward(d_emb, record.ids.reshape(-1),
+    """The word, position and token-type tables' gradients added into grads from the
+    gradients of their rows (rows, d) by hook name (each d_emb, unless hooked)."""
+    _core.embedding_backward(d_rows["embed.hook_embed"], record.ids.reshape(-1),
                              vocab=model.word_embeddings.shape[0],
                              d_table=grads["word_embeddings"])
     positions = np.ascontiguousarray(model._positions(record.ids), dtype=np.int64)
-    _core.embedding_backward(d_emb, positions.reshape(-1),
+    _core.embedding_backward(d_rows["embed.hook_pos_embed"], positions.reshape(-1),
                              vocab=model.position_embeddings.shape[0],
                              d_table=grads["position_embeddings"])
     if record.type_ids is not None:
-        _core.embedding_backward(d_emb, np.ascontiguousarray(record.type_ids).reshape(-1),
+        _core.embedding_backward(d_rows["embed.hook_token_type_embed"],
+                                 np.ascontiguousarray(record.type_ids).reshape(-1),
                                  vocab=model.token_type_embeddings.shape[0],
                                  d_table=grads["token_type_embeddings"])
