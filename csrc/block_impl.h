@@ -1,6 +1,7 @@
 /* block_impl.h: the rest of a transformer block, written once for a type `real`: the dense
  * layer with its activation fused into the product (mha_linear), activations on their own,
- * LayerNorm and RMSNorm, rotary position embedding and the embedding gather. Included by
+ * LayerNorm and RMSNorm, rotary position embedding, the embedding gather, and the
+ * optimizer's elementwise Adam step. Included by
  * kernels.h after gemm_impl.h (whose product and epilogue mha_linear uses), with real, SFX
  * defined, once per kernel unit. The contracts are mha.h's; mha.reference.block holds the
  * NumPy twins the tests compare these with.
@@ -697,6 +698,79 @@ static int FN(mha_cross_entropy)(double *loss, real *d_hidden, int64_t ldd, real
     mha_free(scratch);
     if (!err) *loss = total / (double)count;
     return err;
+}
+
+/* ---- the Adam step (mha_adam_step) ---------------------------------------------------------
+ * One pass over (p, g, m, v), in the operations and order of mha.train's NumPy step, each
+ * rounded to `real`: p *= decay; g' = g + wd p (L2); m += (g' - m) c1; v = v b2 + (g' g') c2;
+ * p -= (m / (sqrt(v) / bc2 + eps)) step_size. Where the compiler fuses a product and a sum
+ * (-ffp-contract=fast with FMA), the result is equal to rounding rather than bitwise. */
+typedef struct {
+    real *p, *m, *v;
+    const real *g;
+    int64_t n;
+    real decay, wd, c1, b2, c2, bc2, eps, step_size;
+    int l2;
+} FN(adam_job);
+
+#ifndef MHA_ADAM_BLOCK
+#define MHA_ADAM_BLOCK 16384 /* elements of one task */
+#endif
+
+static void FN(adam_task)(void *ctx, int64_t task, int thread) {
+    const FN(adam_job) *a = ctx;
+    (void)thread;
+    const int64_t lo = task * MHA_ADAM_BLOCK;
+    const int64_t hi = a->n - lo < MHA_ADAM_BLOCK ? a->n : lo + MHA_ADAM_BLOCK;
+    real *p = a->p, *m = a->m, *v = a->v;
+    const real *g = a->g;
+    const real decay = a->decay, wd = a->wd, c1 = a->c1, b2 = a->b2, c2 = a->c2, bc2 = a->bc2;
+    const real eps = a->eps, step_size = a->step_size;
+    int64_t j = lo;
+#if MHA_GNU_C
+    for (; j + BVL <= hi; j += BVL) {
+        BVEC pj, gj, mj, vj, d;
+        MHA_VLOAD(pj, p + j);
+        MHA_VLOAD(gj, g + j);
+        MHA_VLOAD(mj, m + j);
+        MHA_VLOAD(vj, v + j);
+        pj *= decay;
+        if (a->l2) gj += wd * pj;
+        mj += (gj - mj) * c1;
+        vj = vj * b2 + gj * gj * c2;
+        for (int64_t l = 0; l < BVL; l++) d[l] = (real)sqrt((double)vj[l]);
+        d = d / bc2 + eps;
+        pj -= mj / d * step_size;
+        MHA_VSTORE(p + j, pj);
+        MHA_VSTORE(m + j, mj);
+        MHA_VSTORE(v + j, vj);
+    }
+#endif
+    for (; j < hi; j++) {
+        real pj = p[j] * decay, gj = g[j];
+        if (a->l2) gj += wd * pj;
+        m[j] += (gj - m[j]) * c1;
+        v[j] = v[j] * b2 + gj * gj * c2;
+        p[j] = pj - m[j] / ((real)sqrt((double)v[j]) / bc2 + eps) * step_size;
+    }
+}
+
+static int FN(mha_adam_step)(real *p, real *m, real *v, const real *g, int64_t n, double lr,
+                             double beta1, double beta2, double eps, double weight_decay,
+                             int decoupled, int64_t step) {
+    if (n < 0 || step < 1) return MHA_EINVAL;
+    const int decay = weight_decay != 0 && decoupled;
+    FN(adam_job) job = {
+        p, m, v, g, n,
+        (real)(decay ? 1.0 - lr * weight_decay : 1.0), (real)weight_decay,
+        (real)(1.0 - beta1), (real)beta2, (real)(1.0 - beta2),
+        (real)sqrt(1.0 - pow(beta2, (double)step)), (real)eps,
+        (real)(lr / (1.0 - pow(beta1, (double)step))),
+        weight_decay != 0 && !decoupled,
+    };
+    const int64_t tasks = (n + MHA_ADAM_BLOCK - 1) / MHA_ADAM_BLOCK;
+    mha_parallel_for(mha_threads_for(12.0 * (double)n), tasks, 1, FN(adam_task), &job);
+    return MHA_OK;
 }
 
 #undef DACT_CHUNK

@@ -99,6 +99,10 @@
        const T *W, int64_t ldw, int trans_w, const int64_t *labels, int64_t n, int64_t d,      \
        int64_t vocab, int64_t chunk),                                                          \
       (loss, d_hidden, ldd, dW, hidden, ldh, W, ldw, trans_w, labels, n, d, vocab, chunk))     \
+    X(mha_adam_step_##SFX,                                                                     \
+      (T *p, T *m, T *v, const T *g, int64_t n, double lr, double beta1, double beta2,         \
+       double eps, double weight_decay, int decoupled, int64_t step),                          \
+      (p, m, v, g, n, lr, beta1, beta2, eps, weight_decay, decoupled, step))                   \
     X(mha_attention_forward_lse_##SFX,                                                         \
       (T *out, T *weights, T *lse, const T *q, const T *k, const T *v,                         \
        const mha_attention_desc *desc),                                                        \

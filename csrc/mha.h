@@ -331,7 +331,18 @@ enum mha_activation {
     int mha_cross_entropy_##SFX(double *loss, T *d_hidden, int64_t ldd, T *dW,                 \
                                 const T *hidden, int64_t ldh, const T *W, int64_t ldw,         \
                                 int trans_w, const int64_t *labels, int64_t n, int64_t d,      \
-                                int64_t vocab, int64_t chunk);
+                                int64_t vocab, int64_t chunk);                             \
+    /* One Adam step in place on n parameters p with their gradient g and moments m, v, in     \
+     * torch.optim.Adam's arithmetic (step = t >= 1, the steps taken with this one):           \
+     *   decoupled weight decay (AdamW): p *= 1 - lr weight_decay; else g' = g + weight_decay p; \
+     *   m += (g' - m)(1 - beta1); v = beta2 v + (1 - beta2) g'^2;                             \
+     *   p -= lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps),                    \
+     * each operation rounded to T (scalars computed in double, then rounded), as               \
+     * mha.train.Adam's NumPy step; equal to it to rounding where products and sums are fused. \
+     * p, m, v must not overlap each other or g. MHA_EINVAL for n < 0 or step < 1. */          \
+    int mha_adam_step_##SFX(T *p, T *m, T *v, const T *g, int64_t n, double lr, double beta1,  \
+                            double beta2, double eps, double weight_decay, int decoupled,      \
+                            int64_t step);
 
 MHA_DECLARE_BLOCK(float, f32)
 MHA_DECLARE_BLOCK(double, f64)

@@ -1963,6 +1963,55 @@ static PyObject *py_build_info(PyObject *self, PyObject *unused) {
     return PyUnicode_FromString(mha_build_info());
 }
 
+static const char *const adam_step_kw[] = {"p", "grad", "m", "v", "lr", "beta1", "beta2", "eps",
+                                           "weight_decay", "decoupled", "step", NULL};
+static call_spec adam_step_spec = {"adam_step", adam_step_kw, 11, {NULL}};
+
+static int arrays_overlap(PyArrayObject *a, PyArrayObject *b) {
+    return PyArray_SIZE(a) > 0 && PyArray_SIZE(b) > 0 &&
+           (char *)PyArray_DATA(a) < (char *)PyArray_DATA(b) + PyArray_NBYTES(b) &&
+           (char *)PyArray_DATA(b) < (char *)PyArray_DATA(a) + PyArray_NBYTES(a);
+}
+
+/* adam_step(p, grad, m, v, lr, beta1, beta2, eps, weight_decay, decoupled, step) -> None: one
+ * Adam (decoupled: AdamW) step in place on p and its moments m, v; p, grad, m, v C-contiguous,
+ * of p's float dtype and shape, none overlapping another; step >= 1 counts this one. */
+static PyObject *py_adam_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    (void)self;
+    PyObject *arg[MAX_PARAMS];
+    double lr = 0, beta1 = 0, beta2 = 0, eps = 0, wd = 0;
+    Py_ssize_t step = 0;
+    if (parse_call(&adam_step_spec, args, nargs, kwnames, arg) || get_double(arg[4], "lr", &lr) ||
+        get_double(arg[5], "beta1", &beta1) || get_double(arg[6], "beta2", &beta2) ||
+        get_double(arg[7], "eps", &eps) || get_double(arg[8], "weight_decay", &wd) ||
+        get_ssize(arg[10], "step", &step))
+        return NULL;
+    const int decoupled = PyObject_IsTrue(arg[9]);
+    if (decoupled < 0) return NULL;
+    if (step < 1) {
+        PyErr_Format(PyExc_ValueError, "step must be >= 1 (the steps taken with this one), got %zd", step);
+        return NULL;
+    }
+    int typenum = float_type(arg[0], "p");
+    if (typenum < 0) return NULL;
+    const char *names[4] = {"p", "grad", "m", "v"};
+    PyArrayObject *a[4];
+    for (int i = 0; i < 4; i++) {
+        a[i] = i == 1 ? get_array(arg[i], names[i], typenum, -1) : get_output_array(arg[i], names[i], typenum, -1);
+        if (!a[i] || (i && check_shape(a[i], names[i], PyArray_NDIM(a[0]), PyArray_DIMS(a[0])))) return NULL;
+        for (int j = 0; j < i; j++)
+            if (arrays_overlap(a[i], a[j])) {
+                PyErr_Format(PyExc_ValueError, "%s overlaps %s", names[i], names[j]);
+                return NULL;
+            }
+    }
+    int err;
+    CALL_TYPED(typenum, err, mha_adam_step, PyArray_DATA(a[0]), PyArray_DATA(a[2]), PyArray_DATA(a[3]),
+               PyArray_DATA(a[1]), (int64_t)PyArray_SIZE(a[0]), lr, beta1, beta2, eps, wd, decoupled, (int64_t)step);
+    if (raise_core_error(err)) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"attention_forward", (PyCFunction)(void (*)(void))py_attention_forward, METH_FASTCALL | METH_KEYWORDS,
      "attention_forward(q, k, v, mask, key_padding_mask, causal, scale, dropout, seed, need_weights, return_lse, out, weights_out, row_stats, key_set, scores_out) -> (out, weights[, lse][, stats])"},
@@ -2008,6 +2057,9 @@ static PyMethodDef methods[] = {
     {"cross_entropy", (PyCFunction)(void (*)(void))py_cross_entropy, METH_FASTCALL | METH_KEYWORDS,
      "cross_entropy(hidden, w, labels, trans_w=False, chunk=0, need_grads=True, d_hidden=None, d_w=None) -> "
      "(loss, d_hidden, d_w): softmax cross-entropy over an LM head in chunks of rows"},
+    {"adam_step", (PyCFunction)(void (*)(void))py_adam_step, METH_FASTCALL | METH_KEYWORDS,
+     "adam_step(p, grad, m, v, lr, beta1, beta2, eps, weight_decay, decoupled, step) -> None: one Adam "
+     "(decoupled: AdamW) step in place on p, m, v"},
     {"attention_flow", (PyCFunction)(void (*)(void))py_attention_flow, METH_FASTCALL | METH_KEYWORDS,
      "attention_flow(weights (L, n, n) float64, sources=None) -> (n_sources, n) maximum flows"},
     {"dropout_uniform", py_dropout_uniform, METH_VARARGS, "dropout_uniform(seed, b, h, i, j) -> float in [0, 1)"},

@@ -7,7 +7,7 @@
  * central finite differences (float64), its row statistics against loops over the weights, the layer against projections + attention composed by
  * hand, and fully masked rows giving 0; the rest of the block (dense with its activation,
  * norms, RoPE, embedding) and its backward against loops in double (accumulated into
- * strided outputs, the cross-entropy in chunks); the thread layer runs every task of a job
+ * strided outputs, the cross-entropy in chunks); the Adam step against its formula; the thread layer runs every task of a job
  * once.
  */
 #include <math.h>
@@ -1301,6 +1301,65 @@ static void test_embedding_backward(void) {
     free(g), free(want), free(got), free(got1);
 }
 
+/* The Adam step against its formula in plain loops, in the same type: AdamW and Adam with L2
+ * decay, three steps, on more elements than one task (with a tail of a vector); and the
+ * same bits on one thread. */
+#define ADAM_TEST(T, SFX, TOL)                                                                   \
+    static void test_adam_step_##SFX(int decoupled) {                                            \
+        enum { n = 40003 };                                                                      \
+        const double lr = 0.01, b1 = 0.8, b2 = 0.99, eps = 1e-6, wd = 0.1;                       \
+        T *p = malloc(n * sizeof *p), *m = calloc(n, sizeof *m), *v = calloc(n, sizeof *v);      \
+        T *wp = malloc(n * sizeof *p), *wm = calloc(n, sizeof *m), *wv = calloc(n, sizeof *v);   \
+        T *p1 = malloc(n * sizeof *p), *m1 = calloc(n, sizeof *m), *v1 = calloc(n, sizeof *v);   \
+        T *g = malloc(n * sizeof *g);                                                            \
+        for (int i = 0; i < n; i++) wp[i] = p1[i] = p[i] = (T)randn();                           \
+        int err = 0;                                                                             \
+        const int threads = mha_get_num_threads();                                               \
+        for (int t = 1; t <= 3; t++) {                                                           \
+            for (int i = 0; i < n; i++) g[i] = (T)randn();                                       \
+            err |= mha_adam_step_##SFX(p, m, v, g, n, lr, b1, b2, eps, wd, decoupled, t);        \
+            mha_set_num_threads(1);                                                              \
+            err |= mha_adam_step_##SFX(p1, m1, v1, g, n, lr, b1, b2, eps, wd, decoupled, t);     \
+            mha_set_num_threads(threads);                                                        \
+            const T step_size = (T)(lr / (1 - pow(b1, t))), bc2 = (T)sqrt(1 - pow(b2, t));       \
+            for (int i = 0; i < n; i++) {                                                        \
+                T gi = g[i];                                                                     \
+                if (decoupled) wp[i] *= (T)(1 - lr * wd);                                        \
+                else gi += (T)wd * wp[i];                                                        \
+                wm[i] = wm[i] + (gi - wm[i]) * (T)(1 - b1);                                      \
+                wv[i] = wv[i] * (T)b2 + gi * gi * (T)(1 - b2);                                   \
+                wp[i] -= wm[i] / ((T)sqrt((double)wv[i]) / bc2 + (T)eps) * step_size;            \
+            }                                                                                    \
+        }                                                                                        \
+        double e = 0;                                                                            \
+        for (int i = 0; i < n; i++) {                                                            \
+            double d = fabs((double)p[i] - wp[i]) / (fabs((double)wp[i]) + 1) +                  \
+                       fabs((double)m[i] - wm[i]) / (fabs((double)wm[i]) + 1) +               \
+                       fabs((double)v[i] - wv[i]) / (fabs((double)wv[i]) + 1e-2);                \
+            if (d > e || d != d) e = d;                                                          \
+        }                                                                                        \
+        if (err) e = INFINITY;                                                                   \
+        expect(e <= TOL, decoupled ? "adam_step " #SFX ": AdamW, 3 steps"                       \
+                                   : "adam_step " #SFX ": Adam with L2, 3 steps", e, TOL);       \
+        expect(memcmp(p, p1, n * sizeof *p) == 0 && memcmp(m, m1, n * sizeof *m) == 0 &&         \
+               memcmp(v, v1, n * sizeof *v) == 0, "adam_step " #SFX ": the same bits on 1 thread", \
+               0, 0);                                                                            \
+        expect(mha_adam_step_##SFX(p, m, v, g, n, lr, b1, b2, eps, wd, decoupled, 0) ==          \
+               MHA_EINVAL, "adam_step " #SFX ": step 0 refused", 0, 0);                          \
+        free(p), free(m), free(v), free(wp), free(wm), free(wv), free(p1), free(m1), free(v1);   \
+        free(g);                                                                                 \
+    }
+ADAM_TEST(float, f32, 1e-5)
+ADAM_TEST(double, f64, 1e-13)
+#undef ADAM_TEST
+
+static void test_adam_step(void) {
+    for (int decoupled = 0; decoupled < 2; decoupled++) {
+        test_adam_step_f32(decoupled);
+        test_adam_step_f64(decoupled);
+    }
+}
+
 /* cross-entropy over the LM head in chunks (1, 4 rows, and the default) against the whole
  * logits in double; W (d, vocab) and tied (vocab, d); labels -100 not counted */
 static void test_cross_entropy_case(int tw, int64_t chunk) {
@@ -1490,6 +1549,7 @@ int main(int argc, char **argv) {
     test_rope_backward();
     test_embedding_backward();
     test_cross_entropy();
+    test_adam_step();
     printf("%d passed, %d failed\n", checks - failures, failures);
     return failures != 0;
 }

@@ -120,6 +120,52 @@ def test_writable_parameters_repacks():
 
 # --- the optimizer, clipping and schedules against torch and transformers ----------------------
 
+@pytest.mark.parametrize("dtype, tol", [(np.float32, 2e-6), (np.float64, 1e-14)])
+@pytest.mark.parametrize("decoupled", [True, False])
+def test_adam_core_step_follows_its_numpy_twin(rng, dtype, tol, decoupled):
+    """The C core's one-pass step (more elements than one of its tasks, a tail past the last
+    vector) against the NumPy steps: equal to rounding over 5 steps, lr changing between
+    them; a strided parameter takes the NumPy path and matches bitwise."""
+    from mha.train.optim import _core_can_step, _numpy_adam_step
+    shape = (7, 5003)
+    params = {"w": rng.standard_normal(shape).astype(dtype)}
+    strided = {"w": np.asfortranarray(params["w"])}
+    twin = {k: p.copy() for k, p in params.items()}
+    initial = params["w"].copy()
+    assert _core_can_step(params["w"]) and not _core_can_step(strided["w"])
+    kwargs = dict(lr=0.02, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1,
+                  decoupled_weight_decay=decoupled)
+    opt, opt_strided = train.Adam(params, **kwargs), train.Adam(strided, **kwargs)
+    m, v = np.zeros(shape, dtype), np.zeros(shape, dtype)
+    for t in range(1, 6):
+        g = rng.standard_normal(shape)                   # float64: converted to p's dtype
+        opt.lr = opt_strided.lr = 0.02 / t
+        opt.step({"w": g})
+        opt_strided.step({"w": g})
+        _numpy_adam_step(twin["w"], g.astype(dtype), m, v, 0.02 / t, (0.8, 0.99), 1e-6, 0.1,
+                         decoupled, t)
+        assert np.array_equal(strided["w"], twin["w"])
+    assert params["w"].dtype == dtype
+    assert np.abs(params["w"] - twin["w"]).max() <= tol * np.abs(twin["w"]).max()
+    assert np.abs(opt.m["w"] - m).max() <= tol * np.abs(m).max()
+    assert np.abs(opt.v["w"] - v).max() <= tol * np.abs(v).max()
+    assert np.abs(params["w"] - initial).max() > 0.05                  # the steps moved p
+
+
+def test_adam_core_step_refuses_mismatched_arrays():
+    """A gradient of another shape, or an array aliasing another, is refused before a write."""
+    from mha import _core
+    p, m, v = np.ones(6), np.zeros(6), np.zeros(6)
+    kwargs = dict(lr=0.1, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, decoupled=True)
+    with pytest.raises(ValueError, match="grad has shape"):
+        _core.adam_step(p, np.ones(5), m, v, step=1, **kwargs)
+    with pytest.raises(ValueError, match="v overlaps m"):
+        _core.adam_step(p, np.ones(6), m, m, step=1, **kwargs)
+    with pytest.raises(ValueError, match="step must be >= 1"):
+        _core.adam_step(p, np.ones(6), m, v, step=0, **kwargs)
+    assert np.array_equal(p, np.ones(6)) and not m.any() and not v.any()
+
+
 def test_adamw_clipping_and_schedules_match_torch(rng):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")

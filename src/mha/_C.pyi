@@ -136,6 +136,12 @@ def cross_entropy(
     need_grads: bool = True, d_hidden: _Array | None = None, d_w: _Array | None = None,
 ) -> tuple[float, _Array | None, _Array | None]: ...
 
+# one Adam step in place on p, m, v (float32 or float64, p's shape, C-contiguous); step >= 1
+def adam_step(
+    p: _Array, grad: ArrayLike, m: _Array, v: _Array, lr: float, beta1: float, beta2: float,
+    eps: float, weight_decay: float, decoupled: bool, step: int,
+) -> None: ...
+
 # weights (L, n, n) float64, finite, >= 0; sources int64 (n_sources,) or None (all positions)
 def attention_flow(
     weights: NDArray[np.float64], sources: NDArray[np.int64] | None = None,

@@ -21,7 +21,7 @@ __all__ = [
     "linear", "pack_weight", "activation", "layer_norm", "rms_norm", "rope", "embedding",
     "attention_flow",
     "linear_backward", "activation_backward", "layer_norm_backward", "rms_norm_backward",
-    "rope_backward", "embedding_backward", "cross_entropy",
+    "rope_backward", "embedding_backward", "cross_entropy", "adam_step",
 ]
 
 
@@ -222,3 +222,12 @@ def cross_entropy(hidden, w, labels, *, trans_w=False, chunk=0, need_grads=True,
     None, d_w or None), the gradients added into d_hidden, d_w when given."""
     return _C.cross_entropy(hidden=hidden, w=w, labels=labels, trans_w=trans_w, chunk=chunk,
                             need_grads=need_grads, d_hidden=d_hidden, d_w=d_w)
+
+
+# ---- the optimizer ------------------------------------------------------------------------------
+
+def adam_step(p, grad, m, v, *, lr, betas, eps, weight_decay, decoupled, step) -> None:
+    """One Adam step (decoupled: AdamW's weight decay) in place on p and its moments m, v, all
+    C-contiguous of p's float dtype and shape; ``step`` >= 1 counts this one."""
+    _C.adam_step(p=p, grad=grad, m=m, v=v, lr=lr, beta1=betas[0], beta2=betas[1], eps=eps,
+                 weight_decay=weight_decay, decoupled=decoupled, step=step)

@@ -13,6 +13,8 @@ from typing import Callable, Mapping
 
 import numpy as np
 
+from .. import _core
+
 __all__ = ["Adam", "AdamW", "clip_grad_norm", "global_norm", "lr_schedule", "SCHEDULES"]
 
 
@@ -24,6 +26,9 @@ class Adam:
     L2 term added to the gradient (``g += weight_decay * p``, as ``torch.optim.Adam``), or,
     with ``decoupled_weight_decay=True``, a shrinking of the weights before the step
     (``p *= 1 - lr * weight_decay``, as ``torch.optim.AdamW``; see :class:`AdamW`).
+    Each parameter's step is one pass of the C core over it and its gradient and moments,
+    on mha's threads, for float32 and float64 arrays that are C-contiguous and writable
+    (others take the same steps in NumPy).
 
     Parameters
     ----------
@@ -88,30 +93,54 @@ class Adam:
         grads : dict of str to ndarray
             The gradients, with at least the keys of ``params`` (same shapes); not modified.
         """
-        b1, b2 = self.betas
         self.t += 1
-        step_size = self.lr / (1.0 - b1 ** self.t)
-        bc2_sqrt = math.sqrt(1.0 - b2 ** self.t)
         for name, p in self.params.items():
-            g = np.asarray(grads[name], dtype=p.dtype)
-            if self.weight_decay and self.decoupled_weight_decay:
-                p *= 1.0 - self.lr * self.weight_decay
-            elif self.weight_decay:
-                g = g + self.weight_decay * p
             m, v = self.m[name], self.v[name]
-            scratch = g - m                                    # m.lerp_(g, 1 - b1), as torch
-            scratch *= 1.0 - b1
-            m += scratch
-            v *= b2
-            np.multiply(g, g, out=scratch)
-            scratch *= 1.0 - b2
-            v += scratch
-            np.sqrt(v, out=scratch)                            # denom = sqrt(v) / bc2 + eps
-            scratch /= bc2_sqrt
-            scratch += self.eps
-            np.divide(m, scratch, out=scratch)
-            scratch *= step_size
-            p -= scratch
+            if _core_can_step(p, m, v):
+                g = np.ascontiguousarray(grads[name], dtype=p.dtype)
+                _core.adam_step(p, g, m, v, lr=self.lr, betas=self.betas, eps=self.eps,
+                                weight_decay=self.weight_decay,
+                                decoupled=self.decoupled_weight_decay, step=self.t)
+            else:
+                _numpy_adam_step(p, np.asarray(grads[name], dtype=p.dtype), m, v, self.lr,
+                                 self.betas, self.eps, self.weight_decay,
+                                 self.decoupled_weight_decay, self.t)
+
+
+def _core_can_step(*arrays: np.ndarray) -> bool:
+    """Whether the C core's Adam step takes these arrays: float32 or float64 ndarrays,
+    C-contiguous, aligned, writable, in native byte order."""
+    return all(isinstance(a, np.ndarray) and a.dtype in (np.float32, np.float64)
+               and a.dtype.isnative and a.flags.c_contiguous and a.flags.aligned
+               and a.flags.writeable for a in arrays)
+
+
+def _numpy_adam_step(p: np.ndarray, g: np.ndarray, m: np.ndarray, v: np.ndarray, lr: float,
+                     betas: tuple[float, float], eps: float, weight_decay: float,
+                     decoupled: bool, t: int) -> None:
+    """One Adam step in place on p, m, v in NumPy, step t >= 1: the twin of the C core's
+    ``adam_step`` (the same operations in the same order, each rounded to p's dtype) and the
+    path of arrays it does not take."""
+    b1, b2 = betas
+    step_size = lr / (1.0 - b1 ** t)
+    bc2_sqrt = math.sqrt(1.0 - b2 ** t)
+    if weight_decay and decoupled:
+        p *= 1.0 - lr * weight_decay
+    elif weight_decay:
+        g = g + weight_decay * p
+    scratch = g - m                                    # m.lerp_(g, 1 - b1), as torch
+    scratch *= 1.0 - b1
+    m += scratch
+    v *= b2
+    np.multiply(g, g, out=scratch)
+    scratch *= 1.0 - b2
+    v += scratch
+    np.sqrt(v, out=scratch)                            # denom = sqrt(v) / bc2 + eps
+    scratch /= bc2_sqrt
+    scratch += eps
+    np.divide(m, scratch, out=scratch)
+    scratch *= step_size
+    p -= scratch
 
 
 class AdamW(Adam):
