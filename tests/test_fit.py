@@ -149,7 +149,7 @@ def test_adam_core_step_follows_its_numpy_twin(rng, dtype, tol, decoupled):
     assert np.abs(params["w"] - twin["w"]).max() <= tol * np.abs(twin["w"]).max()
     assert np.abs(opt.m["w"] - m).max() <= tol * np.abs(m).max()
     assert np.abs(opt.v["w"] - v).max() <= tol * np.abs(v).max()
-    assert np.abs(params["w"] - initial).max() > 0.05                  # the steps moved p
+    assert np.abs(params["w"] - initial).max() > 0.03      # about lr a step: 0.046 in all
 
 
 def test_adam_core_step_refuses_mismatched_arrays():
