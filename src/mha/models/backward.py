@@ -33,6 +33,7 @@ from numpy.typing import ArrayLike
 from mha import _core
 
 from . import ops
+from .hooks import run_hook_fns
 
 __all__ = ["Differentiable", "DecoderLayout", "EncoderLayout", "Record", "LayerRecord"]
 
@@ -776,19 +777,8 @@ class Keeper:
             return
         view = value.view()
         view.shape = shape                          # raises rather than copy
-        for fn in self.hooks.get(name, ()):
-            got = fn(view, name)
-            if got is None or got is view:
-                continue
-            if not isinstance(got, np.ndarray):
-                raise TypeError(f"the backward hook at {name} returned {type(got).__name__}; "
-                                f"expected None or an array of shape {view.shape} and dtype "
-                                f"{view.dtype}")
-            if got.shape != view.shape or got.dtype != view.dtype:
-                raise ValueError(f"the backward hook at {name} returned shape {got.shape} "
-                                 f"dtype {got.dtype}; the gradient there has shape "
-                                 f"{view.shape} dtype {view.dtype}")
-            view[...] = got
+        run_hook_fns(self.hooks.get(name, ()), view, name, "backward hook",
+                     "the gradient there has")
         if name in self.names:
             self.out[name] = np.array(view)
 

@@ -119,6 +119,25 @@ def get_act_name(name: str, layer: int | None = None, layer_type: str | None = N
     return full
 
 
+def run_hook_fns(fns: Sequence[HookFn], x: np.ndarray, name: str, kind: str = "hook",
+                 holds: str = "the activation has") -> None:
+    """Call each ``fn(x, name)`` in turn; an array one returns replaces x's values (in place,
+    so the caller's buffer carries it on). A return of another type (TypeError) or another
+    shape or dtype (ValueError) is refused with the point's name and both shapes. Shared by
+    the forward's hook points and the backward's (``kind``, ``holds`` word the message)."""
+    for fn in fns:
+        out = fn(x, name)
+        if out is None or out is x:
+            continue
+        if not isinstance(out, np.ndarray):
+            raise TypeError(f"the {kind} at {name} returned {type(out).__name__}; expected "
+                            f"None or an array of shape {x.shape} and dtype {x.dtype}")
+        if out.shape != x.shape or out.dtype != x.dtype:
+            raise ValueError(f"the {kind} at {name} returned shape {out.shape} dtype "
+                             f"{out.dtype}; {holds} shape {x.shape} dtype {x.dtype}")
+        x[...] = out
+
+
 def _resolve(selector: NameFilter, valid: Sequence[str]) -> list[str]:
     """The valid names a name or predicate selects (a predicate skips ON_REQUEST points)."""
     if isinstance(selector, str):
@@ -260,18 +279,7 @@ class HookPoints:
             view.shape = shape              # raises rather than copy
             x = view
         name = _join(layer, point)
-        for fn in self._hooks.get(name, ()):
-            out = fn(x, name)
-            if out is None or out is x:
-                continue
-            if not isinstance(out, np.ndarray):
-                raise TypeError(f"the hook at {name} returned {type(out).__name__}; expected "
-                                f"None or an array of shape {x.shape} and dtype {x.dtype}")
-            if out.shape != x.shape or out.dtype != x.dtype:
-                raise ValueError(f"the hook at {name} returned shape {out.shape} dtype "
-                                 f"{out.dtype}; the activation has shape {x.shape} dtype "
-                                 f"{x.dtype}")
-            x[...] = out
+        run_hook_fns(self._hooks.get(name, ()), x, name)
         if name in self._keep:
             self.cache[name] = x if owned else self._arena.copy(x)
 
