@@ -89,7 +89,7 @@ class LlamaModel(CausalLM, Differentiable, TransformerModel):
         self.norm = read("norm.weight", (d,))
         self.lm_head = None                                 # tied: the LM head is embed_tokens
         if not cfg.tie_word_embeddings:
-            if read.prefix == "" and not read.has("lm_head.weight", prefixed=False):
+            if not read.has("lm_head.weight", prefixed=False) and read.prefix == "":
                 self.has_lm_head = False                        # a base-model folder
             else:
                 self.lm_head = read("lm_head.weight", (cfg.vocab_size, d), prefixed=False)

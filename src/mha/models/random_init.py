@@ -28,11 +28,8 @@ __all__ = ["from_config"]
 
 
 class _Recorder:
-    """A TensorReader stand-in for the dry run: every tensor is zeros, its name and shape kept.
-    Its prefix is a head model's, so that the families read their LM head (a random model is
-    whole, never a base-model folder)."""
-
-    prefix = "model."
+    """A TensorReader stand-in for the dry run: every tensor is zeros, its name and shape kept;
+    it has every tensor asked for (a random model is whole: never a base-model folder)."""
 
     def __init__(self, dtype: Any) -> None:
         self.dtype = dtype
