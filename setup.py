@@ -55,16 +55,21 @@ def read_source_list(path=SOURCE_LIST):
 FILES = read_source_list()
 CORE = ["csrc/module.c"] + FILES["CORE_SOURCES"]
 HEADERS = FILES["HEADERS"] + [SOURCE_LIST]
-# Each kernel unit's flags, per compiler type ("unix": GCC and clang).
+# Each kernel unit's flags, per compiler type ("unix": GCC and clang), and the macro its
+# instruction set defines (the unit is built where the flags define it: x86 targets).
 KERNEL_UNIT_FLAGS = {
-    "csrc/kernels_avx2.c": {"unix": ["-mavx2", "-mfma"], "msvc": ["/arch:AVX2"]},
+    "csrc/kernels_avx2.c": {"unix": ["-mavx2", "-mfma"], "msvc": ["/arch:AVX2"],
+                            "defines": "__AVX2__"},
+    "csrc/kernels_avx512.c": {"unix": ["-mavx2", "-mfma", "-mavx512f", "-mavx512dq", "-mavx512bw",
+                                       "-mavx512vl"], "msvc": ["/arch:AVX512"],
+                              "defines": "__AVX512F__"},
 }
 KERNEL_UNITS = {unit: KERNEL_UNIT_FLAGS[unit] for unit in FILES["ISA_UNITS"]}
 # The kernel units take nearly all of the compile time (GCC 12, -O3: 6-9 s each; module.c 1 s,
 # the rest 0.6 s together): they start first so that the small sources fill in beside them.
-SLOW = ("csrc/kernels_avx2.c", "csrc/kernels_baseline.c")
-# Compiles only where the flags target the unit's instruction set (x86 with AVX2).
-UNIT_PROBE = "#ifndef __AVX2__\n#error no AVX2\n#endif\nint main(void) { return 0; }\n"
+SLOW = ("csrc/kernels_avx512.c", "csrc/kernels_avx2.c", "csrc/kernels_baseline.c")
+# Compiles only where the flags target the unit's instruction set (x86 with AVX2, AVX-512).
+UNIT_PROBE = "#ifndef {0}\n#error no {0}\n#endif\nint main(void) {{ return 0; }}\n"
 OPENMP_PROBE = "#include <omp.h>\nint main(void) { return omp_get_max_threads() > 0 ? 0 : 1; }\n"
 
 
@@ -150,8 +155,10 @@ class BuildExt(build_ext):
         self.unit_flags = {}
         for unit, isa_flags in KERNEL_UNITS.items():
             extra = isa_flags[kind]
-            if not compiler_accepts(self.compiler, flags + extra, link, UNIT_PROBE):
-                say(f"{unit}: the compiler does not target it here ({' '.join(extra)}); baseline kernels only")
+            probe = UNIT_PROBE.format(isa_flags["defines"])
+            if not compiler_accepts(self.compiler, flags + extra, link, probe):
+                say(f"{unit}: the compiler does not target it here ({' '.join(extra)}); "
+                    f"its path is left out")
                 extra = []
             elif not unix and compiler_accepts(self.compiler, flags + extra + ["/fp:contract"], link):
                 extra = extra + ["/fp:contract"]  # fused multiply-adds (VS 2022 and later)

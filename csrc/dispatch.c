@@ -49,8 +49,20 @@ static int cpu_runs_avx2(void) {
     const int bmi1 = r[1] >> 3 & 1, avx2 = r[1] >> 5 & 1, bmi2 = r[1] >> 8 & 1;
     return avx2 && bmi1 && bmi2;
 }
+
+/* All of the above, AVX512F, AVX512DQ, AVX512BW and AVX512VL (the -mavx512* flags the unit is
+ * compiled with), and the OS saving the opmask and ZMM registers too (XCR0 bits 5 to 7). */
+static int cpu_runs_avx512(void) {
+    if (!cpu_runs_avx2() || (xcr0() & 0xe6) != 0xe6) return 0;
+    unsigned r[4];
+    cpuid(7, r);
+    const unsigned ebx = r[1];
+    const int f = ebx >> 16 & 1, dq = ebx >> 17 & 1, bw = ebx >> 30 & 1, vl = ebx >> 31 & 1;
+    return f && dq && bw && vl;
+}
 #else
 static int cpu_runs_avx2(void) { return 0; }
+static int cpu_runs_avx512(void) { return 0; }
 #endif
 
 /* ---- the paths, best first ---------------------------------------------------------------- */
@@ -61,6 +73,9 @@ static const struct mha_path {
     int (*cpu_runs)(void);          /* NULL: every CPU of the target */
     const char *needs;              /* what cpu_runs checks */
 } paths[] = {
+    {"avx512", &mha_unit_avx512, cpu_runs_avx512,
+     "AVX512F, AVX512DQ, AVX512BW and AVX512VL (with AVX2 and FMA) with ZMM registers enabled by "
+     "the OS"},
     {"avx2", &mha_unit_avx2, cpu_runs_avx2,
      "AVX2, FMA, BMI1 and BMI2 with YMM registers enabled by the OS"},
     {"baseline", &mha_unit_baseline, NULL, ""},
@@ -73,7 +88,7 @@ enum { N_PATHS = sizeof paths / sizeof paths[0] };
 static struct {
     const mha_kernels *table;
     const char *path;
-    char paths_here[64];  /* the paths this build and CPU run, best first: "avx2 baseline" */
+    char paths_here[64];  /* the paths this build and CPU run, best first: "avx512 avx2 baseline" */
     char choice[256];     /* how it was chosen */
     char info[640];       /* mha_build_info's text */
 } chosen;
@@ -147,7 +162,7 @@ static void choose(void) {
             if (same_name(want, paths[i].name)) asked = i;
         char why[160] = "";
         if (asked < 0)
-            snprintf(why, sizeof why, "not a SIMD path of mha (auto, avx2, baseline)");
+            snprintf(why, sizeof why, "not a SIMD path of mha (auto, avx512, avx2, baseline)");
         else if (!*paths[asked].unit)
             snprintf(why, sizeof why, "this build has no %s kernels", paths[asked].name);
         else if (!runs[asked])

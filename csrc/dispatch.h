@@ -5,6 +5,7 @@
  * attention and the layer, float and double), built with the flags of one instruction set:
  *   kernels_baseline.c  the target's baseline (SSE2 on x86-64, NEON on aarch64), always built
  *   kernels_avx2.c      AVX2+FMA (-mavx2 -mfma; MSVC /arch:AVX2), x86 only
+ *   kernels_avx512.c    AVX-512 F/DQ/BW/VL (x86-64-v4; MSVC /arch:AVX512), x86 only
  * Each unit exports one table (mha_kernels) of the entry points below; dispatch.c probes the
  * CPU once, honours MHA_SIMD, and every public function calls through the chosen table. Only
  * the entry points are called through it: inside a unit every call is direct, and every loop
@@ -137,5 +138,6 @@ typedef struct mha_kernels {
  * aarch64, or without its flags). */
 extern const mha_kernels *const mha_unit_baseline;
 extern const mha_kernels *const mha_unit_avx2;
+extern const mha_kernels *const mha_unit_avx512;
 
 #endif /* MHA_DISPATCH_H */

@@ -371,15 +371,17 @@ int mha_get_num_threads(void);
 
 /* ---- SIMD dispatch (dispatch.c) ------------------------------------------------------- */
 
-/* The kernels are compiled once per instruction set ("paths": "avx2" for AVX2+FMA on x86,
- * "baseline" for the target's baseline: SSE2 on x86-64, NEON on aarch64). The first call of
- * any function of the core chooses one for the process: the best this CPU runs, unless the
- * environment variable MHA_SIMD names another (auto, avx2 or baseline, any case). A value
+/* The kernels are compiled once per instruction set ("paths": "avx512" for AVX-512 and
+ * "avx2" for AVX2+FMA on x86, "baseline" for the target's baseline: SSE2 on x86-64, NEON on
+ * aarch64). The first call of any function of the core chooses one for the process: the best
+ * this CPU runs, unless the environment variable MHA_SIMD names another (auto, avx512, avx2
+ * or baseline, any case). A value
  * that names no path, or one this build or CPU lacks, is ignored with a warning on stderr.
  * Results differ between paths by rounding only (docs/semantics.md, "SIMD paths"). */
-/* The path in use: "avx2" or "baseline" (a static string). */
+/* The path in use: "avx512", "avx2" or "baseline" (a static string). */
 const char *mha_simd_path(void);
-/* The paths this build runs on this CPU, best first, separated by spaces: "avx2 baseline". */
+/* The paths this build runs on this CPU, best first, separated by spaces:
+ * "avx512 avx2 baseline". */
 const char *mha_simd_paths(void);
 /* A static string of "key=value" fields separated by "; ": compiler, simd (the path in use),
  * simd_isa (what its unit was compiled for), simd_paths, simd_choice (how the path was

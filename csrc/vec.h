@@ -2,10 +2,11 @@
  * square-block transposes of transposed packing, for float and double.
  *
  * Each kernel unit (dispatch.h) is compiled for one instruction set, and its vectors are that
- * set's registers: MHA_VEC_BYTES = 32 with AVX, else 16 (SSE2, NEON). Wider vectors would be
- * split by the compiler into register pairs, which GCC keeps in memory instead (a GEMM at a
- * fifteenth of the speed, x86 SSE2 and aarch64 alike). MHA_VEC_REGS is the number of vector
- * registers: 32 on aarch64, 16 on x86-64; the GEMM's micro-tile is sized to fill them.
+ * set's registers: MHA_VEC_BYTES = 64 with AVX-512, 32 with AVX, else 16 (SSE2, NEON). Wider
+ * vectors would be split by the compiler into register pairs, which GCC keeps in memory
+ * instead (a GEMM at a fifteenth of the speed, x86 SSE2 and aarch64 alike). MHA_VEC_REGS is
+ * the number of vector registers: 32 on aarch64 and with AVX-512, 16 on other x86-64; the
+ * GEMM's micro-tile is sized to fill them.
  * In GNU C the helpers are written with vector types, the float ones with a scalar or padded
  * tail; in portable C (MHA_GNU_C == 0) they are plain loops with the same contracts. */
 #ifndef MHA_VEC_H
@@ -18,12 +19,14 @@
 #include "common.h"
 #include "mha.h"
 
-#if defined(__AVX__)
+#if defined(__AVX512F__)
+#define MHA_VEC_BYTES 64
+#elif defined(__AVX__)
 #define MHA_VEC_BYTES 32
 #else
 #define MHA_VEC_BYTES 16
 #endif
-#if defined(__aarch64__) || defined(_M_ARM64)
+#if defined(__aarch64__) || defined(_M_ARM64) || defined(__AVX512F__)
 #define MHA_VEC_REGS 32
 #else
 #define MHA_VEC_REGS 16
@@ -335,13 +338,46 @@ MHA_INLINE void mha_scale_f64(double *x, int64_t n, double a) {
     for (int64_t j = 0; j < n; j++) x[j] *= a;
 }
 
-/* Transposes of square blocks of one vector's lanes (VL x VL: 8 or 4 floats, 4 or 2
+/* Transposes of square blocks of one vector's lanes (VL x VL: 16, 8 or 4 floats, 8, 4 or 2
  * doubles), for packing a transposed operand (gemm_impl.h's pack_b) and adding transposed
  * tiles back (attention_impl.h's add_transposed):
  * dst[j * ld_dst + i] = src[i * ld_src + j] for i, j < VL. In GNU C the block stays in
- * registers: rounds of two-input shuffles (unpack, shuffle and lane permutes on x86). */
+ * registers: rounds of two-input shuffles (unpack, shuffle and lane permutes on x86).
+ * 64-byte vectors: one round per bit w of the lane index (w = 1, 2, 4, 8), each swapping the
+ * off-diagonal w x w blocks of every 2w x 2w block, so that bit w of the row and of the column
+ * index trade places; after every round, element (i, j) is at (j, i). Rows i and i + w (bit w
+ * of i clear) become lo[c] = c & w ? row(i + w)[c - w] : row(i)[c] and
+ * hi[c] = c & w ? row(i + w)[c] : row(i)[c + w] (shuffle indices: row i + w's lanes count from
+ * VL); one two-source permute each on AVX-512. */
+#define MHA_ARGS(...) __VA_ARGS__ /* a list passed as one macro argument */
+#define MHA_TRANSPOSE_ROUND(r, n, w, T, SHUFFLE, LO, HI)                                        \
+    do {                                                                                        \
+        for (int i_ = 0; i_ < (n); i_++) {                                                      \
+            if (i_ & (w)) continue;                                                             \
+            T a_ = (r)[i_], b_ = (r)[i_ + (w)];                                                 \
+            (r)[i_] = SHUFFLE(a_, b_, LO);                                                      \
+            (r)[i_ + (w)] = SHUFFLE(a_, b_, HI);                                                \
+        }                                                                                       \
+    } while (0)
+
 MHA_INLINE void mha_transpose_vl_f32(float *dst, int64_t ld_dst, const float *src, int64_t ld_src) {
-#if MHA_GNU_C && MHA_VL_F32 == 8
+#if MHA_GNU_C && MHA_VL_F32 == 16
+    mha_vf32 r[16];
+    for (int i = 0; i < 16; i++) MHA_VLOAD(r[i], src + i * ld_src);
+    MHA_TRANSPOSE_ROUND(r, 16, 1, mha_vf32, MHA_SHUFFLE_F32,
+                        MHA_ARGS(0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30),
+                        MHA_ARGS(1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31));
+    MHA_TRANSPOSE_ROUND(r, 16, 2, mha_vf32, MHA_SHUFFLE_F32,
+                        MHA_ARGS(0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29),
+                        MHA_ARGS(2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31));
+    MHA_TRANSPOSE_ROUND(r, 16, 4, mha_vf32, MHA_SHUFFLE_F32,
+                        MHA_ARGS(0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27),
+                        MHA_ARGS(4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31));
+    MHA_TRANSPOSE_ROUND(r, 16, 8, mha_vf32, MHA_SHUFFLE_F32,
+                        MHA_ARGS(0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23),
+                        MHA_ARGS(8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31));
+    for (int j = 0; j < 16; j++) MHA_VSTORE(dst + j * ld_dst, r[j]);
+#elif MHA_GNU_C && MHA_VL_F32 == 8
     mha_vf32 r[8], t[8], u[8];
     for (int i = 0; i < 8; i++) MHA_VLOAD(r[i], src + i * ld_src);
     for (int i = 0; i < 8; i += 2) { /* t: pairs of rows interleaved within 128-bit lanes */
@@ -380,7 +416,17 @@ MHA_INLINE void mha_transpose_vl_f32(float *dst, int64_t ld_dst, const float *sr
 }
 
 MHA_INLINE void mha_transpose_vl_f64(double *dst, int64_t ld_dst, const double *src, int64_t ld_src) {
-#if MHA_GNU_C && MHA_VL_F64 == 4
+#if MHA_GNU_C && MHA_VL_F64 == 8
+    mha_vf64 r[8];
+    for (int i = 0; i < 8; i++) MHA_VLOAD(r[i], src + i * ld_src);
+    MHA_TRANSPOSE_ROUND(r, 8, 1, mha_vf64, MHA_SHUFFLE_F64, MHA_ARGS(0, 8, 2, 10, 4, 12, 6, 14),
+                        MHA_ARGS(1, 9, 3, 11, 5, 13, 7, 15));
+    MHA_TRANSPOSE_ROUND(r, 8, 2, mha_vf64, MHA_SHUFFLE_F64, MHA_ARGS(0, 1, 8, 9, 4, 5, 12, 13),
+                        MHA_ARGS(2, 3, 10, 11, 6, 7, 14, 15));
+    MHA_TRANSPOSE_ROUND(r, 8, 4, mha_vf64, MHA_SHUFFLE_F64, MHA_ARGS(0, 1, 2, 3, 8, 9, 10, 11),
+                        MHA_ARGS(4, 5, 6, 7, 12, 13, 14, 15));
+    for (int j = 0; j < 8; j++) MHA_VSTORE(dst + j * ld_dst, r[j]);
+#elif MHA_GNU_C && MHA_VL_F64 == 4
     mha_vf64 r[4], t[4];
     for (int i = 0; i < 4; i++) MHA_VLOAD(r[i], src + i * ld_src);
     for (int i = 0; i < 4; i += 2) { /* t: columns j, j + 2 of rows i, i + 1 */

@@ -99,7 +99,10 @@ def test_untied_base_folder_has_no_logits_and_says_so(base, name):
     tokens, weights = model.attentions(text)
     assert weights.shape == (L, model.n_heads, n, n)
     np.testing.assert_allclose(cache["pattern", 1][0], weights[1], rtol=0, atol=TOL)
-    np.testing.assert_allclose(model.hidden_states(text)[1], enc.hidden_states, rtol=0, atol=TOL)
+    # another forward (no cache): equal within float32 rounding of the states' scale
+    scale = np.abs(enc.hidden_states).max()
+    np.testing.assert_allclose(model.hidden_states(text)[1], enc.hidden_states, rtol=0,
+                               atol=TOL * scale)
     assert model.attention_norms(text)[1].shape == weights.shape
     scores = detect_head(model, text, "previous_token_head")
     assert scores.shape == (L, model.n_heads) and np.isfinite(scores).all()

@@ -94,7 +94,7 @@ def test_build_info_names_the_path_in_use():
         assert info["simd_choice"].startswith("auto")
 
 
-@pytest.mark.parametrize("path", ["baseline", "avx2"])
+@pytest.mark.parametrize("path", ["baseline", "avx2", "avx512"])
 def test_every_path_matches_this_process(path, tmp_path):
     if path not in mha.build_info()["simd_paths"]:
         pytest.skip(f"this build or CPU has no {path} path")
@@ -124,7 +124,7 @@ def test_mha_simd_values(value, expected, tmp_path):
     assert res.stderr == ""
 
 
-@pytest.mark.parametrize("value", ["avx512", "avx2 ;x", "neon"])
+@pytest.mark.parametrize("value", ["avx10", "avx2 ;x", "neon"])
 def test_unknown_or_unavailable_path_warns_and_runs_the_best(value, tmp_path):
     """A path that is not one of mha's (or not this machine's) is ignored, loudly: a warning on
     stderr, simd_choice says why, and the kernels run the best path, correctly."""

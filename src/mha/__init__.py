@@ -143,7 +143,7 @@ def build_info() -> dict[str, str | int | bool | tuple[str, ...]]:
 
     The kernels are compiled once per instruction set and the core picks one at its first
     call: the best this CPU runs, unless the environment variable ``MHA_SIMD`` (``auto``,
-    ``avx2`` or ``baseline``), set before that call, names another. A value naming no path, or
+    ``avx512``, ``avx2`` or ``baseline``), set before that call, names another. A value naming no path, or
     a path this build or CPU lacks, is ignored with a warning on stderr, and ``simd_choice``
     says so. Results differ between paths by rounding only (docs/semantics.md, "SIMD paths").
 
@@ -151,8 +151,8 @@ def build_info() -> dict[str, str | int | bool | tuple[str, ...]]:
     -------
     dict
         ``compiler`` (str): the compiler that built the core, e.g. ``"gcc 12.2.0"``.
-        ``simd`` (str): the path in use, ``"avx2"`` (AVX2+FMA) or ``"baseline"`` (SSE2 on
-        x86-64, NEON on aarch64).
+        ``simd`` (str): the path in use, ``"avx512"`` (AVX-512 F/DQ/BW/VL), ``"avx2"``
+        (AVX2+FMA) or ``"baseline"`` (SSE2 on x86-64, NEON on aarch64).
         ``simd_isa`` (str): what that path's kernels were compiled for, e.g.
         ``"AVX2+FMA (32-byte vectors)"``.
         ``simd_paths`` (tuple of str): the paths this build runs on this CPU, best first.
