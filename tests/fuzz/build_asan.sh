@@ -9,9 +9,9 @@
 # The core's own test program already runs under ASan (make -C csrc asan); this build puts the
 # *binding* (argument checks, buffer sizes handed to the core, reference counting on error
 # paths) under the sanitizers too, driven by the fuzz target or by pytest. The thread pool is
-# built (POSIX threads), so the parallel paths are checked; both SIMD units are built (the AVX2 one with its flags, on
-# x86-64), so MHA_SIMD picks the path under test. Needs gcc (or clang) with libasan/libubsan;
-# numpy from the Python used.
+# built (POSIX threads), so the parallel paths are checked; every SIMD unit is built (the AVX2
+# and AVX-512 ones with their flags, on x86-64), so MHA_SIMD picks the path under test. Needs
+# gcc (or clang) with libasan/libubsan; numpy from the Python used.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
@@ -31,9 +31,16 @@ FLAGS=(-std=c11 -O1 -g -fno-omit-frame-pointer -fPIC -fsanitize=address,undefine
        -fno-sanitize-recover=undefined -pthread -Wall -Wextra -I"$ROOT/csrc" -I"$PYINC" -I"$NPINC")
 UNITS=()
 case "$("$CC" -dumpmachine)" in
-    x86_64*|amd64*)
+    x86_64*|amd64*)  # each unit of sources.mk's ISA_UNITS with its flags (setup.py's, csrc/Makefile's)
         "$CC" "${FLAGS[@]}" -mavx2 -mfma -c "$ROOT/csrc/kernels_avx2.c" -o "$OUT/kernels_avx2.o" >&2
-        UNITS=("$OUT/kernels_avx2.o") ;;
+        "$CC" "${FLAGS[@]}" -mavx2 -mfma -mavx512f -mavx512dq -mavx512bw -mavx512vl \
+            -c "$ROOT/csrc/kernels_avx512.c" -o "$OUT/kernels_avx512.o" >&2
+        UNITS=("$OUT/kernels_avx2.o" "$OUT/kernels_avx512.o") ;;
+    *)  # the x86 units compile empty elsewhere (their tables NULL)
+        for unit in $(sed -n 's/^ISA_UNITS *= *//p' "$ROOT/csrc/sources.mk"); do
+            "$CC" "${FLAGS[@]}" -c "$ROOT/csrc/$unit" -o "$OUT/${unit%.c}.o" >&2
+            UNITS+=("$OUT/${unit%.c}.o")
+        done ;;
 esac
 # the core's sources as setup.py and csrc/Makefile read them (csrc/sources.mk)
 CORE=($(sed -n 's/^CORE_SOURCES *= *//p' "$ROOT/csrc/sources.mk"))
