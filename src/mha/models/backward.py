@@ -482,8 +482,10 @@ class GradMemory:
             memory = spare[1]
         else:
             memory = mmap.mmap(-1, max(nbytes, 1))
-            if hasattr(mmap, "MADV_HUGEPAGE"):      # as NumPy advises for its large arrays
+            try:                                    # as NumPy advises for its large arrays
                 memory.madvise(mmap.MADV_HUGEPAGE)
+            except (AttributeError, OSError):       # no such advice, or no huge pages
+                pass
         del spare                                   # a spare of another layout is unmapped
         block = np.frombuffer(memory, np.uint8)
         weakref.finalize(block, self._give_back, key, memory).atexit = False
