@@ -7,6 +7,7 @@ Equalities are exact: the same model on the same input runs the same products in
 order on memory of the same alignment, so only stale memory could make them differ.
 """
 import ctypes
+import os
 import pickle
 import resource
 import sys
@@ -192,3 +193,21 @@ def test_layout_change_pickling_and_no_parameter_gradients():
     finally:
         sys.unraisablehook = hook
     assert errors == []
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork")
+def test_a_forked_child_writes_its_own_copy():
+    """The gradient memory is private to the process: a child forked while the parent holds
+    gradients (block and tables) writes over its copies, and the parent's stay."""
+    run = Runner("bert")
+    grads = run.grads(run.model(), run.ids)
+    kept = {k: v.copy() for k, v in grads.items()}
+    pid = os.fork()
+    if pid == 0:                                     # the child: overwrite, then leave
+        for g in grads.values():
+            g[...] = 7.0
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert status == 0
+    for name, g in grads.items():
+        np.testing.assert_array_equal(g, kept[name], err_msg=name)
