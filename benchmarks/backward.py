@@ -12,7 +12,9 @@ float32 on the same random weights (12 layers, 768 wide, 12 heads, vocab 50,257,
 positions by default), on ``--threads`` threads (mha.set_num_threads, torch.set_num_threads).
 torch is imported first. Each round times one untimed step, then one step of each peer in
 turn (the first peer alternates); reported: the median step over the rounds and the spread
-(lowest and highest), and the two losses (they agree to float32 rounding).
+(lowest and highest), the median of the minor page faults the process took in a step (the
+memory a step touches for the first time: what malloc handed back to the system, or never
+had), and the two losses (they agree to float32 rounding).
 
 ``--case minilm``: a random BERT of all-MiniLM-L6-v2's shape (6 layers, 384 wide, 12 heads,
 MLP 1536, vocab 30,522): mha ``model(ids, backward=True)`` then ``model.backward(d_hidden=g)``
@@ -28,6 +30,7 @@ each alone (as ``training_step.py``'s ``mha`` case).
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -108,17 +111,21 @@ def steps(args, ref, ours):
 
 
 def time_peers(peers, rounds):
-    """{peer: [seconds of each timed step]}, {peer: loss of the untimed first step}: each
-    round times one step of each peer in turn, the first peer alternating."""
+    """{peer: [seconds of each timed step]}, {peer: loss of the untimed first step}, {peer:
+    [minor page faults of each timed step]}: each round times one step of each peer in turn,
+    the first peer alternating."""
     times = {name: [] for name in peers}
+    faults = {name: [] for name in peers}
     losses = {name: fn() for name, fn in peers.items()}          # untimed: warm up
     for r in range(rounds):
         order = list(peers) if r % 2 == 0 else list(peers)[::-1]
         for name in order:
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             start = time.perf_counter()
             peers[name]()
             times[name].append(time.perf_counter() - start)
-    return times, losses
+            faults[name].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    return times, losses, faults
 
 
 def worker(args):
@@ -146,9 +153,9 @@ def worker(args):
             ours = mha.models.BertModel(ModelConfig.from_dict(dict(raw, model_type="bert")),
                                         checkpoint, name="minilm")
         peers = steps(args, None, ours)
-    times, losses = time_peers(peers, args.rounds)
+    times, losses, faults = time_peers(peers, args.rounds)
     name = args.worker
-    print(json.dumps({"times": times[name], "loss": losses[name]}))
+    print(json.dumps({"times": times[name], "loss": losses[name], "faults": faults[name]}))
 
 
 def main(argv=None):
@@ -171,7 +178,7 @@ def main(argv=None):
     if args.worker:
         return worker(args)
     if args.processes == "separate":
-        times, losses = {}, {}
+        times, losses, faults = {}, {}, {}
         with tempfile.TemporaryDirectory() as tmp:
             for name in ("torch", "mha"):
                 cmd = [sys.executable, os.path.abspath(__file__), "--worker", name,
@@ -181,29 +188,31 @@ def main(argv=None):
                        "--layers", str(args.layers)]
                 out = json.loads(subprocess.run(cmd, check=True, capture_output=True,
                                                 text=True).stdout.splitlines()[-1])
-                times[name], losses[name] = out["times"], out["loss"]
+                times[name], losses[name], faults[name] = out["times"], out["loss"], out["faults"]
         times = {"mha": times["mha"], "torch": times["torch"]}
+        faults = {"mha": faults["mha"], "torch": faults["torch"]}
     else:
         import torch
         import mha
         torch.set_num_threads(args.threads)
         mha.set_num_threads(args.threads)
         ref, ours = (build if gpt2 else build_minilm)(args.layers)
-        times, losses = time_peers(steps(args, ref, ours), args.rounds)
-    report(args, times, losses)
+        times, losses, faults = time_peers(steps(args, ref, ours), args.rounds)
+    report(args, times, losses, faults)
 
 
-def report(args, times, losses):
-    """Print (and with --json write) the median, spread and loss of each peer."""
+def report(args, times, losses, faults):
+    """Print (and with --json write) the median, spread, page faults and loss of each peer."""
     gpt2 = args.case == "gpt2"
     result = {name: dict(median=float(np.median(t)), low=float(min(t)), high=float(max(t)),
-                         loss=losses[name]) for name, t in times.items()}
+                         faults=int(np.median(faults[name])), loss=losses[name])
+              for name, t in times.items()}
     shape = "GPT-2: {} layers x 768, vocab 50257" if gpt2 else "MiniLM: {} layers x 384"
     print(f"{shape.format(args.layers)}; {args.batch} x {args.tokens} tokens; "
           f"{args.threads} threads; {args.rounds} rounds; processes {args.processes}")
     for name, r in result.items():
         print(f"  {name:6s} step {r['median']:.3f} s  (spread {r['low']:.3f} - "
-              f"{r['high']:.3f})  loss {r['loss']:.6f}")
+              f"{r['high']:.3f})  {r['faults']:6d} page faults  loss {r['loss']:.6f}")
     print(f"  torch / mha: {result['torch']['median'] / result['mha']['median']:.2f}x")
     if args.json:
         with open(args.json, "w") as f:
