@@ -331,9 +331,9 @@ def _gil_probe(call, min_seconds=0.03):
 
 
 def gil_calls():
-    """Single calls into the core of about 0.1-0.5 s each (one OpenMP thread)."""
+    """Single calls into the core of about 0.05-0.5 s each (one thread of the core)."""
     r = np.random.default_rng(0)
-    long, short = 4096, 3072
+    long, short = 8192, 4096
     q = r.standard_normal((1, 1, long, 64)).astype(np.float32)
     qs = np.ascontiguousarray(q[:, :, :short])
     W = (r.standard_normal((64, 64)) * 0.1).astype(np.float32)
