@@ -23,9 +23,8 @@ random gradient; the "loss" column then shows sum(g * last hidden state).
 
 ``--processes separate``: each peer in a process of its own, torch's first (it builds the
 weights and saves them for mha's), then mha's, which never imports torch: one untimed step,
-then ``--rounds`` timed ones each. torch's OpenMP threads, imported first into mha's process,
-keep spinning after each of torch's steps and take cores from mha's threads; this mode shows
-each alone (as ``training_step.py``'s ``mha`` case).
+then ``--rounds`` timed ones each: each peer alone (as ``training_step.py``'s ``mha`` case),
+without the other's threads, memory and malloc state in its process.
 """
 import argparse
 import json
