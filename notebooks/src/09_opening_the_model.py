@@ -110,7 +110,9 @@ def save_folder(folder, config, tensors):
     return folder
 
 
-workdir = Path(tempfile.mkdtemp(prefix="mha-09-"))
+# the two model folders: deleted with this object, when the kernel stops
+model_folders = tempfile.TemporaryDirectory(prefix="mha-09-")
+workdir = Path(model_folders.name)
 rng = np.random.default_rng(0)
 d, H, H_kv, d_head, d_ff, V = 64, 4, 2, 16, 128, len(WORDS)
 llama_tensors = {"model.embed_tokens.weight": rng.normal(0, 0.5, (V, d)),
