@@ -264,9 +264,10 @@ static void FN(pack_panel_task)(void *ctx, int64_t panel, int thread) {
 /* dA (M, K) += dz (M, NB) @ op(B)^T, op(B) (K, NB) given as B, ldb, trans_b: op(B)^T is packed
  * whole first, in parallel, then read by one product in one parallel region (as
  * mha_linear_packed). The product on B as it is packs op(B)^T per slice of its shared axis
- * NB, between two barriers each, and the threads wait at every one: on a machine shared with
- * other work that is most of the product's time. Packing costs about a tenth of the product
- * at M = 128 rows. scratch: room for the packed copy (mha.h), or NULL: allocated here. */
+ * NB, between two barriers each: on a machine loaded by other work the threads' waits there
+ * were most of the product's time, while on a quiet one (2 threads, MiniLM's and GPT-2's
+ * weights, 128 to 2,048 rows) it ran as fast as this, packing included. scratch: room for the
+ * packed copy (mha.h), or NULL: allocated here. */
 static int FN(input_grad)(real *dA, int64_t ldda, const real *dz, int64_t lddz, const real *B,
                           int64_t ldb, int trans_b, int64_t M, int64_t NB, int64_t K,
                           real *scratch) {

@@ -1967,12 +1967,6 @@ static const char *const adam_step_kw[] = {"p", "grad", "m", "v", "lr", "beta1",
                                            "weight_decay", "decoupled", "step", NULL};
 static call_spec adam_step_spec = {"adam_step", adam_step_kw, 11, {NULL}};
 
-static int arrays_overlap(PyArrayObject *a, PyArrayObject *b) {
-    return PyArray_SIZE(a) > 0 && PyArray_SIZE(b) > 0 &&
-           (char *)PyArray_DATA(a) < (char *)PyArray_DATA(b) + PyArray_NBYTES(b) &&
-           (char *)PyArray_DATA(b) < (char *)PyArray_DATA(a) + PyArray_NBYTES(a);
-}
-
 /* adam_step(p, grad, m, v, lr, beta1, beta2, eps, weight_decay, decoupled, step) -> None: one
  * Adam (decoupled: AdamW) step in place on p and its moments m, v; p, grad, m, v C-contiguous,
  * of p's float dtype and shape, none overlapping another; step >= 1 counts this one. */
@@ -1994,20 +1988,18 @@ static PyObject *py_adam_step(PyObject *self, PyObject *const *args, Py_ssize_t 
     }
     int typenum = float_type(arg[0], "p");
     if (typenum < 0) return NULL;
-    const char *names[4] = {"p", "grad", "m", "v"};
+    /* the outputs p, m, v first, then grad (check_apart's order); arguments 0, 2, 3, 1 */
+    const char *const names[4] = {"p", "m", "v", "grad"};
+    const int at[4] = {0, 2, 3, 1};
     PyArrayObject *a[4];
     for (int i = 0; i < 4; i++) {
-        a[i] = i == 1 ? get_array(arg[i], names[i], typenum, -1) : get_output_array(arg[i], names[i], typenum, -1);
+        a[i] = i == 3 ? get_array(arg[at[i]], names[i], typenum, -1) : get_output_array(arg[at[i]], names[i], typenum, -1);
         if (!a[i] || (i && check_shape(a[i], names[i], PyArray_NDIM(a[0]), PyArray_DIMS(a[0])))) return NULL;
-        for (int j = 0; j < i; j++)
-            if (arrays_overlap(a[i], a[j])) {
-                PyErr_Format(PyExc_ValueError, "%s overlaps %s", names[i], names[j]);
-                return NULL;
-            }
     }
+    if (check_apart(a, names, 4, 3)) return NULL;
     int err;
-    CALL_TYPED(typenum, err, mha_adam_step, PyArray_DATA(a[0]), PyArray_DATA(a[2]), PyArray_DATA(a[3]),
-               PyArray_DATA(a[1]), (int64_t)PyArray_SIZE(a[0]), lr, beta1, beta2, eps, wd, decoupled, (int64_t)step);
+    CALL_TYPED(typenum, err, mha_adam_step, PyArray_DATA(a[0]), PyArray_DATA(a[1]), PyArray_DATA(a[2]),
+               PyArray_DATA(a[3]), (int64_t)PyArray_SIZE(a[0]), lr, beta1, beta2, eps, wd, decoupled, (int64_t)step);
     if (raise_core_error(err)) return NULL;
     Py_RETURN_NONE;
 }

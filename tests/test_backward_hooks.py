@@ -19,6 +19,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
 import mha.models
+import tiny_models  # noqa: E402
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -26,13 +27,7 @@ pytest.importorskip("transformers")
 
 def batch(model, n=9, seed=0):
     """Right-padded ids (3, n) and their mask: texts of n, n - 4 and n - 2 tokens."""
-    rng = np.random.default_rng(seed)
-    ids = rng.integers(3, model.config.vocab_size, size=(3, n))
-    mask = np.ones((3, n), bool)
-    mask[1, n - 4:] = False
-    mask[2, n - 2:] = False
-    ids[~mask] = model.config.pad_token_id or 0
-    return ids, mask
+    return tiny_models.padded_batch(model, n, (4, 2), seed)
 
 
 @pytest.fixture(scope="module", params=["gpt2", "llama", "bert"])

@@ -126,7 +126,8 @@ def test_adam_core_step_follows_its_numpy_twin(rng, dtype, tol, decoupled):
     """The C core's one-pass step (more elements than one of its tasks, a tail past the last
     vector) against the NumPy steps: equal to rounding over 5 steps, lr changing between
     them; a strided parameter takes the NumPy path and matches bitwise."""
-    from mha.train.optim import _core_can_step, _numpy_adam_step
+    from mha.reference.block import adam_step as numpy_adam_step
+    from mha.train.optim import _core_can_step
     shape = (7, 5003)
     params = {"w": rng.standard_normal(shape).astype(dtype)}
     strided = {"w": np.asfortranarray(params["w"])}
@@ -142,8 +143,8 @@ def test_adam_core_step_follows_its_numpy_twin(rng, dtype, tol, decoupled):
         opt.lr = opt_strided.lr = 0.02 / t
         opt.step({"w": g})
         opt_strided.step({"w": g})
-        _numpy_adam_step(twin["w"], g.astype(dtype), m, v, 0.02 / t, (0.8, 0.99), 1e-6, 0.1,
-                         decoupled, t)
+        numpy_adam_step(twin["w"], g.astype(dtype), m, v, 0.02 / t, (0.8, 0.99), 1e-6, 0.1,
+                        decoupled, t)
         assert np.array_equal(strided["w"], twin["w"])
     assert params["w"].dtype == dtype
     assert np.abs(params["w"] - twin["w"]).max() <= tol * np.abs(twin["w"]).max()
@@ -159,8 +160,11 @@ def test_adam_core_step_refuses_mismatched_arrays():
     kwargs = dict(lr=0.1, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, decoupled=True)
     with pytest.raises(ValueError, match="grad has shape"):
         _core.adam_step(p, np.ones(5), m, v, step=1, **kwargs)
-    with pytest.raises(ValueError, match="v overlaps m"):
+    with pytest.raises(ValueError, match="m overlaps v"):
         _core.adam_step(p, np.ones(6), m, m, step=1, **kwargs)
+    with pytest.raises(ValueError, match="p overlaps grad"):
+        _core.adam_step(p, p, m, v, step=1, **kwargs)
+    assert (p == 1).all() and (m == 0).all() and (v == 0).all()     # nothing was written
     with pytest.raises(ValueError, match="step must be >= 1"):
         _core.adam_step(p, np.ones(6), m, v, step=0, **kwargs)
     assert np.array_equal(p, np.ones(6)) and not m.any() and not v.any()

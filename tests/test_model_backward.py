@@ -29,13 +29,7 @@ DTYPES = pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float3
 
 def batch(model, n=12, seed=0):
     """Right-padded ids (3, n) and their mask: texts of n, n - 5 and n - 2 tokens."""
-    rng = np.random.default_rng(seed)
-    ids = rng.integers(3, model.config.vocab_size, size=(3, n))
-    mask = np.ones((3, n), bool)
-    mask[1, n - 5:] = False
-    mask[2, n - 2:] = False
-    ids[~mask] = model.config.pad_token_id or 0
-    return ids, mask
+    return tiny_models.padded_batch(model, n, (5, 2), seed)
 
 
 def torch_names(family, model):

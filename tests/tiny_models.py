@@ -229,3 +229,15 @@ def build_base(family, folder, seed=0, **overrides):
     perturb(model, seed + 1)
     model.save_pretrained(folder, safe_serialization=True)
     return type(model)
+
+
+def padded_batch(model, n, cuts, seed=0):
+    """Right-padded random ids (3, n) of the model's vocabulary and their mask: texts of n,
+    n - cuts[0] and n - cuts[1] tokens, padding set to the pad id (or 0)."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(3, model.config.vocab_size, size=(3, n))
+    mask = np.ones((3, n), bool)
+    mask[1, n - cuts[0]:] = False
+    mask[2, n - cuts[1]:] = False
+    ids[~mask] = model.config.pad_token_id or 0
+    return ids, mask

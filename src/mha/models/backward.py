@@ -786,9 +786,9 @@ def _output_backward(keep: Any, i: int, shape: tuple[int, int, int, int],
     B, n, H, dh = shape
     d = d_attn_out.shape[1]
     if not keep.hooked(i, "attn.hook_result"):
-        if keep.wants(i, "attn.hook_result"):
+        if keep.wants(i, "attn.hook_result"):          # asked, not hooked: keep copies it
             keep(i, "attn.hook_result", np.broadcast_to(d_attn_out.reshape(B, n, 1, d),
-                                                         (B, n, H, d)).copy(), (B, n, H, d))
+                                                         (B, n, H, d)), (B, n, H, d))
         return linear_backward(d_attn_out, heads, W_o, b_o, dW_o, db_o, workspace=workspace)
     d_result = np.ascontiguousarray(np.broadcast_to(d_attn_out.reshape(B, n, 1, d),
                                                     (B, n, H, d)))
@@ -884,11 +884,12 @@ def linear_backward(d_out: np.ndarray, a: np.ndarray, w: np.ndarray, bias: np.nd
                     workspace: np.ndarray | None = None) -> np.ndarray:
     """The gradient of ``a @ op(w) + bias``'s input a (added into da when given), and of w and
     the bias added into dw and dbias; with dw None only a's, one product instead of two, on
-    op(w) read transposed (the GEMM packs it a slice of the shared axis at a time, as fast as
-    or faster than packing it whole first for a's product alone: MiniLM's and GPT-2's
-    weights, 128 to 2,048 rows, AVX-512 and AVX2). With dw, ``_core.linear_backward`` packs
-    op(w)'s transpose whole once for both products, into ``workspace`` when given (see
-    :func:`grad_workspace`)."""
+    op(w) read transposed (the GEMM packs it a slice of the shared axis at a time). With dw,
+    ``_core.linear_backward`` packs op(w)'s transpose whole first, into ``workspace`` when
+    given (see :func:`grad_workspace`). On a quiet machine the two ran a's product equally
+    fast (2 threads, MiniLM's and GPT-2's weights, 128 to 2,048 rows, AVX-512 and AVX2), and
+    the separate packing pass of the dw=None case cost gradient_relevance a sixth of its
+    time; the whole packing is the core's choice for a loaded machine (block_impl.h)."""
     if dw is not None:
         return _core.linear_backward(d_out, a, w, bias=bias, trans_b=trans_b, da=da, db=dw,
                                      dbias=dbias, workspace=workspace)[0]

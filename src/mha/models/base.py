@@ -1292,9 +1292,7 @@ class TransformerModel:
         # q, k and v all kept and never turned: the cache holds qkv itself, from its blocks
         owned = rope is None and all(hooks.keeps(layer, f"attn.hook_{x}") for x in "qkv")
         if owned:
-            qkv = hooks.empty(layer, "attn.hook_q", (B * n, W_qkv.columns), self.dtype)
-            qkv.fill(0)
-            ops.linear(h, W_qkv, b_qkv, out=qkv)
+            qkv = _linear_kept(hooks, layer, "attn.hook_q", h, W_qkv, b_qkv)
         else:
             qkv = ops.linear(h, W_qkv, b_qkv)
         if hooks:                                   # (B, n, heads, d_head) views of qkv
@@ -1518,9 +1516,7 @@ class TransformerModel:
                 if b_o is not None:
                     projected += b_o
         if projected is None and hooks.wants(layer, "hook_attn_out"):
-            projected = hooks.empty(layer, "hook_attn_out", (B * n, d), self.dtype)
-            projected.fill(0)
-            ops.linear(heads, W_o, b_o, out=projected)
+            projected = _linear_kept(hooks, layer, "hook_attn_out", heads, W_o, b_o)
         if projected is None:
             ops.linear(heads, W_o, b_o, out=residual)              # residual += attention
             return
@@ -1545,9 +1541,7 @@ class TransformerModel:
         if hooks.wants(layer, "mlp.hook_pre") or hooks.wants(layer, "mlp.hook_pre_linear"):
             width = W_in.columns
             f = width // 2 if gated else width
-            pre = hooks.empty(layer, "mlp.hook_pre", (B * n, width), self.dtype)
-            pre.fill(0)
-            ops.linear(h, W_in, p.get(b_in), out=pre)
+            pre = _linear_kept(hooks, layer, "mlp.hook_pre", h, W_in, p.get(b_in))
             hooks(layer, "mlp.hook_pre", pre[:, :f], (B, n, f), owned=True)
             if gated:
                 hooks(layer, "mlp.hook_pre_linear", pre[:, f:], (B, n, f), owned=True)
@@ -1561,9 +1555,7 @@ class TransformerModel:
         if not hooks.wants(layer, "hook_mlp_out"):
             ops.linear(post, W_out, p.get(b_out), out=residual)       # residual += MLP
             return
-        out = hooks.empty(layer, "hook_mlp_out", (B * n, residual.shape[-1]), self.dtype)
-        out.fill(0)
-        ops.linear(post, W_out, p.get(b_out), out=out)
+        out = _linear_kept(hooks, layer, "hook_mlp_out", post, W_out, p.get(b_out))
         hooks(layer, "hook_mlp_out", out, (B, n, residual.shape[-1]), owned=True)
         residual += out
 
@@ -1723,6 +1715,16 @@ def _widen(k: np.ndarray, v: np.ndarray, columns: np.ndarray) -> tuple[np.ndarra
 def _keep_rows(weights: np.ndarray, keep: tuple[np.ndarray, Any], n_q: int) -> np.ndarray:
     """The kept part (B, h, r, n_k) of full weights (B, H, n_q, n_k), a copy."""
     return weights[:, keep[0]][:, :, _rows(keep[1], n_q)]
+
+
+def _linear_kept(hooks: HookPoints, layer: int, point: str, x: np.ndarray,
+                 weight: ops.Packed, bias: np.ndarray | None) -> np.ndarray:
+    """``x @ weight + bias`` (rows, columns) in the array ``hooks.empty`` gives for the point
+    (carved from the cache's blocks when it is kept): the product adds into it, so it starts
+    at zero."""
+    out = hooks.empty(layer, point, (x.shape[0], weight.columns), x.dtype)
+    out.fill(0)
+    return ops.linear(x, weight, bias, out=out)
 
 
 def _grouped_products(a: np.ndarray, b: np.ndarray, trans_b: bool = False,

@@ -21,7 +21,8 @@ Modules:
 - ``sdpa``: attention, attention_backward, scaled dot-product attention;
 - ``layer``: MultiHeadAttention, the full layer, forward and backward;
 - ``block``: the rest of a transformer block (dense layer with activation, LayerNorm, RMSNorm,
-  RoPE, embedding gather), the twins of ``mha._C``'s block kernels.
+  RoPE, embedding gather, their backward, the cross-entropy and the Adam step), the twins of
+  ``mha._C``'s block kernels.
 
 The parameter helpers init_params, params_from_torch, prune_params and KVCache are
 `mha.layer_base`'s, importable from here too.

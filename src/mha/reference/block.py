@@ -2,7 +2,7 @@
 ``mha._C`` (``linear``, ``activation``, ``layer_norm``, ``rms_norm``, ``rope``,
 ``embedding``) that mha.models runs on, and of their backward kernels (``linear_backward``,
 ``activation_backward``, ``layer_norm_backward``, ``rms_norm_backward``, ``rope_backward``,
-``embedding_backward``, ``cross_entropy``).
+``embedding_backward``, ``cross_entropy``), and of the optimizer's ``adam_step``.
 
 Each function is one step, written to be read, on float32 or float64 arrays (results in
 the input's dtype).
@@ -330,3 +330,31 @@ def cross_entropy(hidden, weight, labels, trans_w=False, chunk=64):
         d_hidden[r0:r0 + chunk] = d_logits @ w.T           # (R, d)
         d_w += h.T @ d_logits                              # (d, vocab)
     return total / count, d_hidden, (d_w.T if trans_w else d_w)
+
+
+# --- the optimizer ---------------------------------------------------------------------------
+
+def adam_step(p, g, m, v, lr, betas, eps, weight_decay, decoupled, t):
+    """One Adam step in place on p and its moments m, v (g: p's gradient, in p's dtype), step
+    t >= 1: the twin of ``mha._C.adam_step``, the same operations in the same order, each
+    rounded to p's dtype, as ``torch.optim.Adam`` / ``AdamW`` (``decoupled``) compute them."""
+    b1, b2 = betas
+    step_size = lr / (1.0 - b1 ** t)
+    bc2_sqrt = math.sqrt(1.0 - b2 ** t)
+    if weight_decay and decoupled:
+        p *= 1.0 - lr * weight_decay                       # AdamW: shrink the weights
+    elif weight_decay:
+        g = g + weight_decay * p                           # Adam: L2 term on the gradient
+    scratch = g - m                                        # m.lerp_(g, 1 - b1), as torch
+    scratch *= 1.0 - b1
+    m += scratch
+    v *= b2
+    np.multiply(g, g, out=scratch)
+    scratch *= 1.0 - b2
+    v += scratch
+    np.sqrt(v, out=scratch)                                # denom = sqrt(v) / bc2 + eps
+    scratch /= bc2_sqrt
+    scratch += eps
+    np.divide(m, scratch, out=scratch)
+    scratch *= step_size
+    p -= scratch

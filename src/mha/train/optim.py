@@ -14,6 +14,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from .. import _core
+from ..reference.block import adam_step as reference_step
 
 __all__ = ["Adam", "AdamW", "clip_grad_norm", "global_norm", "lr_schedule", "SCHEDULES"]
 
@@ -102,9 +103,9 @@ class Adam:
                                 weight_decay=self.weight_decay,
                                 decoupled=self.decoupled_weight_decay, step=self.t)
             else:
-                _numpy_adam_step(p, np.asarray(grads[name], dtype=p.dtype), m, v, self.lr,
-                                 self.betas, self.eps, self.weight_decay,
-                                 self.decoupled_weight_decay, self.t)
+                reference_step(p, np.asarray(grads[name], dtype=p.dtype), m, v, self.lr,
+                               self.betas, self.eps, self.weight_decay,
+                               self.decoupled_weight_decay, self.t)
 
 
 def _core_can_step(*arrays: np.ndarray) -> bool:
@@ -113,34 +114,6 @@ def _core_can_step(*arrays: np.ndarray) -> bool:
     return all(isinstance(a, np.ndarray) and a.dtype in (np.float32, np.float64)
                and a.dtype.isnative and a.flags.c_contiguous and a.flags.aligned
                and a.flags.writeable for a in arrays)
-
-
-def _numpy_adam_step(p: np.ndarray, g: np.ndarray, m: np.ndarray, v: np.ndarray, lr: float,
-                     betas: tuple[float, float], eps: float, weight_decay: float,
-                     decoupled: bool, t: int) -> None:
-    """One Adam step in place on p, m, v in NumPy, step t >= 1: the twin of the C core's
-    ``adam_step`` (the same operations in the same order, each rounded to p's dtype) and the
-    path of arrays it does not take."""
-    b1, b2 = betas
-    step_size = lr / (1.0 - b1 ** t)
-    bc2_sqrt = math.sqrt(1.0 - b2 ** t)
-    if weight_decay and decoupled:
-        p *= 1.0 - lr * weight_decay
-    elif weight_decay:
-        g = g + weight_decay * p
-    scratch = g - m                                    # m.lerp_(g, 1 - b1), as torch
-    scratch *= 1.0 - b1
-    m += scratch
-    v *= b2
-    np.multiply(g, g, out=scratch)
-    scratch *= 1.0 - b2
-    v += scratch
-    np.sqrt(v, out=scratch)                            # denom = sqrt(v) / bc2 + eps
-    scratch /= bc2_sqrt
-    scratch += eps
-    np.divide(m, scratch, out=scratch)
-    scratch *= step_size
-    p -= scratch
 
 
 class AdamW(Adam):
