@@ -129,7 +129,8 @@ def time_peers(peers, rounds):
 
 def worker(args):
     """One peer in this process (--processes separate): torch builds the weights and saves
-    them to --weights, mha reads them; prints {"times": [...], "loss": ...} as JSON."""
+    them to --weights, mha reads them; prints {"times": [...], "loss": ..., "faults": [...]}
+    as JSON."""
     if args.worker == "torch":
         import torch
         torch.set_num_threads(args.threads)
