@@ -20,6 +20,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
 import mha.models  # noqa: E402
+from mha.models.tape import last_tape  # noqa: E402
 import mha.patching  # noqa: E402
 from mha.analysis import (attention_x_gradient, attribution_patching, gradient_relevance,  # noqa: E402
                           head_importance, head_importance_gradient, integrated_gradients,
@@ -144,9 +145,9 @@ def test_user_record_is_left_alone(tiny):
     model = mha.models.load(folder, dtype=np.float64)
     ids = np.arange(3, 9)
     model(ids, backward=True)
-    kept = model._record
+    kept = last_tape(model)
     gradient_relevance(model, ids, 4)
-    assert model._record is kept
+    assert last_tape(model) is kept and kept.record is not None
 
 
 # --- integrated gradients against captum ------------------------------------------------------
@@ -242,9 +243,10 @@ def test_attribution_patching_exact_where_linear(tiny, name, axes, function):
     folder, _ = tiny("gpt2")
     model = mha.models.load(folder, dtype=np.float64)
     model.config = dataclasses.replace(model.config, norm_eps=1e12)
-    for param, value in model.parameters().items():
-        if param.endswith(("ln_1_weight", "ln_2_weight", "ln_f_weight")):
-            value *= 1e6
+    with model.writable_parameters() as params:
+        for param, value in params.items():
+            if param.endswith(("ln_1_weight", "ln_2_weight", "ln_f_weight")):
+                value *= 1e6
     last = model.layers[-1]
     if name != "mlp_out":
         last["W_proj"], last["b_proj"] = (np.zeros_like(last["W_proj"]),
@@ -496,7 +498,7 @@ def test_bad_targets_say_what_is_wrong(tiny):
         gradient_relevance(model, ids, 1, position="max")
     with pytest.raises(ValueError, match="gradient has shape"):
         gradient_relevance(model, ids, lambda out, m: np.zeros(3))
-    assert model._record is None                 # nothing left behind by the failed calls
+    assert last_tape(model) is None              # nothing left behind by the failed calls
 
 
 def test_float32_follows_float64(tiny):

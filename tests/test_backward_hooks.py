@@ -19,6 +19,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
 import mha.models
+from mha.models.tape import last_tape  # noqa: E402
 import tiny_models  # noqa: E402
 
 pytest.importorskip("torch")
@@ -50,7 +51,7 @@ def case(request, tiny):
 
 def points(model):
     """Every point a backward hook may take (``wrt``'s names but head_mask)."""
-    from mha.models.backward import _grad_points
+    from mha.models.tape import _grad_points
     return sorted(_grad_points(model)[0] - {"head_mask"})
 
 
@@ -195,7 +196,7 @@ def test_bad_hooks_say_so_and_change_nothing(case):
     name = "blocks.0.hook_resid_mid"
     with pytest.raises(ValueError, match=name.replace(".", r"\.")):
         run(bwd_hooks=[(name, lambda g, _n: g[:, :-1])])
-    assert model._record is not None
+    assert last_tape(model) is not None
     bad = [(TypeError, name, [(name, lambda g, _n: g.tolist())]),
            (ValueError, "dtype", [(name, lambda g, _n: g.astype(np.float32))]),
            (KeyError, "head_mask", [("head_mask", lambda g, _n: g)]),

@@ -325,7 +325,7 @@ def test_a_large_cache_is_carved_from_blocks_a_small_one_is_not():
     # past its first LOOSE bytes, a call's recorded arrays come from a few large blocks (faulted
     # in by huge pages, not page by page), no two activations sharing an element; a cache
     # of one pattern is an array of its own
-    from mha.models.hooks import _Arena
+    from mha.models.memory import Arena as _Arena
     model = mha.models.load("minilm")
     _, cache = model.run_with_cache(np.arange(1000, 1064))
     arrays = list(cache.values())

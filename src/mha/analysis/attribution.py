@@ -177,17 +177,13 @@ def _run(model: Any, inputs: _Inputs, top: _Top, wrt: Sequence[str], *,
          ) -> tuple[Any, np.ndarray, dict[str, np.ndarray]]:
     """One recorded forward of the inputs (``copies`` times stacked, with the token
     embeddings replaced when given) and the backward of the target -> (encoding, values,
-    gradients of ``wrt``). A record of the user's own forward is left in place."""
+    gradients of ``wrt``), on a tape of its own."""
     ids, mask, types = (np.tile(a, (copies, 1)) for a in (inputs.ids, inputs.mask,
                                                          inputs.type_ids))
-    kept = model._record
-    try:
-        enc = model._run_recorded(ids, mask, head_mask, need_weights,
-                                  model.causal and callable(top.target), types, embeddings)
-        values, top_grads = top(enc, copies)
-        grads = model.backward(wrt=wrt, parameters=False, **top_grads) if backward else {}
-    finally:
-        model._record = kept
+    enc = model._run_recorded(ids, mask, head_mask, need_weights,
+                              model.causal and callable(top.target), types, embeddings)
+    values, top_grads = top(enc, copies)
+    grads = enc.backward(wrt=wrt, parameters=False, **top_grads) if backward else {}
     return enc, values, {name: grads[name] for name in wrt if name in grads}
 
 

@@ -24,21 +24,18 @@ the MLP is gated)::
 """
 from __future__ import annotations
 
-import mmap
-import threading
-import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
-from numpy.typing import ArrayLike
 
 from mha import _core
 
 from . import ops
 from .hooks import run_hook_fns
+from .memory import carve
 
-__all__ = ["Differentiable", "DecoderLayout", "EncoderLayout", "Record", "LayerRecord"]
+__all__ = ["DecoderLayout", "EncoderLayout", "Record", "LayerRecord", "BLOCK_POINTS"]
 
 
 @dataclass(frozen=True)
@@ -119,486 +116,12 @@ class Record:
         return int(self.buffer.nbytes)
 
 
-def _carve(dtype: Any, shapes: Sequence[tuple[str, tuple[int, ...]]]
-           ) -> tuple[np.ndarray, list[dict[str, np.ndarray]]]:
-    """One buffer for every (name, shape), and C-contiguous views of it -> (buffer, [views
-    by name]) in the order given; a name repeats once per group (a new dict when the first
-    name comes back)."""
-    total = sum(int(np.prod(s)) for _, s in shapes)
-    buffer = np.empty(total, dtype=dtype)
-    groups: list[dict[str, np.ndarray]] = []
-    start = 0
-    first = shapes[0][0]
-    for name, shape in shapes:
-        if name == first:
-            groups.append({})
-        size = int(np.prod(shape))
-        groups[-1][name] = buffer[start:start + size].reshape(shape)
-        start += size
-    return buffer, groups
-
-
 #: activation gradients ``wrt`` may name, per block (TransformerLens's hook names)
 BLOCK_POINTS = ("hook_resid_pre", "attn.hook_q", "attn.hook_k", "attn.hook_v",
                 "attn.hook_rot_q", "attn.hook_rot_k", "attn.hook_attn_scores",
                 "attn.hook_pattern", "attn.hook_z", "attn.hook_result", "hook_attn_out",
                 "hook_resid_mid", "mlp.hook_pre", "mlp.hook_pre_linear", "mlp.hook_post",
                 "hook_mlp_out", "hook_resid_post")
-
-
-class Differentiable:
-    """What a model adds for gradients: ``model(..., backward=True)``, :meth:`backward` and
-    :meth:`loss_and_grads` (causal models). A family sets ``_grad_layout``
-    (:class:`DecoderLayout` for a pre-norm decoder, :class:`EncoderLayout` for the BERT
-    family); without one, ``backward=True`` raises NotImplementedError."""
-    _grad_layout: DecoderLayout | EncoderLayout | None = None
-    _record: Record | None = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        state: dict[str, Any] = super().__getstate__()  # type: ignore[misc]
-        state.pop("_record", None)          # a forward's activations are not the model's
-        state.pop("_grad_workspace", None)
-        state.pop("_grad_memory", None)     # recycled gradient memory
-        return state
-
-    def __call__(self, input_ids: ArrayLike, attention_mask: ArrayLike | None = None,
-                 token_type_ids: ArrayLike | None = None, *, need_weights: bool = True,
-                 head_mask: ArrayLike | None = None,
-                 keep_weights: Mapping[int, Any] | None = None, backward: bool = False) -> Any:
-        """Run the model on token ids (see ``TransformerModel.__call__``).
-
-        Parameters
-        ----------
-        input_ids : array_like of int, shape (n,) or (B, n)
-            Token ids in [0, vocab_size).
-        attention_mask : array_like of bool, shape of ``input_ids``, optional
-            True / 1 = real token, False / 0 = padding.
-        token_type_ids : array_like of int, shape of ``input_ids``, optional
-            BERT segment ids.
-        need_weights : bool, default True
-            Compute and keep the attention weights.
-        head_mask : array_like, shape (n_layers, n_heads), optional
-            Multipliers on each head's output.
-        keep_weights : dict, optional
-            {layer: heads} or {layer: (heads, rows)}: keep only that part of the weights (see
-            ``TransformerModel.__call__``); not with ``backward``.
-        backward : bool, default False
-            Keep what :meth:`backward` needs (the model's ``_record``, replaced by each such
-            call); causal models then also fill the Encoding's ``logits``.
-
-        Returns
-        -------
-        Encoding
-            Tokens, ids, hidden states, attentions (and logits with ``backward``).
-        """
-        if not backward:
-            return super().__call__(input_ids, attention_mask,  # type: ignore[misc]
-                                    token_type_ids, need_weights=need_weights,
-                                    head_mask=head_mask, keep_weights=keep_weights)
-        if keep_weights is not None:
-            raise TypeError("keep_weights is not taken with backward=True (the backward keeps "
-                            "the whole forward's record)")
-        return self._run_recorded(input_ids, attention_mask, head_mask, need_weights, True,
-                                  token_type_ids)
-
-    def _run_recorded(self, input_ids: ArrayLike, attention_mask: ArrayLike | None,
-                      head_mask: ArrayLike | None, need_weights: bool, logits: bool,
-                      token_type_ids: ArrayLike | None = None,
-                      token_embeddings: np.ndarray | None = None) -> Any:
-        """The forward that keeps its Record (``self._record``) -> an Encoding (with logits
-        for a causal model when ``logits``). ``token_embeddings`` (B, n, d_model), when
-        given, replaces the token table's rows (``hook_embed``): integrated gradients run the
-        model on interpolated embeddings."""
-        layout = self._need_layout()
-        model: Any = self
-        ids = np.asarray(input_ids)
-        single = ids.ndim == 1
-        ids = model._check_ids(np.atleast_2d(ids))
-        B, n = ids.shape
-        mask = (np.ones((B, n), bool) if attention_mask is None
-                else np.asarray(attention_mask).astype(bool).reshape(B, n))
-        if head_mask is not None:
-            head_mask = np.asarray(head_mask, dtype=model.dtype)
-            if head_mask.shape != (model.n_layers, model.n_heads):
-                raise ValueError(f"head_mask must have shape (n_layers, n_heads) = "
-                                 f"{(model.n_layers, model.n_heads)}, got {head_mask.shape}")
-        type_ids = (np.zeros((B, n), np.int64) if token_type_ids is None
-                    else np.asarray(token_type_ids).astype(np.int64).reshape(B, n))
-        if isinstance(layout, EncoderLayout):
-            from . import encoder_backward
-            record, attn = encoder_backward.forward_record(model, ids, mask, type_ids,
-                                                           head_mask, need_weights,
-                                                           token_embeddings)
-        else:
-            record, attn = _forward_record(model, layout, ids, mask, head_mask, need_weights,
-                                           token_embeddings)
-        record.single = single
-        self._record = record
-        from .base import Encoding, _unbatch
-        hidden = np.empty((B, model.n_layers + 1, n, model.d_model), dtype=model.dtype)
-        for i, r in enumerate(record.layers):
-            hidden[:, i] = r.resid_pre.reshape(B, n, -1)
-        hidden[:, -1] = record.hidden.reshape(B, n, -1)
-        tokens = None
-        if model.tokenizer is not None:
-            tokens = [[model.tokenizer.id_to_token(i) for i in row[m]]
-                      for row, m in zip(ids, mask)]
-        enc = Encoding(tokens=tokens, input_ids=ids, attention_mask=mask, hidden_states=hidden,
-                       attentions=attn, token_type_ids=type_ids)
-        if model.has_lm_head and logits:
-            enc.logits = ops.unembed(record.hidden, model._lm_head()).reshape(B, n, -1)
-        if single:
-            enc = _unbatch(enc)
-            if enc.logits is not None:
-                enc.logits = enc.logits[0]
-        return enc
-
-    def _need_layout(self) -> DecoderLayout | EncoderLayout:
-        if self._grad_layout is None:
-            raise NotImplementedError(
-                f"backward=True is built for GPT-2, the LLaMA and the BERT families, not "
-                f"for {type(self).__name__}")
-        return self._grad_layout
-
-    def backward(self, d_logits: ArrayLike | None = None, d_hidden: ArrayLike | None = None,
-                 wrt: Sequence[str] = (), *, retain: bool = False,
-                 parameters: bool = True,
-                 bwd_hooks: Sequence[tuple[Any, Callable[[np.ndarray, str], Any]]] = ()
-                 ) -> dict[str, np.ndarray]:
-        """Back-propagate through the last ``model(..., backward=True)``.
-
-        Parameters
-        ----------
-        d_logits : array_like, shape (B, n, vocab) or (n, vocab), optional
-            The gradient of the output with respect to the logits (causal models).
-        d_hidden : array_like, shape (B, n, d_model) or (n, d_model), optional
-            The gradient with respect to the last hidden state (after the final norm); added
-            to the one from ``d_logits`` when both are given.
-        wrt : sequence of str, optional
-            Activations to return the gradient of, by hook name (``hook_embed``,
-            ``hook_pos_embed``, ``blocks.{l}.hook_resid_pre``, ``blocks.{l}.attn.hook_pattern``,
-            ``blocks.{l}.attn.hook_z``, ... see ``BLOCK_POINTS``), and ``head_mask`` (the
-            gradient with respect to the multipliers on each head's output, (L, H), at the
-            forward's head_mask or at ones).
-        retain : bool, default False
-            Keep the forward's record for another backward (as torch's ``retain_graph``).
-        parameters : bool, default True
-            Compute the parameters' gradients; False returns only those of ``wrt``, about
-            half the backward's products fewer (as ``torch.autograd.grad`` for inputs only).
-        bwd_hooks : sequence of (str or callable, callable), optional
-            ``(name_or_predicate, fn)`` at the points ``wrt`` takes (not ``head_mask``; a
-            predicate skips ``attn.hook_result`` unless named, as forward hooks do):
-            ``fn(grad, name)`` gets the gradient arriving at that point, batch first with the
-            activation cache's shape, and returns a replacement (same shape and dtype) or
-            None (it may also edit grad in place); what it leaves flows on to every earlier
-            point and parameter, as TransformerLens's ``run_with_hooks(bwd_hooks=...)``.
-            Several hooks at one point run in list order; ``wrt`` gets the gradient after
-            them.
-
-        Returns
-        -------
-        dict of str to ndarray
-            The gradient of every parameter by the names of ``parameters()`` (same shapes;
-            none with ``parameters=False``), then one entry per name of ``wrt``, batch first
-            as the activation cache holds it ((1, ...) for one text).
-
-        Raises
-        ------
-        RuntimeError
-            No forward with ``backward=True`` since the last backward.
-        ValueError
-            Neither gradient given, or one of the wrong shape.
-        KeyError
-            A name of ``wrt`` or ``bwd_hooks`` that is no differentiable hook point of the
-            model.
-        TypeError, ValueError
-            A backward hook that returns something else than None or an array of the
-            gradient's shape and dtype (the error names the point; the record stays).
-        """
-        layout = self._need_layout()
-        model: Any = self
-        record = self._record
-        if record is None:
-            raise RuntimeError("backward needs the state of a forward: run "
-                               "model(ids, attention_mask, backward=True) first (each "
-                               "backward uses it up unless retain=True)")
-        wanted = _check_wrt(model, wrt)
-        hooks = _check_hooks(model, bwd_hooks)
-        arrays = _check_top(model, record, d_logits, d_hidden)
-        grads = _zero_grads(model, "d_logits" in arrays) if parameters else NoGrads()
-        top = _top_gradient(model, layout, record, arrays, grads)
-        if isinstance(layout, EncoderLayout):
-            from . import encoder_backward
-            encoder_backward.backward(model, record, top, wanted, grads, hooks)
-        else:
-            _backward(model, layout, record, top, wanted, grads, hooks)
-        if not retain:
-            self._record = None
-        return dict(grads)
-
-    def loss_and_grads(self, ids: ArrayLike, labels: ArrayLike | None = None,
-                       attention_mask: ArrayLike | None = None, *, wrt: Sequence[str] = (),
-                       head_mask: ArrayLike | None = None,
-                       bwd_hooks: Sequence[tuple[Any, Callable[[np.ndarray, str], Any]]] = ()
-                       ) -> tuple[float, dict[str, np.ndarray]]:
-        """The next-token cross-entropy of a causal LM and its gradients.
-
-        Logits at position i are scored against labels[i + 1] (shifted as transformers'
-        ``*ForCausalLM`` does), mean over the labels that are not -100, on the C core's
-        chunked cross-entropy (the (tokens, vocab) logits are never held whole).
-
-        Parameters
-        ----------
-        ids : array_like of int, shape (n,) or (B, n)
-            Token ids.
-        labels : array_like of int, shape of ``ids``, optional
-            The targets (-100: ignored); default the ids, with padding (attention_mask 0)
-            ignored. transformers counts padding unless its labels say -100 there.
-        attention_mask : array_like of bool, shape of ``ids``, optional
-            True / 1 = real token, False / 0 = padding.
-        wrt : sequence of str, optional
-            Activations to return the gradient of, as in :meth:`backward`.
-        head_mask : array_like, shape (n_layers, n_heads), optional
-            Multipliers on each head's output (a pruned model's loss and gradients).
-        bwd_hooks : sequence of (str or callable, callable), optional
-            Hooks on the gradients on the way back, as in :meth:`backward`.
-
-        Returns
-        -------
-        loss : float
-            The mean cross-entropy.
-        grads : dict of str to ndarray
-            The gradient of every parameter (by the names of ``parameters()``) and of each
-            name of ``wrt``.
-
-        Raises
-        ------
-        TypeError
-            An encoder (no next-token loss).
-        ValueError
-            Labels of another shape than the ids, or out of the vocabulary.
-        """
-        layout = self._need_layout()
-        model: Any = self
-        if not model.causal or not isinstance(layout, DecoderLayout):
-            raise TypeError(f"{type(self).__name__} is no causal LM: use backward(d_hidden=...)")
-        ids_2d = np.atleast_2d(np.asarray(ids))
-        if labels is None:
-            targets = ids_2d.astype(np.int64).copy()
-            if attention_mask is not None:
-                targets[~np.asarray(attention_mask).astype(bool).reshape(ids_2d.shape)] = -100
-        else:
-            targets = np.atleast_2d(np.asarray(labels)).astype(np.int64)
-            if targets.shape != ids_2d.shape:
-                raise ValueError(f"labels has shape {np.shape(labels)} but ids has "
-                                 f"{np.shape(ids)}")
-        vocab = model.config.vocab_size
-        if not np.all((targets == -100) | ((targets >= 0) & (targets < vocab))):
-            raise ValueError(f"labels must lie in [0, {vocab}) or be -100 (ignored)")
-        shifted = np.full(targets.shape, -100, dtype=np.int64)      # position i -> label i+1
-        shifted[:, :-1] = targets[:, 1:]
-        wanted = _check_wrt(model, wrt)
-        hooks = _check_hooks(model, bwd_hooks)
-        kept = self._record                 # a record of the user's own forward stays
-        try:
-            self._run_recorded(ids_2d, attention_mask, head_mask, False, False)
-            record = self._record
-        finally:
-            self._record = kept
-        assert record is not None
-        grads = _zero_grads(model, True)
-        top = np.zeros_like(record.hidden)
-        # forward: loss = cross_entropy(hidden W_vocab^T, labels shifted by one)
-        loss, _, _ = _core.cross_entropy(record.hidden, model._vocab_matrix(),
-                                         shifted.reshape(-1), trans_w=True, d_hidden=top,
-                                         d_w=grads[_vocab_name(model, layout)])
-        _backward(model, layout, record, top, wanted, grads, hooks)
-        return float(loss), grads
-
-
-def _zero_grads(model: Any, lm_head: bool) -> dict[str, np.ndarray]:
-    """A zero array per parameter, by name, each gradient added into its own.
-
-    Every gradient but the embedding tables' is carved from one block of the model's
-    :class:`GradMemory`, which a call takes back from the last one once that call's gradients
-    are all gone, and filled with zeros here, on one thread: a recycled block's pages are
-    resident, so a training loop takes no page faults for its gradients whatever malloc did
-    with the memory freed in between (MiniLM's backward after a torch step in the same process
-    took 11,000 faults a step for them), and the first call's faults are taken by one thread
-    rather than by the products' several at once, which cost more than the products.
-
-    An embedding table's gradient gets only the batch's rows: it has pages of its own that
-    the system zeroes as they are first written (:func:`_lazy_zeros`), so the rest costs
-    nothing (MiniLM's 47 MB word table). ``lm_head``: the LM head gets a gradient (a tied
-    token table, then written whole, goes in the block)."""
-    layout = model._grad_layout
-    if isinstance(layout, DecoderLayout):
-        tables = {layout.embed, layout.positions}
-    else:
-        tables = {"word_embeddings", "position_embeddings", "token_type_embeddings"}
-    if lm_head:
-        tables.discard(_vocab_name(model, layout))
-    params = model.parameters()
-    spans, size = {}, 0
-    for name, a in params.items():
-        if name not in tables:
-            spans[name] = size
-            size += -(-a.nbytes // GradMemory.ALIGN) * GradMemory.ALIGN
-    memory = model.__dict__.get("_grad_memory")
-    if memory is None:
-        memory = model.__dict__["_grad_memory"] = GradMemory()
-    block = memory.take(tuple((k, params[k].shape, params[k].dtype.str) for k in spans), size)
-    block.fill(0)
-    return {name: _lazy_zeros(a.shape, a.dtype) if name in tables else
-            block[spans[name]:spans[name] + a.nbytes].view(a.dtype).reshape(a.shape)
-            for name, a in params.items()}
-
-
-class GradMemory:
-    """The memory a model's parameter gradients are carved from, used again by later calls.
-
-    :meth:`take` hands out a block (an anonymous memory map) as a new uint8 array that only
-    that call's gradients view: NumPy points a view's ``base`` at the first array that owns
-    its data or whose base is no array, which is this one (its base is the map's buffer), so
-    it lives exactly as long as the last of them. Its finalizer then puts the map back as the
-    spare, which the next call of the same layout takes instead of a new map. One spare at
-    most: a training loop holding its last step's gradients while it computes the next
-    alternates between two blocks, as many as it held before. Memory a caller still holds is
-    never handed out again; the spare stays with the model (unpickled models start without).
-    """
-    #: bytes each gradient's start is aligned to (a cache line, an AVX-512 vector)
-    ALIGN = 64
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._spare: tuple[Any, mmap.mmap] | None = None
-
-    def take(self, key: Any, nbytes: int) -> np.ndarray:
-        """A block of at least ``nbytes`` (uint8, contents undefined): the spare if it was
-        taken under the same ``key``, else a new one."""
-        with self._lock:
-            spare, self._spare = self._spare, None
-        if spare is not None and spare[0] == key:
-            memory = spare[1]
-        else:
-            memory = _anonymous_map(nbytes)
-        del spare                                   # a spare of another layout is unmapped
-        block = np.frombuffer(memory, np.uint8)
-        weakref.finalize(block, self._give_back, key, memory).atexit = False
-        return block
-
-    def _give_back(self, key: Any, memory: mmap.mmap) -> None:
-        with self._lock:
-            self._spare = (key, memory)
-
-
-def _anonymous_map(nbytes: int) -> mmap.mmap:
-    """Zeroed memory of this process alone, on 4 KiB pages the system zeroes as they are first
-    touched: private (a forked child gets its own copy; Python's default would share it), and
-    without the advice to use huge pages that NumPy gives its large arrays: each first touch
-    of a huge page zeroes 2 MiB, and the kernel may compact memory to find it (the rows of
-    128 ids in MiniLM's word table: 2.1 ms on huge pages, 0.5 ms on small ones; its first
-    block 0.25 s against 0.10 s, and recycled blocks no faster)."""
-    flags = getattr(mmap, "MAP_PRIVATE", None)
-    if flags is None:                               # Windows: anonymous maps are private
-        return mmap.mmap(-1, max(nbytes, 1))
-    return mmap.mmap(-1, max(nbytes, 1), flags=flags | mmap.MAP_ANONYMOUS)
-
-
-def _lazy_zeros(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """A zero array on pages of its own (:func:`_anonymous_map`), whatever malloc holds: the
-    gradient of a table a call writes a few rows of."""
-    nbytes = int(np.prod(shape)) * dtype.itemsize
-    return np.frombuffer(_anonymous_map(nbytes), dtype, count=int(np.prod(shape))).reshape(shape)
-
-
-def _grad_points(model: Any) -> tuple[set[str], str]:
-    """Every name ``wrt`` may take for the model, and how the error of an unknown one lists
-    them."""
-    if isinstance(model._grad_layout, EncoderLayout):
-        from .encoder_backward import encoder_points
-        valid = encoder_points(model)
-        return valid, (f"one of {sorted(p for p in valid if 'blocks.' not in p)} "
-                       f"or blocks.{{l}}.<a block's point>")
-    points = {"hook_embed", "head_mask"}
-    if model._grad_layout.positions is not None:
-        points.add("hook_pos_embed")
-    block = [p for p in BLOCK_POINTS if (model.rotary or "rot_" not in p)
-             and (model._grad_layout.gated or p != "mlp.hook_pre_linear")]
-    points.update(f"blocks.{l}.{p}" for l in range(model.n_layers) for p in block)
-    return points, f"head_mask, hook_embed or blocks.{{l}}.<one of {block}>"
-
-
-def _check_wrt(model: Any, wrt: Sequence[str]) -> list[str]:
-    """The names of ``wrt`` after checking them against the model's differentiable points."""
-    if isinstance(wrt, str):
-        wrt = [wrt]
-    points, expected = _grad_points(model)
-    for name in wrt:
-        if name not in points:
-            raise KeyError(f"{name!r} is no hook point the backward reaches; expected "
-                           f"{expected}")
-    return list(wrt)
-
-
-def _check_hooks(model: Any, bwd_hooks: Sequence[tuple[Any, Any]]
-                 ) -> dict[str, list[Callable[[np.ndarray, str], Any]]]:
-    """{point: [fn, ...]} of ``bwd_hooks`` ((name or predicate, fn) pairs), in list order,
-    after checking every name and fn; a predicate selects among the points ``wrt`` takes
-    (``head_mask`` is no activation, ``attn.hook_result`` only by its name, as forward)."""
-    from .hooks import _resolve
-    points, _ = _grad_points(model)
-    valid = sorted(points - {"head_mask"})
-    hooks: dict[str, list[Callable[[np.ndarray, str], Any]]] = {}
-    for selector, fn in bwd_hooks:
-        if not callable(fn):
-            raise TypeError(f"the backward hook at {selector!r} is not callable: {fn!r}")
-        for name in _resolve(selector, valid):
-            hooks.setdefault(name, []).append(fn)
-    return hooks
-
-
-def _vocab_name(model: Any, layout: DecoderLayout | EncoderLayout) -> str:
-    """The parameter name of the LM head's weight: its own, or the tied token table's."""
-    if "lm_head" in model.parameters() or not isinstance(layout, DecoderLayout):
-        return "lm_head"
-    return layout.embed
-
-
-def _check_top(model: Any, record: Record, d_logits: ArrayLike | None,
-               d_hidden: ArrayLike | None) -> dict[str, np.ndarray]:
-    """d_logits (rows, vocab) and d_hidden (rows, d) of the model's dtype, by name, after
-    checking their shapes against the forward's (nothing is written before)."""
-    B, n = record.ids.shape
-    rows, d = record.hidden.shape
-    lead = (n,) if record.single else (B, n)
-    arrays = {}
-    for name, value, width in (("d_logits", d_logits, model.config.vocab_size),
-                               ("d_hidden", d_hidden, d)):
-        if value is None:
-            continue
-        if name == "d_logits" and not model.has_lm_head:
-            raise ValueError(f"{type(model).__name__} has no logits: give d_hidden")
-        a = np.asarray(value)
-        if a.shape != (*lead, width):
-            raise ValueError(f"{name} must have shape {(*lead, width)} (the forward's), "
-                             f"got {a.shape}")
-        arrays[name] = np.ascontiguousarray(a, dtype=model.dtype).reshape(rows, width)
-    if not arrays:
-        raise ValueError("give d_logits or d_hidden (the gradient of the output)")
-    return arrays
-
-
-def _top_gradient(model: Any, layout: DecoderLayout | EncoderLayout, record: Record,
-                  arrays: dict[str, np.ndarray], grads: dict[str, np.ndarray]) -> np.ndarray:
-    """The gradient with respect to the final norm's output (rows, d): d_hidden plus the LM
-    head's chain rule on d_logits, whose weight gradient is added into grads."""
-    top = arrays["d_hidden"].copy() if "d_hidden" in arrays else np.zeros_like(record.hidden)
-    if "d_logits" in arrays:
-        # forward: logits = hidden W_vocab^T
-        linear_backward(arrays["d_logits"], record.hidden, model._vocab_matrix(), None,
-                        grads[_vocab_name(model, layout)], None, da=top, trans_b=True)
-    return top
 
 
 def _norm(x: np.ndarray, gain: np.ndarray, bias: np.ndarray | None, eps: float,
@@ -628,19 +151,20 @@ def _attention_options(model: Any, layer: int, B: int, H: int, n: int) -> dict[s
                 causal=model.causal, scale=model.attention_scale(layer))
 
 
-def _forward_record(model: Any, layout: DecoderLayout, ids: np.ndarray, mask: np.ndarray,
-                    head_mask: np.ndarray | None, need_weights: bool,
-                    token_embeddings: np.ndarray | None = None
-                    ) -> tuple[Record, np.ndarray | None]:
+def decoder_record(model: Any, layout: DecoderLayout, ids: np.ndarray, mask: np.ndarray,
+                   type_ids: np.ndarray, head_mask: np.ndarray | None, need_weights: bool,
+                   token_embeddings: np.ndarray | None, hooks: Any
+                   ) -> tuple[Record, np.ndarray | None]:
     """The forward of a pre-norm decoder on the C kernels, writing every activation the
     backward reads into one Record -> (record, attentions (B, L, H, n, n) or None);
-    ``token_embeddings`` (B, n, d) in place of the token table's rows when given."""
+    ``token_embeddings`` (B, n, d) in place of the token table's rows when given; ``hooks``
+    (layer, point, array, shape) may change an activation where the backward passes
+    (:class:`mha.models.tape._RecordHooks`). type_ids: unused (no segments)."""
     B, n = ids.shape
     rows = B * n
     L, H, H_kv, dh, d = (model.n_layers, model.n_heads, model.n_kv_heads, model.d_head,
                          model.d_model)
-    W_in = model.layers[0][layout.mlp[0]]
-    f_in = W_in.shape[1]
+    f_in = model.layers[0][layout.mlp[0]].shape[1] if L else 0
     f = f_in // 2 if layout.gated else f_in
     shapes: list[tuple[str, tuple[int, ...]]] = []
     for _ in range(L):
@@ -648,8 +172,8 @@ def _forward_record(model: Any, layout: DecoderLayout, ids: np.ndarray, mask: np
                    ("k", (B, H_kv, n, dh)), ("v", (B, H_kv, n, dh)), ("att", (B, H, n, dh)),
                    ("lse", (B, H, n)), ("heads", (rows, H * dh)), ("resid_mid", (rows, d)),
                    ("ln2", (rows, d)), ("pre", (rows, f_in)), ("post", (rows, f))]
-    buffer, groups = _carve(model.dtype, shapes + [("resid_pre", (rows, d)),
-                                                   ("hidden", (rows, d))])
+    buffer, groups = carve(model.dtype, shapes + [("resid_pre", (rows, d)),
+                                                  ("hidden", (rows, d))])
     layers = [LayerRecord(**g) for g in groups[:L]]
     norm_input, hidden = groups[L]["resid_pre"], groups[L]["hidden"]
     pad_mask = None if mask.all() else np.ascontiguousarray(mask, dtype=bool)
@@ -657,37 +181,74 @@ def _forward_record(model: Any, layout: DecoderLayout, ids: np.ndarray, mask: np
     eps = model.config.norm_eps
     rope = model._rope(0, n) if model.rotary else None
     attn = np.empty((B, L, H, n, n), dtype=model.dtype) if need_weights else None
+    act = (B, n, d)
 
     # forward: x = tok_emb[ids] (+ pos_emb[0..n))
     x = layers[0].resid_pre if L else norm_input
     x[...] = (ops.embedding(params[layout.embed], ids) if token_embeddings is None
               else token_embeddings.reshape(rows, d))
+    hooks(None, "hook_embed", x, act)
     if layout.positions is not None:
-        ops.embedding(params[layout.positions], np.broadcast_to(np.arange(n), (B, n)), out=x)
+        positions = np.broadcast_to(np.arange(n), (B, n))
+        if hooks.wants(None, "hook_pos_embed"):
+            pos = ops.embedding(params[layout.positions], positions)
+            hooks(None, "hook_pos_embed", pos, act)
+            x += pos
+        else:
+            ops.embedding(params[layout.positions], positions, out=x)
     for i, (p, r) in enumerate(zip(model.layers, layers)):
         W_qkv, b_qkv, W_o, b_o = layout.attention
+        hooks(i, "hook_resid_pre", r.resid_pre, act)
         _norm(r.resid_pre, p[layout.ln1[0]], p.get(layout.ln1[1] or ""), eps, out=r.ln1)
         qkv = ops.linear(r.ln1, model._dense((i, W_qkv), p[W_qkv]), p.get(b_qkv))
+        parts = qkv.reshape(B, n, H + 2 * H_kv, dh)
+        hooks(i, "attn.hook_q", parts[:, :, :H], (B, n, H, dh))
+        hooks(i, "attn.hook_k", parts[:, :, H:H + H_kv], (B, n, H_kv, dh))
+        hooks(i, "attn.hook_v", parts[:, :, H + H_kv:], (B, n, H_kv, dh))
         if rope is not None:
             ops.rope_(qkv, H + H_kv, dh, *rope)
+            hooks(i, "attn.hook_rot_q", parts[:, :, :H], (B, n, H, dh))
+            hooks(i, "attn.hook_rot_k", parts[:, :, H:H + H_kv], (B, n, H_kv, dh))
         for dst, src in zip((r.q, r.k, r.v), ops.split_heads(qkv, B, n, (H, H_kv, H_kv), dh)):
             np.copyto(dst, src)
         _attend(model, i, r, pad_mask, head_mask, attn)
-        np.copyto(r.resid_mid, r.resid_pre)
-        ops.linear(r.heads, model._dense((i, W_o), p[W_o]), p.get(b_o), out=r.resid_mid)
+        hooks(i, "attn.hook_z", r.heads, (B, n, H, dh))
+        _add_product(hooks, i, "hook_attn_out", r.heads, model._dense((i, W_o), p[W_o]),
+                     p.get(b_o), r.resid_pre, r.resid_mid, act)
+        hooks(i, "hook_resid_mid", r.resid_mid, act)
         _norm(r.resid_mid, p[layout.ln2[0]], p.get(layout.ln2[1] or ""), eps, out=r.ln2)
         w_in, b_in, w_out, b_out = layout.mlp
         np.copyto(r.pre, ops.linear(r.ln2, model._dense((i, w_in), p[w_in]), p.get(b_in)))
+        hooks(i, "mlp.hook_pre", r.pre[:, :f], (B, n, f))
+        if layout.gated:
+            hooks(i, "mlp.hook_pre_linear", r.pre[:, f:], (B, n, f))
         _core.activation(r.pre, act=model._act | (ops.GATED if layout.gated else 0),
                          out=r.post)
+        hooks(i, "mlp.hook_post", r.post, (B, n, f))
         nxt = layers[i + 1].resid_pre if i + 1 < L else norm_input
-        np.copyto(nxt, r.resid_mid)
-        ops.linear(r.post, model._dense((i, w_out), p[w_out]), p.get(b_out), out=nxt)
+        _add_product(hooks, i, "hook_mlp_out", r.post, model._dense((i, w_out), p[w_out]),
+                     p.get(b_out), r.resid_mid, nxt, act)
+        hooks(i, "hook_resid_post", nxt, act)
     gain, bias = layout.final
     _norm(norm_input, params[gain], params.get(bias or ""), eps, out=hidden)
     record = Record(buffer=buffer, layers=layers, norm_input=norm_input, hidden=hidden,
                     ids=ids, pad_mask=pad_mask, head_mask=head_mask, single=False)
     return record, attn
+
+
+def _add_product(hooks: Any, layer: int, point: str, x: np.ndarray, weight: ops.Packed,
+                 bias: np.ndarray | None, residual: np.ndarray, out: np.ndarray,
+                 shape: tuple[int, int, int]) -> None:
+    """out = residual + (x @ weight + bias) (rows, d), the product being the hook point
+    ``point`` (seen with ``shape`` (B, n, d)): fused into the sum unless a hook is there."""
+    if not hooks.wants(layer, point):
+        np.copyto(out, residual)
+        ops.linear(x, weight, bias, out=out)
+        return
+    product = np.zeros_like(out)
+    ops.linear(x, weight, bias, out=product)
+    hooks(layer, point, product, shape)
+    np.add(residual, product, out=out)
 
 
 def _attend(model: Any, i: int, r: Any, pad_mask: np.ndarray | None,
@@ -820,16 +381,20 @@ def _score_input_gradients(scale: float, q: np.ndarray, k: np.ndarray, d_scores:
 
 
 class Keeper:
-    """The activation gradients asked for and the backward hooks: ``keep(layer, point, value,
-    shape)`` runs the hooks of that point on value seen with ``shape`` (batch first), writes
-    a replacement into value (the backward's own array, which flows on from there), and then
-    copies value into ``out`` under its hook name when that name was asked."""
+    """The activation gradients asked for, the backward hooks, and what the forward's hooks
+    changed: ``keep(layer, point, value, shape)`` runs the hooks of that point on a copy of
+    value seen with ``shape`` (batch first; what a hook keeps stays as it was), writes what
+    they leave into value (the backward's own array, which flows on from there), copies value
+    into ``out`` under its hook name when that name was asked, and then zeroes value where a
+    forward hook replaced the activation (``changed``: {name: bool array}; a replaced element
+    passes no gradient back to what computed it)."""
 
     def __init__(self, names: Sequence[str],
-                 hooks: Mapping[str, list[Callable[[np.ndarray, str], Any]]] | None = None
-                 ) -> None:
+                 hooks: Mapping[str, list[Callable[[np.ndarray, str], Any]]] | None = None,
+                 changed: Mapping[str, np.ndarray] | None = None) -> None:
         self.names = set(names)
         self.hooks = dict(hooks or {})
+        self.changed = dict(changed or {})
         self.out: dict[str, np.ndarray] = {}
 
     def wants(self, layer: int | None, point: str) -> bool:
@@ -842,9 +407,10 @@ class Keeper:
     def branch(self, layer: int | None, point: str, value: np.ndarray,
                shape: tuple[int, ...]) -> np.ndarray:
         """The gradient of a point that is one branch of a sum (``hook_attn_out``,
-        ``hook_mlp_out``, the embeddings): value itself, or a copy of it, hooked, when the
-        point has hooks (the other branch keeps value)."""
-        if self.hooked(layer, point):
+        ``hook_mlp_out``, the embeddings): value itself, or a copy of it when a hook may
+        change it there (the other branch keeps value)."""
+        name = point if layer is None else f"blocks.{layer}.{point}"
+        if name in self.hooks or name in self.changed:
             value = value.copy()
         self(layer, point, value, shape)
         return value
@@ -852,14 +418,19 @@ class Keeper:
     def __call__(self, layer: int | None, point: str, value: np.ndarray,
                  shape: tuple[int, ...]) -> None:
         name = point if layer is None else f"blocks.{layer}.{point}"
-        if name not in self.names and name not in self.hooks:
+        fns, changed = self.hooks.get(name), self.changed.get(name)
+        if not fns and changed is None and name not in self.names:
             return
         view = value.view()
         view.shape = shape                          # raises rather than copy
-        run_hook_fns(self.hooks.get(name, ()), view, name, "backward hook",
-                     "the gradient there has")
+        if fns:
+            seen = view.copy()
+            run_hook_fns(fns, seen, name, "backward hook", "the gradient there has")
+            np.copyto(view, seen)
         if name in self.names:
             self.out[name] = np.array(view)
+        if changed is not None:
+            view[changed] = 0
 
 
 class NoGrads(dict):
@@ -886,7 +457,7 @@ def linear_backward(d_out: np.ndarray, a: np.ndarray, w: np.ndarray, bias: np.nd
     the bias added into dw and dbias; with dw None only a's, one product instead of two, on
     op(w) read transposed (the GEMM packs it a slice of the shared axis at a time). With dw,
     ``_core.linear_backward`` packs op(w)'s transpose whole first, into ``workspace`` when
-    given (see :func:`grad_workspace`). On a quiet machine the two ran a's product equally
+    given (see :func:`workspace_size`). On a quiet machine the two ran a's product equally
     fast (2 threads, MiniLM's and GPT-2's weights, 128 to 2,048 rows, AVX-512 and AVX2), and
     the separate packing pass of the dw=None case cost gradient_relevance a sixth of its
     time; the whole packing is the core's choice for a loaded machine (block_impl.h)."""
@@ -896,36 +467,39 @@ def linear_backward(d_out: np.ndarray, a: np.ndarray, w: np.ndarray, bias: np.nd
     return _core.linear(d_out, w, trans_b=not trans_b, out=da)
 
 
-def grad_workspace(model: Any) -> np.ndarray:
-    """The buffer where every dense product of a backward packs its weight's transpose
-    (``_core.linear_backward``'s workspace), as large as the largest of the layers' dense
-    weights packed (2.4 MB for MiniLM, 9.4 MB for GPT-2 small in float32) and kept on the
-    model. An allocation per product would be released and taken again, and its first-touch
-    page faults, taken by the product's threads at once, cost MiniLM's backward on 2 threads
-    a third of its time."""
+def workspace_size(model: Any) -> int:
+    """The elements of the buffer where every dense product of a backward packs its weight's
+    transpose (``_core.linear_backward``'s workspace): as large as the largest of the layers'
+    dense weights packed (2.4 MB for MiniLM, 9.4 MB for GPT-2 small in float32). A backward
+    borrows one from the model's pool (:class:`mha.models.memory.Workspaces`)."""
     width = _core.pack_weight(np.zeros((1, 1), model.dtype)).shape[2]
-    need = max((-(-w.shape[0] // width) * width * w.shape[1]
+    return max((-(-w.shape[0] // width) * width * w.shape[1]
                 for p in model.layers for k, w in p.items() if k.startswith("W_")), default=0)
-    ws = model.__dict__.get("_grad_workspace")
-    if ws is None or ws.dtype != model.dtype or ws.size < need:
-        ws = model.__dict__["_grad_workspace"] = np.empty(need, model.dtype)
-    return ws
 
 
-def _backward(model: Any, layout: DecoderLayout, record: Record, top: np.ndarray,
-              wanted: list[str], grads: dict[str, np.ndarray],
-              hooks: Mapping[str, list[Callable[[np.ndarray, str], Any]]] | None = None
-              ) -> None:
+def block_points(model: Any) -> list[str]:
+    """The points of a decoder block ``wrt`` may name for this model (BLOCK_POINTS without
+    the rotary ones of a model without rotary embedding, or ``mlp.hook_pre_linear`` of an
+    ungated MLP)."""
+    return [p for p in BLOCK_POINTS if (model.rotary or "rot_" not in p)
+            and (model._grad_layout.gated or p != "mlp.hook_pre_linear")]
+
+
+def decoder_backward(model: Any, layout: DecoderLayout, record: Record, top: np.ndarray,
+                     wanted: list[str], grads: dict[str, np.ndarray],
+                     hooks: Mapping[str, list[Callable[[np.ndarray, str], Any]]] | None,
+                     changed: Mapping[str, np.ndarray] | None, ws: np.ndarray) -> None:
     """Add every parameter's gradient into ``grads`` (which holds the LM head's already) and
     put those of ``wanted`` there, from the gradient ``top`` (rows, d) of the final norm's
-    output; ``hooks`` {point: [fn]} run on the gradients on the way (:class:`Keeper`)."""
+    output; ``hooks`` {point: [fn]} run on the gradients on the way, ``changed`` zeroes them
+    where the forward's hooks replaced an activation (:class:`Keeper`); ``ws``: the packing
+    workspace (:func:`workspace_size`)."""
     B, n = record.ids.shape
     rows = B * n
     L, H, d = model.n_layers, model.n_heads, model.d_model
     eps = model.config.norm_eps
     params = model.parameters()
-    keep = Keeper(wanted, hooks)
-    ws = grad_workspace(model)
+    keep = Keeper(wanted, hooks, changed)
     d_head_mask = np.zeros((L, H), dtype=model.dtype)
     # forward: hidden = norm_f(norm_input)
     dx = np.zeros((rows, d), dtype=model.dtype)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Collection, Mapping, Sequence, cast
 
 import numpy as np
@@ -48,6 +48,9 @@ class Encoding:
     kept_weights : dict of int to ndarray, optional
         With ``keep_weights``: the kept part of each chosen layer's weights, shape
         (h, r, n_k) or (B, h, r, n_k) for the h heads and r query rows chosen.
+    tape : Tape, optional
+        With ``model(ids, backward=True)``: what :meth:`backward` walks back (the forward's
+        record, its own copy of the ids, which weights it ran with).
 
     Attributes
     ----------
@@ -71,6 +74,49 @@ class Encoding:
     token_type_ids: np.ndarray | None = None
     logits: np.ndarray | None = None
     kept_weights: dict[int, np.ndarray] | None = None
+    tape: Any = field(default=None, repr=False, compare=False)
+
+    def backward(self, d_logits: ArrayLike | None = None, d_hidden: ArrayLike | None = None,
+                 wrt: Sequence[str] = (), *, retain: bool = False, parameters: bool = True,
+                 bwd_hooks: Sequence[tuple[NameFilter, HookFn]] = ()) -> dict[str, np.ndarray]:
+        """Back-propagate through the forward that made this Encoding.
+
+        The arguments and the result are those of ``model.backward`` (see
+        :meth:`mha.models.tape.Differentiable.backward`); this one walks back this forward's
+        own tape, whatever other forwards ran since, in this thread or another.
+
+        Parameters
+        ----------
+        d_logits : array_like, shape (B, n, vocab) or (n, vocab), optional
+            The gradient of the output with respect to the logits (causal models).
+        d_hidden : array_like, shape (B, n, d_model) or (n, d_model), optional
+            The gradient with respect to the last hidden state.
+        wrt : sequence of str, optional
+            Hook names (and ``head_mask``) to return the gradient of.
+        retain : bool, default False
+            Keep the record for another backward.
+        parameters : bool, default True
+            Compute the parameters' gradients.
+        bwd_hooks : sequence of (str or callable, callable), optional
+            Hooks on the gradients on the way back.
+
+        Returns
+        -------
+        dict of str to ndarray
+            The parameters' gradients by name, then those of ``wrt``.
+
+        Raises
+        ------
+        RuntimeError
+            An Encoding of a forward without ``backward=True``, a record used up by an
+            earlier backward, or weights changed since the forward.
+        """
+        if self.tape is None:
+            raise RuntimeError("this Encoding has no tape: run model(ids, attention_mask, "
+                               "backward=True) to get one")
+        return cast("dict[str, np.ndarray]", self.tape.backward(
+            d_logits, d_hidden, wrt, retain=retain, parameters=parameters,
+            bwd_hooks=bwd_hooks))
 
     @property
     def last_hidden_state(self):
@@ -167,7 +213,8 @@ class TransformerModel:
         ``config.raw`` is the config.json.
     layers : list of dict
         One dict of weights per layer, dense weights stored (in, out); its ``W_o`` and ``b_o``
-        are the attention's output projection. The dense weights (``W_*``) are read-only: the
+        are the attention's output projection. Every weight is read-only (change them in
+        ``writable_parameters``); the dense weights (``W_*``) because the
         model keeps a copy of each packed for its GEMM (twice the memory), and packs a weight
         again when its array is replaced in the dict.
     n_layers, n_heads, n_kv_heads, d_model, d_head : int
@@ -209,9 +256,19 @@ class TransformerModel:
         self.folder = folder
         self._load(TensorReader(checkpoint, self.anchor, self.dtype, type(self).__name__))
         self._packs = {}
-        self._pack_weights()
+        self._seal_weights()
 
     # --- the dense weights, packed for the GEMM ------------------------------------------------
+    #: raised by each ``writable_parameters`` block: what a tape or a cache was computed with
+    _weights_version = 0
+
+    def _seal_weights(self) -> None:
+        """Pack the dense weights and make every parameter read-only: weights change only
+        inside ``writable_parameters``, which tapes and caches can see."""
+        self._pack_weights()
+        for array in self.parameters().values():
+            array.flags.writeable = False
+
     def _pack_weights(self):
         """Pack every dense weight (the layers' ``W_*``) once, so that no product packs its
         weight per call; causal models add their LM head."""
@@ -235,6 +292,11 @@ class TransformerModel:
         state = self.__dict__.copy()
         state["_packs"] = {}       # packed for this process's SIMD path: packed again on use
         return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        for array in self.parameters().values():      # read-only, as after __init__
+            array.flags.writeable = False
 
     # --- shape --------------------------------------------------------------------------------
     @property
@@ -448,11 +510,7 @@ class TransformerModel:
                     head_mask: ArrayLike | None, hooks: HookPoints) -> Encoding:
         """__call__, with the hook points of the forward."""
         ids, mask, type_ids, single = self._id_inputs(input_ids, attention_mask, token_type_ids)
-        if head_mask is not None:
-            head_mask = np.asarray(head_mask, dtype=self.dtype)
-            if head_mask.shape != (self.n_layers, self.n_heads):
-                raise ValueError(f"head_mask must have shape (n_layers, n_heads) = "
-                                 f"{(self.n_layers, self.n_heads)}, got {head_mask.shape}")
+        head_mask = self._check_head_mask(head_mask)
         hidden, attn = self._forward(ids, mask, type_ids, need_weights, head_mask, hooks)
         tokens = None
         if self.tokenizer is not None:
@@ -463,11 +521,21 @@ class TransformerModel:
             enc.kept_weights = hooks.kept
         return _unbatch(enc) if single else enc
 
+    def _check_head_mask(self, head_mask: ArrayLike | None) -> np.ndarray | None:
+        """head_mask as the model's own (n_layers, n_heads) array of its dtype, or None."""
+        if head_mask is None:
+            return None
+        mask = np.array(head_mask, dtype=self.dtype)
+        if mask.shape != (self.n_layers, self.n_heads):
+            raise ValueError(f"head_mask must have shape (n_layers, n_heads) = "
+                             f"{(self.n_layers, self.n_heads)}, got {mask.shape}")
+        return mask
+
     def _id_inputs(self, input_ids: ArrayLike, attention_mask: ArrayLike | None,
                    token_type_ids: ArrayLike | None
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
-        """Checked ids, mask (True = real) and type ids, each (B, n), and whether the ids
-        were one text (n,)."""
+        """Checked ids, mask (True = real) and type ids, each (B, n) and the forward's own
+        (copies: the caller may change its arrays), and whether the ids were one text (n,)."""
         ids = np.asarray(input_ids)
         single = ids.ndim == 1
         ids = self._check_ids(np.atleast_2d(ids))
@@ -1168,7 +1236,7 @@ class TransformerModel:
         if ids.min() < 0 or ids.max() >= self.config.vocab_size:
             raise ValueError(f"input_ids must lie in [0, {self.config.vocab_size}), got "
                              f"[{ids.min()}, {ids.max()}]")
-        return ids.astype(np.int64, copy=False)
+        return ids.astype(np.int64)                 # the forward's own copy
 
     def _layer_index(self, layer):
         if not isinstance(layer, (int, np.integer)) or not -self.n_layers <= layer < self.n_layers:
@@ -1565,10 +1633,12 @@ class TransformerModel:
         """Change the weights in place, as an optimizer step does, inside a ``with`` block.
 
         The block gets the arrays of ``parameters()``, writable; they are packed again for
-        the GEMM when it ends. Outside the block the dense weights are read-only, because the
-        forward reads a copy of each packed for the GEMM (see ``layers``). Inside it the
-        packed copies are dropped (every forward would pack them again), and so is the state
-        a ``backward=True`` forward kept: it was computed with the old weights.
+        the GEMM when it ends. Outside the block every weight is read-only: the forward reads
+        a copy of each dense weight packed for the GEMM (see ``layers``), and the tapes of
+        ``backward=True`` forwards and the activation caches know which weights they were
+        computed with: after the block, their backward and their weight-reading methods
+        raise instead of mixing new weights with old activations. Inside it the packed
+        copies are dropped (every forward would pack them again).
 
         Yields
         ------
@@ -1590,13 +1660,14 @@ class TransformerModel:
         """
         params = self.parameters()
         self._packs.clear()
-        self.__dict__.pop("_record", None)
+        self._weights_version += 1          # the tapes and caches of earlier forwards go stale
         for array in params.values():
             array.flags.writeable = True
         try:
             yield params
         finally:
-            self._pack_weights()
+            self._weights_version += 1
+            self._seal_weights()
 
 
 #: the row statistics of head_statistics (the kernel's, but "key_set_mass": see key_sets)

@@ -20,9 +20,10 @@ from __future__ import annotations
 import numpy as np
 
 from . import ops
-from .backward import Differentiable, EncoderLayout
+from .backward import EncoderLayout
 from .base import TransformerModel
 from .hooks import NO_HOOKS, HookPoints
+from .tape import Differentiable
 
 
 class BertModel(Differentiable, TransformerModel):

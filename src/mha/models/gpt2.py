@@ -19,10 +19,11 @@ import numpy as np
 
 from ..layer_base import KVCache
 from . import ops
-from .backward import DecoderLayout, Differentiable
+from .backward import DecoderLayout
 from .base import TransformerModel
 from .causal import CausalLM
 from .hooks import NO_HOOKS, HookPoints
+from .tape import Differentiable
 
 
 class GPT2Model(CausalLM, Differentiable, TransformerModel):

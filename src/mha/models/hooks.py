@@ -10,9 +10,15 @@ without hooks; a wanted point gets its activation as a view of the forward's own
 the buffer and records a copy of it, or the buffer itself when the forward made it for the
 point and does not write it again.
 
-The arrays a forward records are carved from a few large blocks (:class:`_Arena`) rather
-than allocated one by one: the C library's allocator gives large freed arrays back to the
-system, so separate arrays would be faulted in page by page on every call, while a large
+What a hook receives stays what it was when the hook ran (value semantics): at a point the
+forward writes again later (the residual stream, a norm's input), a hooked activation is a
+copy, and what the hook leaves in it is written back into the forward's buffer; at a point
+the forward made for it and never writes again, the hook gets that array itself. The cost of
+a copy is paid only where a hook is.
+
+The arrays a forward records are carved from a few large blocks (:class:`memory.Arena`)
+rather than allocated one by one: the C library's allocator gives large freed arrays back to
+the system, so separate arrays would be faulted in page by page on every call, while a large
 block is backed by huge pages where the system allows them (NumPy asks for them).
 """
 from __future__ import annotations
@@ -24,6 +30,8 @@ from collections.abc import (Callable, ItemsView, Iterator, KeysView, Mapping, S
 from typing import TYPE_CHECKING, Any, Union
 
 import numpy as np
+
+from .memory import Arena, WeightsStamp
 
 if TYPE_CHECKING:
     from .base import TransformerModel
@@ -150,49 +158,6 @@ def _resolve(selector: NameFilter, valid: Sequence[str]) -> list[str]:
                     f"{type(selector).__name__}")
 
 
-class _Arena:
-    """The memory of one forward's recorded activations: once the call has recorded ``LOOSE``
-    bytes in arrays of their own, the next arrays are carved in turn from blocks of ``BLOCK``
-    bytes, each 64-byte aligned; an array of ``OWN`` bytes or more is always allocated on its
-    own (NumPy asks the system for huge pages for those already).
-
-    A block is one allocation that NumPy advises the kernel to back with huge pages (2 MiB on
-    x86-64 Linux with transparent huge pages in "madvise" or "always" mode): a large cache
-    then costs a few hundred page faults instead of one per 4 KiB page, each call. A small
-    cache (a few patterns) stays in arrays of their own. A cached array keeps its block alive
-    (the block's untouched pages cost no memory).
-    """
-    __slots__ = ("_block", "_used", "_loose")
-
-    BLOCK = 32 << 20
-    OWN = 4 << 20
-    LOOSE = 2 << 20
-
-    def __init__(self) -> None:
-        self._block: np.ndarray | None = None
-        self._used = 0
-        self._loose = 0
-
-    def empty(self, shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
-        """An uninitialised C-contiguous array of this shape and dtype."""
-        dtype = np.dtype(dtype)
-        nbytes = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
-        if nbytes >= self.OWN or self._loose < self.LOOSE:
-            self._loose += nbytes
-            return np.empty(shape, dtype)
-        start = -(-self._used // 64) * 64
-        if self._block is None or start + nbytes > self._block.size:
-            self._block, start = np.empty(self.BLOCK, np.uint8), 0
-        self._used = start + nbytes
-        return self._block[start:start + nbytes].view(dtype).reshape(shape)
-
-    def copy(self, x: np.ndarray) -> np.ndarray:
-        """A C-contiguous copy of x."""
-        out = self.empty(x.shape, x.dtype)
-        np.copyto(out, x)
-        return out
-
-
 class HookPoints:
     """What one forward records and changes (built by ``model.run_with_cache`` and
     ``model.run_with_hooks``; the model's methods use it for what they read).
@@ -238,7 +203,7 @@ class HookPoints:
             for name in _resolve(selector, valid):
                 self._hooks.setdefault(name, []).append(fn)
         self._wanted = {_split(n) for n in self._keep | set(self._hooks)}
-        self._arena = _Arena()
+        self._arena = Arena()
 
     def __bool__(self) -> bool:
         return bool(self._wanted)
@@ -270,7 +235,10 @@ class HookPoints:
         x is the forward's own buffer (or a view of it) and what the forward reads next;
         ``shape``: the batch-first shape to show it in (a view: x.reshape(shape) must not
         copy); ``owned``: x is a fresh array (or a view of one) that the forward does not
-        write again, kept without a copy. Nothing happens at a point that is not wanted.
+        write again, given to the hooks and kept without a copy. Otherwise the hooks get a
+        copy (what they hold stays as it was when they ran), whose final values are written
+        back into x, and the cache keeps that copy. Nothing happens at a point that is not
+        wanted.
         """
         if (layer, point) not in self._wanted:
             return
@@ -279,9 +247,18 @@ class HookPoints:
             view.shape = shape              # raises rather than copy
             x = view
         name = _join(layer, point)
-        run_hook_fns(self._hooks.get(name, ()), x, name)
+        fns = self._hooks.get(name)
+        if not owned and (fns or name in self._keep):      # the forward writes x again
+            seen = self._arena.copy(x) if name in self._keep else x.copy()
+            if fns:
+                run_hook_fns(fns, seen, name)
+                np.copyto(x, seen)          # what the hooks left goes on in the forward
+        else:
+            seen = x
+            if fns:
+                run_hook_fns(fns, x, name)
         if name in self._keep:
-            self.cache[name] = x if owned else self._arena.copy(x)
+            self.cache[name] = seen
 
 
 #: the HookPoints of a forward that records and changes nothing
@@ -320,6 +297,17 @@ class ActivationCache(Mapping):
     def __init__(self, activations: dict[str, np.ndarray], model: TransformerModel) -> None:
         self._data = activations
         self.model = model
+        self._stamp = WeightsStamp(model)
+
+    def _model_weights(self, what: str) -> TransformerModel:
+        """The model, for a method that reads its weights: they must be the ones the cache
+        was computed with."""
+        if not self._stamp.matches(self.model):
+            raise RuntimeError(
+                f"{what} reads the model's weights, which changed since this cache was "
+                f"computed (a writable_parameters() block or an array replaced in "
+                f"model.layers): run the model again for a cache of the new weights")
+        return self.model
 
     def _name(self, key: Any) -> str:
         if isinstance(key, str):
@@ -531,7 +519,7 @@ class ActivationCache(Mapping):
         if name in self._data:
             return self._data[name]
         z = self["z", layer]
-        W_o = self.model.output_projection(layer)[0]
+        W_o = self._model_weights("stack_head_results").output_projection(layer)[0]
         H, d_head = z.shape[2], z.shape[3]
         return np.einsum("bnhk,hkd->bnhd", z, W_o.reshape(H, d_head, -1))
 
@@ -620,7 +608,8 @@ class ActivationCache(Mapping):
             residual_stack = _slice(residual_stack, batch_slice, 1)
         rms = self.model.rotary              # the LLaMA family: RMSNorm, no centring
         if recompute_ln and layer == L:
-            return self.model._final_norm(residual_stack)
+            return self._model_weights("apply_ln_to_stack(recompute_ln=True)")._final_norm(
+                residual_stack)
         if not rms:
             residual_stack = residual_stack - residual_stack.mean(axis=-1, keepdims=True)
         key = ("ln_final.hook_scale" if layer == L
@@ -689,7 +678,8 @@ class ActivationCache(Mapping):
             if len(ids) != 1:
                 raise ValueError(f"{tokens!r} is {len(ids)} tokens, not one")
             tokens = ids[0]
-        return self.model._vocab_matrix()[np.asarray(tokens, dtype=np.int64)]
+        return self._model_weights("logit_attrs")._vocab_matrix()[
+            np.asarray(tokens, dtype=np.int64)]
 
 
 
