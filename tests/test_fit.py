@@ -353,3 +353,75 @@ def test_fit_in_float32_follows_float64():
     rel = np.abs(losses[np.float32] - losses[np.float64]) / losses[np.float64]
     assert rel.max() < 1e-4, f"float32 against float64: {rel.max():.1e}"
     assert losses[np.float64][-3:].mean() < 0.8 * losses[np.float64][:3].mean()
+
+
+# --- the optimizer's settings, its base rate across fits, a refused step (issue 35) -------------
+
+def _optimizer_state(opt):
+    return ({k: p.copy() for k, p in opt.params.items()}, {k: a.copy() for k, a in opt.m.items()},
+            {k: a.copy() for k, a in opt.v.items()}, opt.t)
+
+
+def _assert_state_unchanged(opt, state):
+    params, m, v, t = state
+    assert opt.t == t
+    for name in params:
+        assert np.array_equal(opt.params[name], params[name]), f"param {name}"
+        assert np.array_equal(opt.m[name], m[name]), f"m {name}"
+        assert np.array_equal(opt.v[name], v[name]), f"v {name}"
+
+
+@pytest.mark.parametrize("decoupled", [True, False])
+def test_a_refused_step_changes_nothing(decoupled):
+    """A step outside model.writable_parameters() (the packed weights read-only, the
+    embeddings and gains not) raises before writing, saying what to do: the parameters, m, v
+    and t bitwise as before. So does a step with a gradient of another shape or kind, missing,
+    or aliasing its parameter, wherever that parameter comes in the dict."""
+    model = mha.models.from_config(LLAMA, seed=2)
+    ids = np.random.default_rng(2).integers(0, 40, size=(2, 8))
+    opt = train.Adam(model.parameters(), lr=1e-2, weight_decay=0.01,
+                     decoupled_weight_decay=decoupled)
+    names = list(model.parameters())
+    assert names[:3] == ["embed_tokens", "norm", "lm_head"]       # the first read-only: 3rd
+    assert model.parameters()["norm"].flags.writeable
+    assert not model.parameters()["lm_head"].flags.writeable
+    _, grads = model.loss_and_grads(ids)
+    with model.writable_parameters():
+        opt.step(grads)                                            # m, v and t not zero
+    _, grads = model.loss_and_grads(ids)
+    state = _optimizer_state(opt)
+    with pytest.raises(ValueError, match=r"parameter 'lm_head' is read-only.*"
+                                         r"with model\.writable_parameters\(\):.*mha\.train\.fit"):
+        opt.step(grads)
+    _assert_state_unchanged(opt, state)
+    with model.writable_parameters():                              # the same step then works
+        opt.step(grads)
+    assert opt.t == 2 and not np.array_equal(opt.params["embed_tokens"], state[0]["embed_tokens"])
+
+    params = {"a": np.ones(6), "b": np.ones((2, 3), np.float32), "c": np.ones(4)}
+    opt = train.AdamW(params, lr=0.1, weight_decay=0.1)
+    good = {"a": np.full(6, 0.5), "b": np.full((2, 3), 0.5), "c": np.full(4, 0.5)}
+    opt.step(good)
+    state = _optimizer_state(opt)
+    bad_cases = [
+        ({"c": np.ones(5)}, ValueError, r"gradient of 'c' has shape \(5,\), its parameter \(4,\)"),
+        ({"c": np.ones(1)}, ValueError, r"gradient of 'c' has shape \(1,\)"),   # no broadcast
+        ({"c": np.ones(4, complex)}, TypeError, r"gradient of 'c' is complex128, not a real"),
+        ({"c": params["c"]}, ValueError, r"'c'.*overlaps"),
+        ({"c": None}, KeyError, r"no gradient for 'c'"),
+    ]
+    for change, error, message in bad_cases:
+        grads = {**good, **change}
+        if change.get("c", 0) is None:
+            del grads["c"]
+        with pytest.raises(error, match=message):
+            opt.step(grads)
+        _assert_state_unchanged(opt, state)
+    opt.m["c"] = np.zeros(4)
+    opt.m["c"].flags.writeable = False
+    with pytest.raises(ValueError, match="m of 'c' is read-only"):
+        opt.step(good)
+    opt.m["c"] = state[1]["c"].copy()
+    _assert_state_unchanged(opt, state)
+    opt.step(good)
+    assert opt.t == 2
