@@ -357,6 +357,39 @@ def test_fit_in_float32_follows_float64():
 
 # --- the optimizer's settings, its base rate across fits, a refused step (issue 35) -------------
 
+def test_two_fits_with_one_optimizer_start_from_the_same_base_rate():
+    """The schedule scales the optimizer's lr for each step but gives the base rate back when
+    the fit ends (also when it stops on a NaN): a second fit has the first's rate history."""
+    model = mha.models.from_config(LLAMA, seed=1)
+    batches = [padded_batch(s, 40, 0) for s in range(3)]
+    opt = train.AdamW(model.parameters(), lr=1e-2)
+    factor = train.lr_schedule("cosine", 2, 6)
+    first = train.fit(model, batches, steps=6, optimizer=opt, warmup_steps=2, progress=False)
+    np.testing.assert_array_equal(first["lr"], [1e-2 * factor(s) for s in range(6)])
+    assert opt.lr == 1e-2 and opt.t == 6
+    second = train.fit(model, batches, steps=6, optimizer=opt, warmup_steps=2, progress=False)
+    np.testing.assert_array_equal(second["lr"], first["lr"])
+    assert opt.lr == 1e-2 and opt.t == 12
+
+    def nan_at_step_3(hidden, batch):                  # steps 1 and 2 update, step 3 stops
+        nan_at_step_3.calls += 1
+        return (math.nan if nan_at_step_3.calls == 3 else float(np.sum(hidden ** 2))), \
+            2 * hidden
+    nan_at_step_3.calls = 0
+    with pytest.raises(FloatingPointError):
+        train.fit(model, batches, steps=6, optimizer=opt, loss=nan_at_step_3,
+                  schedule="linear", progress=False)
+    assert opt.lr == 1e-2 and opt.t == 14
+    # the period-3 model: a linear decay over two fits, the base rate kept
+    x, y = train.pattern_data(16, seed=0)
+    small = train.SimpleAttentionModel(5, 16, 2, 12, seed=0)
+    adam = train.Adam(small.params, lr=0.01)
+    for _ in range(2):
+        train.fit(small, x, y, epochs=3, optimizer=adam, schedule="linear", progress=False)
+        assert adam.lr == 0.01
+    assert adam.t == 6
+
+
 def _optimizer_state(opt):
     return ({k: p.copy() for k, p in opt.params.items()}, {k: a.copy() for k, a in opt.m.items()},
             {k: a.copy() for k, a in opt.v.items()}, opt.t)
