@@ -357,6 +357,42 @@ def test_fit_in_float32_follows_float64():
 
 # --- the optimizer's settings, its base rate across fits, a refused step (issue 35) -------------
 
+def test_fit_refuses_the_optimizer_settings_next_to_an_optimizer():
+    """lr, weight_decay, betas or eps given with optimizer= would be ignored: fit raises a
+    TypeError naming each one given (both kinds of model), before any step; left out, the
+    built AdamW keeps the documented defaults (betas (0.9, 0.999), eps 1e-8)."""
+    model = mha.models.from_config(LLAMA, seed=0)
+    ids = np.random.default_rng(0).integers(0, 40, size=(4, 8))
+    before = {k: v.copy() for k, v in model.parameters().items()}
+    opt = train.AdamW(model.parameters(), lr=1e-3)
+    for given in ({"lr": 5e-2}, {"weight_decay": 0.1}, {"betas": (0.9, 0.999)},
+                  {"eps": 1e-8}, {"lr": 5e-2, "eps": 1e-6}):
+        with pytest.raises(TypeError, match="with optimizer=") as err:
+            train.fit(model, ids, steps=2, optimizer=opt, progress=False, **given)
+        named = ", ".join(f"{name}={value!r}" for name, value in given.items())
+        assert str(err.value).startswith(f"fit: {named} would be ignored with optimizer="), \
+            str(err.value)
+    assert opt.t == 0 and opt.lr == 1e-3
+    for name, a in model.parameters().items():
+        assert np.array_equal(a, before[name]), name
+    x, y = train.pattern_data(8, seed=0)
+    small = train.SimpleAttentionModel(5, 16, 2, 12, seed=0)
+    adam = train.Adam(small.params, lr=0.01)
+    with pytest.raises(TypeError, match=r"lr=0\.05, betas=\(0\.8, 0\.99\) .*with optimizer="):
+        train.fit(small, x, y, epochs=1, optimizer=adam, lr=0.05, betas=(0.8, 0.99),
+                  progress=False)
+    assert adam.t == 0
+    # the defaults when not given: the same 3 steps as an explicit AdamW(lr=1e-3, wd=0.01)
+    twin = mha.models.from_config(LLAMA, seed=0)
+    built = train.fit(model, ids, steps=3, progress=False)
+    explicit = train.AdamW(twin.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
+                           weight_decay=0.01)
+    given = train.fit(twin, ids, steps=3, optimizer=explicit, progress=False)
+    np.testing.assert_array_equal(built["loss"], given["loss"])
+    for name, a in model.parameters().items():
+        assert np.array_equal(a, twin.parameters()[name]), name
+
+
 def test_two_fits_with_one_optimizer_start_from_the_same_base_rate():
     """The schedule scales the optimizer's lr for each step but gives the base rate back when
     the fit ends (also when it stops on a NaN): a second fit has the first's rate history."""

@@ -90,12 +90,16 @@ class _Update:
         self.optimizer.lr = self.saved_lr
 
 
+#: fit's arguments that set up the AdamW it builds, refused next to ``optimizer=``
+_OPTIMIZER_SETTINGS = ("lr", "weight_decay", "betas", "eps")
+
+
 def fit(model: Any, data: Any, targets: ArrayLike | None = None,
         test_tokens: ArrayLike | None = None, test_targets: ArrayLike | None = None, *,
         steps: int | None = None, epochs: int | None = None, lr: float | None = None,
         batch_size: int | None = None, optimizer: Any = None,
-        weight_decay: float | None = None, betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8, schedule: str | None = None, warmup_steps: int = 0,
+        weight_decay: float | None = None, betas: tuple[float, float] | None = None,
+        eps: float | None = None, schedule: str | None = None, warmup_steps: int = 0,
         max_grad_norm: float | None = None, loss: Loss | None = None,
         callback: Callable[[Any, int], Mapping[str, Any] | None] | None = None,
         eval_every: int | None = None, seed: int | None = None, progress: bool = True,
@@ -146,20 +150,22 @@ def fit(model: Any, data: Any, targets: ArrayLike | None = None,
     epochs : int, optional
         Passes over the data.
     lr : float, optional
-        The peak learning rate.
+        The peak learning rate of the AdamW that fit builds (not with ``optimizer``).
     batch_size : int, optional
         Rows per update when ``data`` is one array; default all of them.
     optimizer : object, optional
-        Anything with ``params``, ``lr`` and ``step(grads)`` (e.g. :class:`mha.train.Adam`).
-        Its ``lr`` is the peak rate: each step sets ``optimizer.lr`` to the scheduled rate,
-        and the fit sets it back when it ends (also on an error), so that fits in a row start
-        from the same rate. Default ``AdamW(parameters, lr, betas, eps, weight_decay)``.
+        Anything with ``params``, ``lr`` and ``step(grads)`` (e.g. :class:`mha.train.Adam`),
+        whose own settings apply: ``lr``, ``weight_decay``, ``betas`` and ``eps`` are then
+        refused. Its ``lr`` is the peak rate: each step sets ``optimizer.lr`` to the
+        scheduled rate, and the fit sets it back when it ends (also on an error), so that
+        fits in a row start from the same rate. Default ``AdamW(parameters, lr, betas, eps,
+        weight_decay)``.
     weight_decay : float, optional
-        AdamW's decoupled decay, applied to every parameter.
-    betas : tuple of float, default (0.9, 0.999)
-        The moments' decay rates.
-    eps : float, default 1e-8
-        AdamW's epsilon.
+        AdamW's decoupled decay, applied to every parameter (not with ``optimizer``).
+    betas : tuple of float, optional
+        The moments' decay rates; default (0.9, 0.999) (not with ``optimizer``).
+    eps : float, optional
+        AdamW's epsilon; default 1e-8 (not with ``optimizer``).
     schedule : {"cosine", "linear", "constant"}, optional
         The learning rate after the warm-up: step s (0-based) uses ``lr * factor(s)`` of
         :func:`mha.train.lr_schedule` (the period-3 model steps once per mini-batch).
@@ -202,6 +208,9 @@ def fit(model: Any, data: Any, targets: ArrayLike | None = None,
         A loss (or gradient norm) that is not finite: the message gives the step and the last
         finite loss; the weights are those before that step, and the error's ``history``
         attribute the history so far (a TransformerModel; NaN from that step on).
+    TypeError
+        ``lr``, ``weight_decay``, ``betas`` or ``eps`` given together with ``optimizer``
+        (they would be ignored): the message names each one given.
     ValueError
         Training arrays of the wrong shapes, a callable ``data`` without ``steps``, an encoder
         without ``loss``, or a negative count.
@@ -221,6 +230,17 @@ def fit(model: Any, data: Any, targets: ArrayLike | None = None,
     >>> history["loss"].shape
     (5,)
     """
+    if optimizer is not None:
+        settings = {"lr": lr, "weight_decay": weight_decay, "betas": betas, "eps": eps}
+        given = [f"{name}={settings[name]!r}" for name in _OPTIMIZER_SETTINGS
+                 if settings[name] is not None]
+        if given:
+            raise TypeError(
+                f"fit: {', '.join(given)} would be ignored with optimizer= (the optimizer's "
+                f"own settings apply): set them when building the optimizer, e.g. "
+                f"AdamW(params, lr=...), or leave optimizer out")
+    betas = (0.9, 0.999) if betas is None else betas
+    eps = 1e-8 if eps is None else eps
     if hasattr(model, "writable_parameters"):
         if targets is not None or test_tokens is not None or test_targets is not None:
             raise ValueError("a TransformerModel trains on data alone (its targets are the "
