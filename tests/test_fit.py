@@ -353,3 +353,144 @@ def test_fit_in_float32_follows_float64():
     rel = np.abs(losses[np.float32] - losses[np.float64]) / losses[np.float64]
     assert rel.max() < 1e-4, f"float32 against float64: {rel.max():.1e}"
     assert losses[np.float64][-3:].mean() < 0.8 * losses[np.float64][:3].mean()
+
+
+# --- the optimizer's settings, its base rate across fits, a refused step (issue 35) -------------
+
+def test_fit_refuses_the_optimizer_settings_next_to_an_optimizer():
+    """lr, weight_decay, betas or eps given with optimizer= would be ignored: fit raises a
+    TypeError naming each one given (both kinds of model), before any step; left out, the
+    built AdamW keeps the documented defaults (betas (0.9, 0.999), eps 1e-8)."""
+    model = mha.models.from_config(LLAMA, seed=0)
+    ids = np.random.default_rng(0).integers(0, 40, size=(4, 8))
+    before = {k: v.copy() for k, v in model.parameters().items()}
+    opt = train.AdamW(model.parameters(), lr=1e-3)
+    for given in ({"lr": 5e-2}, {"weight_decay": 0.1}, {"betas": (0.9, 0.999)},
+                  {"eps": 1e-8}, {"lr": 5e-2, "eps": 1e-6}):
+        with pytest.raises(TypeError, match="with optimizer=") as err:
+            train.fit(model, ids, steps=2, optimizer=opt, progress=False, **given)
+        named = ", ".join(f"{name}={value!r}" for name, value in given.items())
+        assert str(err.value).startswith(f"fit: {named} would be ignored with optimizer="), \
+            str(err.value)
+    assert opt.t == 0 and opt.lr == 1e-3
+    for name, a in model.parameters().items():
+        assert np.array_equal(a, before[name]), name
+    x, y = train.pattern_data(8, seed=0)
+    small = train.SimpleAttentionModel(5, 16, 2, 12, seed=0)
+    adam = train.Adam(small.params, lr=0.01)
+    with pytest.raises(TypeError, match=r"lr=0\.05, betas=\(0\.8, 0\.99\) .*with optimizer="):
+        train.fit(small, x, y, epochs=1, optimizer=adam, lr=0.05, betas=(0.8, 0.99),
+                  progress=False)
+    assert adam.t == 0
+    # the defaults when not given: the same 3 steps as an explicit AdamW(lr=1e-3, wd=0.01)
+    twin = mha.models.from_config(LLAMA, seed=0)
+    built = train.fit(model, ids, steps=3, progress=False)
+    explicit = train.AdamW(twin.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
+                           weight_decay=0.01)
+    given = train.fit(twin, ids, steps=3, optimizer=explicit, progress=False)
+    np.testing.assert_array_equal(built["loss"], given["loss"])
+    for name, a in model.parameters().items():
+        assert np.array_equal(a, twin.parameters()[name]), name
+
+
+def test_two_fits_with_one_optimizer_start_from_the_same_base_rate():
+    """The schedule scales the optimizer's lr for each step but gives the base rate back when
+    the fit ends (also when it stops on a NaN): a second fit has the first's rate history."""
+    model = mha.models.from_config(LLAMA, seed=1)
+    batches = [padded_batch(s, 40, 0) for s in range(3)]
+    opt = train.AdamW(model.parameters(), lr=1e-2)
+    factor = train.lr_schedule("cosine", 2, 6)
+    first = train.fit(model, batches, steps=6, optimizer=opt, warmup_steps=2, progress=False)
+    np.testing.assert_array_equal(first["lr"], [1e-2 * factor(s) for s in range(6)])
+    assert opt.lr == 1e-2 and opt.t == 6
+    second = train.fit(model, batches, steps=6, optimizer=opt, warmup_steps=2, progress=False)
+    np.testing.assert_array_equal(second["lr"], first["lr"])
+    assert opt.lr == 1e-2 and opt.t == 12
+
+    def nan_at_step_3(hidden, batch):                  # steps 1 and 2 update, step 3 stops
+        nan_at_step_3.calls += 1
+        return (math.nan if nan_at_step_3.calls == 3 else float(np.sum(hidden ** 2))), \
+            2 * hidden
+    nan_at_step_3.calls = 0
+    with pytest.raises(FloatingPointError):
+        train.fit(model, batches, steps=6, optimizer=opt, loss=nan_at_step_3,
+                  schedule="linear", progress=False)
+    assert opt.lr == 1e-2 and opt.t == 14
+    # the period-3 model: a linear decay over two fits, the base rate kept
+    x, y = train.pattern_data(16, seed=0)
+    small = train.SimpleAttentionModel(5, 16, 2, 12, seed=0)
+    adam = train.Adam(small.params, lr=0.01)
+    for _ in range(2):
+        train.fit(small, x, y, epochs=3, optimizer=adam, schedule="linear", progress=False)
+        assert adam.lr == 0.01
+    assert adam.t == 6
+
+
+def _optimizer_state(opt):
+    return ({k: p.copy() for k, p in opt.params.items()}, {k: a.copy() for k, a in opt.m.items()},
+            {k: a.copy() for k, a in opt.v.items()}, opt.t)
+
+
+def _assert_state_unchanged(opt, state):
+    params, m, v, t = state
+    assert opt.t == t
+    for name in params:
+        assert np.array_equal(opt.params[name], params[name]), f"param {name}"
+        assert np.array_equal(opt.m[name], m[name]), f"m {name}"
+        assert np.array_equal(opt.v[name], v[name]), f"v {name}"
+
+
+@pytest.mark.parametrize("decoupled", [True, False])
+def test_a_refused_step_changes_nothing(decoupled):
+    """A step outside model.writable_parameters() (the packed weights read-only, the
+    embeddings and gains not) raises before writing, saying what to do: the parameters, m, v
+    and t bitwise as before. So does a step with a gradient of another shape or kind, missing,
+    or aliasing its parameter, wherever that parameter comes in the dict."""
+    model = mha.models.from_config(LLAMA, seed=2)
+    ids = np.random.default_rng(2).integers(0, 40, size=(2, 8))
+    opt = train.Adam(model.parameters(), lr=1e-2, weight_decay=0.01,
+                     decoupled_weight_decay=decoupled)
+    names = list(model.parameters())
+    assert names[:3] == ["embed_tokens", "norm", "lm_head"]       # the first read-only: 3rd
+    assert model.parameters()["norm"].flags.writeable
+    assert not model.parameters()["lm_head"].flags.writeable
+    _, grads = model.loss_and_grads(ids)
+    with model.writable_parameters():
+        opt.step(grads)                                            # m, v and t not zero
+    _, grads = model.loss_and_grads(ids)
+    state = _optimizer_state(opt)
+    with pytest.raises(ValueError, match=r"parameter 'lm_head' is read-only.*"
+                                         r"with model\.writable_parameters\(\):.*mha\.train\.fit"):
+        opt.step(grads)
+    _assert_state_unchanged(opt, state)
+    with model.writable_parameters():                              # the same step then works
+        opt.step(grads)
+    assert opt.t == 2 and not np.array_equal(opt.params["embed_tokens"], state[0]["embed_tokens"])
+
+    params = {"a": np.ones(6), "b": np.ones((2, 3), np.float32), "c": np.ones(4)}
+    opt = train.AdamW(params, lr=0.1, weight_decay=0.1)
+    good = {"a": np.full(6, 0.5), "b": np.full((2, 3), 0.5), "c": np.full(4, 0.5)}
+    opt.step(good)
+    state = _optimizer_state(opt)
+    bad_cases = [
+        ({"c": np.ones(5)}, ValueError, r"gradient of 'c' has shape \(5,\), its parameter \(4,\)"),
+        ({"c": np.ones(1)}, ValueError, r"gradient of 'c' has shape \(1,\)"),   # no broadcast
+        ({"c": np.ones(4, complex)}, TypeError, r"gradient of 'c' is complex128, not a real"),
+        ({"c": params["c"]}, ValueError, r"'c'.*overlaps"),
+        ({"c": None}, KeyError, r"no gradient for 'c'"),
+    ]
+    for change, error, message in bad_cases:
+        grads = {**good, **change}
+        if change.get("c", 0) is None:
+            del grads["c"]
+        with pytest.raises(error, match=message):
+            opt.step(grads)
+        _assert_state_unchanged(opt, state)
+    opt.m["c"] = np.zeros(4)
+    opt.m["c"].flags.writeable = False
+    with pytest.raises(ValueError, match="m of 'c' is read-only"):
+        opt.step(good)
+    opt.m["c"] = state[1]["c"].copy()
+    _assert_state_unchanged(opt, state)
+    opt.step(good)
+    assert opt.t == 2

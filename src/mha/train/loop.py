@@ -4,7 +4,9 @@ Every update, whatever the model, is one :class:`_Update`: check that the loss a
 gradients are finite (else stop with the step and the last finite loss), measure the
 gradient's global norm and clip it, set the learning rate of the step from the schedule, and
 take the optimizer's step (inside ``model.writable_parameters()`` for a TransformerModel,
-whose dense weights are otherwise read-only packed copies).
+whose dense weights are otherwise read-only packed copies). The schedule scales the
+optimizer's ``lr``, its base rate, for each step and puts the base rate back when the fit ends
+(also when it raises), so that a second fit with the same optimizer starts from it again.
 
 A TransformerModel trains on batches of token ids: a causal LM on the next-token
 cross-entropy (``model.loss_and_grads``), any model on a loss of its last hidden state
@@ -42,12 +44,17 @@ def _progress(iterable: range, enabled: bool, desc: str | None) -> Any:
 
 
 class _Update:
-    """One optimizer update from a loss and its gradients (see the module's docstring)."""
+    """One optimizer update from a loss and its gradients (see the module's docstring).
+
+    ``optimizer.lr`` when made is the base rate; each update sets ``optimizer.lr`` to the
+    step's scheduled rate, and :meth:`restore_lr` (which a fit calls in ``finally``) sets it
+    back to the base rate."""
 
     def __init__(self, optimizer: Any, factor: Callable[[int], float],
                  max_grad_norm: float | None,
                  writable: Callable[[], ContextManager[Any]] = contextlib.nullcontext) -> None:
         self.optimizer, self.factor, self.max_grad_norm = optimizer, factor, max_grad_norm
+        self.saved_lr = optimizer.lr
         self.base_lr = float(optimizer.lr)
         self.writable = writable
         self.last_finite: tuple[int, float] | None = None
@@ -78,13 +85,21 @@ class _Update:
             self.optimizer.step(grads)
         return lr, norm
 
+    def restore_lr(self) -> None:
+        """Give the optimizer back its base rate, the ``lr`` it had before the first update."""
+        self.optimizer.lr = self.saved_lr
+
+
+#: fit's arguments that set up the AdamW it builds, refused next to ``optimizer=``
+_OPTIMIZER_SETTINGS = ("lr", "weight_decay", "betas", "eps")
+
 
 def fit(model: Any, data: Any, targets: ArrayLike | None = None,
         test_tokens: ArrayLike | None = None, test_targets: ArrayLike | None = None, *,
         steps: int | None = None, epochs: int | None = None, lr: float | None = None,
         batch_size: int | None = None, optimizer: Any = None,
-        weight_decay: float | None = None, betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8, schedule: str | None = None, warmup_steps: int = 0,
+        weight_decay: float | None = None, betas: tuple[float, float] | None = None,
+        eps: float | None = None, schedule: str | None = None, warmup_steps: int = 0,
         max_grad_norm: float | None = None, loss: Loss | None = None,
         callback: Callable[[Any, int], Mapping[str, Any] | None] | None = None,
         eval_every: int | None = None, seed: int | None = None, progress: bool = True,
@@ -135,18 +150,22 @@ def fit(model: Any, data: Any, targets: ArrayLike | None = None,
     epochs : int, optional
         Passes over the data.
     lr : float, optional
-        The peak learning rate.
+        The peak learning rate of the AdamW that fit builds (not with ``optimizer``).
     batch_size : int, optional
         Rows per update when ``data`` is one array; default all of them.
     optimizer : object, optional
-        Anything with ``params``, ``lr`` and ``step(grads)`` (e.g. :class:`mha.train.Adam`);
-        default ``AdamW(parameters, lr, betas, eps, weight_decay)``.
+        Anything with ``params``, ``lr`` and ``step(grads)`` (e.g. :class:`mha.train.Adam`),
+        whose own settings apply: ``lr``, ``weight_decay``, ``betas`` and ``eps`` are then
+        refused. Its ``lr`` is the peak rate: each step sets ``optimizer.lr`` to the
+        scheduled rate, and the fit sets it back when it ends (also on an error), so that
+        fits in a row start from the same rate. Default ``AdamW(parameters, lr, betas, eps,
+        weight_decay)``.
     weight_decay : float, optional
-        AdamW's decoupled decay, applied to every parameter.
-    betas : tuple of float, default (0.9, 0.999)
-        The moments' decay rates.
-    eps : float, default 1e-8
-        AdamW's epsilon.
+        AdamW's decoupled decay, applied to every parameter (not with ``optimizer``).
+    betas : tuple of float, optional
+        The moments' decay rates; default (0.9, 0.999) (not with ``optimizer``).
+    eps : float, optional
+        AdamW's epsilon; default 1e-8 (not with ``optimizer``).
     schedule : {"cosine", "linear", "constant"}, optional
         The learning rate after the warm-up: step s (0-based) uses ``lr * factor(s)`` of
         :func:`mha.train.lr_schedule` (the period-3 model steps once per mini-batch).
@@ -189,6 +208,9 @@ def fit(model: Any, data: Any, targets: ArrayLike | None = None,
         A loss (or gradient norm) that is not finite: the message gives the step and the last
         finite loss; the weights are those before that step, and the error's ``history``
         attribute the history so far (a TransformerModel; NaN from that step on).
+    TypeError
+        ``lr``, ``weight_decay``, ``betas`` or ``eps`` given together with ``optimizer``
+        (they would be ignored): the message names each one given.
     ValueError
         Training arrays of the wrong shapes, a callable ``data`` without ``steps``, an encoder
         without ``loss``, or a negative count.
@@ -208,6 +230,17 @@ def fit(model: Any, data: Any, targets: ArrayLike | None = None,
     >>> history["loss"].shape
     (5,)
     """
+    if optimizer is not None:
+        settings = {"lr": lr, "weight_decay": weight_decay, "betas": betas, "eps": eps}
+        given = [f"{name}={settings[name]!r}" for name in _OPTIMIZER_SETTINGS
+                 if settings[name] is not None]
+        if given:
+            raise TypeError(
+                f"fit: {', '.join(given)} would be ignored with optimizer= (the optimizer's "
+                f"own settings apply): set them when building the optimizer, e.g. "
+                f"AdamW(params, lr=...), or leave optimizer out")
+    betas = (0.9, 0.999) if betas is None else betas
+    eps = 1e-8 if eps is None else eps
     if hasattr(model, "writable_parameters"):
         if targets is not None or test_tokens is not None or test_targets is not None:
             raise ValueError("a TransformerModel trains on data alone (its targets are the "
@@ -335,6 +368,7 @@ def _fit_model(model: Any, data: Any, *, steps: int | None, epochs: int, lr: flo
         error.history = history()           # type: ignore[attr-defined]
         raise
     finally:
+        update.restore_lr()
         if progress:
             bar.close()
     return history()
@@ -369,30 +403,33 @@ def _fit_pattern(model: Any, tokens: ArrayLike, targets: ArrayLike | None,
     bar = _progress(range(int(epochs)), progress, desc)
     start = time.perf_counter()
     step = 0
-    for epoch in bar:
-        if full:
-            batches: Sequence[slice | np.ndarray] = [slice(None)]
-        else:
-            order = rng.permutation(N)
-            batches = [order[i:i + size] for i in range(0, N, size)]
-        total = 0.0
-        for idx in batches:
-            x, y = tokens[idx], targets[idx]
-            loss, grads = model.loss_and_grads(x, y)
-            update(step, loss, grads)
-            step += 1
-            total += loss * x.shape[0]
-        losses.append(total / N)
-        postfix = {"loss": f"{losses[-1]:.4f}"}
-        if has_test and ((epoch + 1) % eval_every == 0 or epoch + 1 == epochs):
-            test_epochs.append(epoch + 1)
-            test_accuracy.append(model.accuracy(test_tokens, test_targets))
-            postfix["test_acc"] = f"{test_accuracy[-1]:.3f}"
+    try:
+        for epoch in bar:
+            if full:
+                batches: Sequence[slice | np.ndarray] = [slice(None)]
+            else:
+                order = rng.permutation(N)
+                batches = [order[i:i + size] for i in range(0, N, size)]
+            total = 0.0
+            for idx in batches:
+                x, y = tokens[idx], targets[idx]
+                loss, grads = model.loss_and_grads(x, y)
+                update(step, loss, grads)
+                step += 1
+                total += loss * x.shape[0]
+            losses.append(total / N)
+            postfix = {"loss": f"{losses[-1]:.4f}"}
+            if has_test and ((epoch + 1) % eval_every == 0 or epoch + 1 == epochs):
+                test_epochs.append(epoch + 1)
+                test_accuracy.append(model.accuracy(test_tokens, test_targets))
+                postfix["test_acc"] = f"{test_accuracy[-1]:.3f}"
+            if progress:
+                bar.set_postfix(postfix, refresh=False)
+    finally:
+        update.restore_lr()
         if progress:
-            bar.set_postfix(postfix, refresh=False)
+            bar.close()
     seconds = time.perf_counter() - start
-    if progress:
-        bar.close()
     return {
         "loss": np.array(losses),
         "test_epochs": np.array(test_epochs, dtype=np.int64),

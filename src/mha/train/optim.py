@@ -28,8 +28,9 @@ class Adam:
     with ``decoupled_weight_decay=True``, a shrinking of the weights before the step
     (``p *= 1 - lr * weight_decay``, as ``torch.optim.AdamW``; see :class:`AdamW`).
     Each parameter's step is one pass of the C core over it and its gradient and moments,
-    on mha's threads, for float32 and float64 arrays that are C-contiguous and writable
-    (others take the same steps in NumPy).
+    on mha's threads, for float32 and float64 arrays that are C-contiguous (other float
+    arrays take the same steps in NumPy). A step checks every array before it writes one, so
+    a step that raises (e.g. on a read-only weight) changes nothing.
 
     Parameters
     ----------
@@ -87,25 +88,94 @@ class Adam:
         self.t = 0
 
     def step(self, grads: Mapping[str, np.ndarray]) -> None:
-        """Update the parameters in place by one step.
+        """Update the parameters in place by one step, or raise having changed nothing.
+
+        Every array is checked before the first write: a step that raises leaves the
+        parameters, ``m``, ``v`` and ``t`` as they were.
 
         Parameters
         ----------
         grads : dict of str to ndarray
-            The gradients, with at least the keys of ``params`` (same shapes); not modified.
+            The gradients, with at least the keys of ``params``, each of its parameter's
+            shape (no broadcasting) and of a real dtype, float, integer or bool (converted to
+            the parameter's, e.g. float64 to float32); not modified.
+
+        Raises
+        ------
+        ValueError
+            A parameter or moment that is read-only (a TransformerModel's dense weights
+            outside ``with model.writable_parameters():``), a gradient of another shape, or
+            arrays of one parameter's step overlapping in memory.
+        TypeError
+            A parameter or moment that is not a float ndarray of the parameter's shape and
+            dtype, a gradient of another kind (e.g. complex), or settings (``lr``, ``betas``,
+            ``eps``, ``weight_decay``) that are not numbers.
+        KeyError
+            A parameter without a gradient.
         """
+        lr, eps, weight_decay = _number(self.lr, "lr"), _number(self.eps, "eps"), _number(
+            self.weight_decay, "weight_decay")
+        betas = (_number(self.betas[0], "betas[0]"), _number(self.betas[1], "betas[1]"))
+        plan = [self._checked(name, p, grads) for name, p in self.params.items()]
         self.t += 1
-        for name, p in self.params.items():
-            m, v = self.m[name], self.v[name]
-            if _core_can_step(p, m, v):
-                g = np.ascontiguousarray(grads[name], dtype=p.dtype)
-                _core.adam_step(p, g, m, v, lr=self.lr, betas=self.betas, eps=self.eps,
-                                weight_decay=self.weight_decay,
+        for p, g, m, v, core in plan:
+            if core:
+                _core.adam_step(p, g, m, v, lr=lr, betas=betas, eps=eps,
+                                weight_decay=weight_decay,
                                 decoupled=self.decoupled_weight_decay, step=self.t)
             else:
-                reference_step(p, np.asarray(grads[name], dtype=p.dtype), m, v, self.lr,
-                               self.betas, self.eps, self.weight_decay,
+                reference_step(p, g, m, v, lr, betas, eps, weight_decay,
                                self.decoupled_weight_decay, self.t)
+
+    def _checked(self, name: str, p: np.ndarray, grads: Mapping[str, np.ndarray]
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]:
+        """Parameter ``name``'s step, checked: (p, its gradient in p's dtype, m, v, whether
+        the C core takes them), or the error that step would raise before writing."""
+        where = f"{type(self).__name__}.step"
+        m, v = self.m.get(name), self.v.get(name)
+        for what, a in (("parameter", p), ("m of", m), ("v of", v)):
+            if not (isinstance(a, np.ndarray) and a.dtype.kind == "f"):
+                kind = a.dtype if isinstance(a, np.ndarray) else type(a).__name__
+                raise TypeError(f"{where}: {what} {name!r} is not a float ndarray ({kind}); "
+                                f"nothing was updated")
+            if a is not p and (a.shape != p.shape or a.dtype != p.dtype):
+                raise TypeError(f"{where}: {what} {name!r} is {a.dtype} {a.shape}, its "
+                                f"parameter {p.dtype} {p.shape}; nothing was updated")
+            if not a.flags.writeable:
+                raise ValueError(
+                    f"{where}: {what} {name!r} is read-only, so nothing was updated. A "
+                    f"TransformerModel's weights are writable inside `with "
+                    f"model.writable_parameters():`: take the step there (or train with "
+                    f"mha.train.fit, which does)")
+        assert m is not None and v is not None
+        if name not in grads:
+            raise KeyError(f"{where}: grads has no gradient for {name!r}; nothing was updated")
+        g = np.asarray(grads[name])
+        if g.shape != p.shape:
+            raise ValueError(f"{where}: the gradient of {name!r} has shape {g.shape}, its "
+                             f"parameter {p.shape}; nothing was updated")
+        if g.dtype.kind not in "biuf":
+            raise TypeError(f"{where}: the gradient of {name!r} is {g.dtype}, not a real "
+                            f"number dtype; nothing was updated")
+        core = _core_can_step(p, m, v)
+        g = np.ascontiguousarray(g, dtype=p.dtype) if core else np.asarray(g, dtype=p.dtype)
+        arrays = {"the parameter": p, "m": m, "v": v, "the gradient": g}
+        for i, (out, a) in enumerate(list(arrays.items())[:3]):
+            for other, b in list(arrays.items())[i + 1:]:
+                if a.size and b.size and np.may_share_memory(a, b):
+                    raise ValueError(f"{where}: for {name!r}, {out} overlaps {other} in "
+                                     f"memory (the step writes one while it reads the "
+                                     f"other); nothing was updated")
+        return p, g, m, v, core
+
+
+def _number(value: object, name: str) -> float:
+    """``float(value)``, or a TypeError naming the setting."""
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise TypeError(f"the optimizer's {name} must be a number, got {value!r}; nothing "
+                        f"was updated") from None
 
 
 def _core_can_step(*arrays: np.ndarray) -> bool:
