@@ -36,13 +36,15 @@ returns the gradient of every parameter and of the activations named, and causal
 weights drawn as transformers initialises them, to train from scratch (:func:`mha.train.fit`).
 
 Probes of a model's heads (positional pattern classification, the coreference probe, the
-ambiguous sentences) are in :mod:`mha.models.probes`.
+ambiguous sentences) are in :mod:`mha.analysis.probes` (``from mha.models import probes``, their
+old home, still gives that module).
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
+import types
 
 import numpy as np
 from numpy.typing import DTypeLike
@@ -59,13 +61,24 @@ from .llama import LlamaModel
 from .random_init import from_config
 from .tokenizer import TokenizedText, Tokenizer
 from .words import aggregate_to_words, group_words
-from . import probes
 
 __all__ = ["load", "from_config", "minilm_path", "resolve", "TransformerModel", "BertModel", "RobertaModel",
            "DistilBertModel", "GPT2Model", "LlamaModel", "Encoding", "Generation",
            "ModelConfig", "CheckpointError", "Tokenizer", "TokenizedText", "aggregate_to_words",
-           "group_words", "probes", "MINILM_INSTALL", "SUPPORTED_TYPES", "ActivationCache",
+           "group_words", "MINILM_INSTALL", "SUPPORTED_TYPES", "ActivationCache",
            "get_act_name"]
+
+
+def __getattr__(name: str) -> types.ModuleType:
+    """``mha.models.probes``: the probes moved to :mod:`mha.analysis.probes` (they use
+    mha.analysis, which sits above the models); their old name gives that module, imported on
+    first use, so that importing mha.models never imports mha.analysis for them."""
+    if name == "probes":
+        import importlib
+
+        return importlib.import_module("mha.analysis.probes")
+    raise AttributeError(f"module 'mha.models' has no attribute {name!r}")
+
 
 _CLASSES: dict[str, type[TransformerModel]] = {"bert": BertModel, "roberta": RobertaModel, "distilbert": DistilBertModel,
             "gpt2": GPT2Model, "llama": LlamaModel, "qwen2": LlamaModel, "mistral": LlamaModel}
