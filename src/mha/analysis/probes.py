@@ -57,7 +57,7 @@ _SEP_TOKENS = ("[SEP]", "</s>", "<sep>", "<|endoftext|>")
 
 def _model(model: TransformerModel | None) -> TransformerModel:
     if model is None:
-        from ..models import load
+        from ..models.loading import load
         return load("minilm")
     return model
 
