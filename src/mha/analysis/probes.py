@@ -62,7 +62,8 @@ def _model(model: TransformerModel | None) -> TransformerModel:
     return model
 
 
-def head_patterns(model: TransformerModel | None = None, text: str = PATTERN_TEXT) -> dict[str, Any]:
+def head_patterns(model: TransformerModel | None = None,
+                  text: str = PATTERN_TEXT) -> dict[str, Any]:
     """Classify every head of every layer by its attention pattern on ``text``.
 
     Returns a dict:
