@@ -46,6 +46,10 @@ One module per concern, every name importable from ``mha.analysis``:
   :func:`attribution_patching` (the gradient estimate of :mod:`mha.patching`);
   :func:`head_importance` is Michel et al.'s gradient importance of a model's heads.
 
+The probes of a pretrained model's heads (pattern classification, coreference, ambiguous
+sentences) are :mod:`mha.analysis.probes` (``from mha.analysis import probes``), a module of
+their own: they load a model, which ``import mha.analysis`` does not.
+
 Where mha's definitions differ from Clark et al.'s code (denominators, smoothing, units,
 punctuation, how a corpus mean weighs texts), the functions concerned take
 ``convention="clark"`` and then reproduce the paper's numbers; each docstring states both,

@@ -23,6 +23,7 @@ from numpy.typing import DTypeLike
 
 from .base import TransformerModel
 from .config import ModelConfig
+from .loading import _CLASSES
 
 __all__ = ["from_config"]
 
@@ -154,8 +155,6 @@ def from_config(config: Mapping[str, Any] | ModelConfig, *, dtype: DTypeLike = n
     >>> model.n_layers, model.n_kv_heads, model.num_parameters()
     (2, 2, 86848)
     """
-    from . import _CLASSES
-
     cfg = config if isinstance(config, ModelConfig) else ModelConfig.from_dict(
         dict(config), source="the config")
     cls = _CLASSES[cfg.model_type]

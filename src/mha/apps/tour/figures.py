@@ -101,12 +101,12 @@ class Tour:
 
     @functools.cached_property
     def patterns(self):
-        from ...models import probes
+        from ...analysis import probes
         return probes.head_patterns(self.net, PATTERN_TEXT)
 
     @functools.cached_property
     def ambiguity(self):
-        from ...models import probes
+        from ...analysis import probes
         sentence, word, candidates = AMBIGUOUS
         return probes.ambiguity_probe(self.net, sentence, word, candidates)
 
@@ -187,7 +187,7 @@ def _coreference(t, path):
     from matplotlib.figure import Figure as MplFigure
 
     from ... import viz
-    from ...models import probes
+    from ...analysis import probes
 
     L, H = t.n_layers, t.n_heads
     coref = probes.coreference_probe(t.net)

