@@ -145,7 +145,7 @@ def _run_backward(model: Any, layout: DecoderLayout | EncoderLayout, record: Rec
     pool: Workspaces = model.__dict__.setdefault("_workspaces", Workspaces())
     ws = pool.take(model.dtype, workspace_size(model))
     try:
-        walk = encoder_backward if isinstance(layout, EncoderLayout) else decoder_backward
+        walk: Any = encoder_backward if isinstance(layout, EncoderLayout) else decoder_backward
         walk(model, layout, record, top, wanted, grads, hooks, changed, ws)
     finally:
         pool.give_back(ws)
@@ -256,11 +256,12 @@ class Differentiable:
         model: Any = self
         ids, mask, type_ids, single = model._id_inputs(input_ids, attention_mask,
                                                        token_type_ids)
-        head_mask = model._check_head_mask(head_mask)
+        multipliers = model._check_head_mask(head_mask)
         B, n = ids.shape
         hooks = _RecordHooks(model, fwd_hooks)
-        record_forward = encoder_record if isinstance(layout, EncoderLayout) else decoder_record
-        record, attn = record_forward(model, layout, ids, mask, type_ids, head_mask,
+        record_forward: Any = (encoder_record if isinstance(layout, EncoderLayout)
+                               else decoder_record)
+        record, attn = record_forward(model, layout, ids, mask, type_ids, multipliers,
                                       need_weights, token_embeddings, hooks)
         record.single = single
         hidden = np.empty((B, model.n_layers + 1, n, model.d_model), dtype=model.dtype)
