@@ -1,11 +1,12 @@
 """Gradients through a whole pre-norm decoder (GPT-2, the LLaMA family) on the C core;
 the BERT family's post-norm blocks are in :mod:`mha.models.encoder_backward`.
 
-``model(ids, mask, backward=True)`` runs a forward that keeps, in one :class:`Record`
-carved from one allocation, every activation the backward reads; ``model.backward(d_logits,
-d_hidden, wrt)`` walks the layers in reverse, each step under the forward line it
-differentiates, and adds (``+=``) every gradient into its array, so that the residual
-branches sum without special cases. ``model.loss_and_grads`` is the next-token
+``model(ids, mask, backward=True)`` runs the model's own forward with a :class:`Recorder`
+observing it, which writes every activation the backward reads into one :class:`Record`
+carved from one allocation (held by the call's tape, :mod:`mha.models.tape`);
+``enc.backward(d_logits, d_hidden, wrt)`` walks the layers in reverse, each step under the
+forward line it differentiates, and adds (``+=``) every gradient into its array, so that the
+residual branches sum without special cases. ``model.loss_and_grads`` is the next-token
 cross-entropy on the C core's chunked softmax cross-entropy over the LM head (never the
 whole (tokens, vocab) gradient at once).
 
@@ -32,7 +33,7 @@ import numpy as np
 from mha import _core
 
 from . import ops
-from .hooks import run_hook_fns
+from .hooks import HookPoints, run_hook_fns
 from .memory import carve
 
 __all__ = ["DecoderLayout", "EncoderLayout", "Record", "LayerRecord", "BLOCK_POINTS"]
@@ -124,15 +125,6 @@ BLOCK_POINTS = ("hook_resid_pre", "attn.hook_q", "attn.hook_k", "attn.hook_v",
                 "hook_mlp_out", "hook_resid_post")
 
 
-def _norm(x: np.ndarray, gain: np.ndarray, bias: np.ndarray | None, eps: float,
-          out: np.ndarray) -> None:
-    """out = LayerNorm (bias given) or RMSNorm (bias None) of x (rows, d)."""
-    if bias is None:
-        _core.rms_norm(x, gain=gain, eps=eps, out=out)
-    else:
-        _core.layer_norm(x, gain=gain, bias=bias, eps=eps, out=out)
-
-
 def _norm_backward(d_y: np.ndarray, x: np.ndarray, gain: np.ndarray, eps: float,
                    dx: np.ndarray, grads: dict[str, np.ndarray], names: tuple[str, str | None]
                    ) -> None:
@@ -151,126 +143,111 @@ def _attention_options(model: Any, layer: int, B: int, H: int, n: int) -> dict[s
                 causal=model.causal, scale=model.attention_scale(layer))
 
 
-def decoder_record(model: Any, layout: DecoderLayout, ids: np.ndarray, mask: np.ndarray,
-                   type_ids: np.ndarray, head_mask: np.ndarray | None, need_weights: bool,
-                   token_embeddings: np.ndarray | None, hooks: Any
-                   ) -> tuple[Record, np.ndarray | None]:
-    """The forward of a pre-norm decoder on the C kernels, writing every activation the
-    backward reads into one Record -> (record, attentions (B, L, H, n, n) or None);
-    ``token_embeddings`` (B, n, d) in place of the token table's rows when given; ``hooks``
-    (layer, point, array, shape) may change an activation where the backward passes
-    (:class:`mha.models.tape._RecordHooks`). type_ids: unused (no segments)."""
-    B, n = ids.shape
-    rows = B * n
-    L, H, H_kv, dh, d = (model.n_layers, model.n_heads, model.n_kv_heads, model.d_head,
-                         model.d_model)
-    f_in = model.layers[0][layout.mlp[0]].shape[1] if L else 0
-    f = f_in // 2 if layout.gated else f_in
-    shapes: list[tuple[str, tuple[int, ...]]] = []
-    for _ in range(L):
-        shapes += [("resid_pre", (rows, d)), ("ln1", (rows, d)), ("q", (B, H, n, dh)),
-                   ("k", (B, H_kv, n, dh)), ("v", (B, H_kv, n, dh)), ("att", (B, H, n, dh)),
-                   ("lse", (B, H, n)), ("heads", (rows, H * dh)), ("resid_mid", (rows, d)),
-                   ("ln2", (rows, d)), ("pre", (rows, f_in)), ("post", (rows, f))]
-    buffer, groups = carve(model.dtype, shapes + [("resid_pre", (rows, d)),
-                                                  ("hidden", (rows, d))])
-    layers = [LayerRecord(**g) for g in groups[:L]]
-    norm_input, hidden = groups[L]["resid_pre"], groups[L]["hidden"]
-    pad_mask = None if mask.all() else np.ascontiguousarray(mask, dtype=bool)
-    params = model.parameters()
-    eps = model.config.norm_eps
-    rope = model._rope(0, n) if model.rotary else None
-    attn = np.empty((B, L, H, n, n), dtype=model.dtype) if need_weights else None
-    act = (B, n, d)
+class Recorder(HookPoints):
+    """The observer that writes a backward's record during the model's own forward: the
+    arrays the backward reads are asked for the way the activation cache asks for its own
+    (llm.c's habit: one forward writes what the backward reads, carved once).
 
-    # forward: x = tok_emb[ids] (+ pos_emb[0..n))
-    x = layers[0].resid_pre if L else norm_input
-    x[...] = (ops.embedding(params[layout.embed], ids) if token_embeddings is None
-              else token_embeddings.reshape(rows, d))
-    hooks(None, "hook_embed", x, act)
-    if layout.positions is not None:
-        positions = np.broadcast_to(np.arange(n), (B, n))
-        if hooks.wants(None, "hook_pos_embed"):
-            pos = ops.embedding(params[layout.positions], positions)
-            hooks(None, "hook_pos_embed", pos, act)
-            x += pos
+    At the residual points (``hook_resid_pre``, ``hook_resid_mid``; an encoder's
+    ``hook_resid_post``) it copies the activation into its slot; ``attn.hook_z``,
+    ``mlp.hook_pre`` and ``mlp.hook_post`` are computed into their slots
+    (:meth:`empty`); a norm's output (and the final norm's input) comes through
+    :meth:`note`; the attention writes q, k, v, its output and lse into the layer's record
+    (:meth:`attention_record`). Forward hooks (``fwd_hooks``, at the points ``valid`` lists)
+    run as in ``run_with_hooks``, and where they changed an activation is noted in
+    ``changed`` ({name: bool array, batch first}) for the backward.
+    """
+    __slots__ = ("record", "changed", "_copies", "_outs", "_notes")
+
+    def __init__(self, model: Any, ids: np.ndarray, mask: np.ndarray,
+                 head_mask: np.ndarray | None, type_ids: np.ndarray | None,
+                 valid: Sequence[str], fwd_hooks: Sequence[tuple[Any, Any]] = ()) -> None:
+        super().__init__(valid, None, fwd_hooks)
+        B, n = ids.shape
+        rows = B * n
+        L, H, H_kv, dh, d = (model.n_layers, model.n_heads, model.n_kv_heads, model.d_head,
+                             model.d_model)
+        layout = model._grad_layout
+        decoder = isinstance(layout, DecoderLayout)
+        f_in = model.layers[0][layout.mlp[0] if decoder else "W_1"].shape[1]
+        f = f_in // 2 if decoder and layout.gated else f_in
+        fields: dict[str, tuple[int, ...]] = {
+            "resid_pre": (rows, d), "ln1": (rows, d), "q": (B, H, n, dh),
+            "k": (B, H_kv, n, dh), "v": (B, H_kv, n, dh), "att": (B, H, n, dh),
+            "lse": (B, H, n), "heads": (rows, H * dh), "resid_mid": (rows, d),
+            "ln2": (rows, d), "pre": (rows, f_in), "post": (rows, f), "resid_post": (rows, d)}
+        kind: Any = LayerRecord
+        if decoder:
+            del fields["resid_post"]
         else:
-            ops.embedding(params[layout.positions], positions, out=x)
-    for i, (p, r) in enumerate(zip(model.layers, layers)):
-        W_qkv, b_qkv, W_o, b_o = layout.attention
-        hooks(i, "hook_resid_pre", r.resid_pre, act)
-        _norm(r.resid_pre, p[layout.ln1[0]], p.get(layout.ln1[1] or ""), eps, out=r.ln1)
-        qkv = ops.linear(r.ln1, model._dense((i, W_qkv), p[W_qkv]), p.get(b_qkv))
-        parts = qkv.reshape(B, n, H + 2 * H_kv, dh)
-        hooks(i, "attn.hook_q", parts[:, :, :H], (B, n, H, dh))
-        hooks(i, "attn.hook_k", parts[:, :, H:H + H_kv], (B, n, H_kv, dh))
-        hooks(i, "attn.hook_v", parts[:, :, H + H_kv:], (B, n, H_kv, dh))
-        if rope is not None:
-            ops.rope_(qkv, H + H_kv, dh, *rope)
-            hooks(i, "attn.hook_rot_q", parts[:, :, :H], (B, n, H, dh))
-            hooks(i, "attn.hook_rot_k", parts[:, :, H:H + H_kv], (B, n, H_kv, dh))
-        for dst, src in zip((r.q, r.k, r.v), ops.split_heads(qkv, B, n, (H, H_kv, H_kv), dh)):
-            np.copyto(dst, src)
-        _attend(model, i, r, pad_mask, head_mask, attn)
-        hooks(i, "attn.hook_z", r.heads, (B, n, H, dh))
-        _add_product(hooks, i, "hook_attn_out", r.heads, model._dense((i, W_o), p[W_o]),
-                     p.get(b_o), r.resid_pre, r.resid_mid, act)
-        hooks(i, "hook_resid_mid", r.resid_mid, act)
-        _norm(r.resid_mid, p[layout.ln2[0]], p.get(layout.ln2[1] or ""), eps, out=r.ln2)
-        w_in, b_in, w_out, b_out = layout.mlp
-        np.copyto(r.pre, ops.linear(r.ln2, model._dense((i, w_in), p[w_in]), p.get(b_in)))
-        hooks(i, "mlp.hook_pre", r.pre[:, :f], (B, n, f))
-        if layout.gated:
-            hooks(i, "mlp.hook_pre_linear", r.pre[:, f:], (B, n, f))
-        _core.activation(r.pre, act=model._act | (ops.GATED if layout.gated else 0),
-                         out=r.post)
-        hooks(i, "mlp.hook_post", r.post, (B, n, f))
-        nxt = layers[i + 1].resid_pre if i + 1 < L else norm_input
-        _add_product(hooks, i, "hook_mlp_out", r.post, model._dense((i, w_out), p[w_out]),
-                     p.get(b_out), r.resid_mid, nxt, act)
-        hooks(i, "hook_resid_post", nxt, act)
-    gain, bias = layout.final
-    _norm(norm_input, params[gain], params.get(bias or ""), eps, out=hidden)
-    record = Record(buffer=buffer, layers=layers, norm_input=norm_input, hidden=hidden,
-                    ids=ids, pad_mask=pad_mask, head_mask=head_mask, single=False)
-    return record, attn
+            from .encoder_backward import EncoderLayerRecord
+            kind = EncoderLayerRecord
+            del fields["ln2"]
+        shapes = [(name, shape) for _ in range(L) for name, shape in fields.items()]
+        buffer, groups = carve(model.dtype, shapes + [("resid_pre", (rows, d)),
+                                                      ("hidden", (rows, d))])
+        layers = [kind(**g) for g in groups[:L]]
+        norm_input, hidden = groups[L]["resid_pre"], groups[L]["hidden"]
+        self.record = Record(
+            buffer=buffer, layers=layers, norm_input=norm_input, hidden=hidden, ids=ids,
+            pad_mask=None if mask.all() else np.ascontiguousarray(mask, dtype=bool),
+            head_mask=head_mask, single=False,
+            type_ids=None if decoder or model.token_type_embeddings is None else type_ids)
+        self.changed: dict[str, np.ndarray] = {}
+        Slots = dict[tuple[int | None, str], np.ndarray]
+        residual = ("hook_resid_pre", "hook_resid_mid") + (() if decoder else ("hook_resid_post",))
+        self._copies: Slots = {(i, point): getattr(r, point[5:]) for i, r in enumerate(layers)
+                        for point in residual}
+        self._outs: Slots = {(i, point): getattr(r, field) for i, r in enumerate(layers)
+                      for point, field in (("attn.hook_z", "heads"), ("mlp.hook_pre", "pre"),
+                                           ("mlp.hook_post", "post"))}
+        if decoder:
+            self._notes: Slots = {(i, f"{norm}.out"): getattr(r, norm) for i, r in enumerate(layers)
+                           for norm in ("ln1", "ln2")}
+            self._notes[None, "ln_final.in"] = norm_input
+            self._notes[None, "ln_final.out"] = hidden
+        else:                           # the embeddings' sum, LN_1's output, the last output
+            self._notes = {(i, "ln1.out"): r.ln1 for i, r in enumerate(layers)}
+            self._notes[None, "embed.ln.in"] = norm_input
+            self._notes[L - 1, "ln2.out"] = hidden
+        self._wanted |= set(self._copies) | set(self._outs)
 
+    def __call__(self, layer: int | None, point: str, x: np.ndarray,
+                 shape: tuple[int, ...] | None = None, owned: bool = False) -> None:
+        if (layer, point) not in self._wanted:
+            return
+        name = point if layer is None else f"blocks.{layer}.{point}"
+        if name in self._hooks:
+            view = x.view()
+            if shape is not None:
+                view.shape = shape              # raises rather than copy
+            before = view.copy()
+            super().__call__(layer, point, x, shape, owned)
+            changed = (view != before) & ~(np.isnan(view) & np.isnan(before))
+            if changed.any():
+                self.changed[name] = changed
+        slot = self._copies.get((layer, point))
+        if slot is not None:
+            np.copyto(slot, x.reshape(slot.shape))
 
-def _add_product(hooks: Any, layer: int, point: str, x: np.ndarray, weight: ops.Packed,
-                 bias: np.ndarray | None, residual: np.ndarray, out: np.ndarray,
-                 shape: tuple[int, int, int]) -> None:
-    """out = residual + (x @ weight + bias) (rows, d), the product being the hook point
-    ``point`` (seen with ``shape`` (B, n, d)): fused into the sum unless a hook is there."""
-    if not hooks.wants(layer, point):
-        np.copyto(out, residual)
-        ops.linear(x, weight, bias, out=out)
-        return
-    product = np.zeros_like(out)
-    ops.linear(x, weight, bias, out=product)
-    hooks(layer, point, product, shape)
-    np.add(residual, product, out=out)
+    def empty(self, layer: int | None, point: str, shape: tuple[int, ...],
+              dtype: np.dtype | type) -> np.ndarray:
+        slot = self._outs.get((layer, point))
+        return super().empty(layer, point, shape, dtype) if slot is None else slot.reshape(shape)
 
+    def note(self, layer: int | None, tag: str, x: np.ndarray) -> None:
+        slot = self._notes.get((layer, tag))
+        if slot is not None:
+            np.copyto(slot, x.reshape(slot.shape))
 
-def _attend(model: Any, i: int, r: Any, pad_mask: np.ndarray | None,
-            head_mask: np.ndarray | None, attn: np.ndarray | None) -> None:
-    """Layer i's attention on the record r's q, k, v: r.att and r.lse, then r.heads (the
-    heads merged per token, times head_mask); the weights into attn[:, i] when given."""
-    B, H, n, dh = r.q.shape
-    _, weights, lse = _core.attention_forward(
-        r.q, r.k, r.v, key_padding_mask=pad_mask, need_weights=attn is not None,
-        return_lse=True, out=r.att, **_attention_options(model, i, B, H, n))
-    np.copyto(r.lse, lse)
-    if attn is not None:
-        attn[:, i] = weights
-    merged = r.heads.reshape(B, n, H, dh)
-    np.copyto(merged, r.att.transpose(0, 2, 1, 3))
-    if head_mask is not None:
-        merged *= head_mask[i][None, None, :, None]
+    def attention_record(self, layer: int | None) -> Any:
+        return None if layer is None else self.record.layers[layer]
 
 
 def _attend_backward(model: Any, i: int, r: Any, record: Record, d_heads: np.ndarray,
                      d_head_mask: np.ndarray, keep: Any) -> np.ndarray:
-    """The backward of :func:`_attend` and of the rotary embedding before it: d_heads (rows,
+    """The backward of a layer's attention (as the forward recorded it: ``heads =
+    merge(att) * head_mask``) and of the rotary embedding before it: d_heads (rows,
     H * d_head) -> d_qkv (rows, (H + 2 H_kv) d_head), the gradient of the fused q/k/v
     product's output; d_head_mask[i] set; keep(layer, point, value, shape) offered the
     activation gradients on the way."""

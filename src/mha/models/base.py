@@ -1314,7 +1314,18 @@ class TransformerModel:
         then the steps are taken one by one, as TransformerLens names them: the scale
         sqrt(mean((x - mean x)^2) + eps) (B, n, 1) (no centring for RMSNorm), the normalized
         input (x - mean x) / scale (B, n, d) before the gain and bias, then the gain and bias.
+        The norm's input and output are offered to ``hooks.note`` (``{name}.in``,
+        ``{name}.out``): a backward's record keeps those it reads.
         """
+        hooks.note(layer, name + ".in", x)
+        out = self._norm_steps(layer, name, x, gain, bias, B, n, hooks, inplace)
+        hooks.note(layer, name + ".out", out)
+        return out
+
+    def _norm_steps(self, layer: int | None, name: str, x: np.ndarray, gain: np.ndarray,
+                    bias: np.ndarray | None, B: int, n: int, hooks: HookPoints,
+                    inplace: bool) -> np.ndarray:
+        """:meth:`_norm`'s computation."""
         eps = self.config.norm_eps
         if not (hooks.wants(layer, name + ".hook_scale")
                 or hooks.wants(layer, name + ".hook_normalized")):
@@ -1441,10 +1452,19 @@ class TransformerModel:
             if columns is not None:        # value columns after v's: their sums come out too
                 k_in, v_in = _widen(k, v, columns)
                 out_in = np.empty((B, H, n_q, v_in.shape[-1]), dtype=self.dtype)
+            record = hooks.attention_record(layer)
+            if record is not None:          # a backward's: q, k, v, the output and its lse
+                for dst, src in zip((record.q, record.k, record.v), (q, k, v)):
+                    np.copyto(dst, src)
+                q, k_in, v_in, out_in = record.q, record.k, record.v, record.att
             result = _core.attention_forward(
                 q, k_in, v_in, mask=mask, key_padding_mask=pad_mask, causal=self.causal,
                 scale=self.attention_scale(layer), need_weights=full, out=out_in,
-                weights_out=weights_out, row_stats=stats, key_set=key_set, scores_out=scores)
+                weights_out=weights_out, row_stats=stats, key_set=key_set, scores_out=scores,
+                return_lse=record is not None)
+            if record is not None:
+                np.copyto(record.lse, result[-1])
+                np.copyto(out, record.att)
             weights = result[1]
             if scores is not None:
                 hooks(layer, "attn.hook_attn_scores", scores, owned=True)

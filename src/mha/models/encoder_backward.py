@@ -25,9 +25,8 @@ import numpy as np
 from mha import _core
 
 from . import ops
-from .backward import (EncoderLayout, Keeper, Record, _add_product, _attend, _attend_backward,
-                       _output_backward, layer_grads, linear_backward)
-from .memory import carve
+from .backward import (EncoderLayout, Keeper, Record, _attend_backward, _output_backward,
+                       layer_grads, linear_backward)
 
 __all__ = ["EncoderLayerRecord", "ENCODER_POINTS"]
 
@@ -67,85 +66,6 @@ def encoder_points(model: Any) -> set[str]:
         points.add("embed.hook_token_type_embed")
     points.update(f"blocks.{l}.{p}" for l in range(model.n_layers) for p in ENCODER_POINTS)
     return points
-
-
-def encoder_record(model: Any, layout: EncoderLayout, ids: np.ndarray, mask: np.ndarray,
-                   type_ids: np.ndarray, head_mask: np.ndarray | None, need_weights: bool,
-                   token_embeddings: np.ndarray | None, hooks: Any
-                   ) -> tuple[Record, np.ndarray | None]:
-    """The encoder's forward on the C kernels, every activation its backward reads written
-    into one Record -> (record, attentions (B, L, H, n, n) or None); ``token_embeddings``
-    (B, n, d) in place of the word table's rows when given; ``hooks`` (layer, point, array,
-    shape) may change an activation where the backward passes."""
-    B, n = ids.shape
-    rows = B * n
-    L, H, dh, d = model.n_layers, model.n_heads, model.d_head, model.d_model
-    f = model.layers[0]["W_1"].shape[1]
-    types = model.token_type_embeddings
-    if types is not None and type_ids.max() >= len(types):
-        raise ValueError(f"token_type_ids must lie in [0, {len(types)}), got {type_ids.max()}")
-    shapes: list[tuple[str, tuple[int, ...]]] = []
-    for _ in range(L):
-        shapes += [("resid_pre", (rows, d)), ("q", (B, H, n, dh)), ("k", (B, H, n, dh)),
-                   ("v", (B, H, n, dh)), ("att", (B, H, n, dh)), ("lse", (B, H, n)),
-                   ("heads", (rows, H * dh)), ("resid_mid", (rows, d)), ("ln1", (rows, d)),
-                   ("pre", (rows, f)), ("post", (rows, f)), ("resid_post", (rows, d))]
-    buffer, groups = carve(model.dtype, shapes + [("resid_pre", (rows, d)),
-                                                   ("emb", (rows, d))])
-    layers = [EncoderLayerRecord(**g) for g in groups[:L]]
-    hidden, emb = groups[L]["resid_pre"], groups[L]["emb"]
-    pad_mask = None if mask.all() else np.ascontiguousarray(mask, dtype=bool)
-    eps = model.config.norm_eps
-    attn = np.empty((B, L, H, n, n), dtype=model.dtype) if need_weights else None
-
-    act = (B, n, d)
-    # forward: emb = word[ids] + pos[positions] (+ type[type_ids]); x = LN_emb(emb)
-    emb[...] = (ops.embedding(model.word_embeddings, ids) if token_embeddings is None
-                else token_embeddings.reshape(rows, d))
-    hooks(None, "embed.hook_embed", emb, act)
-    parts = [(model.position_embeddings, model._positions(ids), "embed.hook_pos_embed")]
-    if types is not None:
-        parts.append((types, type_ids, "embed.hook_token_type_embed"))
-    for table, index, point in parts:
-        if hooks.wants(None, point):
-            part = ops.embedding(table, index)
-            hooks(None, point, part, act)
-            emb += part
-        else:
-            ops.embedding(table, index, out=emb)
-    x = layers[0].resid_pre if L else hidden
-    _core.layer_norm(emb, gain=model.ln_emb[0], bias=model.ln_emb[1], eps=eps, out=x)
-    hooks(None, "hook_full_embed", x, act)
-    for i, (p, r) in enumerate(zip(model.layers, layers)):
-        hooks(i, "hook_resid_pre", r.resid_pre, act)
-        qkv = ops.linear(r.resid_pre, model._dense((i, "W_qkv"), p["W_qkv"]), p["b_qkv"])
-        parts4 = qkv.reshape(B, n, 3 * H, dh)
-        for j, point in enumerate(("attn.hook_q", "attn.hook_k", "attn.hook_v")):
-            hooks(i, point, parts4[:, :, j * H:(j + 1) * H], (B, n, H, dh))
-        for dst, src in zip((r.q, r.k, r.v), ops.split_heads(qkv, B, n, (H, H, H), dh)):
-            np.copyto(dst, src)
-        _attend(model, i, r, pad_mask, head_mask, attn)
-        hooks(i, "attn.hook_z", r.heads, (B, n, H, dh))
-        _add_product(hooks, i, "hook_attn_out", r.heads, model._dense((i, "W_o"), p["W_o"]),
-                     p["b_o"], r.resid_pre, r.resid_mid, act)
-        hooks(i, "hook_resid_mid", r.resid_mid, act)
-        _core.layer_norm(r.resid_mid, gain=p["ln_1_weight"], bias=p["ln_1_bias"], eps=eps,
-                         out=r.ln1)
-        np.copyto(r.pre, ops.linear(r.ln1, model._dense((i, "W_1"), p["W_1"]), p["b_1"]))
-        hooks(i, "mlp.hook_pre", r.pre, (B, n, f))
-        _core.activation(r.pre, act=model._act, out=r.post)
-        hooks(i, "mlp.hook_post", r.post, (B, n, f))
-        _add_product(hooks, i, "hook_mlp_out", r.post, model._dense((i, "W_2"), p["W_2"]),
-                     p["b_2"], r.ln1, r.resid_post, act)
-        hooks(i, "hook_resid_post", r.resid_post, act)
-        nxt = layers[i + 1].resid_pre if i + 1 < L else hidden
-        _core.layer_norm(r.resid_post, gain=p["ln_2_weight"], bias=p["ln_2_bias"], eps=eps,
-                         out=nxt)
-        hooks(i, "hook_normalized_resid_post", nxt, act)
-    record = Record(buffer=buffer, layers=layers, norm_input=emb, hidden=hidden, ids=ids,
-                    pad_mask=pad_mask, head_mask=head_mask, single=False,
-                    type_ids=type_ids if types is not None else None)
-    return record, attn
 
 
 def encoder_backward(model: Any, layout: EncoderLayout, record: Record, top: np.ndarray,

@@ -220,6 +220,16 @@ class HookPoints:
         """Whether the activation at this point goes into the cache."""
         return _join(layer, point) in self._keep
 
+    def note(self, layer: int | None, tag: str, x: np.ndarray) -> None:
+        """An intermediate that has no hook name (a norm's input ``{name}.in`` and output
+        ``{name}.out``), offered to an observer that keeps it (a backward's record,
+        :class:`mha.models.backward.Recorder`); nothing here."""
+
+    def attention_record(self, layer: int | None) -> Any:
+        """Where a layer's attention writes q, k, v, its output and its row log-sum-exp for a
+        backward (a :class:`mha.models.backward.LayerRecord`), or None: nothing here."""
+        return None
+
     def empty(self, layer: int | None, point: str, shape: tuple[int, ...],
               dtype: np.dtype | type) -> np.ndarray:
         """A new C-contiguous array for the activation at a point, to be recorded with

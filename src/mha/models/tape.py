@@ -35,9 +35,9 @@ from numpy.typing import ArrayLike
 from mha import _core
 
 from . import ops
-from .backward import (DecoderLayout, EncoderLayout, NoGrads, Record, block_points,
-                       decoder_backward, decoder_record, linear_backward, workspace_size)
-from .encoder_backward import encoder_backward, encoder_points, encoder_record
+from .backward import (DecoderLayout, EncoderLayout, NoGrads, Record, Recorder, block_points,
+                       decoder_backward, linear_backward, workspace_size)
+from .encoder_backward import encoder_backward, encoder_points
 from .hooks import HookFn, NameFilter, _resolve
 from .memory import GradMemory, WeightsStamp, Workspaces, lazy_zeros
 
@@ -258,16 +258,21 @@ class Differentiable:
                                                        token_type_ids)
         multipliers = model._check_head_mask(head_mask)
         B, n = ids.shape
-        hooks = _RecordHooks(model, fwd_hooks)
-        record_forward: Any = (encoder_record if isinstance(layout, EncoderLayout)
-                               else decoder_record)
-        record, attn = record_forward(model, layout, ids, mask, type_ids, multipliers,
-                                      need_weights, token_embeddings, hooks)
+        hooks = list(fwd_hooks)
+        point = ""
+        if token_embeddings is not None:        # the token table's rows, replaced
+            rows = np.asarray(token_embeddings, dtype=model.dtype).reshape(B, n, -1)
+            point = "embed.hook_embed" if isinstance(layout, EncoderLayout) else "hook_embed"
+            hooks.insert(0, (point, lambda x, _name: rows))
+        _check_record_hooks(model, hooks)
+        recorder = Recorder(model, ids, mask, multipliers, type_ids, _record_points(model),
+                            hooks)
+        hidden, attn = model._forward(ids, mask, type_ids, need_weights, multipliers, recorder)
+        record = recorder.record
         record.single = single
-        hidden = np.empty((B, model.n_layers + 1, n, model.d_model), dtype=model.dtype)
-        for i, r in enumerate(record.layers):
-            hidden[:, i] = r.resid_pre.reshape(B, n, -1)
-        hidden[:, -1] = record.hidden.reshape(B, n, -1)
+        changed = recorder.changed
+        if token_embeddings is not None:        # an input, not an intervention
+            changed.pop(point, None)
         tokens = None
         if model.tokenizer is not None:
             tokens = [[model.tokenizer.id_to_token(i) for i in row[m]]
@@ -276,7 +281,7 @@ class Differentiable:
                        hidden_states=hidden, attentions=attn, token_type_ids=type_ids.copy())
         if model.has_lm_head and logits:
             enc.logits = ops.unembed(record.hidden, model._lm_head()).reshape(B, n, -1)
-        enc.tape = Tape(model, record, hooks.changed, hook_gradient)
+        enc.tape = Tape(model, record, changed, hook_gradient)
         if single:
             enc = _unbatch(enc)
             if enc.logits is not None:
@@ -469,50 +474,26 @@ class Differentiable:
         return float(loss), grads
 
 
-class _RecordHooks:
-    """The forward hooks of a recorded forward: ``hooks(layer, point, x, shape)`` runs the
-    hooks at that point on a copy of x (value semantics), writes what they leave back into x
-    (the record's own array, which the rest of the forward reads), and notes where they
-    changed it (``changed``: {name: bool array, batch first}) for the backward."""
-
-    def __init__(self, model: Any, fwd_hooks: Sequence[tuple[NameFilter, HookFn]]) -> None:
-        from .hooks import HookPoints
-        self.changed: dict[str, np.ndarray] = {}
-        valid = record_points(model)
-        for selector, _ in fwd_hooks:
-            if isinstance(selector, str) and selector not in valid and \
-                    selector in model.hook_names():
-                raise KeyError(
-                    f"{selector!r}: a backward=True forward takes hooks only where its "
-                    f"backward passes, not at the attention's scores, pattern or per-head "
-                    f"results (the fused kernel's insides) nor a norm's scale or normalized "
-                    f"input; hook the q, k, v or z around them, or use run_with_hooks")
-        self._points = HookPoints(valid, None, fwd_hooks) if fwd_hooks else None
-
-    def wants(self, layer: int | None, point: str) -> bool:
-        return self._points is not None and self._points.hooked(layer, point)
-
-    def __call__(self, layer: int | None, point: str, x: np.ndarray,
-                 shape: tuple[int, ...]) -> None:
-        if not self.wants(layer, point):
-            return
-        assert self._points is not None
-        view = x.view()
-        view.shape = shape                          # raises rather than copy
-        before = view.copy()
-        self._points(layer, point, view)
-        changed = (view != before) & ~(np.isnan(view) & np.isnan(before))
-        if changed.any():
-            name = point if layer is None else f"blocks.{layer}.{point}"
-            self.changed[name] = changed
-
-
-def record_points(model: Any) -> list[str]:
+def _record_points(model: Any) -> list[str]:
     """The hook points a recorded forward offers its hooks, in forward order: those the
     backward passes, but the attention's scores, pattern and per-head results (the fused
     kernel's insides) and the norms' scale and normalized input."""
     skip = ("hook_attn_scores", "hook_pattern", "hook_result", "hook_scale", "hook_normalized")
     return [name for name in model.hook_names() if not name.endswith(skip)]
+
+
+def _check_record_hooks(model: Any, fwd_hooks: Sequence[tuple[NameFilter, HookFn]]) -> None:
+    """A recorded forward's hooks by name at a point it does not offer: a KeyError that says
+    why (an unknown name gets the usual one from HookPoints)."""
+    valid = _record_points(model)
+    for selector, _ in fwd_hooks:
+        if isinstance(selector, str) and selector not in valid and \
+                selector in model.hook_names():
+            raise KeyError(
+                f"{selector!r}: a backward=True forward takes hooks only where its backward "
+                f"passes, not at the attention's scores, pattern or per-head results (the "
+                f"fused kernel's insides) nor a norm's scale or normalized input; hook the "
+                f"q, k, v or z around them, or use run_with_hooks")
 
 
 def _grad_points(model: Any) -> tuple[set[str], str]:
