@@ -45,7 +45,8 @@ def logit_diff(target, other):
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
 def test_equal_to_transformer_lens(tiny, family):
-    """Every function's result within 1e-4 of its scale of TransformerLens's (llama: 4 query
+    """Every function's result within 1e-5 of its scale of TransformerLens's (measured at most
+    8.6e-7, float32 on both sides; llama: 4 query
     heads on 2 key/value heads, so k and v are swept per KV head there too)."""
     bridge = pytest.importorskip("transformer_lens.model_bridge")
     lens_patching = pytest.importorskip("transformer_lens.patching")
@@ -66,7 +67,7 @@ def test_equal_to_transformer_lens(tiny, family):
                                                   their_cache, metric).double().numpy()
         assert ours.shape == theirs.shape and np.ptp(theirs) > 0, name
         err = np.abs(ours - theirs).max() / np.abs(theirs).max()
-        assert err < 1e-4, f"{name} differs by {err:.1e} of its scale"
+        assert err < 1e-5, f"{name} differs by {err:.1e} of its scale"
     if family == "llama":
         assert model.n_kv_heads < model.n_heads
         assert patching.get_act_patch_attn_head_k_all_pos(
