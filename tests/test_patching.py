@@ -108,7 +108,8 @@ def test_patching_every_position_returns_the_clean_metric(tiny, family):
 def test_the_clean_run_patched_into_itself(tiny, family):
     """Corrupted = clean: every cell of every sweep is the clean metric, exactly where the
     patched hook keeps the plain forward's path and within float rounding where it does not
-    (a hooked attn_out, mlp_out or pattern is computed unfused)."""
+    (a hooked attn_out, mlp_out or pattern is computed unfused). A sweep that never patched
+    would pass this too: test_path_neutral_kinds_apply_the_patch holds the patch itself."""
     model = mha.models.load(tiny(family)[0])
     clean, _ = inputs(model)
     metric = logit_diff(clean[0, -1], 3)
@@ -131,6 +132,53 @@ def test_the_clean_run_patched_into_itself(tiny, family):
             assert np.all(result == np.float64(clean_metric)), name
         else:
             assert np.abs(result - clean_metric).max() < 1e-5 * max(1, abs(clean_metric)), name
+
+
+#: a sweep of each path-neutral kind, by position (heads: the model's query or KV heads)
+BY_POS = {"resid_pre": "get_act_patch_resid_pre", "resid_mid": "get_act_patch_resid_mid",
+          "z": "get_act_patch_attn_head_out_by_pos", "q": "get_act_patch_attn_head_q_by_pos",
+          "k": "get_act_patch_attn_head_k_by_pos", "v": "get_act_patch_attn_head_v_by_pos"}
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_path_neutral_kinds_apply_the_patch(tiny, family):
+    """Each path-neutral kind (the ones patched into themselves above, where a sweep that
+    never patches would pass too) on a corrupted run that differs from the clean one: every
+    cell is the corrupted run with that cell's clean activation written in by an explicit
+    forward hook (run_with_hooks), and the patch changes the metric (a sweep that patches
+    nothing returns the corrupted metric everywhere)."""
+    model = mha.models.load(tiny(family)[0])
+    clean, corrupted = inputs(model)
+    metric = logit_diff(clean[0, -1], 3)
+    corrupted_metric = metric(model.run_with_hooks(corrupted, fwd_hooks=[]).logits)
+    _, cache = model.run_with_cache(clean)
+    n = clean.shape[1]
+    assert set(BY_POS) == PATH_NEUTRAL
+
+    def by_hand(kind, layer, pos, head=None):
+        name = (f"blocks.{layer}.hook_{kind}" if kind.startswith("resid")
+                else f"blocks.{layer}.attn.hook_{kind}")
+
+        def patch(activation, _name):
+            if head is None:
+                activation[:, pos] = cache[name][:, pos]
+            else:
+                activation[:, pos, head] = cache[name][:, pos, head]
+        return metric(model.run_with_hooks(corrupted, fwd_hooks=[(name, patch)]).logits)
+
+    for kind, function in BY_POS.items():
+        result = getattr(patching, function)(model, corrupted, cache, metric, progress=False)
+        if kind.startswith("resid"):
+            expected = np.array([[by_hand(kind, l, p) for p in range(n)]
+                                 for l in range(model.n_layers)])
+        else:
+            heads = model.n_kv_heads if kind in ("k", "v") else model.n_heads
+            expected = np.array([[[by_hand(kind, l, p, h) for h in range(heads)]
+                                  for p in range(n)] for l in range(model.n_layers)])
+        assert result.shape == expected.shape, kind
+        changed = np.abs(expected - corrupted_metric)
+        assert changed.max() > 1e-3 * abs(corrupted_metric), kind     # the patch matters
+        assert np.array_equal(result, expected), kind         # path-neutral: bit for bit
 
 
 def test_per_kv_head_patching_is_a_patched_forward(tiny):
