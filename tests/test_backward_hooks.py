@@ -3,7 +3,9 @@
 random models of tests/tiny_models.py (GPT-2; LLaMA with grouped-query attention; a BERT)
 in float64, on a right-padded batch.
 
-What a hook sees is held to ``wrt=`` of the same name (exactly); hooks that change nothing
+What a hook sees is the gradient at that point: held to central differences of the output
+(float64), the point moved by a forward hook (an oracle independent of the backward), and to
+``wrt=`` of the same name (exactly); hooks that change nothing
 leave every gradient as it was (exactly at the points whose gradient the backward edits in
 place, within 1e-12 of each tensor's largest entry where a hooked point takes another path:
 each head's output product, the pattern and the scores); replacements flow on (a zero at a
@@ -45,8 +47,25 @@ def case(request, tiny):
     def run(**kw):
         model(ids, mask, backward=True)
         return model.backward(d_hidden=d_hidden, **kw)
-    run.d_hidden = d_hidden
+
+    def output(fwd_hooks=()):
+        """<d_hidden, last hidden state> of a forward with these forward hooks."""
+        enc = model.run_with_hooks(ids, attention_mask=mask, fwd_hooks=list(fwd_hooks))
+        return float(np.sum(d_hidden * enc.last_hidden_state))
+    run.d_hidden, run.output = d_hidden, output
     return model, run
+
+
+#: central differences (eps 1e-5, float64) along u ~ N(0, 1): |<grad, u> - difference| /
+#: max |grad|, measured at most 3.0e-7 (GPT-2's hook_embed), 2.0e-7 elsewhere; about 10x that
+FD_TOL = 3e-6
+
+
+def directional(output, name, u, eps=1e-5):
+    """The central difference of output() along u at the point ``name``, moved by a forward
+    hook: the forward pass is the oracle, independent of the backward."""
+    values = [output([(name, lambda a, _n, s=s: a + s * eps * u)]) for s in (1, -1)]
+    return (values[0] - values[1]) / (2 * eps)
 
 
 def points(model):
@@ -69,11 +88,35 @@ def parameters_of(model, grads):
     return {k: grads[k] for k in model.parameters()}
 
 
+def test_what_a_hook_sees_is_the_gradient(case):
+    """A hook at every point sees, batch first in the cache's shapes, the gradient of the
+    output at that point: <seen, u> against the central difference of the output along a
+    random u, the point moved by a forward hook (FD_TOL of the gradient's largest entry)."""
+    model, run = case
+    names = points(model)
+    seen = {}
+
+    def record(grad, name):
+        seen[name] = grad.copy()
+
+    run(bwd_hooks=[(lambda n: True, record)] + [
+        (f"blocks.{l}.attn.hook_result", record) for l in range(model.n_layers)])
+    assert set(seen) == set(names)
+    ids, mask = batch(model)
+    _, cache = model.run_with_cache(ids, attention_mask=mask, names=names)
+    rng = np.random.default_rng(2)
+    for name in names:
+        assert seen[name].shape == cache[name].shape, name
+        u = rng.standard_normal(seen[name].shape)
+        expected = directional(run.output, name, u)
+        err = abs(float(np.sum(seen[name] * u)) - expected) / np.abs(seen[name]).max()
+        assert err <= FD_TOL, (name, err)
+
+
 def test_what_a_hook_sees_is_wrt(case):
-    """A hook at every point sees, batch first in the cache's shapes, the gradient that
-    ``wrt=`` returns for that name (a hook that returns None changes nothing): to rounding
-    when hooks sit at every point (OWN_PATH), bitwise when they sit only where the backward
-    edits its own arrays."""
+    """A hook at every point sees what ``wrt=`` returns for that name (a hook that returns
+    None changes nothing): to rounding when hooks sit at every point (OWN_PATH), bitwise when
+    they sit only where the backward edits its own arrays."""
     model, run = case
     names = points(model)
     expected = run(wrt=names)
@@ -210,9 +253,22 @@ def test_bad_hooks_say_so_and_change_nothing(case):
         assert np.array_equal(got[k], g), k
 
 
+def next_token_loss(logits, ids, mask):
+    """The mean cross-entropy of each real token after the first given the logits before it,
+    in float64 (an oracle for loss_and_grads' default loss)."""
+    logits = logits[:, :-1]
+    logits = logits - logits.max(axis=-1, keepdims=True)
+    log_p = logits - np.log(np.exp(logits).sum(axis=-1, keepdims=True))
+    targets = np.take_along_axis(log_p, ids[:, 1:, None], axis=-1)[..., 0]
+    real = mask[:, 1:]
+    return -float(targets[real].sum() / real.sum())
+
+
 def test_loss_and_grads_takes_the_hooks(tiny):
     """loss_and_grads(..., bwd_hooks=): a hook zeroing blocks.1.hook_resid_pre leaves block 0
-    no gradient, the loss as it was; what the hook sees is ``wrt=``'s."""
+    no gradient, the loss as it was; what the hook sees is ``wrt=``'s and the gradient of the
+    loss there (central differences of the next-token loss computed here from the logits of
+    a forward with the point moved by a forward hook)."""
     folder, _ = tiny("gpt2")
     model = mha.models.load(folder, dtype=np.float64)
     ids, mask = batch(model)
@@ -225,5 +281,13 @@ def test_loss_and_grads_takes_the_hooks(tiny):
                    (name, lambda g, _n: np.zeros_like(g))])
     assert got_loss == loss
     assert np.array_equal(seen[0], expected[name])
+    u = np.random.default_rng(3).standard_normal(seen[0].shape)
+
+    def output(fwd_hooks):
+        enc = model.run_with_hooks(ids, attention_mask=mask, fwd_hooks=fwd_hooks)
+        return next_token_loss(enc.logits, ids, mask)
+    assert abs(output([]) - loss) <= 1e-14 * abs(loss)                # measured: equal
+    err = abs(float(np.sum(seen[0] * u)) - directional(output, name, u)) / np.abs(seen[0]).max()
+    assert err <= 1e-9, err                                             # measured 1.1e-10
     assert not any(np.any(g) for k, g in got.items() if k.startswith("layers.0."))
     assert np.array_equal(got["layers.1.W_qkv"], expected["layers.1.W_qkv"])

@@ -578,7 +578,8 @@ def test_decompositions_need_a_pre_norm_model(tiny):
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
 def test_equal_to_transformer_lens(tiny, family):
     """TransformerLens 4's bridge on the same transformers model, weight processing off: the
-    cache's activations, the logits and the analyses within 1e-4 of their scale."""
+    cache's activations, the logits and the analyses within 2e-5 of their scale (float32 on
+    both sides; measured at most 1.9e-6, the LLaMA logits)."""
     bridge = pytest.importorskip("transformer_lens.model_bridge")
     folder, model_class = tiny(family)
     ref = tiny_models.load_reference(model_class, folder)
@@ -595,7 +596,7 @@ def test_equal_to_transformer_lens(tiny, family):
         finite = np.isfinite(their)
         assert ours.shape == their.shape and np.array_equal(finite, np.isfinite(ours)), what
         err = np.abs(ours[finite] - their[finite]).max() / np.abs(their[finite]).max()
-        assert err < 1e-4, f"{what} differs by {err:.1e} of its scale"
+        assert err < 2e-5, f"{what} differs by {err:.1e} of its scale"
     for name, array in cache.items():
         close(array, theirs[name], name)
     close(enc.logits, logits, "logits")

@@ -3,8 +3,8 @@ transformers' model with the same weights: tiny random GPT-2 (tied embeddings), 
 every bias, untied, llama3 RoPE), LLaMA multi-query tied, Qwen2 (a sliding-window layer) and
 Mistral (sliding window), on a right-padded batch (tests/tiny_models.py).
 
-Tolerances, per tensor, max |ours - torch| / max |torch|: float64 within 1e-9, float32 within
-1e-4. In float64 the LLaMA family's reference runs RMSNorm, the rotary angles and the softmax
+Tolerances, per tensor, max |ours - torch| / max |torch|: float64 within 5e-14, float32 within
+3e-5 (measured at most 4.8e-15 and 2.8e-6 on these models; about 10x that). In float64 the LLaMA family's reference runs RMSNorm, the rotary angles and the softmax
 in float64 (tiny_models.float64_everywhere: transformers runs them in float32 even in a
 float64 model, which would explain differences of 1e-7, not mha's).
 """
@@ -23,7 +23,14 @@ transformers = pytest.importorskip("transformers")
 
 import tiny_models  # noqa: E402
 
-TOL = {np.float32: 1e-4, np.float64: 1e-9}
+#: per tensor, max |ours - torch| / max |torch|; measured at most 2.8e-6 (float32) and 4.8e-15
+#: (float64) over every test here (gradients, recorded forward, hidden states)
+TOL = {np.float32: 3e-5, np.float64: 5e-14}
+#: the loss, |ours - torch| / |torch|: measured at most 1.4e-7 (float32), 2.3e-16 (float64)
+LOSS_TOL = {np.float32: 1.5e-6, np.float64: 3e-15}
+#: central differences (eps 1e-5) along a random direction u ~ N(0, 1):
+#: |<grad, u> - difference| / max |grad|, measured at most 3.4e-8 (decoders), 7.6e-8 (BERT)
+FD_TOL = 5e-7
 DTYPES = pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
 
 
@@ -149,7 +156,7 @@ def test_loss_and_grads_match_torch(tiny, family, dtype):
     assert set(grads) == set(model.parameters())
     for name, g in grads.items():
         assert g.shape == model.parameters()[name].shape and g.dtype == model.dtype, name
-    assert abs(loss - loss_ref) <= TOL[dtype] * abs(loss_ref)
+    assert abs(loss - loss_ref) <= LOSS_TOL[dtype] * abs(loss_ref)
     assert len(expected) == len(grads)
     assert_grads(grads, expected, TOL[dtype])
     # labels default to the ids with padding ignored: the same loss
@@ -210,7 +217,7 @@ def directional(model, ids, mask, d_logits, name, direction, eps=1e-5):
 def test_activation_gradients_by_hook_name(tiny, family):
     """Every point ``wrt`` takes, in float64: <gradient, u> equals the central difference of
     the output along a random u, moved by a forward hook (the hook machinery is the
-    independent path), within 1e-7 of the gradient's scale."""
+    independent path), within FD_TOL of the gradient's largest entry."""
     folder, _ = tiny(family)
     model = mha.models.load(folder, dtype=np.float64)
     ids, mask = batch(model, n=9, seed=3)
@@ -230,8 +237,8 @@ def test_activation_gradients_by_hook_name(tiny, family):
         u = rng.standard_normal(shape)
         expected = directional(model, ids, mask, d_logits, name, u)
         got = float(np.sum(grads[name] * u))
-        scale = np.abs(grads[name]).sum() + 1e-30
-        assert abs(got - expected) <= 1e-7 * scale, (name, got, expected)
+        scale = np.abs(grads[name]).max() + 1e-30
+        assert abs(got - expected) <= FD_TOL * scale, (name, got, expected)
     assert np.abs(enc.logits - model.run_with_cache(ids, attention_mask=mask, names=[])[0].logits
                   ).max() < 1e-12
 
@@ -384,7 +391,10 @@ def test_encoder_backward_matches_torch(tiny, tiny_bert, family, dtype):
     plain = model(ids, mask, type_ids)
     assert relative(enc.hidden_states, plain.hidden_states) <= TOL[dtype]
     assert relative(enc.attentions, plain.attentions) <= TOL[dtype]
-    assert np.abs(enc.last_hidden_state - out.last_hidden_state.detach().numpy()).max() < 1e-4
+    # absolute (the hidden states are LayerNorm'd, of order 1): measured 1.6e-6 (float32),
+    # 3.3e-15 (float64)
+    assert (np.abs(enc.last_hidden_state - out.last_hidden_state.detach().numpy()).max()
+            < {np.float32: 2e-5, np.float64: 5e-14}[dtype])
     L = model.n_layers
     grads = model.backward(d_hidden=d_hidden, wrt=[f"blocks.{l}.hook_resid_pre"
                                                     for l in range(L)])
@@ -428,7 +438,7 @@ def test_encoder_activation_gradients_by_hook_name(tiny_bert):
                       for s in (1, -1)]
         expected = (values[0] - values[1]) / (2 * eps)
         got = float(np.sum(grads[name] * u))
-        assert abs(got - expected) <= 1e-7 * np.abs(grads[name]).sum(), (name, got, expected)
+        assert abs(got - expected) <= FD_TOL * np.abs(grads[name]).max(), (name, got, expected)
 
 
 def test_linear_backward_workspace():
