@@ -288,3 +288,35 @@ def attention_backward(d_out: ArrayLike, q: ArrayLike, k: ArrayLike, v: ArrayLik
     return _core.attention_backward(
         c(d_out, dtype), c(q, dtype), c(k, dtype), c(v, dtype), mask=mask, causal=causal,
         scale=scale, dropout=dropout, seed=seed, out=out, lse=lse)
+
+
+def head_write_norms(weights: np.ndarray, values: np.ndarray, W_o: np.ndarray,
+                     summed: bool = False) -> np.ndarray:
+    """Kobayashi et al.'s norms of what each key writes through each head, on checked arrays
+    of one dtype: weights (..., H, n_q, n_k), values (..., H_kv, n_k, d_head), W_o (H * d_head,
+    d_model) C-contiguous -> (..., H, n_q, n_k), or (..., n_q, n_k) with ``summed``
+    (:func:`mha.analysis.value_norms` checks its inputs and calls this; the formulas are in its
+    docstring)."""
+    H, n_q, n_k = weights.shape[-3:]
+    H_kv, _, d_head = values.shape[-3:]
+    lead = weights.shape[:-3]
+    w = weights.reshape(-1, H, n_q, n_k)                               # (B, H, n_q, n_k)
+    v = values.reshape((-1, H_kv, n_k, d_head))
+    B, d_model, group = w.shape[0], W_o.shape[1], H // H_kv
+    # f_h(x_j) for every head and key: (B, H, n_k, d_model), one C GEMM per head
+    f = np.empty((B, H, n_k, d_model), dtype=w.dtype)
+    for g in range(H_kv):
+        v_g = np.ascontiguousarray(v[:, g]).reshape(B * n_k, d_head)
+        for h in range(g * group, (g + 1) * group):
+            f[:, h] = _core.matmul(v_g, W_o[h * d_head:(h + 1) * d_head]).reshape(
+                B, n_k, d_model)
+    if not summed:
+        f_norm = np.sqrt(np.einsum("bhjd,bhjd->bhj", f, f))      # (B, H, n_k)
+        out = w * f_norm[:, :, None, :]
+        return out.reshape(lead + (H, n_q, n_k))
+    f_keys = f.transpose(0, 2, 1, 3)                             # (B, n_k, H, d_model)
+    gram = f_keys @ f_keys.transpose(0, 1, 3, 2)                 # (B, n_k, H, H)
+    a = w.transpose(0, 3, 1, 2)                                  # (B, n_k, H, n_q)
+    square = np.einsum("bjhi,bjhi->bji", a, gram @ a)            # (B, n_k, n_q)
+    summed_norms = np.sqrt(np.maximum(square, 0)).transpose(0, 2, 1)   # rounding dips below 0
+    return np.ascontiguousarray(summed_norms).reshape(lead + (n_q, n_k))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike
 
+from ..functional import head_write_norms
 from ._inputs import _float_array, _selection
 
 __all__ = ["HEAD_FUSIONS", "attention_rollout", "attention_flow", "value_norms"]
@@ -262,8 +263,6 @@ def value_norms(weights: ArrayLike, values: ArrayLike, W_o: ArrayLike, *,
     >>> value_norms(w, v, W_o).shape, value_norms(w, v, W_o, summed=True).shape
     ((2, 4, 4), (4, 4))
     """
-    from .. import _core
-
     w = _float_array(weights, "weights", 3, "(..., heads, n_q, n_k)")
     v = _float_array(values, "values", 3, "(..., kv_heads, n_k, d_head)")
     W = _float_array(W_o, "W_o", 2, "(heads * d_head, d_model)")
@@ -282,24 +281,5 @@ def value_norms(weights: ArrayLike, values: ArrayLike, W_o: ArrayLike, *,
     if W.ndim != 2 or W.shape[0] != H * d_head:
         raise ValueError(f"W_o has shape {W.shape}: expected ({H * d_head}, d_model) for "
                          f"{H} heads of width {d_head}")
-    lead = w.shape[:-3]
-    w = w.astype(dtype, copy=False).reshape(-1, H, n_q, n_k)   # (B, H, n_q, n_k)
-    v = v.astype(dtype, copy=False).reshape((-1, H_kv, n_k, d_head))
-    W = np.ascontiguousarray(W, dtype=dtype)
-    B, d_model, group = w.shape[0], W.shape[1], H // H_kv
-    # f_h(x_j) for every head and key: (B, H, n_k, d_model), one C GEMM per head
-    f = np.empty((B, H, n_k, d_model), dtype=dtype)
-    for g in range(H_kv):
-        v_g = np.ascontiguousarray(v[:, g]).reshape(B * n_k, d_head)
-        for h in range(g * group, (g + 1) * group):
-            f[:, h] = _core.matmul(v_g, W[h * d_head:(h + 1) * d_head]).reshape(B, n_k, d_model)
-    if not summed:
-        f_norm = np.sqrt(np.einsum("bhjd,bhjd->bhj", f, f))      # (B, H, n_k)
-        out = w * f_norm[:, :, None, :]
-        return out.reshape(lead + (H, n_q, n_k))
-    f_keys = f.transpose(0, 2, 1, 3)                             # (B, n_k, H, d_model)
-    gram = f_keys @ f_keys.transpose(0, 1, 3, 2)                 # (B, n_k, H, H)
-    a = w.transpose(0, 3, 1, 2)                                  # (B, n_k, H, n_q)
-    square = np.einsum("bjhi,bjhi->bji", a, gram @ a)            # (B, n_k, n_q)
-    out = np.sqrt(np.maximum(square, 0)).transpose(0, 2, 1)      # rounding can dip below 0
-    return np.ascontiguousarray(out).reshape(lead + (n_q, n_k))
+    return head_write_norms(w.astype(dtype, copy=False), v.astype(dtype, copy=False),
+                            np.ascontiguousarray(W, dtype=dtype), summed)

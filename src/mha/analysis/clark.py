@@ -7,12 +7,12 @@ in docs/beyond_attention.md).
 """
 from __future__ import annotations
 
-import unicodedata
 from typing import Any, Mapping, Sequence, cast
 
 import numpy as np
 from numpy.typing import ArrayLike
 
+from ..models.words import is_punctuation
 from ._inputs import _batch_mask, _check_convention, _float_array, _real_square
 
 __all__ = ["CLARK_METRICS", "token_classes", "head_statistic_sums", "row_statistic_sums",
@@ -25,8 +25,6 @@ CLARK_METRICS = ("entropy", "confidence", "mass_cls", "mass_sep", "mass_punct", 
 _CLS_TOKENS = frozenset({"[CLS]", "<s>", "<cls>", "<|begin_of_text|>", "<bos>"})
 _SEP_TOKENS = frozenset({"[SEP]", "</s>", "<sep>", "<|endoftext|>", "<|end_of_text|>",
                          "<|eot_id|>", "<eos>"})
-# WordPiece's continuation, GPT-2's space and newline, SentencePiece's space
-_SUBWORD_MARKS = ("##", "\u0120", "\u2581", "\u010a")
 # Clark et al.'s punctuation: the tokens "." and "," exactly
 _CLARK_PUNCTUATION = frozenset({".", ","})
 # Clark et al.'s smoothing of the weights before the logarithm of the entropy
@@ -35,11 +33,6 @@ _CLARK_ENTROPY_SMOOTHING = 1e-4
 _CLARK_BROAD_ENTROPY = 3.8
 
 
-def _is_punctuation(token: str) -> bool:
-    core = token
-    for mark in _SUBWORD_MARKS:
-        core = core.replace(mark, "")
-    return bool(core) and all(unicodedata.category(c).startswith("P") for c in core)
 
 
 def token_classes(tokens: Sequence[str] | Sequence[Sequence[str]], n: int | None = None, *,
@@ -91,7 +84,7 @@ def token_classes(tokens: Sequence[str] | Sequence[Sequence[str]], n: int | None
         for i, t in enumerate(toks):
             out["cls"][b, i] = t in _CLS_TOKENS
             out["sep"][b, i] = t in _SEP_TOKENS
-            out["punct"][b, i] = t in _CLARK_PUNCTUATION if clark else _is_punctuation(t)
+            out["punct"][b, i] = t in _CLARK_PUNCTUATION if clark else is_punctuation(t)
     return {k: v[0] for k, v in out.items()} if single else out
 
 

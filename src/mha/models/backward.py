@@ -33,10 +33,12 @@ import numpy as np
 from mha import _core
 
 from . import ops
+from .blocks import _grouped_products
 from .hooks import HookPoints, run_hook_fns
 from .memory import carve
 
-__all__ = ["DecoderLayout", "EncoderLayout", "Record", "LayerRecord", "BLOCK_POINTS"]
+__all__ = ["DecoderLayout", "EncoderLayout", "Record", "LayerRecord", "EncoderLayerRecord",
+           "BLOCK_POINTS", "Recorder"]
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,27 @@ class LayerRecord:
     ln2: np.ndarray
     pre: np.ndarray
     post: np.ndarray
+
+
+@dataclass
+class EncoderLayerRecord:
+    """What one post-norm block's backward reads. resid_pre (rows, d): the block's input;
+    q (B, H, n, d_head), k, v (B, H_kv, n, d_head); att (B, H, n, d_head), lse (B, H, n);
+    heads (rows, H d_head); resid_mid (rows, d): LN_1's input; ln1 (rows, d): its output,
+    the MLP's input and residual; pre (rows, f), post (rows, f); resid_post (rows, d): LN_2's
+    input."""
+    resid_pre: np.ndarray
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    att: np.ndarray
+    lse: np.ndarray
+    heads: np.ndarray
+    resid_mid: np.ndarray
+    ln1: np.ndarray
+    pre: np.ndarray
+    post: np.ndarray
+    resid_post: np.ndarray
 
 
 @dataclass
@@ -180,7 +203,6 @@ class Recorder(HookPoints):
         if decoder:
             del fields["resid_post"]
         else:
-            from .encoder_backward import EncoderLayerRecord
             kind = EncoderLayerRecord
             del fields["ln2"]
         shapes = [(name, shape) for _ in range(L) for name, shape in fields.items()]
@@ -290,7 +312,6 @@ def _pattern_gradients(model: Any, i: int, r: Any, record: Record, d_att: np.nda
     dP = d_att v^T at every entry (masked keys included), dS = P * (dP - rowsum(dP * P)), 0
     at masked keys; P recomputed from q, k and the kept log-sum-exp. -> dS when a backward
     hook is at either point (what q and k then get their gradients from), else None."""
-    from .base import _grouped_products
     B, H, n, _ = r.q.shape
     hooked = keep.hooked(i, "attn.hook_pattern") or keep.hooked(i, "attn.hook_attn_scores")
     d_pattern = _grouped_products(d_att, r.v, trans_b=True).reshape(B, H, n, n)

@@ -19,7 +19,8 @@ from numpy.typing import ArrayLike
 from .. import checks
 from ..layer_base import KVCache
 from . import ops
-from .base import Encoding, TransformerModel
+from .base import TransformerModel
+from .encoding import Encoding
 from .hooks import NO_HOOKS, HookFn, HookPoints, NameFilter
 
 
@@ -53,6 +54,8 @@ class Generation(Encoding):
         Generations keep no logits.
     kept_weights : None
         Generations keep no partial maps.
+    tape : None
+        Generations keep no tape for a backward.
     n_prompt : int
         The number of prompt tokens.
     text : str

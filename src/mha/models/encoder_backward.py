@@ -17,16 +17,14 @@ arrays), for the encoder's forward (rows = B * n tokens)::
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import numpy as np
 
 from mha import _core
 
-from . import ops
-from .backward import (EncoderLayout, Keeper, Record, _attend_backward, _output_backward,
-                       layer_grads, linear_backward)
+from .backward import (EncoderLayerRecord, EncoderLayout, Keeper, Record, _attend_backward,
+                       _output_backward, layer_grads, linear_backward)
 
 __all__ = ["EncoderLayerRecord", "ENCODER_POINTS"]
 
@@ -36,27 +34,6 @@ ENCODER_POINTS = ("hook_resid_pre", "attn.hook_q", "attn.hook_k", "attn.hook_v",
                   "attn.hook_result", "hook_attn_out", "hook_resid_mid", "mlp.hook_pre",
                   "mlp.hook_post", "hook_mlp_out", "hook_resid_post",
                   "hook_normalized_resid_post")
-
-
-@dataclass
-class EncoderLayerRecord:
-    """What one post-norm block's backward reads. resid_pre (rows, d): the block's input;
-    q (B, H, n, d_head), k, v (B, H_kv, n, d_head); att (B, H, n, d_head), lse (B, H, n);
-    heads (rows, H d_head); resid_mid (rows, d): LN_1's input; ln1 (rows, d): its output,
-    the MLP's input and residual; pre (rows, f), post (rows, f); resid_post (rows, d): LN_2's
-    input."""
-    resid_pre: np.ndarray
-    q: np.ndarray
-    k: np.ndarray
-    v: np.ndarray
-    att: np.ndarray
-    lse: np.ndarray
-    heads: np.ndarray
-    resid_mid: np.ndarray
-    ln1: np.ndarray
-    pre: np.ndarray
-    post: np.ndarray
-    resid_post: np.ndarray
 
 
 def encoder_points(model: Any) -> set[str]:

@@ -251,7 +251,7 @@ class Differentiable:
         a causal model when ``logits``). ``token_embeddings`` (B, n, d_model), when given,
         replaces the token table's rows (``hook_embed``): integrated gradients run the model
         on interpolated embeddings."""
-        from .base import Encoding, _unbatch
+        from .encoding import Encoding, _unbatch
         layout = self._need_layout()
         model: Any = self
         ids, mask, type_ids, single = model._id_inputs(input_ids, attention_mask,
@@ -367,9 +367,10 @@ class Differentiable:
         return grads
 
     def release_memory(self) -> int:
-        """Give back the memory the model keeps between calls for its backward: the spare
-        gradient block (as large as the parameters: 497 MB for GPT-2 small in float32) and
-        the packing workspaces. Later calls make them again.
+        """Give back the memory the model keeps between calls for its backward.
+
+        That is the spare gradient block (as large as the parameters: 497 MB for GPT-2 small
+        in float32) and the packing workspaces; later calls make them again.
 
         Returns
         -------

@@ -5,6 +5,7 @@ attention *from* it is the mean of its tokens' attention rows. Each row still su
 """
 from __future__ import annotations
 
+import unicodedata
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
@@ -110,3 +111,17 @@ def aggregate_to_words(weights: ArrayLike,
         to_word[g, w] = 1.0
     from_word = (to_word / to_word.sum(axis=0, keepdims=True)).T   # mean over a word's queries
     return from_word @ weights.astype(dtype, copy=False) @ to_word
+
+
+# WordPiece's continuation, GPT-2's space and newline, SentencePiece's space
+_SUBWORD_MARKS = ("##", "\u0120", "\u2581", "\u010a")
+
+
+def is_punctuation(token: str) -> bool:
+    """Whether a token is punctuation: its characters, once the subword marks (``##``, GPT-2's
+    ``Ġ`` and ``Ċ``, SentencePiece's ``▁``) are removed, all Unicode punctuation (category
+    P*), and at least one is left."""
+    core = token
+    for mark in _SUBWORD_MARKS:
+        core = core.replace(mark, "")
+    return bool(core) and all(unicodedata.category(c).startswith("P") for c in core)
