@@ -223,10 +223,9 @@ def test_activation_gradients_by_hook_name(tiny, family):
     ids, mask = batch(model, n=9, seed=3)
     rng = np.random.default_rng(4)
     d_logits = rng.standard_normal((*ids.shape, model.config.vocab_size)) * mask[..., None]
-    from mha.models.backward import BLOCK_POINTS
-    points = ["hook_embed", "head_mask"] + (["hook_pos_embed"] if family == "gpt2" else [])
-    points += [f"blocks.1.{p}" for p in BLOCK_POINTS
-               if (family == "llama" or ("rot_" not in p and "pre_linear" not in p))]
+    points = [n for n in model.grad_names() if not n.startswith("blocks.")
+              or n.startswith("blocks.1.")]
+    assert len(points) == (19 if family == "llama" else 17)
     enc = model(ids, mask, backward=True)
     grads = model.backward(d_logits=d_logits, wrt=points)
     _, cache = model.run_with_cache(ids, attention_mask=mask,
@@ -417,10 +416,9 @@ def test_encoder_activation_gradients_by_hook_name(tiny_bert):
     type_ids[:, 5:] = 1
     rng = np.random.default_rng(10)
     d_hidden = rng.standard_normal((*ids.shape, model.d_model)) * mask[..., None]
-    from mha.models.encoder_backward import ENCODER_POINTS
-    points = ["head_mask", "embed.hook_embed", "embed.hook_pos_embed",
-              "embed.hook_token_type_embed", "hook_full_embed"]
-    points += [f"blocks.0.{p}" for p in ENCODER_POINTS]
+    points = [n for n in model.grad_names() if not n.startswith("blocks.")
+              or n.startswith("blocks.0.")]
+    assert len(points) == 5 + 15
     model(ids, mask, type_ids, backward=True)
     grads = model.backward(d_hidden=d_hidden, wrt=points)
     eps = 1e-5

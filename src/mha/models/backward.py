@@ -38,7 +38,7 @@ from .hooks import HookPoints, run_hook_fns
 from .memory import carve
 
 __all__ = ["DecoderLayout", "EncoderLayout", "Record", "LayerRecord", "EncoderLayerRecord",
-           "BLOCK_POINTS", "Recorder"]
+           "Recorder"]
 
 
 @dataclass(frozen=True)
@@ -140,12 +140,6 @@ class Record:
         return int(self.buffer.nbytes)
 
 
-#: activation gradients ``wrt`` may name, per block (TransformerLens's hook names)
-BLOCK_POINTS = ("hook_resid_pre", "attn.hook_q", "attn.hook_k", "attn.hook_v",
-                "attn.hook_rot_q", "attn.hook_rot_k", "attn.hook_attn_scores",
-                "attn.hook_pattern", "attn.hook_z", "attn.hook_result", "hook_attn_out",
-                "hook_resid_mid", "mlp.hook_pre", "mlp.hook_pre_linear", "mlp.hook_post",
-                "hook_mlp_out", "hook_resid_post")
 
 
 def _norm_backward(d_y: np.ndarray, x: np.ndarray, gain: np.ndarray, eps: float,
@@ -473,14 +467,6 @@ def workspace_size(model: Any) -> int:
     width = _core.pack_weight(np.zeros((1, 1), model.dtype)).shape[2]
     return max((-(-w.shape[0] // width) * width * w.shape[1]
                 for p in model.layers for k, w in p.items() if k.startswith("W_")), default=0)
-
-
-def block_points(model: Any) -> list[str]:
-    """The points of a decoder block ``wrt`` may name for this model (BLOCK_POINTS without
-    the rotary ones of a model without rotary embedding, or ``mlp.hook_pre_linear`` of an
-    ungated MLP)."""
-    return [p for p in BLOCK_POINTS if (model.rotary or "rot_" not in p)
-            and (model._grad_layout.gated or p != "mlp.hook_pre_linear")]
 
 
 def decoder_backward(model: Any, layout: DecoderLayout, record: Record, top: np.ndarray,

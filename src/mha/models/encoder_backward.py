@@ -26,24 +26,7 @@ from mha import _core
 from .backward import (EncoderLayerRecord, EncoderLayout, Keeper, Record, _attend_backward,
                        _output_backward, layer_grads, linear_backward)
 
-__all__ = ["EncoderLayerRecord", "ENCODER_POINTS"]
-
-#: activation gradients ``wrt`` may name, per block (TransformerLens's HookedEncoder names)
-ENCODER_POINTS = ("hook_resid_pre", "attn.hook_q", "attn.hook_k", "attn.hook_v",
-                  "attn.hook_attn_scores", "attn.hook_pattern", "attn.hook_z",
-                  "attn.hook_result", "hook_attn_out", "hook_resid_mid", "mlp.hook_pre",
-                  "mlp.hook_post", "hook_mlp_out", "hook_resid_post",
-                  "hook_normalized_resid_post")
-
-
-def encoder_points(model: Any) -> set[str]:
-    """Every name ``wrt`` may take for an encoder."""
-    points = {"head_mask", "embed.hook_embed", "embed.hook_pos_embed", "hook_full_embed"}
-    if model.token_type_embeddings is not None:
-        points.add("embed.hook_token_type_embed")
-    points.update(f"blocks.{l}.{p}" for l in range(model.n_layers) for p in ENCODER_POINTS)
-    return points
-
+__all__ = ["EncoderLayerRecord", "encoder_backward"]
 
 def encoder_backward(model: Any, layout: EncoderLayout, record: Record, top: np.ndarray,
                      wanted: list[str], grads: dict[str, np.ndarray],

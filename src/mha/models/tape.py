@@ -35,13 +35,13 @@ from numpy.typing import ArrayLike
 from mha import _core
 
 from . import ops
-from .backward import (DecoderLayout, EncoderLayout, NoGrads, Record, Recorder, block_points,
+from .backward import (DecoderLayout, EncoderLayout, NoGrads, Record, Recorder,
                        decoder_backward, linear_backward, workspace_size)
-from .encoder_backward import encoder_backward, encoder_points
+from .encoder_backward import encoder_backward
 from .hooks import HookFn, NameFilter, _resolve
 from .memory import GradMemory, WeightsStamp, Workspaces, lazy_zeros
 
-__all__ = ["Differentiable", "Tape", "last_tape"]
+__all__ = ["Differentiable", "Tape", "last_tape", "grad_names"]
 
 #: what ``hook_gradient`` may say of a forward hook's change (see the module's docstring)
 HOOK_GRADIENTS = ("constant", "identity")
@@ -315,7 +315,8 @@ class Differentiable:
         wrt : sequence of str, optional
             Activations to return the gradient of, by hook name (``hook_embed``,
             ``hook_pos_embed``, ``blocks.{l}.hook_resid_pre``, ``blocks.{l}.attn.hook_pattern``,
-            ``blocks.{l}.attn.hook_z``, ... see ``BLOCK_POINTS``), and ``head_mask`` (the
+            ``blocks.{l}.attn.hook_z``, ... every hook name but the norms' insides:
+            :meth:`grad_names`), and ``head_mask`` (the
             gradient with respect to the multipliers on each head's output, (L, H), at the
             forward's head_mask or at ones).
         retain : bool, default False
@@ -365,6 +366,17 @@ class Differentiable:
         if not retain:
             _last_tapes().pop(self, None)
         return grads
+
+    def grad_names(self) -> list[str]:
+        """List the names ``backward``'s ``wrt`` and ``bwd_hooks`` take.
+
+        Returns
+        -------
+        list of str
+            The hook names of :meth:`hook_names`, in forward order, but the norms'
+            ``hook_scale`` and ``hook_normalized``, then ``head_mask``.
+        """
+        return grad_names(self)
 
     def release_memory(self) -> int:
         """Give back the memory the model keeps between calls for its backward.
@@ -497,19 +509,25 @@ def _check_record_hooks(model: Any, fwd_hooks: Sequence[tuple[NameFilter, HookFn
                 f"q, k, v or z around them, or use run_with_hooks")
 
 
+#: the hook points no gradient is taken at: a norm's insides (its scale and normalized input)
+NOT_DIFFERENTIATED = ("hook_scale", "hook_normalized")
+
+
+def grad_names(model: Any) -> list[str]:
+    """The names ``wrt=`` and ``bwd_hooks=`` take, in forward order: the model's hook names
+    (declared once, by its ``_hook_layout``) but the norms' ``hook_scale`` and
+    ``hook_normalized``, then ``head_mask``."""
+    return [name for name in model.hook_names()
+            if name.rsplit(".", 1)[-1] not in NOT_DIFFERENTIATED] + ["head_mask"]
+
+
 def _grad_points(model: Any) -> tuple[set[str], str]:
     """Every name ``wrt`` may take for the model, and how the error of an unknown one lists
     them."""
-    if isinstance(model._grad_layout, EncoderLayout):
-        valid = encoder_points(model)
-        return valid, (f"one of {sorted(p for p in valid if 'blocks.' not in p)} "
-                       f"or blocks.{{l}}.<a block's point>")
-    points = {"hook_embed", "head_mask"}
-    if model._grad_layout.positions is not None:
-        points.add("hook_pos_embed")
-    block = block_points(model)
-    points.update(f"blocks.{l}.{p}" for l in range(model.n_layers) for p in block)
-    return points, f"head_mask, hook_embed or blocks.{{l}}.<one of {block}>"
+    names = grad_names(model)
+    outside = [n for n in names if not n.startswith("blocks.")]
+    block = [n[len("blocks.0."):] for n in names if n.startswith("blocks.0.")]
+    return set(names), f"one of {outside} or blocks.{{l}}.<one of {block}>"
 
 
 def _check_wrt(model: Any, wrt: Sequence[str]) -> list[str]:
