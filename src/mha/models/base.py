@@ -74,6 +74,11 @@ class TransformerModel(Hooked, Readouts, Blocks):
     layers: list[dict[str, np.ndarray]]
     #: rotary positions: q and k are turned between the projection and the attention
     rotary = False
+    #: the norms sit before each block's attention and MLP (the residual stream is a sum of
+    #: the components' outputs), not after the residual adds (the BERT family)
+    pre_norm = False
+    #: the norms are RMSNorm (no centring, no bias), not LayerNorm
+    rms_norm = False
     #: the checkpoint name that locates the head-model prefix ("bert.", "model.", ...)
     anchor: str | None = None
 

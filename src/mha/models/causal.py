@@ -100,6 +100,7 @@ class CausalLM(_Model):
     raise NotImplementedError saying so.
     """
     causal = True
+    pre_norm = True
     #: False for a base-model folder, saved without its LM head
     has_lm_head = True
 

@@ -404,7 +404,7 @@ class ActivationCache(Mapping):
 
     # --- the residual stream, decomposed (TransformerLens's methods, same arguments) -----------
     def _pre_norm(self, what: str) -> None:
-        if not self.model.causal:
+        if not self.model.pre_norm:
             raise NotImplementedError(
                 f"{what} needs a pre-norm model (GPT-2, the LLaMA family): in a post-norm "
                 f"encoder a LayerNorm sits between the blocks, so the residual stream is no sum "
@@ -616,7 +616,7 @@ class ActivationCache(Mapping):
         layer = L if layer is None or layer == -1 else layer
         if has_batch_dim and batch_slice is not None:
             residual_stack = _slice(residual_stack, batch_slice, 1)
-        rms = self.model.rotary              # the LLaMA family: RMSNorm, no centring
+        rms = self.model.rms_norm            # the LLaMA family: no centring
         if recompute_ln and layer == L:
             return self._model_weights("apply_ln_to_stack(recompute_ln=True)")._final_norm(
                 residual_stack)

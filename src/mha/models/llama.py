@@ -70,6 +70,7 @@ class LlamaModel(CausalLM, Differentiable, TransformerModel):
     """
     anchor = "embed_tokens.weight"
     rotary = True
+    rms_norm = True
     _gated = True
     _grad_layout = DecoderLayout(
         ln1=("input_norm", None), ln2=("post_attention_norm", None), final=("norm", None),
