@@ -1,11 +1,14 @@
 """The cost of opening the model: run_with_cache with every name against a plain forward.
 
     python benchmarks/hooks.py [--rounds 7] [--threads 2] [--torch-first] [--profile | --breakdown]
+                               [--gpt2-tokens 24,128,256]
 
 Two models: MiniLM (the embedded all-MiniLM-L6-v2) on 128 tokens, and a random
 GPT-2-small-shaped model (12 layers of 12 heads, d_model 768; transformers' random init,
 written once in --workdir by benchmarks/patching.py's ``prepare``, in a child process so that
-this one imports torch only with --torch-first) on 256 tokens. For each, a round times in turn
+this one imports torch only with --torch-first) on each of ``--gpt2-tokens`` (default 24, 128
+and 256 tokens). The SIMD path that ran is printed (``MHA_SIMD=avx2`` runs the AVX2 kernels
+on an AVX-512 machine). For each, a round times in turn
 
 - ``forward``: ``model(ids, need_weights=True)``, the forward that returns every layer's
   attention weights;
@@ -57,15 +60,15 @@ def gpt2_small_folder(workdir):
     return folder
 
 
-def cases(workdir, mha_models):
-    """[(label, model, ids)]: MiniLM at 128 tokens, GPT-2 small at 256."""
+def cases(workdir, mha_models, gpt2_tokens=(24, 128, 256)):
+    """[(label, model, ids)]: MiniLM at 128 tokens, GPT-2 small at each of gpt2_tokens."""
     rng = np.random.default_rng(0)
     minilm = mha_models.load("minilm")
     minilm_ids = np.concatenate([[101], rng.integers(1000, 29000, 126), [102]])
     gpt2 = mha_models.load(gpt2_small_folder(workdir))
-    gpt2_ids = rng.integers(0, gpt2.config.vocab_size, 256)
-    return [("MiniLM, 128 tokens", minilm, minilm_ids),
-            ("GPT-2 small (random), 256 tokens", gpt2, gpt2_ids)]
+    return [("MiniLM, 128 tokens", minilm, minilm_ids)] + [
+        (f"GPT-2 small (random), {n} tokens", gpt2, rng.integers(0, gpt2.config.vocab_size, n))
+        for n in gpt2_tokens]
 
 
 def time_case(model, ids, rounds):
@@ -151,6 +154,8 @@ def main(argv=None):
     parser.add_argument("--breakdown", action="store_true",
                         help="time run_with_cache without each kind of hook point in turn")
     parser.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "mha-bench"))
+    parser.add_argument("--gpt2-tokens", default="24,128,256",
+                        help="the GPT-2 case's lengths, comma-separated")
     args = parser.parse_args(argv)
     if args.torch_first:
         importlib.import_module("torch")
@@ -160,9 +165,10 @@ def main(argv=None):
 
     mha.set_num_threads(args.threads)
     print(f"{args.threads} threads, {args.rounds} rounds, torch imported first: "
-          f"{args.torch_first}; {os.cpu_count()} CPUs, load average "
-          f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}")
-    for label, model, ids in cases(args.workdir, mha.models):
+          f"{args.torch_first}; {os.cpu_count()} CPUs, SIMD path {mha.build_info()['simd']}, "
+          f"load average {', '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    lengths = [int(n) for n in args.gpt2_tokens.split(",")]
+    for label, model, ids in cases(args.workdir, mha.models, lengths):
         if args.profile:
             print(f"\n{label}")
             profile(model, ids)
