@@ -1253,20 +1253,22 @@ static PyObject *py_pack_weight(PyObject *self, PyObject *const *args, Py_ssize_
     return (PyObject *)p;
 }
 
-static const char *const linear_kw[] = {"a", "b", "bias", "act", "trans_b", "out", "columns", NULL};
+static const char *const linear_kw[] = {"a", "b", "bias", "act", "trans_b", "out", "columns",
+                                        "accumulate", NULL};
 static call_spec linear_spec = {"linear", linear_kw, 2, {NULL}};
 
 /* linear(a (M, K), b (K, N') or (N', K) with trans_b, bias (N') or None, act=0, trans_b=False,
- * out=None, columns=None) -> act(a @ op(b) + bias) (M, N), N = N' / 2 when act is gated; with
- * out (M, N): out += a @ op(b) + bias in place (act must be 0), and out is returned. b may be
- * packed by pack_weight ((P, K, W), trans_b False): columns then gives N'. */
+ * out=None, columns=None, accumulate=True) -> act(a @ op(b) + bias) (M, N), N = N' / 2 when act
+ * is gated; with out (M, N): out += a @ op(b) + bias in place (act must be 0), or with
+ * accumulate=False out = act(a @ op(b) + bias) (whatever out held), and out is returned. b may
+ * be packed by pack_weight ((P, K, W), trans_b False): columns then gives N'. */
 static PyObject *py_linear(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     (void)self;
     PyObject *arg[MAX_PARAMS];
     Py_ssize_t act_code = 0;
-    int tb = 0;
+    int tb = 0, accumulate = 1;
     if (parse_call(&linear_spec, args, nargs, kwnames, arg) || get_ssize(arg[3], "act", &act_code) ||
-        check_act(act_code) || get_flag(arg[4], "trans_b", &tb))
+        check_act(act_code) || get_flag(arg[4], "trans_b", &tb) || get_flag(arg[7], "accumulate", &accumulate))
         return NULL;
     PyObject *a_obj = arg[0], *b_obj = arg[1], *bias_obj = OR_NONE(arg[2]), *out_obj = OR_NONE(arg[5]);
     PyObject *cols_obj = OR_NONE(arg[6]);
@@ -1306,8 +1308,10 @@ static PyObject *py_linear(PyObject *self, PyObject *const *args, Py_ssize_t nar
                      (Py_ssize_t)Nb);
         return NULL;
     }
-    if (out_obj != Py_None && act != MHA_ACT_NONE) {
-        PyErr_SetString(PyExc_ValueError, "out (accumulate into it) needs act=0");
+    accumulate = accumulate && out_obj != Py_None; /* beta: 1 adds into out, 0 writes it */
+    if (accumulate && act != MHA_ACT_NONE) {
+        PyErr_SetString(PyExc_ValueError, "out (accumulate into it) needs act=0; pass accumulate=False "
+                                          "to write act(a @ op(b) + bias) into out");
         return NULL;
     }
     if (get_opt_vector(bias_obj, "bias", typenum, Nb, &bias)) return NULL;
@@ -1317,18 +1321,18 @@ static PyObject *py_linear(PyObject *self, PyObject *const *args, Py_ssize_t nar
     int err;
     npy_intp ldb = PyArray_DIM(b, 1);
     if (packed) {
-        const double beta = out_obj != Py_None ? 1.0 : 0.0;
+        const double beta = accumulate ? 1.0 : 0.0;
         CALL_TYPED(typenum, err, mha_linear_packed, M, shape[1], K, PyArray_DATA(a), K, PyArray_DATA(b),
                    DPTR(bias), act, beta, PyArray_DATA(c), shape[1]);
     } else if (typenum == NPY_FLOAT32) {
         Py_BEGIN_ALLOW_THREADS
         err = mha_linear_f32(M, shape[1], K, PyArray_DATA(a), K, PyArray_DATA(b), ldb, tb, DPTR(bias), act,
-                             out_obj != Py_None ? 1.0f : 0.0f, PyArray_DATA(c), shape[1]);
+                             accumulate ? 1.0f : 0.0f, PyArray_DATA(c), shape[1]);
         Py_END_ALLOW_THREADS
     } else {
         Py_BEGIN_ALLOW_THREADS
         err = mha_linear_f64(M, shape[1], K, PyArray_DATA(a), K, PyArray_DATA(b), ldb, tb, DPTR(bias), act,
-                             out_obj != Py_None ? 1.0 : 0.0, PyArray_DATA(c), shape[1]);
+                             accumulate ? 1.0 : 0.0, PyArray_DATA(c), shape[1]);
         Py_END_ALLOW_THREADS
     }
     if (raise_core_error(err)) {

@@ -84,6 +84,23 @@ def test_linear_accumulates_a_residual(dtype, tol):
 
 
 @pytest.mark.parametrize("dtype,tol", DTYPES)
+@pytest.mark.parametrize("act", [0, 1, 2 | block.GATED])
+@pytest.mark.parametrize("packed", [False, True])
+def test_linear_writes_into_out_without_accumulating(dtype, tol, act, packed):
+    """accumulate=False writes act(x w + b) into out whatever it held (NaN here), any act, the
+    weight packed or not: what the activation cache's arrays are computed into."""
+    rng = np.random.default_rng(4)
+    x, w = rng.standard_normal((50, 64)).astype(dtype), rng.standard_normal((64, 70)).astype(dtype)
+    b = rng.standard_normal(70).astype(dtype)
+    expected = block.linear(x.astype(np.float64), w.astype(np.float64), b.astype(np.float64), act)
+    out = np.full(expected.shape, np.nan, dtype)
+    weight = _C.pack_weight(w) if packed else w
+    got = _C.linear(x, weight, b, act, False, out, 70 if packed else None, accumulate=False)
+    assert got is out
+    assert rel_err(out, expected) < tol
+
+
+@pytest.mark.parametrize("dtype,tol", DTYPES)
 @pytest.mark.parametrize("d", [1, 7, 64, 384, 577])
 def test_norms_against_reference(dtype, tol, d):
     rng = np.random.default_rng(d)

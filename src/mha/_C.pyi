@@ -92,6 +92,7 @@ def matmul(a: ArrayLike, b: ArrayLike, trans_a: bool = False, trans_b: bool = Fa
 def linear(
     a: ArrayLike, b: ArrayLike, bias: ArrayLike | None = None, act: int = 0,
     trans_b: bool = False, out: _Array | None = None, columns: int | None = None,
+    accumulate: bool = True,
 ) -> _Array: ...
 # op(b) (K, N) packed whole for linear: (ceil(N / W), K, W), W the SIMD path's panel width
 def pack_weight(b: ArrayLike, trans_b: bool = False) -> _Array: ...

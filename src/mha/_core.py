@@ -126,10 +126,13 @@ def matmul(a, b, *, trans_a=False, trans_b=False) -> np.ndarray:
     return _C.matmul(a=a, b=b, trans_a=trans_a, trans_b=trans_b)
 
 
-def linear(a, b, *, bias=None, act=0, trans_b=False, out=None, columns=None) -> np.ndarray:
-    """act(a @ op(b) + bias), or ``out += a @ op(b) + bias`` in place with out (act 0); b (K, N)
-    or (N, K) with trans_b, or `pack_weight`'s (P, K, W) with columns = N."""
-    return _C.linear(a=a, b=b, bias=bias, act=act, trans_b=trans_b, out=out, columns=columns)
+def linear(a, b, *, bias=None, act=0, trans_b=False, out=None, columns=None,
+           accumulate=True) -> np.ndarray:
+    """act(a @ op(b) + bias), or ``out += a @ op(b) + bias`` in place with out (act 0), or
+    written into out with ``accumulate=False``; b (K, N) or (N, K) with trans_b, or
+    `pack_weight`'s (P, K, W) with columns = N."""
+    return _C.linear(a=a, b=b, bias=bias, act=act, trans_b=trans_b, out=out, columns=columns,
+                     accumulate=accumulate)
 
 
 def pack_weight(b, *, trans_b=False) -> np.ndarray:

@@ -16,6 +16,7 @@ from .blocks import Blocks, _AttentionReads
 from .encoding import Encoding, _unbatch
 from .hooked import Hooked
 from .hooks import NO_HOOKS, HookPoints
+from .memory import BlockPool
 from .readouts import Readouts
 
 
@@ -131,7 +132,31 @@ class TransformerModel(Hooked, Readouts, Blocks):
     def __getstate__(self):
         state = self.__dict__.copy()
         state["_packs"] = {}       # packed for this process's SIMD path: packed again on use
+        for memory in ("_cache_blocks_pool", "_workspaces", "_grad_memory"):
+            state.pop(memory, None)     # a process's own memory, made again on use
         return state
+
+    def _cache_blocks(self) -> BlockPool:
+        """The blocks the activation caches of run_with_cache are carved from, recycled."""
+        pool: BlockPool = self.__dict__.setdefault("_cache_blocks_pool", BlockPool())
+        return pool
+
+    def release_memory(self) -> int:
+        """Give back the memory the model keeps between calls.
+
+        That is the blocks of dropped activation caches (up to 1 GiB), and, for a model with
+        gradients, the spare gradient block (as large as the parameters: 497 MB for GPT-2
+        small in float32) and the backward's packing workspaces; later calls make them again.
+        Memory a caller still holds (a cache, gradients) is never part of it.
+
+        Returns
+        -------
+        int
+            The bytes released.
+        """
+        return sum(memory.release() for name in ("_cache_blocks_pool", "_grad_memory",
+                                                  "_workspaces")
+                   if (memory := self.__dict__.get(name)) is not None)
 
     def __setstate__(self, state):
         self.__dict__.update(state)

@@ -410,8 +410,8 @@ class _AttentionReads(HookPoints):
                  stats: Sequence[str] = (), sets: Mapping[str, np.ndarray] | None = None,
                  n_kv_heads: int = 1, dtype: Any = np.float32, columns: Any = None,
                  keep: dict[int, tuple[np.ndarray, Any]] | None = None,
-                 keep_hidden: bool = True) -> None:
-        super().__init__(valid, names, fwd_hooks)
+                 keep_hidden: bool = True, blocks: Any = None) -> None:
+        super().__init__(valid, names, fwd_hooks, blocks)
         self.keep_hidden = keep_hidden
         self.columns = columns
         masks = list((sets or {}).values())
@@ -482,12 +482,10 @@ def _keep_rows(weights: np.ndarray, keep: tuple[np.ndarray, Any], n_q: int) -> n
 
 def _linear_kept(hooks: HookPoints, layer: int, point: str, x: np.ndarray,
                  weight: ops.Packed, bias: np.ndarray | None) -> np.ndarray:
-    """``x @ weight + bias`` (rows, columns) in the array ``hooks.empty`` gives for the point
-    (carved from the cache's blocks when it is kept): the product adds into it, so it starts
-    at zero."""
+    """``x @ weight + bias`` (rows, columns) written into the array ``hooks.empty`` gives for
+    the point (carved from the cache's blocks when it is kept)."""
     out = hooks.empty(layer, point, (x.shape[0], weight.columns), x.dtype)
-    out.fill(0)
-    return ops.linear(x, weight, bias, out=out)
+    return ops.linear(x, weight, bias, out=out, accumulate=False)
 
 
 def _grouped_products(a: np.ndarray, b: np.ndarray, trans_b: bool = False,

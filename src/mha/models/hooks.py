@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Union
 
 import numpy as np
 
-from .memory import Arena, WeightsStamp
+from .memory import Arena, BlockPool, WeightsStamp
 
 if TYPE_CHECKING:
     from .base import TransformerModel
@@ -173,6 +173,8 @@ class HookPoints:
         ``(name_or_predicate, fn)``: ``fn(activation, name)`` runs at every selected point,
         in list order, and returns a replacement (same shape and dtype) or None; it may
         also edit the activation in place.
+    blocks : BlockPool, optional
+        Where the kept arrays' blocks come from (the model's, recycled); None: new ones.
 
     Attributes
     ----------
@@ -187,7 +189,8 @@ class HookPoints:
     __slots__ = ("cache", "_keep", "_hooks", "_wanted", "_arena")
 
     def __init__(self, valid: Sequence[str], names: Names | Sequence[str] = None,
-                 fwd_hooks: Sequence[tuple[NameFilter, HookFn]] = ()) -> None:
+                 fwd_hooks: Sequence[tuple[NameFilter, HookFn]] = (),
+                 blocks: BlockPool | None = None) -> None:
         self.cache: dict[str, np.ndarray] = {}
         if names is None:
             keep: list[str] = []
@@ -203,7 +206,7 @@ class HookPoints:
             for name in _resolve(selector, valid):
                 self._hooks.setdefault(name, []).append(fn)
         self._wanted = {_split(n) for n in self._keep | set(self._hooks)}
-        self._arena = Arena()
+        self._arena = Arena(blocks)
 
     def __bool__(self) -> bool:
         return bool(self._wanted)

@@ -60,12 +60,13 @@ class Packed:
         return self.data.nbytes
 
 
-def linear(x, weight, bias=None, act=0, out=None):
+def linear(x, weight, bias=None, act=0, out=None, accumulate=True):
     """``act(x @ weight + bias)`` with weight stored (in, out), or :class:`Packed` from it.
     x: (rows, in) -> (rows, out), new; act: an activation code (``activation(name)``,
     ``| GATED`` for ``act(gate) * up`` over the two halves of the output, which then has
     out / 2 columns). With ``out`` (rows, out), act 0: ``out += x @ weight + bias`` in place
-    (a residual), out returned.
+    (a residual), out returned; with ``accumulate=False`` the result is written into out
+    (whatever it held; any act).
 
     The product runs on mha's own GEMM (the C core's blocked SIMD product, on mha's threads),
     with the bias and the activation applied to each finished row inside the product, never
@@ -73,8 +74,9 @@ def linear(x, weight, bias=None, act=0, out=None):
     """
     x = np.ascontiguousarray(x)
     if isinstance(weight, Packed):
-        return _core.linear(x, weight.data, bias=bias, act=act, out=out, columns=weight.columns)
-    return _core.linear(x, weight, bias=bias, act=act, out=out)
+        return _core.linear(x, weight.data, bias=bias, act=act, out=out, columns=weight.columns,
+                            accumulate=accumulate)
+    return _core.linear(x, weight, bias=bias, act=act, out=out, accumulate=accumulate)
 
 
 def unembed(x, table):

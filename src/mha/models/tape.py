@@ -153,17 +153,10 @@ def _run_backward(model: Any, layout: DecoderLayout | EncoderLayout, record: Rec
 
 class Differentiable:
     """What a model adds for gradients: ``model(..., backward=True)`` (an Encoding with its
-    :class:`Tape`), :meth:`backward`, :meth:`loss_and_grads` (causal models) and
-    :meth:`release_memory`. A family sets ``_grad_layout`` (:class:`DecoderLayout` for a
+    :class:`Tape`), :meth:`backward` and :meth:`loss_and_grads` (causal models). A family sets ``_grad_layout`` (:class:`DecoderLayout` for a
     pre-norm decoder, :class:`EncoderLayout` for the BERT family); without one,
     ``backward=True`` raises NotImplementedError."""
     _grad_layout: DecoderLayout | EncoderLayout | None = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        state: dict[str, Any] = super().__getstate__()  # type: ignore[misc]
-        state.pop("_workspaces", None)      # a process's own memory, made again on use
-        state.pop("_grad_memory", None)     # recycled gradient memory
-        return state
 
     def __call__(self, input_ids: ArrayLike, attention_mask: ArrayLike | None = None,
                  token_type_ids: ArrayLike | None = None, *, need_weights: bool = True,
@@ -377,26 +370,6 @@ class Differentiable:
             ``hook_scale`` and ``hook_normalized``, then ``head_mask``.
         """
         return grad_names(self)
-
-    def release_memory(self) -> int:
-        """Give back the memory the model keeps between calls for its backward.
-
-        That is the spare gradient block (as large as the parameters: 497 MB for GPT-2 small
-        in float32) and the packing workspaces; later calls make them again.
-
-        Returns
-        -------
-        int
-            The bytes released.
-        """
-        released = 0
-        memory = self.__dict__.get("_grad_memory")
-        if memory is not None:
-            released += memory.release()
-        pool = self.__dict__.get("_workspaces")
-        if pool is not None:
-            released += pool.release()
-        return released
 
     def loss_and_grads(self, ids: ArrayLike, labels: ArrayLike | None = None,
                        attention_mask: ArrayLike | None = None, *, wrt: Sequence[str] = (),
