@@ -104,7 +104,7 @@ class BlockPool:
                     break
         if owner is None:
             owner = np.empty(nbytes, np.uint8)
-        block = np.frombuffer(memoryview(owner), np.uint8)
+        block = np.frombuffer(memoryview(owner.data), np.uint8)
         weakref.finalize(block, self._give_back, owner).atexit = False
         return block
 
