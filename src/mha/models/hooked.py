@@ -50,7 +50,9 @@ class Hooked:
         overwrites it later, such as the residual stream), so that the cache holds only what
         was asked. Some are views that are not C-contiguous (q, k, v of a model without rotary
         embedding; a gated MLP's halves), and a large cache carves its arrays from 32 MiB
-        blocks: an array taken out of it keeps its block alive (``.copy()`` keeps it alone).
+        blocks: an array taken out of it keeps its block alive (``.copy()`` keeps it alone),
+        and the blocks of a dropped cache are used again by the next call (their pages
+        resident: no page faults; ``model.release_memory()`` gives them back).
 
         Parameters
         ----------
