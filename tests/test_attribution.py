@@ -148,7 +148,7 @@ def test_user_record_is_left_alone(tiny):
     model(ids, backward=True)
     kept = last_tape(model)
     gradient_relevance(model, ids, 4)
-    assert last_tape(model) is kept and kept.record is not None
+    assert kept.record is not None and last_tape(model).record is kept.record
 
 
 # --- integrated gradients against captum ------------------------------------------------------

@@ -140,7 +140,7 @@ def test_each_encoding_walks_back_its_own_forward():
         np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
     with pytest.raises(RuntimeError, match="used up"):
         first.backward(**top)
-    assert last_tape(model) is second.tape
+    assert last_tape(model).record is second.tape.record
     with pytest.raises(RuntimeError, match="no tape"):
         model(a).backward(**top)
 
@@ -339,6 +339,20 @@ def test_hooks_on_a_tape_take_only_the_points_the_backward_passes():
         model(batch(), backward=True, hook_gradient="straight")
     with pytest.raises(TypeError, match="run_with_hooks"):
         model(batch(), fwd_hooks=[("hook_embed", lambda x, _n: None)])
+
+
+def test_a_dropped_model_is_not_kept_by_its_last_tape():
+    """The thread's last tape (what model.backward walks back) does not keep the model, its
+    record or its weights alive once the caller drops the model and the Encoding."""
+    import gc
+    import weakref
+
+    model = model_of("gpt2")
+    enc = model(batch(), backward=True)
+    gone = weakref.ref(model), weakref.ref(enc.tape.record.buffer)
+    del model, enc
+    gc.collect()
+    assert gone[0]() is None and gone[1]() is None
 
 
 def test_release_memory_gives_back_the_spare_block():

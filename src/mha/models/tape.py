@@ -59,8 +59,22 @@ def _last_tapes() -> weakref.WeakKeyDictionary:
 def last_tape(model: Any) -> Tape | None:
     """The tape of the calling thread's last ``model(..., backward=True)`` that a
     ``model.backward`` has not used up, or None."""
-    tape = _last_tapes().get(model)
-    return None if tape is None or tape.record is None else tape
+    state = _last_tapes().get(model)
+    return None if state is None or state.record is None else Tape._resume(model, state)
+
+
+class _TapeState:
+    """What a tape keeps, but the model: the thread's last tape of a model is held by a weak
+    dictionary keyed by the model, whose values must not keep the model alive."""
+    __slots__ = ("record", "changed", "hook_gradient", "stamp", "lock")
+
+    def __init__(self, record: Record, changed: dict[str, np.ndarray], hook_gradient: str,
+                 stamp: WeightsStamp) -> None:
+        self.record: Record | None = record
+        self.changed = changed
+        self.hook_gradient = hook_gradient
+        self.stamp = stamp
+        self.lock = threading.Lock()
 
 
 class Tape:
@@ -82,43 +96,58 @@ class Tape:
     def __init__(self, model: Any, record: Record, changed: Mapping[str, np.ndarray],
                  hook_gradient: str) -> None:
         self.model = model
-        self.record: Record | None = record
-        self.changed = dict(changed)
-        self.hook_gradient = hook_gradient
-        self._stamp = WeightsStamp(model)
-        self._lock = threading.Lock()
+        self._state = _TapeState(record, dict(changed), hook_gradient, WeightsStamp(model))
+
+    @classmethod
+    def _resume(cls, model: Any, state: _TapeState) -> Tape:
+        """The tape of ``state`` (shared: a backward through either uses it up)."""
+        tape = cls.__new__(cls)
+        tape.model, tape._state = model, state
+        return tape
+
+    @property
+    def record(self) -> Record | None:
+        return self._state.record
+
+    @property
+    def changed(self) -> dict[str, np.ndarray]:
+        return self._state.changed
+
+    @property
+    def hook_gradient(self) -> str:
+        return self._state.hook_gradient
 
     @property
     def nbytes(self) -> int:
         """The bytes the tape's record holds (0 once used up)."""
-        record = self.record
+        record = self._state.record
         return 0 if record is None else record.nbytes
 
     def backward(self, d_logits: ArrayLike | None = None, d_hidden: ArrayLike | None = None,
                  wrt: Sequence[str] = (), *, retain: bool = False, parameters: bool = True,
                  bwd_hooks: Sequence[tuple[NameFilter, HookFn]] = ()) -> dict[str, np.ndarray]:
         """Back-propagate through this tape's forward (see :meth:`Differentiable.backward`)."""
-        model = self.model
-        with self._lock:                    # one backward at a time uses up a record
-            record = self.record
+        model, state = self.model, self._state
+        with state.lock:                    # one backward at a time uses up a record
+            record = state.record
             if record is None:
                 raise RuntimeError(
                     "this forward's record was used up by an earlier backward (pass "
                     "retain=True to keep it for another, or run the forward again)")
-            if not self._stamp.matches(model):
+            if not state.stamp.matches(model):
                 raise RuntimeError(
                     "the model's weights changed since this forward (a writable_parameters() "
                     "block or an array replaced in model.layers): its gradients would mix "
                     "new weights with old activations; run the forward again")
             if not retain:
-                self.record = None
+                state.record = None
         try:
             return _walk_back(model, record, d_logits, d_hidden, wrt, parameters, bwd_hooks,
-                              None if self.hook_gradient == "identity" else self.changed)
+                              None if state.hook_gradient == "identity" else state.changed)
         except BaseException:
             if not retain:                  # a refused call leaves the record as it was
-                with self._lock:
-                    self.record = record
+                with state.lock:
+                    state.record = record
             raise
 
 
@@ -231,7 +260,7 @@ class Differentiable:
         enc = self._run_recorded(input_ids, attention_mask, head_mask, need_weights, True,
                                  token_type_ids, fwd_hooks=fwd_hooks,
                                  hook_gradient=hook_gradient)
-        _last_tapes()[self] = enc.tape
+        _last_tapes()[self] = enc.tape._state
         return enc
 
     def _run_recorded(self, input_ids: ArrayLike, attention_mask: ArrayLike | None,
