@@ -11,7 +11,7 @@ contiguous) without gathering anything.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -89,9 +89,10 @@ else:
 class CausalLM(_Model):
     """What GPT-2 and the LLaMA family add to TransformerModel: logits and generation.
 
-    A family implements ``_vocab_matrix()`` -> (vocab, d_model), the LM head's weight, and a
-    ``_forward`` that takes ``cache=`` (a list of one `mha.KVCache` per layer: positions start
-    at their length, each layer's keys and values are appended to its own).
+    A family implements ``_vocab_matrix()`` -> (vocab, d_model), the LM head's weight, and
+    sets ``_grad_layout`` (a :class:`mha.models.backward.DecoderLayout`: its parameters'
+    names), which drives the one pre-norm decoder forward here (``_forward``, with ``cache=``:
+    one `mha.KVCache` per layer, positions starting at their length) and the backward.
 
     A base-model folder (``LlamaModel``, ``Qwen2Model``, ``MistralModel`` saved by
     ``save_pretrained``: no ``model.`` prefix, no ``lm_head.weight``, untied embeddings) loads
@@ -112,6 +113,67 @@ class CausalLM(_Model):
 
     def _vocab_matrix(self):
         raise NotImplementedError
+
+    def _forward(self, ids: np.ndarray, mask: np.ndarray, type_ids: np.ndarray,
+                 need_weights: bool, head_mask: np.ndarray | None,
+                 hooks: HookPoints = NO_HOOKS, resume: tuple[int, np.ndarray] | None = None,
+                 cache: list[KVCache] | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+        """The forward of a pre-norm decoder, driven by the family's ``_grad_layout`` (the
+        names of its embeddings, norms, attention and MLP weights, and whether the MLP is
+        gated); rotary families turn q and k with ``_rope``::
+
+            x = tok_emb[ids] (+ pos_emb[positions])
+            for each layer:
+                x = x + attention(norm_1(x))        # causal, padding, window, KV cache
+                x = x + mlp(norm_2(x))
+            hidden_states = [x_0, ..., x_{L-1}, norm_f(x_L)]   (as transformers reports them)
+
+        See :meth:`TransformerModel._forward` for the arguments; ``cache``: one KVCache per
+        layer (positions start at their length)."""
+        layout: Any = self._grad_layout             # type: ignore[attr-defined]
+        params = self.parameters()
+        B, n = ids.shape
+        L, H, d = self.n_layers, self.n_heads, self.d_model
+        start = 0 if cache is None else cache[0].length
+        rope = self._rope(start, start + n) if self.rotary else None   # type: ignore[attr-defined]
+        first, x = (0, None) if resume is None else resume
+        if x is None:
+            x = ops.embedding(params[layout.embed], ids)                # (B*n, d)
+            if layout.positions is None:
+                hooks(None, "hook_embed", x, (B, n, d))
+            else:
+                positions = np.broadcast_to(np.arange(start, start + n), (B, n))
+                if hooks.wants(None, "hook_embed") or hooks.wants(None, "hook_pos_embed"):
+                    hooks(None, "hook_embed", x, (B, n, d))
+                    pos = ops.embedding(params[layout.positions], positions)
+                    hooks(None, "hook_pos_embed", pos, (B, n, d), owned=True)
+                    x += pos
+                else:
+                    ops.embedding(params[layout.positions], positions, out=x)
+        hidden = self._hidden_buffer(B, n, first, hooks)
+        attn = np.empty((B, L, H, n, start + n), dtype=self.dtype) if need_weights else None
+        pad_mask = None if mask.all() else np.ascontiguousarray(mask, dtype=bool)
+        (gain_1, bias_1), (gain_2, bias_2) = layout.ln1, layout.ln2
+
+        for i, p in enumerate(self.layers[first:], first):
+            hooks(i, "hook_resid_pre", x, (B, n, d))
+            hidden[:, i] = x.reshape(B, n, d)
+            h = self._norm(i, "ln1", x, p[gain_1], p.get(bias_1 or ""), B, n, hooks)
+            w_out = attn[:, i] if attn is not None else None
+            weights = self._self_attention(i, h, p, B, n, pad_mask, need_weights, head_mask,
+                                           hooks, rope=rope, cache=cache, residual=x,
+                                           weights_out=w_out)      # x += attention
+            if attn is not None and weights is not w_out:
+                attn[:, i] = weights
+            hooks(i, "hook_resid_mid", x, (B, n, d))
+            h = self._norm(i, "ln2", x, p[gain_2], p.get(bias_2 or ""), B, n, hooks)
+            self._mlp(i, h, p, B, n, hooks, x, layout.mlp, gated=layout.gated)   # x += MLP
+            hooks(i, "hook_resid_post", x, (B, n, d))
+        gain, bias = layout.final
+        x = self._norm(None, "ln_final", x, params[gain], params.get(bias or ""), B, n, hooks,
+                       inplace=True)
+        hidden[:, L] = x.reshape(B, n, d)
+        return hidden, attn
 
     def _pack_weights(self):
         super()._pack_weights()

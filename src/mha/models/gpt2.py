@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..layer_base import KVCache
 from . import ops
 from .backward import DecoderLayout
 from .base import TransformerModel
 from .causal import CausalLM
-from .hooks import NO_HOOKS, HookPoints
 from .tape import Differentiable
 
 
@@ -138,45 +136,3 @@ class GPT2Model(CausalLM, Differentiable, TransformerModel):
         d = x.shape[-1]
         return ops.layer_norm(x.reshape(-1, d), *self.ln_f, self.config.norm_eps).reshape(x.shape)
 
-    def _forward(self, ids: np.ndarray, mask: np.ndarray, type_ids: np.ndarray,
-                 need_weights: bool, head_mask: np.ndarray | None,
-                 hooks: HookPoints = NO_HOOKS, resume: tuple[int, np.ndarray] | None = None,
-                 cache: list[KVCache] | None = None) -> tuple[np.ndarray, np.ndarray | None]:
-        cfg = self.config
-        B, n = ids.shape
-        L, H, d = cfg.n_layers, cfg.n_heads, cfg.d_model
-        start = 0 if cache is None else cache[0].length
-        n_k = start + n
-        positions = np.broadcast_to(np.arange(start, n_k), (B, n))
-
-        first, x = (0, None) if resume is None else resume
-        if x is None:
-            x = ops.embedding(self.wte, ids)                            # (B*n, d)
-            if hooks.wants(None, "hook_embed") or hooks.wants(None, "hook_pos_embed"):
-                hooks(None, "hook_embed", x, (B, n, d))
-                pos = ops.embedding(self.wpe, positions)
-                hooks(None, "hook_pos_embed", pos, (B, n, d), owned=True)
-                x += pos
-            else:
-                ops.embedding(self.wpe, positions, out=x)
-
-        hidden = self._hidden_buffer(B, n, first, hooks)
-        attn = np.empty((B, L, H, n, n_k), dtype=self.dtype) if need_weights else None
-        pad_mask = None if mask.all() else np.ascontiguousarray(mask, dtype=bool)
-
-        for i, p in enumerate(self.layers[first:], first):
-            hooks(i, "hook_resid_pre", x, (B, n, d))
-            hidden[:, i] = x.reshape(B, n, d)
-            h = self._norm(i, "ln1", x, p["ln_1_weight"], p["ln_1_bias"], B, n, hooks)
-            w_out = attn[:, i] if attn is not None else None
-            weights = self._self_attention(i, h, p, B, n, pad_mask, need_weights, head_mask,
-                                           hooks, cache=cache, residual=x, weights_out=w_out)
-            if attn is not None and weights is not w_out:
-                attn[:, i] = weights
-            hooks(i, "hook_resid_mid", x, (B, n, d))
-            h = self._norm(i, "ln2", x, p["ln_2_weight"], p["ln_2_bias"], B, n, hooks)
-            self._mlp(i, h, p, B, n, hooks, x, ("W_fc", "b_fc", "W_proj", "b_proj"))
-            hooks(i, "hook_resid_post", x, (B, n, d))
-        x = self._norm(None, "ln_final", x, *self.ln_f, B, n, hooks, inplace=True)
-        hidden[:, L] = x.reshape(B, n, d)
-        return hidden, attn

@@ -30,12 +30,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..layer_base import KVCache
 from . import ops
 from .backward import DecoderLayout
 from .base import TransformerModel
 from .causal import CausalLM
-from .hooks import NO_HOOKS, HookPoints
 from .tape import Differentiable
 
 
@@ -157,39 +155,3 @@ class LlamaModel(CausalLM, Differentiable, TransformerModel):
                 0, max(stop, 2 * len(cos)), self._frequencies, self.dtype)
         return cos[start:stop], sin[start:stop]
 
-    def _forward(self, ids: np.ndarray, mask: np.ndarray, type_ids: np.ndarray,
-                 need_weights: bool, head_mask: np.ndarray | None,
-                 hooks: HookPoints = NO_HOOKS, resume: tuple[int, np.ndarray] | None = None,
-                 cache: list[KVCache] | None = None) -> tuple[np.ndarray, np.ndarray | None]:
-        cfg = self.config
-        B, n = ids.shape
-        L, H, d = cfg.n_layers, cfg.n_heads, cfg.d_model
-        start = 0 if cache is None else cache[0].length
-        cos, sin = self._rope(start, start + n)
-
-        first, x = (0, None) if resume is None else resume
-        if x is None:
-            x = ops.embedding(self.embed_tokens, ids)                   # (B*n, d)
-            hooks(None, "hook_embed", x, (B, n, d))
-        hidden = self._hidden_buffer(B, n, first, hooks)
-        attn = np.empty((B, L, H, n, start + n), dtype=self.dtype) if need_weights else None
-        pad_mask = None if mask.all() else np.ascontiguousarray(mask, dtype=bool)
-
-        for i, p in enumerate(self.layers[first:], first):
-            hooks(i, "hook_resid_pre", x, (B, n, d))
-            hidden[:, i] = x.reshape(B, n, d)
-            h = self._norm(i, "ln1", x, p["input_norm"], None, B, n, hooks)
-            w_out = attn[:, i] if attn is not None else None
-            weights = self._self_attention(i, h, p, B, n, pad_mask, need_weights, head_mask,
-                                           hooks, rope=(cos, sin), cache=cache, residual=x,
-                                           weights_out=w_out)
-            if attn is not None and weights is not w_out:
-                attn[:, i] = weights
-            hooks(i, "hook_resid_mid", x, (B, n, d))
-            h = self._norm(i, "ln2", x, p["post_attention_norm"], None, B, n, hooks)
-            self._mlp(i, h, p, B, n, hooks, x, ("W_gate_up", "b_gate_up", "W_down", "b_down"),
-                      gated=True)
-            hooks(i, "hook_resid_post", x, (B, n, d))
-        hidden[:, L] = self._norm(None, "ln_final", x, self.norm, None, B, n, hooks
-                                  ).reshape(B, n, d)
-        return hidden, attn
