@@ -40,7 +40,7 @@ def test_a_dropped_cache_gives_its_blocks_to_the_next():
             a.base[:] = 0xFF
     del cache, a
     gc.collect()
-    pool = model._cache_blocks()
+    pool = model._memory.cache_blocks
     assert len(pool._spare) == len(first)                # given back...
     again = big_run(model)
     assert not pool._spare                               # ...and taken again

@@ -180,7 +180,7 @@ def test_layout_change_pickling_and_no_parameter_gradients():
     assert hidden_grads["wte"].base is not block_of(hidden_grads)
     model(run.ids, backward=True)
     assert model.backward(d_hidden=run.d_hidden[(2, 12, 32)], parameters=False) == {}
-    assert "_grad_memory" not in model.__getstate__()
+    assert "_memory" not in model.__getstate__()
     copy = pickle.loads(pickle.dumps(model))
     for name, g in run.grads(copy, run.ids).items():
         np.testing.assert_array_equal(g, run.grads(run.model(), run.ids)[name], err_msg=name)

@@ -26,7 +26,7 @@ the MLP is gated)::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -160,6 +160,10 @@ def _attention_options(model: Any, layer: int, B: int, H: int, n: int) -> dict[s
                 causal=model.causal, scale=model.attention_scale(layer))
 
 
+#: a Recorder's record slots by (layer or None, hook point or note tag)
+_Slots = Dict[Tuple[Optional[int], str], np.ndarray]
+
+
 class Recorder(HookPoints):
     """The observer that writes a backward's record during the model's own forward: the
     arrays the backward reads are asked for the way the activation cache asks for its own
@@ -170,16 +174,24 @@ class Recorder(HookPoints):
     ``mlp.hook_pre`` and ``mlp.hook_post`` are computed into their slots
     (:meth:`empty`); a norm's output (and the final norm's input) comes through
     :meth:`note`; the attention writes q, k, v, its output and lse into the layer's record
-    (:meth:`attention_record`). Forward hooks (``fwd_hooks``, at the points ``valid`` lists)
-    run as in ``run_with_hooks``, and where they changed an activation is noted in
-    ``changed`` ({name: bool array, batch first}) for the backward.
+    (:meth:`attention_record`).
+
+    Forward hooks (``fwd_hooks``, at the points ``valid`` lists) run on a copy of the
+    activation (what they keep is theirs: the record's slots are never handed out), and what
+    they leave is written back; with ``track_changes``, where they changed it is noted in
+    ``changed`` ({name: bool array, batch first}) for the backward. ``token_rows`` (B, n, d)
+    replace the token table's rows at ``token_point`` (an input, not a change).
     """
-    __slots__ = ("record", "changed", "_copies", "_outs", "_notes")
+    __slots__ = ("record", "changed", "_copies", "_outs", "_notes", "_track", "_inputs")
 
     def __init__(self, model: Any, ids: np.ndarray, mask: np.ndarray,
                  head_mask: np.ndarray | None, type_ids: np.ndarray | None,
-                 valid: Sequence[str], fwd_hooks: Sequence[tuple[Any, Any]] = ()) -> None:
+                 valid: Sequence[str], fwd_hooks: Sequence[tuple[Any, Any]] = (), *,
+                 track_changes: bool = True, token_point: str = "",
+                 token_rows: np.ndarray | None = None) -> None:
         super().__init__(valid, None, fwd_hooks)
+        self._track = track_changes
+        self._inputs = {} if token_rows is None else {token_point: token_rows}
         B, n = ids.shape
         rows = B * n
         L, H, H_kv, dh, d = (model.n_layers, model.n_heads, model.n_kv_heads, model.d_head,
@@ -210,15 +222,19 @@ class Recorder(HookPoints):
             head_mask=head_mask, single=False,
             type_ids=None if decoder or model.token_type_embeddings is None else type_ids)
         self.changed: dict[str, np.ndarray] = {}
-        Slots = dict[tuple[int | None, str], np.ndarray]
-        residual = ("hook_resid_pre", "hook_resid_mid") + (() if decoder else ("hook_resid_post",))
-        self._copies: Slots = {(i, point): getattr(r, point[5:]) for i, r in enumerate(layers)
-                        for point in residual}
-        self._outs: Slots = {(i, point): getattr(r, field) for i, r in enumerate(layers)
-                      for point, field in (("attn.hook_z", "heads"), ("mlp.hook_pre", "pre"),
-                                           ("mlp.hook_post", "post"))}
+        # the residual points copied into the record, by the LayerRecord field they fill
+        residual = {"hook_resid_pre": "resid_pre", "hook_resid_mid": "resid_mid"}
+        if not decoder:
+            residual["hook_resid_post"] = "resid_post"
+        self._copies: _Slots = {(i, point): getattr(r, field) for i, r in enumerate(layers)
+                                for point, field in residual.items()}
+        self._outs: _Slots = {(i, point): getattr(r, field) for i, r in enumerate(layers)
+                              for point, field in (("attn.hook_z", "heads"),
+                                                   ("mlp.hook_pre", "pre"),
+                                                   ("mlp.hook_post", "post"))}
+        self._notes: _Slots
         if decoder:
-            self._notes: Slots = {(i, f"{norm}.out"): getattr(r, norm) for i, r in enumerate(layers)
+            self._notes = {(i, f"{norm}.out"): getattr(r, norm) for i, r in enumerate(layers)
                            for norm in ("ln1", "ln2")}
             self._notes[None, "ln_final.in"] = norm_input
             self._notes[None, "ln_final.out"] = hidden
@@ -226,22 +242,28 @@ class Recorder(HookPoints):
             self._notes = {(i, "ln1.out"): r.ln1 for i, r in enumerate(layers)}
             self._notes[None, "embed.ln.in"] = norm_input
             self._notes[L - 1, "ln2.out"] = hidden
-        self._wanted |= set(self._copies) | set(self._outs)
+        self._wanted |= set(self._copies) | set(self._outs) | {(None, p) for p in self._inputs}
 
     def __call__(self, layer: int | None, point: str, x: np.ndarray,
                  shape: tuple[int, ...] | None = None, owned: bool = False) -> None:
         if (layer, point) not in self._wanted:
             return
         name = point if layer is None else f"blocks.{layer}.{point}"
-        if name in self._hooks:
+        fns = self._hooks.get(name)
+        if fns or name in self._inputs:
             view = x.view()
             if shape is not None:
                 view.shape = shape              # raises rather than copy
-            before = view.copy()
-            super().__call__(layer, point, x, shape, owned)
-            changed = (view != before) & ~(np.isnan(view) & np.isnan(before))
-            if changed.any():
-                self.changed[name] = changed
+            if name in self._inputs:
+                np.copyto(view, self._inputs[name])
+            if fns:
+                seen = view.copy()              # the hooks' own: the slot stays the record's
+                run_hook_fns(fns, seen, name)
+                if self._track:
+                    changed = (seen != view) & ~(np.isnan(seen) & np.isnan(view))
+                    if changed.any():
+                        self.changed[name] = changed
+                np.copyto(view, seen)
         slot = self._copies.get((layer, point))
         if slot is not None:
             np.copyto(slot, x.reshape(slot.shape))

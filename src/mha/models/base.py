@@ -16,7 +16,7 @@ from .blocks import Blocks, _AttentionReads
 from .encoding import Encoding, _unbatch
 from .hooked import Hooked
 from .hooks import NO_HOOKS, HookPoints
-from .memory import BlockPool
+from .memory import ModelMemory
 from .readouts import Readouts
 
 
@@ -97,6 +97,7 @@ class TransformerModel(Hooked, Readouts, Blocks):
         self.folder = folder
         self._load(TensorReader(checkpoint, self.anchor, self.dtype, type(self).__name__))
         self._packs = {}
+        self._memory = ModelMemory()        # recycled between calls, never a call's state
         self._seal_weights()
 
     # --- the dense weights, packed for the GEMM ------------------------------------------------
@@ -132,14 +133,8 @@ class TransformerModel(Hooked, Readouts, Blocks):
     def __getstate__(self):
         state = self.__dict__.copy()
         state["_packs"] = {}       # packed for this process's SIMD path: packed again on use
-        for memory in ("_cache_blocks_pool", "_workspaces", "_grad_memory"):
-            state.pop(memory, None)     # a process's own memory, made again on use
+        del state["_memory"]       # this process's memory: the unpickled model makes its own
         return state
-
-    def _cache_blocks(self) -> BlockPool:
-        """The blocks the activation caches of run_with_cache are carved from, recycled."""
-        pool: BlockPool = self.__dict__.setdefault("_cache_blocks_pool", BlockPool())
-        return pool
 
     def release_memory(self) -> int:
         """Give back the memory the model keeps between calls.
@@ -154,12 +149,11 @@ class TransformerModel(Hooked, Readouts, Blocks):
         int
             The bytes released.
         """
-        return sum(memory.release() for name in ("_cache_blocks_pool", "_grad_memory",
-                                                  "_workspaces")
-                   if (memory := self.__dict__.get(name)) is not None)
+        return self._memory.release()
 
     def __setstate__(self, state):
         self.__dict__.update(state)
+        self._memory = ModelMemory()
         for array in self.parameters().values():      # read-only, as after __init__
             array.flags.writeable = False
 
@@ -206,7 +200,8 @@ class TransformerModel(Hooked, Readouts, Blocks):
             raise ValueError(f"{self.name or 'this model'} has no tokenizer; call it on ids")
         return self.tokenizer
 
-    def tokenize(self, text: str, pair: str | None = None, *, truncation: bool = False) -> list[str]:
+    def tokenize(self, text: str, pair: str | None = None, *, truncation: bool = False
+                 ) -> list[str]:
         """Tokenize a text, special tokens included.
 
         Parameters

@@ -113,11 +113,11 @@ class Hooked:
         """
         keep = (lambda name: True) if names is None else names
         if keep_weights is None:
-            hooks = HookPoints(self.hook_names(), keep, fwd_hooks, self._cache_blocks())
+            hooks = HookPoints(self.hook_names(), keep, fwd_hooks, self._memory.cache_blocks)
         else:
             hooks = _AttentionReads(self.hook_names(), keep, fwd_hooks,
                                     keep=self._keep_spec(keep_weights),
-                                    blocks=self._cache_blocks())
+                                    blocks=self._memory.cache_blocks)
             need_weights = False
         enc = self._run(text_or_ids, hooks, pair, attention_mask, token_type_ids, head_mask,
                         need_weights, truncation, logits)

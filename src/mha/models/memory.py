@@ -31,8 +31,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["Arena", "BlockPool", "GradMemory", "Workspaces", "WeightsStamp", "carve",
-           "anonymous_map", "lazy_zeros"]
+__all__ = ["Arena", "BlockPool", "GradMemory", "ModelMemory", "Workspaces", "WeightsStamp",
+           "carve", "anonymous_map", "lazy_zeros"]
 
 
 class Arena:
@@ -219,6 +219,25 @@ class Workspaces:
         with self._lock:
             free, self._free = self._free, []
         return sum(ws.nbytes for ws in free)
+
+
+class ModelMemory:
+    """What a model keeps between its calls, each piece safe to share between threads: the
+    blocks of dropped activation caches (``cache_blocks``), the spare parameter-gradient
+    block (``gradients``) and the backward's packing workspaces (``workspaces``). Made with
+    the model (and again in a process that unpickles it); :meth:`release` gives it all
+    back."""
+    __slots__ = ("cache_blocks", "gradients", "workspaces")
+
+    def __init__(self) -> None:
+        self.cache_blocks = BlockPool()
+        self.gradients = GradMemory()
+        self.workspaces = Workspaces()
+
+    def release(self) -> int:
+        """Drop every spare block and workspace -> the bytes released."""
+        return (self.cache_blocks.release() + self.gradients.release()
+                + self.workspaces.release())
 
 
 def anonymous_map(nbytes: int) -> mmap.mmap:

@@ -39,7 +39,7 @@ from .backward import (DecoderLayout, EncoderLayout, NoGrads, Record, Recorder,
                        decoder_backward, linear_backward, workspace_size)
 from .encoder_backward import encoder_backward
 from .hooks import HookFn, NameFilter, _resolve
-from .memory import GradMemory, WeightsStamp, Workspaces, lazy_zeros
+from .memory import GradMemory, WeightsStamp, lazy_zeros
 
 __all__ = ["Differentiable", "Tape", "last_tape", "grad_names"]
 
@@ -171,7 +171,7 @@ def _run_backward(model: Any, layout: DecoderLayout | EncoderLayout, record: Rec
                   hooks: Mapping[str, list[HookFn]], changed: Mapping[str, np.ndarray] | None
                   ) -> None:
     """The family's backward on a workspace borrowed from the model's pool."""
-    pool: Workspaces = model.__dict__.setdefault("_workspaces", Workspaces())
+    pool = model._memory.workspaces
     ws = pool.take(model.dtype, workspace_size(model))
     try:
         walk: Any = encoder_backward if isinstance(layout, EncoderLayout) else decoder_backward
@@ -182,9 +182,10 @@ def _run_backward(model: Any, layout: DecoderLayout | EncoderLayout, record: Rec
 
 class Differentiable:
     """What a model adds for gradients: ``model(..., backward=True)`` (an Encoding with its
-    :class:`Tape`), :meth:`backward` and :meth:`loss_and_grads` (causal models). A family sets ``_grad_layout`` (:class:`DecoderLayout` for a
-    pre-norm decoder, :class:`EncoderLayout` for the BERT family); without one,
-    ``backward=True`` raises NotImplementedError."""
+    :class:`Tape`), :meth:`backward` and :meth:`loss_and_grads` (causal models). A family
+    sets ``_grad_layout`` (:class:`DecoderLayout` for a pre-norm decoder,
+    :class:`EncoderLayout` for the BERT family); without one, ``backward=True`` raises
+    NotImplementedError."""
     _grad_layout: DecoderLayout | EncoderLayout | None = None
 
     def __call__(self, input_ids: ArrayLike, attention_mask: ArrayLike | None = None,
@@ -254,9 +255,6 @@ class Differentiable:
         if keep_weights is not None:
             raise TypeError("keep_weights is not taken with backward=True (the backward keeps "
                             "the whole forward's record)")
-        if hook_gradient not in HOOK_GRADIENTS:
-            raise ValueError(f"hook_gradient must be 'constant' or 'identity', got "
-                             f"{hook_gradient!r}")
         enc = self._run_recorded(input_ids, attention_mask, head_mask, need_weights, True,
                                  token_type_ids, fwd_hooks=fwd_hooks,
                                  hook_gradient=hook_gradient)
@@ -276,25 +274,24 @@ class Differentiable:
         from .encoding import Encoding, _unbatch
         layout = self._need_layout()
         model: Any = self
+        if hook_gradient not in HOOK_GRADIENTS:
+            raise ValueError(f"hook_gradient must be 'constant' or 'identity', got "
+                             f"{hook_gradient!r}")
+        valid = _record_points(model, fwd_hooks)
         ids, mask, type_ids, single = model._id_inputs(input_ids, attention_mask,
                                                        token_type_ids)
         multipliers = model._check_head_mask(head_mask)
         B, n = ids.shape
-        hooks = list(fwd_hooks)
-        point = ""
-        if token_embeddings is not None:        # the token table's rows, replaced
+        rows = None                             # the token table's rows, replaced (an input)
+        if token_embeddings is not None:
             rows = np.asarray(token_embeddings, dtype=model.dtype).reshape(B, n, -1)
-            point = "embed.hook_embed" if isinstance(layout, EncoderLayout) else "hook_embed"
-            hooks.insert(0, (point, lambda x, _name: rows))
-        _check_record_hooks(model, hooks)
-        recorder = Recorder(model, ids, mask, multipliers, type_ids, _record_points(model),
-                            hooks)
+        recorder = Recorder(model, ids, mask, multipliers, type_ids, valid, fwd_hooks,
+                            track_changes=hook_gradient == "constant", token_rows=rows,
+                            token_point="embed.hook_embed" if isinstance(layout, EncoderLayout)
+                            else "hook_embed")
         hidden, attn = model._forward(ids, mask, type_ids, need_weights, multipliers, recorder)
         record = recorder.record
         record.single = single
-        changed = recorder.changed
-        if token_embeddings is not None:        # an input, not an intervention
-            changed.pop(point, None)
         tokens = None
         if model.tokenizer is not None:
             tokens = [[model.tokenizer.id_to_token(i) for i in row[m]]
@@ -303,7 +300,7 @@ class Differentiable:
                        hidden_states=hidden, attentions=attn, token_type_ids=type_ids.copy())
         if model.has_lm_head and logits:
             enc.logits = ops.unembed(record.hidden, model._lm_head()).reshape(B, n, -1)
-        enc.tape = Tape(model, record, changed, hook_gradient)
+        enc.tape = Tape(model, record, recorder.changed, hook_gradient)
         if single:
             enc = _unbatch(enc)
             if enc.logits is not None:
@@ -453,9 +450,6 @@ class Differentiable:
         model: Any = self
         if not model.causal or not isinstance(layout, DecoderLayout):
             raise TypeError(f"{type(self).__name__} is no causal LM: use backward(d_hidden=...)")
-        if hook_gradient not in HOOK_GRADIENTS:
-            raise ValueError(f"hook_gradient must be 'constant' or 'identity', got "
-                             f"{hook_gradient!r}")
         ids_2d = np.atleast_2d(np.asarray(ids))
         if labels is None:
             targets = ids_2d.astype(np.int64).copy()
@@ -489,18 +483,13 @@ class Differentiable:
         return float(loss), grads
 
 
-def _record_points(model: Any) -> list[str]:
-    """The hook points a recorded forward offers its hooks, in forward order: those the
-    backward passes, but the attention's scores, pattern and per-head results (the fused
-    kernel's insides) and the norms' scale and normalized input."""
-    skip = ("hook_attn_scores", "hook_pattern", "hook_result", "hook_scale", "hook_normalized")
-    return [name for name in model.hook_names() if not name.endswith(skip)]
-
-
-def _check_record_hooks(model: Any, fwd_hooks: Sequence[tuple[NameFilter, HookFn]]) -> None:
-    """A recorded forward's hooks by name at a point it does not offer: a KeyError that says
-    why (an unknown name gets the usual one from HookPoints)."""
-    valid = _record_points(model)
+def _record_points(model: Any, fwd_hooks: Sequence[tuple[NameFilter, HookFn]]) -> list[str]:
+    """The hook points a recorded forward offers its hooks, in forward order: those the backward passes (:func:`grad_names`) but the fused
+    attention kernel's insides (scores, pattern, per-head results). A hook named at a point
+    that is not among them raises a KeyError that says why (an unknown name gets the usual
+    one from HookPoints)."""
+    valid = [name for name in grad_names(model)
+             if name != "head_mask" and not name.endswith(KERNEL_INSIDES)]
     for selector, _ in fwd_hooks:
         if isinstance(selector, str) and selector not in valid and \
                 selector in model.hook_names():
@@ -509,6 +498,11 @@ def _check_record_hooks(model: Any, fwd_hooks: Sequence[tuple[NameFilter, HookFn
                 f"passes, not at the attention's scores, pattern or per-head results (the "
                 f"fused kernel's insides) nor a norm's scale or normalized input; hook the "
                 f"q, k, v or z around them, or use run_with_hooks")
+    return valid
+
+
+#: the points inside the fused attention kernel (a recorded forward offers no hook there)
+KERNEL_INSIDES = ("hook_attn_scores", "hook_pattern", "hook_result")
 
 
 #: the hook points no gradient is taken at: a norm's insides (its scale and normalized input)
@@ -632,8 +626,7 @@ def _zero_grads(model: Any, lm_head: bool) -> dict[str, np.ndarray]:
         if name not in tables:
             spans[name] = size
             size += -(-a.nbytes // GradMemory.ALIGN) * GradMemory.ALIGN
-    memory: GradMemory = model.__dict__.setdefault("_grad_memory", GradMemory())
-    block = memory.take(tuple((k, params[k].shape, params[k].dtype.str) for k in spans), size)
+    block = model._memory.gradients.take(tuple((k, params[k].shape, params[k].dtype.str) for k in spans), size)
     block.fill(0)
     return {name: lazy_zeros(a.shape, a.dtype) if name in tables else
             block[spans[name]:spans[name] + a.nbytes].view(a.dtype).reshape(a.shape)
