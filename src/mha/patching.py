@@ -227,7 +227,6 @@ class _CorruptedRun:
                 metric: Metric) -> np.ndarray:
         """The metric of one patched run per index: the corrupted batch repeated once per
         index, resumed at ``layer`` with copy j patched at ``name`` by index j."""
-        from .models import ops
         from .models.hooks import HookPoints
 
         model, count = self.model, len(indices)
@@ -252,7 +251,7 @@ class _CorruptedRun:
                                    resume=(layer, x))
         last = hidden[:, -1]                                            # (count * B, n, d)
         if model.has_lm_head:
-            last = ops.unembed(last.reshape(count * B * n, -1), model._lm_head())
+            last = model._logits(last.reshape(count * B * n, -1))
         output = last.reshape(count, B, n, -1)
         values = np.empty(count, dtype=np.float64)
         for j in range(count):

@@ -44,21 +44,32 @@ __all__ = ["DecoderLayout", "EncoderLayout", "Record", "LayerRecord", "EncoderLa
 @dataclass(frozen=True)
 class DecoderLayout:
     """The parameter names of a pre-norm decoder, as its ``parameters()`` and ``layers`` name
-    them: what the generic backward needs to know of a family.
+    them, and the shape of its block: what the one decoder forward and its backward need to
+    know of a family.
 
-    ln1, ln2, final: (gain, bias or None) of the norms (bias None: RMSNorm); attention: the
-    layer's (W_qkv, b_qkv, W_o, b_o); mlp: (W_in, b_in, W_out, b_out); gated: W_in holds
-    [W_gate | W_up]; embed: the token table; positions: the learned position table or None.
-    Absent biases are simply missing from the layer's dict.
+    ln1, ln2, final: (gain, bias or None) of the norms (bias None: RMSNorm); ln1 or ln2 None:
+    no norm before the attention or the MLP (OLMo-2); attention: the layer's (W_qkv, b_qkv,
+    W_o, b_o); mlp: (W_in, b_in, W_out, b_out); gated: W_in holds [W_gate | W_up]; embed:
+    the token table; positions: the learned position table or None. post_attention,
+    post_mlp: the norm of the attention's and the MLP's output before the residual adds it
+    (Gemma 2 and 3, OLMo-2), or None; qk_norm: the RMSNorm gains of q and k (Qwen3, Gemma 3:
+    over each head, ``qk_norm_heads``; OLMo-2: over the whole projection), or None;
+    parallel: x + attention(norm_1(x)) + mlp(norm_2(x)) (GPT-NeoX). Absent biases are simply
+    missing from the layer's dict.
     """
-    ln1: tuple[str, str | None]
-    ln2: tuple[str, str | None]
+    ln1: tuple[str, str | None] | None
+    ln2: tuple[str, str | None] | None
     final: tuple[str, str | None]
     attention: tuple[str, str, str, str]
     mlp: tuple[str, str, str, str]
     gated: bool
     embed: str
     positions: str | None
+    post_attention: tuple[str, str | None] | None = None
+    post_mlp: tuple[str, str | None] | None = None
+    qk_norm: tuple[str, str] | None = None
+    qk_norm_heads: bool = True
+    parallel: bool = False
 
 
 @dataclass(frozen=True)

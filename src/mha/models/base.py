@@ -442,7 +442,8 @@ class TransformerModel(Hooked, Readouts, Blocks):
         return p["W_o"], p.get("b_o")
 
     def attention_scale(self, layer: int) -> float:
-        """Return the factor on q k^T in a layer (1 / sqrt(d_head) unless the family says else).
+        """Return the factor on q k^T in a layer: 1 / sqrt(d_head), or config.json's
+        ``query_pre_attn_scalar ** -0.5`` (Gemma 2 and 3), unless the family says else.
 
         Parameters
         ----------
@@ -460,7 +461,8 @@ class TransformerModel(Hooked, Readouts, Blocks):
             A layer out of range.
         """
         self._layer_index(layer)
-        return 1.0 / np.sqrt(self.d_head)
+        scale = self.config.query_scale
+        return 1.0 / np.sqrt(self.d_head) if scale is None else scale
 
     def attention_mask(self, layer: int, n: int) -> np.ndarray:
         """Return which keys each query may attend in a layer, on n tokens without padding.

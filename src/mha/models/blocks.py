@@ -93,7 +93,9 @@ class Blocks:
                         *, residual: np.ndarray,
                         rope: tuple[np.ndarray, np.ndarray] | None = None,
                         cache: list[Any] | None = None,
-                        weights_out: np.ndarray | None = None) -> np.ndarray | None:
+                        weights_out: np.ndarray | None = None,
+                        qk_norm: tuple[str, str] | None = None, qk_norm_heads: bool = True,
+                        post_norm: tuple[str, str | None] | None = None) -> np.ndarray | None:
         """The attention of one block: h (B*n, d_model), the block's input (normalized in a
         pre-norm model); its projected output is added to ``residual`` (B*n, d_model)
         C-contiguous, in place -> the weights (B, H, n, n_k) or None.
@@ -103,13 +105,18 @@ class Blocks:
         layer; this layer's new keys and values are appended to its own and attended with all
         earlier ones (causal models). weights_out: where the kernel may write the weights
         (B, H, n, n_k) when it is C-contiguous (the layer's slice of the model's attentions),
-        or None. Hook points: attn.hook_q, hook_k, hook_v (before the rotary embedding),
-        hook_rot_q, hook_rot_k, then those of ``_attention`` and ``_project``.
+        or None. qk_norm: the names of q's and k's RMSNorm gains in p (over each head with
+        ``qk_norm_heads``, else over the whole projection), applied before the rotary
+        embedding; post_norm: the (gain, bias) names of the norm of the attention's output
+        (see ``_project``). Hook points: attn.hook_q, hook_k, hook_v (before the norms and
+        the rotary embedding), hook_rot_q, hook_rot_k, then those of ``_attention`` and
+        ``_project``.
         """
         H, H_kv, d_head = self.n_heads, self.n_kv_heads, self.d_head
         W_qkv, b_qkv = self._dense((layer, "W_qkv"), p["W_qkv"]), p.get("b_qkv")
-        # q, k and v all kept and never turned: the cache holds qkv itself, from its blocks
-        owned = rope is None and all(hooks.keeps(layer, f"attn.hook_{x}") for x in "qkv")
+        # q, k and v all kept and never changed: the cache holds qkv itself, from its blocks
+        owned = rope is None and qk_norm is None and all(
+            hooks.keeps(layer, f"attn.hook_{x}") for x in "qkv")
         if owned:
             qkv = _linear_kept(hooks, layer, "attn.hook_q", h, W_qkv, b_qkv)
         else:
@@ -119,6 +126,8 @@ class Blocks:
             hooks(layer, "attn.hook_q", parts[:, :, :H], owned=owned)
             hooks(layer, "attn.hook_k", parts[:, :, H:H + H_kv], owned=owned)
             hooks(layer, "attn.hook_v", parts[:, :, H + H_kv:], owned=owned)
+        if qk_norm is not None:
+            self._qk_norm(layer, qkv, p, qk_norm, qk_norm_heads, hooks)
         if rope is not None:                                     # q and k turned in place
             ops.rope_(qkv, H + H_kv, d_head, *rope)
             if hooks:
@@ -129,8 +138,22 @@ class Blocks:
             k, v = cache[layer].append(k, v)
         heads, weights = self._attention(layer, q, k, v, pad_mask, need_weights, head_mask,
                                          hooks, weights_out)
-        self._project(layer, heads, p, B, n, hooks, residual)
+        self._project(layer, heads, p, B, n, hooks, residual, post_norm)
         return weights
+
+    def _qk_norm(self, layer: int, qkv: np.ndarray, p: dict[str, np.ndarray],
+                 names: tuple[str, str], per_head: bool, hooks: HookPoints) -> None:
+        """RMSNorm q and k, the first (H + H_kv) d_head columns of qkv (rows, (H + 2 H_kv)
+        d_head), in place: over each head's d_head values (``per_head``) or over each
+        token's whole q or k; the gains are p[names[0]], p[names[1]]. Their inputs are
+        offered to ``hooks.note`` (``attn.q_norm.in``, ``attn.k_norm.in``)."""
+        H, H_kv, dh = self.n_heads, self.n_kv_heads, self.d_head
+        eps = self.config.norm_eps
+        for tag, start, h, gain in (("q", 0, H, names[0]), ("k", H * dh, H_kv, names[1])):
+            x = np.ascontiguousarray(qkv[:, start:start + h * dh])
+            hooks.note(layer, f"attn.{tag}_norm.in", x)
+            y = ops.rms_norm(x.reshape(-1, dh if per_head else h * dh), p[gain], eps)
+            qkv[:, start:start + h * dh] = y.reshape(x.shape)
 
     def _attention(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray,
                    pad_mask: np.ndarray | None, need_weights: bool,
@@ -201,7 +224,7 @@ class Blocks:
                 q, k_in, v_in, mask=mask, key_padding_mask=pad_mask, causal=self.causal,
                 scale=self.attention_scale(layer), need_weights=full, out=out_in,
                 weights_out=weights_out, row_stats=stats, key_set=key_set, scores_out=scores,
-                return_lse=record is not None)
+                return_lse=record is not None, **self._softcap())
             if record is not None:
                 np.copyto(record.lse, result[-1])
                 np.copyto(out, record.att)
@@ -261,8 +284,14 @@ class Blocks:
             allowed, (B, len(heads), len(rows), n_k))
         _, weights = _core.attention_forward(              # k stands in for v: unread here
             q_kept, k_kept, k_kept, mask=mask, scale=self.attention_scale(layer),
-            need_weights=True)
+            need_weights=True, **self._softcap())
         return weights
+
+    def _softcap(self) -> dict[str, float]:
+        """The attention kernel's ``softcap`` keyword: {} without soft-capping (Gemma 2's
+        ``attn_logit_softcapping``: each score s becomes c tanh(s / c) before the mask)."""
+        cap = self.config.attn_softcap
+        return {} if cap is None else {"softcap": cap}
 
     def _allowed(self, layer: int, n_q: int, n_k: int, pad_mask: np.ndarray | None,
                  rows: np.ndarray | None = None) -> np.ndarray | None:
@@ -288,8 +317,9 @@ class Blocks:
 
     def _scores(self, layer: int, q: np.ndarray, k: np.ndarray, pad_mask: np.ndarray | None,
                 hooks: HookPoints) -> np.ndarray:
-        """The attention scores as TransformerLens gives them: (B, H, n_q, n_k) scale q k^T,
-        -inf where the key is masked; query head h reads key head h // (H / H_kv)."""
+        """The attention scores as TransformerLens gives them: (B, H, n_q, n_k) scale q k^T
+        (soft-capped: c tanh(s / c)), -inf where the key is masked; query head h reads key
+        head h // (H / H_kv)."""
         B, H, n_q, d_head = q.shape
         n_k = k.shape[2]
         H_kv = k.shape[1]
@@ -297,6 +327,10 @@ class Blocks:
             layer, "attn.hook_attn_scores", (B, H_kv, H // H_kv * n_q, n_k), self.dtype)
         ).reshape(B, H, n_q, n_k)
         scores *= self.dtype(self.attention_scale(layer))
+        cap = self.config.attn_softcap
+        if cap is not None:
+            np.tanh(scores / self.dtype(cap), out=scores)
+            scores *= self.dtype(cap)
         allowed = self._allowed(layer, n_q, n_k, pad_mask)
         if allowed is not None:
             np.copyto(scores, -np.inf, where=~allowed)
@@ -321,11 +355,14 @@ class Blocks:
         return pattern
 
     def _project(self, layer: int, heads: np.ndarray, p: dict[str, np.ndarray], B: int,
-                 n: int, hooks: HookPoints, residual: np.ndarray) -> None:
+                 n: int, hooks: HookPoints, residual: np.ndarray,
+                 post_norm: tuple[str, str | None] | None = None) -> None:
         """The attention's output projection, added to ``residual`` (B*n, d_model) in place:
         fused into the product unless attn.hook_result (each head's z_h W_o^(h), (B, n, H,
         d_model), bias left out) or hook_attn_out (the projection with its bias) is wanted;
-        a hook on the heads' results makes the output their sum plus the bias."""
+        a hook on the heads' results makes the output their sum plus the bias. post_norm:
+        the (gain, bias) names of a norm ``ln1_post`` of the projection, which hook_attn_out
+        then follows (Gemma 2's sandwich)."""
         W_o, b_o = self._dense((layer, "W_o"), p["W_o"]), p.get("b_o")
         d = residual.shape[-1]
         projected = None
@@ -343,6 +380,11 @@ class Blocks:
                 projected = result.sum(axis=2).reshape(B * n, d)
                 if b_o is not None:
                     projected += b_o
+        if post_norm is not None:
+            if projected is None:
+                projected = ops.linear(heads, W_o, b_o)
+            projected = self._norm(layer, "ln1_post", projected, p[post_norm[0]],
+                                   p.get(post_norm[1] or ""), B, n, hooks, inplace=True)
         if projected is None and hooks.wants(layer, "hook_attn_out"):
             projected = _linear_kept(hooks, layer, "hook_attn_out", heads, W_o, b_o)
         if projected is None:
@@ -353,7 +395,7 @@ class Blocks:
 
     def _mlp(self, layer: int, h: np.ndarray, p: dict[str, np.ndarray], B: int, n: int,
              hooks: HookPoints, residual: np.ndarray, names: tuple[str, str, str, str],
-             gated: bool = False) -> None:
+             gated: bool = False, post_norm: tuple[str, str | None] | None = None) -> None:
         """The MLP of one block on h (B*n, d_model), added to ``residual`` in place.
 
         names: the layer's (W_in, b_in, W_out, b_out) keys; gated: W_in holds [W_gate | W_up]
@@ -361,7 +403,8 @@ class Blocks:
         the product unless mlp.hook_pre (the activation's input; the gate's when gated) or
         mlp.hook_pre_linear (the up projection) is wanted; mlp.hook_post is the activation's
         output, hook_mlp_out the second product with its bias (fused into the residual
-        unless wanted).
+        unless wanted), after the norm ``ln2_post`` (post_norm: its (gain, bias) names) when
+        the family has one.
         """
         w_in, b_in, w_out, b_out = names
         W_in = self._dense((layer, w_in), p[w_in])
@@ -380,10 +423,15 @@ class Blocks:
             post = ops.linear(h, W_in, p.get(b_in), act=act)
             hooks(layer, "mlp.hook_post", post, (B, n, post.shape[1]))
         W_out = self._dense((layer, w_out), p[w_out])
-        if not hooks.wants(layer, "hook_mlp_out"):
+        if post_norm is not None:
+            out = self._norm(layer, "ln2_post", ops.linear(post, W_out, p.get(b_out)),
+                             p[post_norm[0]], p.get(post_norm[1] or ""), B, n, hooks,
+                             inplace=True)
+        elif not hooks.wants(layer, "hook_mlp_out"):
             ops.linear(post, W_out, p.get(b_out), out=residual)       # residual += MLP
             return
-        out = _linear_kept(hooks, layer, "hook_mlp_out", post, W_out, p.get(b_out))
+        else:
+            out = _linear_kept(hooks, layer, "hook_mlp_out", post, W_out, p.get(b_out))
         hooks(layer, "hook_mlp_out", out, (B, n, residual.shape[-1]), owned=True)
         residual += out
 

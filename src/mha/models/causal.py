@@ -119,14 +119,18 @@ class CausalLM(_Model):
                  hooks: HookPoints = NO_HOOKS, resume: tuple[int, np.ndarray] | None = None,
                  cache: list[KVCache] | None = None) -> tuple[np.ndarray, np.ndarray | None]:
         """The forward of a pre-norm decoder, driven by the family's ``_grad_layout`` (the
-        names of its embeddings, norms, attention and MLP weights, and whether the MLP is
-        gated); rotary families turn q and k with ``_rope``::
+        names of its embeddings, norms, attention and MLP weights, and the shape of its
+        block); rotary families turn q and k with ``_rope``::
 
-            x = tok_emb[ids] (+ pos_emb[positions])
+            x = tok_emb[ids] (* embed_scale) (+ pos_emb[positions])
             for each layer:
-                x = x + attention(norm_1(x))        # causal, padding, window, KV cache
-                x = x + mlp(norm_2(x))
+                x = x + post_1(attention(norm_1(x)))  # causal, padding, window, KV cache
+                x = x + post_2(mlp(norm_2(x)))
             hidden_states = [x_0, ..., x_{L-1}, norm_f(x_L)]   (as transformers reports them)
+
+        where a missing norm is the identity (OLMo-2 has post_1 and post_2 only, Gemma 2 all
+        four, most families norm_1 and norm_2 only), and a parallel block (GPT-NeoX) is
+        x = x + attention(norm_1(x)) + mlp(norm_2(x)).
 
         See :meth:`TransformerModel._forward` for the arguments; ``cache``: one KVCache per
         layer (positions start at their length)."""
@@ -135,10 +139,11 @@ class CausalLM(_Model):
         B, n = ids.shape
         L, H, d = self.n_layers, self.n_heads, self.d_model
         start = 0 if cache is None else cache[0].length
-        rope = self._rope(start, start + n) if self.rotary else None   # type: ignore[attr-defined]
         first, x = (0, None) if resume is None else resume
         if x is None:
             x = ops.embedding(params[layout.embed], ids)                # (B*n, d)
+            if self._embed_scale is not None:
+                x *= self.dtype(self._embed_scale)
             if layout.positions is None:
                 hooks(None, "hook_embed", x, (B, n, d))
             else:
@@ -153,27 +158,68 @@ class CausalLM(_Model):
         hidden = self._hidden_buffer(B, n, first, hooks)
         attn = np.empty((B, L, H, n, start + n), dtype=self.dtype) if need_weights else None
         pad_mask = None if mask.all() else np.ascontiguousarray(mask, dtype=bool)
-        (gain_1, bias_1), (gain_2, bias_2) = layout.ln1, layout.ln2
+
+        def norm(i, name, names, x):
+            if names is None:                   # no norm there: the input itself
+                return x
+            return self._norm(i, name, x, p[names[0]], p.get(names[1] or ""), B, n, hooks)
 
         for i, p in enumerate(self.layers[first:], first):
             hooks(i, "hook_resid_pre", x, (B, n, d))
             hidden[:, i] = x.reshape(B, n, d)
-            h = self._norm(i, "ln1", x, p[gain_1], p.get(bias_1 or ""), B, n, hooks)
+            h = norm(i, "ln1", layout.ln1, x)
+            if layout.parallel:                 # both branches read x; their sum goes to out
+                h_mlp, out = norm(i, "ln2", layout.ln2, x), x.copy()
+            else:
+                out = x
             w_out = attn[:, i] if attn is not None else None
-            weights = self._self_attention(i, h, p, B, n, pad_mask, need_weights, head_mask,
-                                           hooks, rope=rope, cache=cache, residual=x,
-                                           weights_out=w_out)      # x += attention
+            weights = self._self_attention(
+                i, h, p, B, n, pad_mask, need_weights, head_mask, hooks,
+                rope=self._rope(start, start + n, i) if self.rotary else None,
+                cache=cache, residual=out, weights_out=w_out, qk_norm=layout.qk_norm,
+                qk_norm_heads=layout.qk_norm_heads,
+                post_norm=layout.post_attention)                 # out += attention
             if attn is not None and weights is not w_out:
                 attn[:, i] = weights
-            hooks(i, "hook_resid_mid", x, (B, n, d))
-            h = self._norm(i, "ln2", x, p[gain_2], p.get(bias_2 or ""), B, n, hooks)
-            self._mlp(i, h, p, B, n, hooks, x, layout.mlp, gated=layout.gated)   # x += MLP
+            if not layout.parallel:
+                hooks(i, "hook_resid_mid", x, (B, n, d))
+                h_mlp = norm(i, "ln2", layout.ln2, x)
+            self._mlp(i, h_mlp, p, B, n, hooks, out, layout.mlp, gated=layout.gated,
+                      post_norm=layout.post_mlp)                 # out += MLP
+            x = out
             hooks(i, "hook_resid_post", x, (B, n, d))
         gain, bias = layout.final
         x = self._norm(None, "ln_final", x, params[gain], params.get(bias or ""), B, n, hooks,
                        inplace=True)
         hidden[:, L] = x.reshape(B, n, d)
         return hidden, attn
+
+    #: the factor on the token embeddings (Gemma's sqrt(d_model)), or None
+    _embed_scale: float | None = None
+
+    def _init_rope(self) -> None:
+        """The rotary embedding's frequencies (a rotary family's ``_load`` calls it): on the
+        first ``rotary_fraction`` of each head, one set per base (Gemma 3's sliding layers
+        have their own, ``rope_local_theta``), and the empty tables ``_rope`` grows."""
+        cfg = self.config
+        rotary = int(cfg.d_head * cfg.rotary_fraction)
+        rotary -= rotary % 2
+        self._frequencies = [ops.rope_frequencies(rotary, cfg.rope_theta, cfg.rope_scaling)]
+        self._rope_kind = [0] * cfg.n_layers
+        if cfg.rope_local_theta is not None:
+            self._frequencies.append(ops.rope_frequencies(rotary, cfg.rope_local_theta))
+            self._rope_kind = [int(w is not None) for w in cfg.sliding_windows]
+        self._rope_cache = [ops.rope_table(0, 0, f, self.dtype) for f in self._frequencies]
+
+    def _rope(self, start: int, stop: int, layer: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """cos, sin (stop - start, rotary dims / 2) for positions [start, stop) of ``layer``'s
+        rotary base, from a table kept for the longest length seen (grown by doubling)."""
+        kind = self._rope_kind[layer]
+        cos, sin = self._rope_cache[kind]
+        if len(cos) < stop:
+            cos, sin = self._rope_cache[kind] = ops.rope_table(
+                0, max(stop, 2 * len(cos)), self._frequencies[kind], self.dtype)
+        return cos[start:stop], sin[start:stop]
 
     def _pack_weights(self):
         super()._pack_weights()
@@ -183,6 +229,17 @@ class CausalLM(_Model):
     def _lm_head(self):
         """The LM head's weight packed for the GEMM (read as the (d, vocab) transpose)."""
         return self._dense("lm_head", self._vocab_matrix(), trans=True)
+
+    def _logits(self, hidden: np.ndarray) -> np.ndarray:
+        """The logits (rows, vocab) of final hidden states (rows, d_model): hidden W_vocab^T,
+        soft-capped to c tanh(z / c) when the family caps them (Gemma 2's
+        ``final_logit_softcapping``)."""
+        logits = ops.unembed(hidden, self._lm_head())
+        cap = self.config.final_softcap
+        if cap is not None:
+            np.tanh(logits / self.dtype(cap), out=logits)
+            logits *= self.dtype(cap)
+        return logits
 
     def _no_lm_head(self) -> NotImplementedError:
         """The error of a base-model folder asked for what needs its LM head."""
@@ -213,10 +270,10 @@ class CausalLM(_Model):
         >>> model = mha.models.load("path/to/a/gpt2/folder")             # doctest: +SKIP
         >>> int(model.logits("The cat")[-1].argmax())                    # doctest: +SKIP
         """
-        vocab = self._lm_head()
+        self._lm_head()                 # a base model raises before running
         enc = (self.encode(text_or_ids, need_weights=False) if isinstance(text_or_ids, str)
                else self(np.asarray(text_or_ids), need_weights=False))
-        return ops.unembed(enc.last_hidden_state, vocab)
+        return self._logits(enc.last_hidden_state)
 
     def generate(self, text: str | ArrayLike, max_new_tokens: int = 20, *, greedy: bool = True,
                  temperature: float = 1.0, top_k: int | None = None, seed: int | None = None,
@@ -280,7 +337,7 @@ class CausalLM(_Model):
         """
         from tqdm.auto import tqdm
 
-        vocab = self._lm_head()
+        self._lm_head()                 # a base model raises before running
         if isinstance(text, str):
             ids = np.asarray(self._need_tokenizer()(text).ids, dtype=np.int64)
         else:
@@ -319,7 +376,7 @@ class CausalLM(_Model):
         last = feed(ids)
         show = max_new_tokens > 50 if progress is None else progress
         for _ in tqdm(range(max_new_tokens), desc="generate", disable=not show):
-            logits = ops.unembed(last[None], vocab)[0]
+            logits = self._logits(last[None])[0]
             if greedy:
                 next_id = int(np.argmax(logits))
             else:

@@ -18,7 +18,7 @@ class ModelConfig:
     Parameters
     ----------
     model_type : str
-        "bert", "roberta", "distilbert", "gpt2", "llama", "qwen2" or "mistral".
+        One of ``mha.models.SUPPORTED_TYPES`` ("bert", "gpt2", "llama", "gemma2", ...).
     n_layers, n_heads, d_model : int
         The sizes.
     d_ff : int
@@ -56,6 +56,19 @@ class ModelConfig:
     sliding_windows : tuple
         One entry per layer: None for full causal attention, or W: query i sees keys j with
         i - W < j <= i.
+    rotary_fraction : float
+        The share of each head's width the rotary embedding turns (GPT-NeoX's ``rotary_pct``,
+        Phi-3's ``partial_rotary_factor``); 1 turns all of it.
+    rope_local_theta : float, optional
+        The rotary base of the sliding-window layers when it differs from ``rope_theta``
+        (Gemma 3's ``rope_local_base_freq``).
+    attn_softcap, final_softcap : float, optional
+        Gemma 2's soft-capping of the attention scores and of the logits: s -> c tanh(s / c).
+    query_scale : float, optional
+        The factor on q k^T when it is not 1 / sqrt(d_head) (Gemma's
+        ``query_pre_attn_scalar ** -0.5``).
+    parallel_residual : bool
+        GPT-NeoX's ``use_parallel_residual``: x + attention(norm_1(x)) + mlp(norm_2(x)).
     raw : dict
         The whole config.json.
 
@@ -95,6 +108,12 @@ class ModelConfig:
     mlp_bias: bool = False
     tie_word_embeddings: bool = False
     sliding_windows: tuple = ()
+    rotary_fraction: float = 1.0
+    rope_local_theta: float | None = None
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
+    query_scale: float | None = None
+    parallel_residual: bool = False
     raw: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self):
@@ -149,8 +168,7 @@ class ModelConfig:
         if model_type not in READERS:
             raise NotImplementedError(
                 f"model_type {raw.get('model_type')!r} ({source}) is not supported; mha.models "
-                f"runs {', '.join(sorted(READERS))} (the BERT family, GPT-2 and the LLaMA "
-                f"family)")
+                f"runs {', '.join(sorted(READERS))}")
         need = _Keys(raw, source, model_type)
         return cls(model_type=model_type, raw=dict(raw), **READERS[model_type](need, raw))
 
@@ -233,18 +251,17 @@ def _gpt2(need, raw):
 ROPE_TYPES = ("default", "linear", "llama3")
 
 
-def _rope(raw):
+def _rope(raw, params=None, theta_key="rope_theta", default_theta=10000.0):
     """(rope_theta, rope_scaling or None) from either transformers 5's ``rope_parameters``
-    or the older top-level ``rope_theta`` + ``rope_scaling`` (with "rope_type" or "type")."""
-    params = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
-    theta = float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
+    or the older top-level ``rope_theta`` + ``rope_scaling`` (with "rope_type" or "type");
+    ``params``: one layer type's entry of a per-type ``rope_parameters`` (Gemma 3)."""
+    if params is None:
+        params = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
+    theta = float(params.get("rope_theta", raw.get(theta_key) or default_theta))
     kind = params.get("rope_type", params.get("type", "default"))
     if kind not in ROPE_TYPES:
         raise NotImplementedError(f"RoPE type {kind!r} is not supported; mha runs "
                                   f"{', '.join(ROPE_TYPES)}")
-    partial = params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))
-    if partial not in (None, 1, 1.0):
-        raise NotImplementedError(f"partial_rotary_factor {partial} is not supported (only 1)")
     if kind == "default":
         return theta, None
     scaling = {"rope_type": kind, "factor": float(params["factor"])}
@@ -254,44 +271,121 @@ def _rope(raw):
     return theta, scaling
 
 
+def _layer_types(raw, n_layers, default):
+    """One bool per layer, True for a sliding-window layer: config.json's ``layer_types``
+    when it has them, else ``default(i)``."""
+    types = raw.get("layer_types")
+    if types:
+        return [t == "sliding_attention" for t in types]
+    return [bool(default(i)) for i in range(n_layers)]
+
+
+def _partial_rotary(raw):
+    """The share of a head the rotary embedding turns (``partial_rotary_factor``, also inside
+    ``rope_parameters``; GPT-NeoX's ``rotary_pct``)."""
+    params = raw.get("rope_parameters") or {}
+    value = params.get("partial_rotary_factor", raw.get("partial_rotary_factor",
+                                                        raw.get("rotary_pct")))
+    return 1.0 if value is None else float(value)
+
+
 def _llama(need, raw):
-    """LlamaForCausalLM, Qwen2ForCausalLM and MistralForCausalLM: one architecture, three
-    sets of defaults (Qwen2: q/k/v biases; Mistral and Qwen2: optional sliding windows)."""
+    """The LLaMA family and the decoders built like it (Qwen2, Mistral, Qwen3, OLMo-2,
+    Phi-3, Gemma 1-3): one reader, the defaults of each (Qwen2: q/k/v biases; Mistral and
+    Phi-3: a window on every layer; Qwen2 and Qwen3: windows above ``max_window_layers``;
+    Gemma 2 and 3: alternating windows, soft-capping, ``query_pre_attn_scalar``)."""
     model_type = need.model_type
     d_model, n_heads = int(need("hidden_size")), int(need("num_attention_heads"))
     n_layers = int(need("num_hidden_layers"))
-    theta, scaling = _rope(raw)
+    gemma = model_type.startswith("gemma")
+    rope = raw.get("rope_parameters") or {}
+    per_type = isinstance(rope.get("full_attention"), dict)       # Gemma 3, transformers 5
+    theta, scaling = _rope(raw, dict(rope["full_attention"]) if per_type else None,
+                           default_theta=1e6 if model_type == "gemma3_text" else 10000.0)
+    local_theta = None
+    if model_type == "gemma3_text":
+        local = dict(rope.get("sliding_attention") or {}) if per_type else {}
+        local_theta, local_scaling = _rope({}, local, default_theta=float(
+            raw.get("rope_local_base_freq") or 10000.0))
+        if local_scaling is not None:
+            raise NotImplementedError("a RoPE scaling of the sliding-window layers is not "
+                                      "supported")
     bias = bool(raw.get("attention_bias", False))
     window = raw.get("sliding_window")
-    if model_type == "mistral":
-        windows = (window,) * n_layers
-    elif model_type == "qwen2" and raw.get("use_sliding_window") and window is not None:
-        types = raw.get("layer_types") or [
-            "sliding_attention" if i >= int(raw.get("max_window_layers", 28)) else
-            "full_attention" for i in range(n_layers)]
-        windows = tuple(window if t == "sliding_attention" else None for t in types)
+    if model_type in ("mistral", "phi3"):
+        sliding = [window is not None] * n_layers
+    elif model_type in ("qwen2", "qwen3"):
+        on = bool(raw.get("use_sliding_window")) and window is not None
+        sliding = _layer_types(raw, n_layers, lambda i: on and i >= int(
+            raw.get("max_window_layers", 28))) if on else [False] * n_layers
+    elif model_type in ("gemma2", "gemma3_text"):
+        pattern = 2 if model_type == "gemma2" else int(raw.get("sliding_window_pattern") or 6)
+        sliding = _layer_types(raw, n_layers, lambda i: (i + 1) % pattern)
+        if window is None:
+            sliding = [False] * n_layers
     else:
-        windows = (None,) * n_layers
+        sliding = [False] * n_layers
+    windows = tuple(int(window) if s else None for s in sliding)
+    activation = raw.get("hidden_activation") or raw.get("hidden_act") or "silu"
+    if model_type == "gemma" and activation == "gelu":
+        activation = "gelu_pytorch_tanh"        # as transformers reads Gemma's Hub configs
+    d_head = int(raw.get("head_dim") or d_model // n_heads)
+    scalar = raw.get("query_pre_attn_scalar") if model_type in ("gemma2", "gemma3_text") else None
+
+    def cap(key):
+        value = raw.get(key)
+        return float(value) if value else None
     return dict(
-        n_layers=n_layers, n_heads=n_heads, d_model=d_model,
-        d_head=int(raw.get("head_dim") or d_model // n_heads),
+        n_layers=n_layers, n_heads=n_heads, d_model=d_model, d_head=d_head,
         n_kv_heads=int(raw.get("num_key_value_heads") or n_heads),
         d_ff=int(need("intermediate_size")), vocab_size=int(need("vocab_size")),
         max_positions=int(raw.get("max_position_embeddings", 2048)),
-        norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-        activation=str(raw.get("hidden_act", "silu")),
+        norm_eps=float(raw.get("rms_norm_eps") or (1e-5 if model_type in ("olmo2", "phi3")
+                                                   else 1e-6)),
+        activation=str(activation),
         pad_token_id=int(raw.get("pad_token_id") or 0),
         bos_token_id=raw.get("bos_token_id"), eos_token_ids=_eos(raw),
-        rope_theta=theta, rope_scaling=scaling,
+        rope_theta=theta, rope_scaling=scaling, rope_local_theta=local_theta,
+        rotary_fraction=_partial_rotary(raw),
         attention_bias=True if model_type == "qwen2" else bias,
         attention_out_bias=False if model_type == "qwen2" else bias,
         mlp_bias=bool(raw.get("mlp_bias", False)),
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", gemma)),
+        sliding_windows=windows,
+        attn_softcap=cap("attn_logit_softcapping") if model_type == "gemma2" else None,
+        final_softcap=cap("final_logit_softcapping") if model_type == "gemma2" else None,
+        query_scale=None if scalar is None else float(scalar) ** -0.5)
+
+
+def _gpt_neox(need, raw):
+    """GPTNeoXForCausalLM (Pythia): LayerNorm with biases, partial rotary embedding
+    (``rotary_pct``, ``rotary_emb_base`` in Hub configs; ``rope_parameters`` in
+    transformers 5's), parallel residual unless ``use_parallel_residual`` is false."""
+    d_model, n_heads = int(need("hidden_size")), int(need("num_attention_heads"))
+    theta, scaling = _rope(raw, theta_key="rotary_emb_base")
+    return dict(
+        n_layers=int(need("num_hidden_layers")), n_heads=n_heads, d_model=d_model,
+        d_ff=int(raw.get("intermediate_size") or 4 * d_model),
+        vocab_size=int(need("vocab_size")),
+        max_positions=int(raw.get("max_position_embeddings", 2048)),
+        norm_eps=float(raw.get("layer_norm_eps", 1e-5)),
+        activation=str(raw.get("hidden_act", "gelu")),
+        pad_token_id=int(raw.get("pad_token_id") or 0),
+        bos_token_id=raw.get("bos_token_id"), eos_token_ids=_eos(raw),
+        rope_theta=theta, rope_scaling=scaling, rotary_fraction=_partial_rotary(raw)
+        if (raw.get("rope_parameters") or {}).get("partial_rotary_factor") is not None
+        or raw.get("rotary_pct") is not None else 0.25,
+        attention_bias=bool(raw.get("attention_bias", True)),
+        attention_out_bias=bool(raw.get("attention_bias", True)),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-        sliding_windows=tuple(None if w is None else int(w) for w in windows))
+        parallel_residual=bool(raw.get("use_parallel_residual", True)))
 
 
 READERS = {"bert": _bert, "roberta": _roberta, "distilbert": _distilbert, "gpt2": _gpt2,
-           "llama": _llama, "qwen2": _llama, "mistral": _llama}
+           "llama": _llama, "qwen2": _llama, "mistral": _llama, "qwen3": _llama,
+           "olmo2": _llama, "phi3": _llama, "gemma": _llama, "gemma2": _llama,
+           "gemma3_text": _llama, "gpt_neox": _gpt_neox}
 # old configs without model_type: the first name found in their architectures (longest first,
 # since "robertaformaskedlm" also contains "bert")
 _GUESS_ORDER = ("distilbert", "roberta", "mistral", "qwen2", "llama", "gpt2", "bert")
+# (new families' configs always carry model_type)

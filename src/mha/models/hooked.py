@@ -7,7 +7,6 @@ from typing import Any, Mapping, Sequence, cast
 
 from numpy.typing import ArrayLike
 
-from . import ops
 from .blocks import _AttentionReads
 from .encoding import Encoding, _is_texts
 from .hooks import ActivationCache, HookFn, HookPoints, NameFilter, Names
@@ -195,14 +194,15 @@ class Hooked:
                                    head_mask, hooks)
         if self.has_lm_head and logits:
             last = enc.last_hidden_state
-            enc.logits = ops.unembed(last.reshape(-1, last.shape[-1]), self._lm_head()
-                                     ).reshape(*last.shape[:-1], -1)
+            enc.logits = self._logits(last.reshape(-1, last.shape[-1])  # type: ignore[attr-defined]
+                                      ).reshape(*last.shape[:-1], -1)
         return enc
 
     def _hook_layout(self) -> tuple[list[str], list[str], list[str]]:
         """(the hook points before the blocks, each block's (without ``blocks.{l}.``), those
         after), in forward order: a pre-norm decoder's, as TransformerLens's
         HookedTransformer names them."""
+        layout: Any = getattr(self, "_grad_layout", None)
         attn = ["attn.hook_q", "attn.hook_k", "attn.hook_v"]
         if self.rotary:
             attn += ["attn.hook_rot_q", "attn.hook_rot_k"]
@@ -210,8 +210,20 @@ class Hooked:
                  "attn.hook_result"]
         mlp = ["mlp.hook_pre", "mlp.hook_pre_linear", "mlp.hook_post"] if self._gated else [
             "mlp.hook_pre", "mlp.hook_post"]
-        block = ["hook_resid_pre", "ln1.hook_scale", "ln1.hook_normalized", *attn,
-                 "hook_attn_out", "hook_resid_mid", "ln2.hook_scale", "ln2.hook_normalized",
-                 *mlp, "hook_mlp_out", "hook_resid_post"]
+
+        def norm(name, present=True):
+            return [f"{name}.hook_scale", f"{name}.hook_normalized"] if present else []
+        ln1, ln2 = (True, True) if layout is None else (layout.ln1 is not None,
+                                                        layout.ln2 is not None)
+        post_1, post_2 = (False, False) if layout is None else (
+            layout.post_attention is not None, layout.post_mlp is not None)
+        if layout is not None and layout.parallel:      # both norms read resid_pre, first
+            block = ["hook_resid_pre", *norm("ln1", ln1), *norm("ln2", ln2), *attn,
+                     *norm("ln1_post", post_1), "hook_attn_out", *mlp,
+                     *norm("ln2_post", post_2), "hook_mlp_out", "hook_resid_post"]
+        else:
+            block = ["hook_resid_pre", *norm("ln1", ln1), *attn, *norm("ln1_post", post_1),
+                     "hook_attn_out", "hook_resid_mid", *norm("ln2", ln2), *mlp,
+                     *norm("ln2_post", post_2), "hook_mlp_out", "hook_resid_post"]
         before = ["hook_embed", "hook_pos_embed"] if self._pos_embed else ["hook_embed"]
         return before, block, ["ln_final.hook_scale", "ln_final.hook_normalized"]

@@ -75,51 +75,73 @@ class LlamaModel(CausalLM, Differentiable, TransformerModel):
         attention=("W_qkv", "b_qkv", "W_o", "b_o"), mlp=("W_gate_up", "b_gate_up", "W_down",
                                                           "b_down"),
         gated=True, embed="embed_tokens", positions=None)
+    #: the layer's norm gains: {name in mha's layer dict: the checkpoint's name in the layer}
+    _norm_names = {"input_norm": "input_layernorm",
+                   "post_attention_norm": "post_attention_layernorm"}
+    #: what the checkpoint's norm weights are added to (Gemma stores w for a gain of 1 + w)
+    _norm_offset = 0.0
 
     def _load(self, read):
         cfg = self.config
         d, f, dh = cfg.d_model, cfg.d_ff, cfg.d_head
         H, H_kv = cfg.n_heads, cfg.n_kv_heads
 
-        def dense(name, n_in, n_out, bias):        # torch Linear (out, in) -> (in, out)
-            w = read(name + ".weight", (n_out, n_in)).T
-            return w, (read(name + ".bias", (n_out,)) if bias else None)
+        def gain(name, size):
+            w = read(name + ".weight", (size,))
+            return w + w.dtype.type(self._norm_offset) if self._norm_offset else w
 
         self.embed_tokens = read("embed_tokens.weight", (cfg.vocab_size, d))
-        self.norm = read("norm.weight", (d,))
+        self.norm = gain("norm", d)
         self.lm_head = None                                 # tied: the LM head is embed_tokens
         if not cfg.tie_word_embeddings:
             if not read.has("lm_head.weight", prefixed=False) and read.prefix == "":
                 self.has_lm_head = False                        # a base-model folder
             else:
                 self.lm_head = read("lm_head.weight", (cfg.vocab_size, d), prefixed=False)
+        qk = self._grad_layout.qk_norm
+        qk_sizes = (dh, dh) if self._grad_layout.qk_norm_heads else (H * dh, H_kv * dh)
         self.layers = []
         for i in range(cfg.n_layers):
             p = f"layers.{i}."
-            attn = [dense(p + f"self_attn.{s}_proj", d, h * dh, cfg.attention_bias)
-                    for s, h in (("q", H), ("k", H_kv), ("v", H_kv))]
-            w_o, b_o = dense(p + "self_attn.o_proj", H * dh, d, cfg.attention_out_bias)
-            mlp = [dense(p + f"mlp.{s}_proj", d, f, cfg.mlp_bias) for s in ("gate", "up")]
-            w_down, b_down = dense(p + "mlp.down_proj", f, d, cfg.mlp_bias)
-            layer = {
-                "input_norm": read(p + "input_layernorm.weight", (d,)),
-                "W_qkv": np.ascontiguousarray(np.concatenate([w for w, _ in attn], axis=1)),
-                "W_o": np.ascontiguousarray(w_o),
-                "post_attention_norm": read(p + "post_attention_layernorm.weight", (d,)),
-                "W_gate_up": np.ascontiguousarray(np.concatenate([w for w, _ in mlp], axis=1)),
-                "W_down": np.ascontiguousarray(w_down),
-            }
+            # read in this order (the draws of from_config's seeds follow it)
+            w_qkv, b_qkv = self._read_qkv(read, p)
+            w_o, b_o = _dense(read, p + "self_attn.o_proj", H * dh, d, cfg.attention_out_bias)
+            w_gate_up, b_gate_up = self._read_gate_up(read, p)
+            w_down, b_down = _dense(read, p + "mlp.down_proj", f, d, cfg.mlp_bias)
+            layer = {key: gain(p + name, d) for key, name in self._norm_names.items()}
+            if qk is not None:
+                layer[qk[0]] = gain(p + "self_attn.q_norm", qk_sizes[0])
+                layer[qk[1]] = gain(p + "self_attn.k_norm", qk_sizes[1])
+            layer.update(W_qkv=w_qkv, W_o=np.ascontiguousarray(w_o), W_gate_up=w_gate_up,
+                         W_down=np.ascontiguousarray(w_down))
             if cfg.attention_bias:
-                layer["b_qkv"] = np.concatenate([b for _, b in attn])
+                layer["b_qkv"] = b_qkv
             if cfg.attention_out_bias:
                 layer["b_o"] = b_o
             if cfg.mlp_bias:
-                layer["b_gate_up"] = np.concatenate([b for _, b in mlp])
+                layer["b_gate_up"] = b_gate_up
                 layer["b_down"] = b_down
             self.layers.append(layer)
         self._act = ops.activation(cfg.activation)
-        self._frequencies = ops.rope_frequencies(dh, cfg.rope_theta, cfg.rope_scaling)
-        self._rope_cache = ops.rope_table(0, 0, self._frequencies, self.dtype)
+        self._init_rope()
+
+    def _read_qkv(self, read, p):
+        """The layer's fused (d, (H + 2 H_kv) d_head) q/k/v weight and its bias (or None),
+        from the checkpoint's q_proj, k_proj and v_proj."""
+        cfg = self.config
+        parts = [_dense(read, p + f"self_attn.{s}_proj", cfg.d_model, h * cfg.d_head,
+                        cfg.attention_bias)
+                 for s, h in (("q", cfg.n_heads), ("k", cfg.n_kv_heads), ("v", cfg.n_kv_heads))]
+        return (np.ascontiguousarray(np.concatenate([w for w, _ in parts], axis=1)),
+                np.concatenate([b for _, b in parts]) if cfg.attention_bias else None)
+
+    def _read_gate_up(self, read, p):
+        """The layer's fused (d, 2 d_ff) [gate | up] weight and its bias (or None)."""
+        cfg = self.config
+        parts = [_dense(read, p + f"mlp.{s}_proj", cfg.d_model, cfg.d_ff, cfg.mlp_bias)
+                 for s in ("gate", "up")]
+        return (np.ascontiguousarray(np.concatenate([w for w, _ in parts], axis=1)),
+                np.concatenate([b for _, b in parts]) if cfg.mlp_bias else None)
 
     def parameters(self):
         """Return every weight by name.
@@ -146,12 +168,8 @@ class LlamaModel(CausalLM, Differentiable, TransformerModel):
         d = x.shape[-1]
         return ops.rms_norm(x.reshape(-1, d), self.norm, self.config.norm_eps).reshape(x.shape)
 
-    def _rope(self, start, stop):
-        """cos, sin (stop - start, d_head / 2) for positions [start, stop), from a table kept
-        for the longest length seen (grown by doubling)."""
-        cos, sin = self._rope_cache
-        if len(cos) < stop:
-            cos, sin = self._rope_cache = ops.rope_table(
-                0, max(stop, 2 * len(cos)), self._frequencies, self.dtype)
-        return cos[start:stop], sin[start:stop]
 
+def _dense(read, name, n_in, n_out, bias):
+    """A torch Linear's weight (out, in) as (in, out), and its bias or None."""
+    w = read(name + ".weight", (n_out, n_in)).T
+    return w, (read(name + ".bias", (n_out,)) if bias else None)

@@ -16,15 +16,22 @@ from numpy.typing import DTypeLike
 from .base import TransformerModel
 from .bert import BertModel, DistilBertModel, RobertaModel
 from .config import READERS, ModelConfig
+from .gemma import Gemma2Model, Gemma3Model, GemmaModel
 from .gpt2 import GPT2Model
+from .gpt_neox import GPTNeoXModel
 from .hub import read_config, read_safetensors, resolve
 from .llama import LlamaModel
+from .olmo2 import Olmo2Model
+from .phi3 import Phi3Model
+from .qwen3 import Qwen3Model
 from .tokenizer import Tokenizer
 
 __all__ = ["load", "SUPPORTED_TYPES"]
 
 _CLASSES: dict[str, type[TransformerModel]] = {"bert": BertModel, "roberta": RobertaModel, "distilbert": DistilBertModel,
-            "gpt2": GPT2Model, "llama": LlamaModel, "qwen2": LlamaModel, "mistral": LlamaModel}
+            "gpt2": GPT2Model, "llama": LlamaModel, "qwen2": LlamaModel, "mistral": LlamaModel,
+            "qwen3": Qwen3Model, "olmo2": Olmo2Model, "phi3": Phi3Model, "gemma": GemmaModel,
+            "gemma2": Gemma2Model, "gemma3_text": Gemma3Model, "gpt_neox": GPTNeoXModel}
 assert set(_CLASSES) == set(READERS)
 #: the config.json model_type values that :func:`load` runs
 SUPPORTED_TYPES = tuple(sorted(_CLASSES))
@@ -74,7 +81,7 @@ def load(name_or_path: str | os.PathLike[str] = "minilm", *,
     folder = resolve(name_or_path)
     config = ModelConfig.from_dict(read_config(folder), source=str(folder / "config.json"))
     generation = folder / "generation_config.json"      # its eos_token_id is what generate uses
-    if generation.is_file() and config.model_type in ("gpt2", "llama", "qwen2", "mistral"):
+    if generation.is_file() and getattr(_CLASSES[config.model_type], "causal", False):
         eos = json.loads(generation.read_text(encoding="utf-8")).get("eos_token_id")
         if eos is not None:
             eos = tuple(int(e) for e in (eos if isinstance(eos, list) else [eos]))

@@ -162,13 +162,27 @@ def rope_table(start, stop, frequencies, dtype):
     return np.cos(angles).astype(dtype), np.sin(angles).astype(dtype)
 
 
-def rope_(x, heads, d_head, cos, sin):
-    """Rotate pairs (x_i, x_{i + d/2}) of the first ``heads`` heads of each row in place:
-    Hugging Face LLaMA's half-split rotary embedding, ``x cos + rotate_half(x) sin``.
+def rope_(x, heads, d_head, cos, sin, sign=1):
+    """Rotate pairs (x_i, x_{i + r/2}) of the first ``heads`` heads of each row in place:
+    Hugging Face LLaMA's half-split rotary embedding, ``x cos + rotate_half(x) sin``, on the
+    first r = 2 cos.shape[1] values of each head (r < d_head: GPT-NeoX's and Phi-3's partial
+    rotary embedding; the rest pass unturned). ``sign`` -1 turns back (the transpose: the
+    backward).
 
     x: (rows, width) C-contiguous, the heads side by side (the q and k parts of a fused
-    projection); cos, sin: (n, d_head / 2) from :func:`rope_table`; row r turns by the angles
+    projection); cos, sin: (n, r / 2) from :func:`rope_table`; row r turns by the angles
     of row r % n (rows = B * n tokens, n per text).
     """
-    _core.rope(x, heads=heads, d_head=d_head, cos=cos, sin=sin)
+    half = cos.shape[1]
+    if 2 * half == d_head:
+        (_core.rope if sign > 0 else _core.rope_backward)(x, heads=heads, d_head=d_head,
+                                                          cos=cos, sin=sin)
+        return x
+    rows = x.shape[0]
+    parts = x[:, :heads * d_head].reshape(rows, heads, d_head)      # a view
+    at = np.arange(rows) % len(cos)
+    c, s = cos[at][:, None, :], sign * sin[at][:, None, :]
+    lo, hi = parts[..., :half].copy(), parts[..., half:2 * half].copy()
+    parts[..., :half] = lo * c - hi * s
+    parts[..., half:2 * half] = hi * c + lo * s
     return x

@@ -34,7 +34,6 @@ from numpy.typing import ArrayLike
 
 from mha import _core
 
-from . import ops
 from .backward import (DecoderLayout, EncoderLayout, NoGrads, Record, Recorder,
                        decoder_backward, linear_backward, workspace_size)
 from .encoder_backward import encoder_backward
@@ -299,7 +298,7 @@ class Differentiable:
         enc = Encoding(tokens=tokens, input_ids=ids.copy(), attention_mask=mask.copy(),
                        hidden_states=hidden, attentions=attn, token_type_ids=type_ids.copy())
         if model.has_lm_head and logits:
-            enc.logits = ops.unembed(record.hidden, model._lm_head()).reshape(B, n, -1)
+            enc.logits = model._logits(record.hidden).reshape(B, n, -1)
         enc.tape = Tape(model, record, recorder.changed, hook_gradient)
         if single:
             enc = _unbatch(enc)

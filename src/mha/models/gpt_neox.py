@@ -1,0 +1,140 @@
+"""GPT-NeoX (GPTNeoXForCausalLM: Pythia, with its training checkpoints): a pre-LayerNorm
+decoder with a partial rotary embedding and, by default, a parallel residual.
+
+    x = tok_emb[ids]
+    for each layer:
+        h1, h2 = LN_1(x), LN_2(x)
+        q, k, v = split(h1 W_qkv + b_qkv)
+        q, k = rope(q), rope(k)              # the first rotary_pct of each head's values
+        a = attention(q, k, v, causal) W_o + b_o
+        x = x + a + gelu(h2 W_in + b_in) W_out + b_out        # use_parallel_residual true
+        (else: x = x + a, then x = x + mlp(LN_2(x)))
+    logits = LN_f(x) W_out_vocab^T                            (embed_out: untied)
+
+The checkpoint's fused ``attention.query_key_value`` interleaves the heads ([q_h | k_h | v_h]
+for each head h in turn); mha de-interleaves it at load into [q | k | v], the layout its
+attention kernel reads without copies. Hub configs name the rotary share ``rotary_pct`` and
+its base ``rotary_emb_base``; transformers 5 writes both into ``rope_parameters``.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from . import ops
+from .backward import DecoderLayout
+from .base import TransformerModel
+from .causal import CausalLM
+from .tape import Differentiable
+
+__all__ = ["GPTNeoXModel"]
+
+
+class GPTNeoXModel(CausalLM, Differentiable, TransformerModel):
+    """Run a GPT-NeoX decoder (model_type "gpt_neox": Pythia) on mha's C kernels.
+
+    Parameters
+    ----------
+    config : ModelConfig
+        The sizes and options read from config.json.
+    checkpoint : mapping of str to array
+        The tensors of the safetensors files, by name.
+    tokenizer : Tokenizer, optional
+        Without one the model runs on ids only.
+    dtype : {numpy.float32, numpy.float64}, default numpy.float32
+        What the model computes in.
+    name : str, optional
+        A name for ``repr``.
+    folder : path, optional
+        Where the model was read from.
+
+    Raises
+    ------
+    CheckpointError
+        A missing or wrongly shaped tensor (the message names the file and the tensor).
+
+    See Also
+    --------
+    mha.models.load : Builds the right class from a folder.
+    """
+    anchor = "embed_in.weight"
+    rotary = True
+    _grad_layout = DecoderLayout(
+        ln1=("input_norm", "input_norm_bias"),
+        ln2=("post_attention_norm", "post_attention_norm_bias"),
+        final=("final_norm", "final_norm_bias"), attention=("W_qkv", "b_qkv", "W_o", "b_o"),
+        mlp=("W_in", "b_in", "W_out", "b_out"), gated=False, embed="embed_in",
+        positions=None, parallel=True)
+
+    def _load(self, read):
+        cfg = self.config
+        d, f, H, dh = cfg.d_model, cfg.d_ff, cfg.n_heads, cfg.d_head
+        self._grad_layout = replace(type(self)._grad_layout, parallel=cfg.parallel_residual)
+
+        def dense(name, n_in, n_out, bias=True):          # torch Linear (out, in) -> (in, out)
+            w = read(name + ".weight", (n_out, n_in)).T
+            return np.ascontiguousarray(w), (read(name + ".bias", (n_out,)) if bias else None)
+
+        self.embed_in = read("embed_in.weight", (cfg.vocab_size, d))
+        self.final_norm = read("final_layer_norm.weight", (d,))
+        self.final_norm_bias = read("final_layer_norm.bias", (d,))
+        self.lm_head = None                     # tied: the LM head is embed_in
+        if cfg.tie_word_embeddings:
+            pass
+        elif not read.has("embed_out.weight", prefixed=False) and read.prefix == "":
+            self.has_lm_head = False                            # a base-model folder
+        else:
+            self.lm_head = read("embed_out.weight", (cfg.vocab_size, d), prefixed=False)
+        bias = cfg.attention_bias
+        self.layers = []
+        for i in range(cfg.n_layers):
+            p = f"layers.{i}."
+            w_qkv, b_qkv = dense(p + "attention.query_key_value", d, 3 * H * dh, bias)
+            # checkpoint columns (H, 3, d_head): head by head -> mha's (3, H, d_head)
+            layer = {
+                "input_norm": read(p + "input_layernorm.weight", (d,)),
+                "input_norm_bias": read(p + "input_layernorm.bias", (d,)),
+                "W_qkv": np.ascontiguousarray(
+                    w_qkv.reshape(d, H, 3, dh).transpose(0, 2, 1, 3).reshape(d, 3 * H * dh)),
+            }
+            if bias:
+                layer["b_qkv"] = b_qkv.reshape(H, 3, dh).transpose(1, 0, 2).reshape(-1).copy()
+            layer["W_o"], b_o = dense(p + "attention.dense", H * dh, d, bias)
+            if bias:
+                layer["b_o"] = b_o
+            layer["post_attention_norm"] = read(p + "post_attention_layernorm.weight", (d,))
+            layer["post_attention_norm_bias"] = read(p + "post_attention_layernorm.bias", (d,))
+            layer["W_in"], layer["b_in"] = dense(p + "mlp.dense_h_to_4h", d, f)
+            layer["W_out"], layer["b_out"] = dense(p + "mlp.dense_4h_to_h", f, d)
+            self.layers.append(layer)
+        self._act = ops.activation(cfg.activation)
+        self._init_rope()
+
+    def parameters(self):
+        """Return every weight by name.
+
+        Returns
+        -------
+        dict of str to ndarray
+            Dense weights stored (in, out); W_qkv's columns [q | k | v], each head by head;
+            ``lm_head`` is the checkpoint's ``embed_out``.
+        """
+        params = {"embed_in": self.embed_in, "final_norm": self.final_norm,
+                  "final_norm_bias": self.final_norm_bias}
+        if self.lm_head is not None:
+            params["lm_head"] = self.lm_head
+        for i, layer in enumerate(self.layers):
+            params.update({f"layers.{i}.{k}": v for k, v in layer.items()})
+        return params
+
+    def _vocab_matrix(self):
+        if not self.has_lm_head:
+            raise self._no_lm_head()
+        return self.embed_in if self.lm_head is None else self.lm_head
+
+    def _final_norm(self, x: np.ndarray) -> np.ndarray:
+        """The final LayerNorm over the last axis of x (..., d)."""
+        d = x.shape[-1]
+        return ops.layer_norm(x.reshape(-1, d), self.final_norm, self.final_norm_bias,
+                              self.config.norm_eps).reshape(x.shape)
