@@ -385,19 +385,28 @@ def _quadrature(method: str, steps: int) -> tuple[np.ndarray, np.ndarray]:
     return (np.arange(steps) + start) / steps, weights
 
 
-def _embed_point(model: Any) -> tuple[str, np.ndarray]:
-    """The hook name of the token embeddings and the token table (vocab, d_model)."""
-    if model.causal:
-        return "hook_embed", model.parameters()[model._grad_layout.embed]
-    return "embed.hook_embed", model.word_embeddings
+def _embed_point(model: Any) -> tuple[str, Callable[[np.ndarray], np.ndarray]]:
+    """The hook name of the token embeddings and the function from ids (...) to their
+    embeddings (..., d_model) float64 as that point holds them (the token table's rows,
+    times Gemma's embedding scale)."""
+    if not model.causal:
+        return "embed.hook_embed", lambda ids: np.asarray(model.word_embeddings[ids],
+                                                          dtype=np.float64)
+    table = model.parameters()[model._grad_layout.embed]
+    scale = model._embed_scale
+
+    def rows(ids: np.ndarray) -> np.ndarray:
+        x = np.asarray(table[ids], dtype=np.float64)
+        return x if scale is None else x * float(model.dtype(scale))
+    return "hook_embed", rows
 
 
 def _baseline(model: Any, baseline: ArrayLike | int | None, inputs: _Inputs,
-              table: np.ndarray) -> np.ndarray:
+              rows: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
     """The baseline's token embeddings (B, n, d) float64: zeros, a token id at every
     position, ids of the inputs' shape, or embeddings (n, d) / (B, n, d)."""
     B, n = inputs.ids.shape
-    d = table.shape[1]
+    d = model.d_model
     if baseline is None:
         return np.zeros((B, n, d))
     base = np.asarray(baseline)
@@ -406,7 +415,7 @@ def _baseline(model: Any, baseline: ArrayLike | int | None, inputs: _Inputs,
             raise ValueError(f"baseline ids must be one id or have shape {(n,)} or {(B, n)}, "
                              f"got {base.shape}")
         ids = model._check_ids(np.broadcast_to(base, (B, n)))
-        return np.asarray(table, dtype=np.float64)[ids]
+        return rows(ids)
     if base.shape not in ((n, d), (B, n, d)):
         raise ValueError(f"baseline must be token ids of shape {(B, n)}, or embeddings of "
                          f"shape {(n, d)} or {(B, n, d)}, got {base.dtype} {base.shape}")
@@ -482,10 +491,10 @@ def integrated_gradients(model: Any, tokens: Tokens, target: Target, *,
     inputs = _inputs(model, tokens, attention_mask, token_type_ids)
     alphas, weights = _quadrature(method, steps)
     top = _Top(model, target, inputs, position)
-    name, table = _embed_point(model)
+    name, rows = _embed_point(model)
     B, n = inputs.ids.shape
-    x = np.asarray(table, dtype=np.float64)[inputs.ids]             # (B, n, d)
-    x0 = _baseline(model, baseline, inputs, table)
+    x = rows(inputs.ids)                                              # (B, n, d)
+    x0 = _baseline(model, baseline, inputs, rows)
     chunk = internal_batch_size or max(1, 2048 // (B * n))
     total = np.zeros_like(x)
     for start in range(0, steps, chunk):

@@ -88,20 +88,27 @@ class LayerRecord:
     n, d_head): the attention's output before head_mask; lse (B, H, n): its row log-sum-exp;
     heads (rows, H * d_head): att merged per token, times head_mask; resid_mid (rows, d);
     ln2 (rows, d); pre (rows, f or 2f): the MLP's first product with its bias; post (rows,
-    f): its activation.
+    f): its activation. Where the family has them: attn_out, mlp_out (rows, d): the
+    branches' outputs before their post-norms; q_in (rows, H d_head), k_in (rows, H_kv
+    d_head): q and k before the QK-norm. None where the family has no such step (ln1, ln2
+    without pre-norms, resid_mid in a parallel block).
     """
     resid_pre: np.ndarray
-    ln1: np.ndarray
     q: np.ndarray
     k: np.ndarray
     v: np.ndarray
     att: np.ndarray
     lse: np.ndarray
     heads: np.ndarray
-    resid_mid: np.ndarray
-    ln2: np.ndarray
     pre: np.ndarray
     post: np.ndarray
+    ln1: np.ndarray | None = None
+    resid_mid: np.ndarray | None = None
+    ln2: np.ndarray | None = None
+    attn_out: np.ndarray | None = None
+    mlp_out: np.ndarray | None = None
+    q_in: np.ndarray | None = None
+    k_in: np.ndarray | None = None
 
 
 @dataclass
@@ -168,7 +175,7 @@ def _attention_options(model: Any, layer: int, B: int, H: int, n: int) -> dict[s
     """The attention kernel's mask options of one layer (sliding window), causal and scale."""
     band = model._band(layer, n, n)
     return dict(mask=None if band is None else np.broadcast_to(band, (B, H, n, n)),
-                causal=model.causal, scale=model.attention_scale(layer))
+                causal=model.causal, scale=model.attention_scale(layer), **model._softcap())
 
 
 #: a Recorder's record slots by (layer or None, hook point or note tag)
@@ -219,6 +226,16 @@ class Recorder(HookPoints):
         kind: Any = LayerRecord
         if decoder:
             del fields["resid_post"]
+            for name, present in (("ln1", layout.ln1), ("ln2", layout.ln2),
+                                  ("resid_mid", not layout.parallel)):
+                if not present:
+                    del fields[name]
+            if layout.post_attention is not None:
+                fields["attn_out"] = (rows, d)
+            if layout.post_mlp is not None:
+                fields["mlp_out"] = (rows, d)
+            if layout.qk_norm is not None:
+                fields.update(q_in=(rows, H * dh), k_in=(rows, H_kv * dh))
         else:
             kind = EncoderLayerRecord
             del fields["ln2"]
@@ -238,15 +255,19 @@ class Recorder(HookPoints):
         if not decoder:
             residual["hook_resid_post"] = "resid_post"
         self._copies: _Slots = {(i, point): getattr(r, field) for i, r in enumerate(layers)
-                                for point, field in residual.items()}
+                                for point, field in residual.items()
+                                if getattr(r, field) is not None}
         self._outs: _Slots = {(i, point): getattr(r, field) for i, r in enumerate(layers)
                               for point, field in (("attn.hook_z", "heads"),
                                                    ("mlp.hook_pre", "pre"),
                                                    ("mlp.hook_post", "post"))}
         self._notes: _Slots
         if decoder:
-            self._notes = {(i, f"{norm}.out"): getattr(r, norm) for i, r in enumerate(layers)
-                           for norm in ("ln1", "ln2")}
+            notes = {"ln1.out": "ln1", "ln2.out": "ln2", "ln1_post.in": "attn_out",
+                     "ln2_post.in": "mlp_out", "attn.q_norm.in": "q_in",
+                     "attn.k_norm.in": "k_in"}
+            self._notes = {(i, tag): getattr(r, field) for i, r in enumerate(layers)
+                           for tag, field in notes.items() if getattr(r, field) is not None}
             self._notes[None, "ln_final.in"] = norm_input
             self._notes[None, "ln_final.out"] = hidden
         else:                           # the embeddings' sum, LN_1's output, the last output
@@ -294,12 +315,14 @@ class Recorder(HookPoints):
 
 
 def _attend_backward(model: Any, i: int, r: Any, record: Record, d_heads: np.ndarray,
-                     d_head_mask: np.ndarray, keep: Any) -> np.ndarray:
+                     d_head_mask: np.ndarray, keep: Any, layout: Any = None,
+                     lg: Mapping[str, Any] | None = None) -> np.ndarray:
     """The backward of a layer's attention (as the forward recorded it: ``heads =
-    merge(att) * head_mask``) and of the rotary embedding before it: d_heads (rows,
-    H * d_head) -> d_qkv (rows, (H + 2 H_kv) d_head), the gradient of the fused q/k/v
-    product's output; d_head_mask[i] set; keep(layer, point, value, shape) offered the
-    activation gradients on the way."""
+    merge(att) * head_mask``) and of the rotary embedding and QK-norm before it: d_heads
+    (rows, H * d_head) -> d_qkv (rows, (H + 2 H_kv) d_head), the gradient of the fused q/k/v
+    product's output; d_head_mask[i] set; the QK-norm's gain gradients added into lg (the
+    layer's); keep(layer, point, value, shape) offered the activation gradients on the
+    way."""
     B, H, n, dh = r.q.shape
     H_kv = r.k.shape[1]
     keep(i, "attn.hook_z", d_heads, (B, n, H, dh))
@@ -325,8 +348,18 @@ def _attend_backward(model: Any, i: int, r: Any, record: Record, d_heads: np.nda
         keep(i, "attn.hook_rot_q", parts[:, :, :H], (B, n, H, dh))
         keep(i, "attn.hook_rot_k", parts[:, :, H:H + H_kv], (B, n, H_kv, dh))
         # forward: q, k = rope(q), rope(k)
-        cos, sin = model._rope(0, n)
-        _core.rope_backward(d_qkv, heads=H + H_kv, d_head=dh, cos=cos, sin=sin)
+        ops.rope_(d_qkv, H + H_kv, dh, *model._rope(0, n, i), sign=-1)
+    if layout is not None and layout.qk_norm is not None:
+        # forward: q, k = rms_norm(q_in), rms_norm(k_in)   (over each head, or all of q, k)
+        p, eps = model.layers[i], model.config.norm_eps
+        for start, h, x, gain in ((0, H, r.q_in, layout.qk_norm[0]),
+                                  (H * dh, H_kv, r.k_in, layout.qk_norm[1])):
+            width = dh if layout.qk_norm_heads else h * dh
+            d_y = np.ascontiguousarray(d_qkv[:, start:start + h * dh]).reshape(-1, width)
+            d_x = np.zeros_like(d_y)
+            _core.rms_norm_backward(d_y, x.reshape(-1, width), gain=p[gain], eps=eps, dx=d_x,
+                                    dgain=None if lg is None else lg[gain])
+            d_qkv[:, start:start + h * dh] = d_x.reshape(-1, h * dh)
     keep(i, "attn.hook_q", parts[:, :, :H], (B, n, H, dh))
     keep(i, "attn.hook_k", parts[:, :, H:H + H_kv], (B, n, H_kv, dh))
     keep(i, "attn.hook_v", parts[:, :, H + H_kv:], (B, n, H_kv, dh))
@@ -337,23 +370,31 @@ def _pattern_gradients(model: Any, i: int, r: Any, record: Record, d_att: np.nda
                        keep: Any) -> np.ndarray | None:
     """The gradients of layer i's pattern P and scores S, each (B, H, n, n), offered to keep:
     dP = d_att v^T at every entry (masked keys included), dS = P * (dP - rowsum(dP * P)), 0
-    at masked keys; P recomputed from q, k and the kept log-sum-exp. -> dS when a backward
-    hook is at either point (what q and k then get their gradients from), else None."""
+    at masked keys; P recomputed from q, k and the kept log-sum-exp. -> the gradient of
+    scale q k^T (dS, through the soft-cap's tanh when there is one) when a backward hook is
+    at either point (what q and k then get their gradients from), else None."""
     B, H, n, _ = r.q.shape
     hooked = keep.hooked(i, "attn.hook_pattern") or keep.hooked(i, "attn.hook_attn_scores")
     d_pattern = _grouped_products(d_att, r.v, trans_b=True).reshape(B, H, n, n)
     keep(i, "attn.hook_pattern", d_pattern, (B, H, n, n))
     if not hooked and not keep.wants(i, "attn.hook_attn_scores"):
         return None
-    # forward: P = softmax(S), S = scale q k^T (-inf at masked keys)
+    # forward: P = softmax(S), S = scale q k^T (-inf at masked keys; c tanh(S / c) capped)
     scores = _grouped_products(r.q, r.k, trans_b=True).reshape(B, H, n, n)
-    pattern = np.exp(scores * model.attention_scale(i) - r.lse[..., None])
+    scores *= model.attention_scale(i)
+    cap = model.config.attn_softcap
+    if cap is not None:
+        tanh = np.tanh(scores / cap)
+        scores = cap * tanh
+    pattern = np.exp(scores - r.lse[..., None])
     allowed = model._allowed(i, n, n, record.pad_mask)
     if allowed is not None:
         pattern = np.where(allowed, pattern, 0)
     d_scores = pattern * (d_pattern - np.sum(d_pattern * pattern, axis=-1, keepdims=True))
     keep(i, "attn.hook_attn_scores", d_scores, (B, H, n, n))
-    return d_scores if hooked else None
+    if not hooked:
+        return None
+    return d_scores if cap is None else d_scores * (1 - tanh * tanh)   # d(scale q k^T)
 
 
 def _output_backward(keep: Any, i: int, shape: tuple[int, int, int, int],
@@ -502,6 +543,34 @@ def workspace_size(model: Any) -> int:
                 for p in model.layers for k, w in p.items() if k.startswith("W_")), default=0)
 
 
+def _post_norm_backward(d_y: np.ndarray, x: np.ndarray | None, p: Mapping[str, np.ndarray],
+                        names: tuple[str, str | None] | None, eps: float,
+                        lg: dict[str, np.ndarray]) -> np.ndarray:
+    """The gradient of a branch's output x (rows, d) from that of its post-norm's output d_y
+    (the norm's gain gradient added into lg), or d_y itself when there is no post-norm."""
+    if names is None:
+        return d_y
+    d_x = np.zeros_like(d_y)
+    _norm_backward(d_y, x, p[names[0]], eps, d_x, lg, names)
+    return d_x
+
+
+def _input_backward(d_out: np.ndarray, x: np.ndarray, normed: np.ndarray | None,
+                    p: Mapping[str, np.ndarray], w: str, b: str | None,
+                    norm: tuple[str, str | None] | None, eps: float, dx: np.ndarray,
+                    lg: dict[str, np.ndarray], ws: np.ndarray) -> None:
+    """dx += the gradient of a branch's input x (rows, d) from that of its first product
+    ``out = norm(x) W + b`` (``normed``: the norm's recorded output; no norm: x itself), W's,
+    b's and the norm's gradients added into lg."""
+    if norm is None:            # forward: out = x W + b
+        linear_backward(d_out, x, p[w], p.get(b or ""), lg[w], lg.get(b or ""), da=dx,
+                        workspace=ws)
+        return
+    d_normed = linear_backward(d_out, normed, p[w], p.get(b or ""), lg[w], lg.get(b or ""),
+                               workspace=ws)
+    _norm_backward(d_normed, x, p[norm[0]], eps, dx, lg, norm)
+
+
 def decoder_backward(model: Any, layout: DecoderLayout, record: Record, top: np.ndarray,
                      wanted: list[str], grads: dict[str, np.ndarray],
                      hooks: Mapping[str, list[Callable[[np.ndarray, str], Any]]] | None,
@@ -522,42 +591,48 @@ def decoder_backward(model: Any, layout: DecoderLayout, record: Record, top: np.
     dx = np.zeros((rows, d), dtype=model.dtype)
     gain, bias = layout.final
     _norm_backward(top, record.norm_input, params[gain], eps, dx, grads, layout.final)
+    w_in, b_in, w_out, b_out = layout.mlp
+    W_qkv, b_qkv, W_o, b_o = layout.attention
+    act = model._act | (ops.GATED if layout.gated else 0)
     for i in reversed(range(L)):
         p, r = model.layers[i], record.layers[i]
         lg = layer_grads(grads, i)
-        w_in, b_in, w_out, b_out = layout.mlp
         keep(i, "hook_resid_post", dx, (B, n, d))
-        d_mlp_out = keep.branch(i, "hook_mlp_out", dx, (B, n, d))
-        # forward: resid_post = resid_mid + post W_out + b_out
+        if layout.parallel:             # both branches get resid_post's gradient
+            d_attn_branch = dx.copy()
+            keep(i, "hook_attn_out", d_attn_branch, (B, n, d))
+        d_mlp_out = _post_norm_backward(
+            keep.branch(i, "hook_mlp_out", dx, (B, n, d)), r.mlp_out, p, layout.post_mlp,
+            eps, lg)
+        # forward: mlp_out = post W_out + b_out      (the residual adds it, or its post-norm)
         d_post = linear_backward(d_mlp_out, r.post, p[w_out], p.get(b_out), lg[w_out],
                                  lg.get(b_out), workspace=ws)
         keep(i, "mlp.hook_post", d_post, (B, n, -1))
         # forward: post = act(pre)   (act(gate) * up when gated)
-        act = model._act | (ops.GATED if layout.gated else 0)
         d_pre = _core.activation_backward(d_post, r.pre, act=act)
         f = d_post.shape[1]
         keep(i, "mlp.hook_pre", d_pre[:, :f], (B, n, f))
         keep(i, "mlp.hook_pre_linear", d_pre[:, f:], (B, n, f))
-        # forward: pre = ln2 W_in + b_in
-        d_ln2 = linear_backward(d_pre, r.ln2, p[w_in], p.get(b_in), lg[w_in], lg.get(b_in),
-                                workspace=ws)
-        # forward: ln2 = norm_2(resid_mid)   (dx already holds the residual branch)
-        _norm_backward(d_ln2, r.resid_mid, p[layout.ln2[0]], eps, dx, lg, layout.ln2)
-        keep(i, "hook_resid_mid", dx, (B, n, d))
-        d_attn_out = keep.branch(i, "hook_attn_out", dx, (B, n, d))
-        # forward: resid_mid = resid_pre + heads W_o + b_o
-        W_qkv, b_qkv, W_o, b_o = layout.attention
+        # forward: pre = ln2 W_in + b_in;  ln2 = norm_2(resid_mid)  (resid_pre when parallel)
+        mlp_input = r.resid_pre if layout.parallel else r.resid_mid
+        _input_backward(d_pre, mlp_input, r.ln2, p, w_in, b_in, layout.ln2, eps, dx, lg, ws)
+        if not layout.parallel:         # dx already held the residual branch
+            keep(i, "hook_resid_mid", dx, (B, n, d))
+            d_attn_branch = keep.branch(i, "hook_attn_out", dx, (B, n, d))
+        d_attn_out = _post_norm_backward(d_attn_branch, r.attn_out, p, layout.post_attention,
+                                         eps, lg)
+        # forward: attn_out = heads W_o + b_o
         d_heads = _output_backward(keep, i, (B, n, H, model.d_head), d_attn_out, r.heads,
                                    p[W_o], p.get(b_o), lg[W_o], lg.get(b_o), ws)
-        d_qkv = _attend_backward(model, i, r, record, d_heads, d_head_mask, keep)
-        # forward: q, k, v = split(ln1 W_qkv + b_qkv)
-        d_ln1 = linear_backward(d_qkv, r.ln1, p[W_qkv], p.get(b_qkv), lg[W_qkv],
-                                lg.get(b_qkv), workspace=ws)
-        # forward: ln1 = norm_1(resid_pre)
-        _norm_backward(d_ln1, r.resid_pre, p[layout.ln1[0]], eps, dx, lg, layout.ln1)
+        d_qkv = _attend_backward(model, i, r, record, d_heads, d_head_mask, keep, layout, lg)
+        # forward: q, k, v = split(ln1 W_qkv + b_qkv);  ln1 = norm_1(resid_pre)
+        _input_backward(d_qkv, r.resid_pre, r.ln1, p, W_qkv, b_qkv, layout.ln1, eps, dx, lg,
+                        ws)
         keep(i, "hook_resid_pre", dx, (B, n, d))
     # forward: x = tok_emb[ids] (+ pos_emb[0..n))
     d_embed = keep.branch(None, "hook_embed", dx, (B, n, d))
+    if model._embed_scale is not None:      # forward: hook_embed = tok_emb[ids] * embed_scale
+        d_embed = d_embed * model.dtype(model._embed_scale)
     if grads[layout.embed] is not None:
         _core.embedding_backward(d_embed, record.ids.reshape(-1),
                                  vocab=model.config.vocab_size, d_table=grads[layout.embed])

@@ -1,7 +1,8 @@
 """Random models of every family mha runs, from a config dict alone: :func:`from_config`.
 
 The weights are drawn as transformers' ``_init_weights`` draws them: every dense weight and
-embedding N(0, initializer_range) (0.02 by default), biases 0, LayerNorm and RMSNorm gains 1,
+embedding N(0, initializer_range) (0.02 by default), biases 0, LayerNorm and RMSNorm gains 1
+(Gemma's RMSNorm weights w 0, for gains 1 + w = 1),
 the padding row of an embedding with a ``padding_idx`` 0 (BERT's word embeddings, RoBERTa's
 positions, the LLaMA family's tokens when ``pad_token_id`` is set), and GPT-2's two ``c_proj``
 weights per block N(0, initializer_range / sqrt(2 n_layer)) (the GPT-2 paper's scaling of the
@@ -89,8 +90,8 @@ def _draw(name: str, shape: tuple[int, ...], config: ModelConfig, rng: np.random
     """One tensor of transformers' initialisation, by its checkpoint name."""
     if name.endswith(".bias"):
         return np.zeros(shape, dtype)
-    if len(shape) == 1:                                 # LayerNorm / RMSNorm gains
-        return np.ones(shape, dtype)
+    if len(shape) == 1:     # LayerNorm / RMSNorm gains (Gemma's store w of a gain 1 + w)
+        return np.full(shape, 0.0 if config.model_type.startswith("gemma") else 1.0, dtype)
     std = float(config.raw.get("initializer_range") or 0.02)
     if config.model_type == "gpt2" and name.endswith("c_proj.weight"):
         std /= math.sqrt(2 * config.n_layers)

@@ -474,9 +474,13 @@ class Differentiable:
         grads = _zero_grads(model, True)
         top = np.zeros_like(record.hidden)
         # forward: loss = cross_entropy(hidden W_vocab^T, labels shifted by one)
-        loss, _, _ = _core.cross_entropy(record.hidden, model._vocab_matrix(),
-                                         shifted.reshape(-1), trans_w=True, d_hidden=top,
-                                         d_w=grads[_vocab_name(model, layout)])
+        if model.config.final_softcap is None:
+            loss, _, _ = _core.cross_entropy(record.hidden, model._vocab_matrix(),
+                                             shifted.reshape(-1), trans_w=True, d_hidden=top,
+                                             d_w=grads[_vocab_name(model, layout)])
+        else:
+            loss = _capped_cross_entropy(model, record.hidden, shifted.reshape(-1), top,
+                                         grads[_vocab_name(model, layout)])
         _run_backward(model, layout, record, top, wanted, grads, hooks,
                       None if hook_gradient == "identity" else tape.changed)
         return float(loss), grads
@@ -590,10 +594,49 @@ def _top_gradient(model: Any, layout: DecoderLayout | EncoderLayout, record: Rec
     head's chain rule on d_logits, whose weight gradient is added into grads."""
     top = arrays["d_hidden"].copy() if "d_hidden" in arrays else np.zeros_like(record.hidden)
     if "d_logits" in arrays:
-        # forward: logits = hidden W_vocab^T
-        linear_backward(arrays["d_logits"], record.hidden, model._vocab_matrix(), None,
+        d_logits = arrays["d_logits"]
+        cap = model.config.final_softcap
+        if cap is not None:         # forward: logits = c tanh(z / c): dz = d_logits (1 - t^2)
+            tanh = model._logits(record.hidden) / model.dtype(cap)
+            d_logits = d_logits * (1 - tanh * tanh)
+        # forward: z = hidden W_vocab^T
+        linear_backward(d_logits, record.hidden, model._vocab_matrix(), None,
                         grads[_vocab_name(model, layout)], None, da=top, trans_b=True)
     return top
+
+
+def _capped_cross_entropy(model: Any, hidden: np.ndarray, labels: np.ndarray,
+                          d_hidden: np.ndarray, d_w: np.ndarray | None,
+                          chunk: int = 256) -> float:
+    """The mean next-token cross-entropy of soft-capped logits c tanh(hidden W^T / c)
+    (Gemma 2's final_logit_softcapping) over the labels that are not -100, ``chunk`` rows of
+    logits at a time; its gradient added into d_hidden (rows, d) and d_w (vocab, d) (None:
+    not computed). The C core's fused cross-entropy has no cap; this one runs on NumPy's
+    softmax with mha's products."""
+    cap = model.dtype(model.config.final_softcap)
+    w = model._vocab_matrix()
+    valid = labels != -100
+    count = max(int(valid.sum()), 1)
+    total = 0.0
+    for start in range(0, len(hidden), chunk):
+        rows = slice(start, start + chunk)
+        logits = model._logits(hidden[rows])                    # (r, vocab), capped
+        top = logits.max(axis=1, keepdims=True)
+        p = np.exp(logits - top)
+        sums = p.sum(axis=1, keepdims=True)
+        ok = valid[rows]
+        at = np.flatnonzero(ok)
+        total += float(np.sum(np.log(sums[at, 0]) + top[at, 0]
+                              - logits[at, labels[rows][at]]))
+        p /= sums
+        p[at, labels[rows][at]] -= 1
+        p[~ok] = 0
+        tanh = logits / cap
+        p *= (1 - tanh * tanh) / count                          # d loss / d(hidden W^T)
+        d_hidden[rows] += _core.matmul(p, w)
+        if d_w is not None:
+            d_w += _core.matmul(p, hidden[rows], trans_a=True)
+    return total / count
 
 
 def _zero_grads(model: Any, lm_head: bool) -> dict[str, np.ndarray]:
