@@ -348,7 +348,8 @@ def _attend_backward(model: Any, i: int, r: Any, record: Record, d_heads: np.nda
         keep(i, "attn.hook_rot_q", parts[:, :, :H], (B, n, H, dh))
         keep(i, "attn.hook_rot_k", parts[:, :, H:H + H_kv], (B, n, H_kv, dh))
         # forward: q, k = rope(q), rope(k)
-        ops.rope_(d_qkv, H + H_kv, dh, *model._rope(0, n, i), sign=-1)
+        cos, sin = model._rope(0, n, i)
+        ops.rope_(d_qkv, H + H_kv, dh, cos, sin, sign=-1)
     if layout is not None and layout.qk_norm is not None:
         # forward: q, k = rms_norm(q_in), rms_norm(k_in)   (over each head, or all of q, k)
         p, eps = model.layers[i], model.config.norm_eps
@@ -548,7 +549,7 @@ def _post_norm_backward(d_y: np.ndarray, x: np.ndarray | None, p: Mapping[str, n
                         lg: dict[str, np.ndarray]) -> np.ndarray:
     """The gradient of a branch's output x (rows, d) from that of its post-norm's output d_y
     (the norm's gain gradient added into lg), or d_y itself when there is no post-norm."""
-    if names is None:
+    if names is None or x is None:
         return d_y
     d_x = np.zeros_like(d_y)
     _norm_backward(d_y, x, p[names[0]], eps, d_x, lg, names)
@@ -562,7 +563,7 @@ def _input_backward(d_out: np.ndarray, x: np.ndarray, normed: np.ndarray | None,
     """dx += the gradient of a branch's input x (rows, d) from that of its first product
     ``out = norm(x) W + b`` (``normed``: the norm's recorded output; no norm: x itself), W's,
     b's and the norm's gradients added into lg."""
-    if norm is None:            # forward: out = x W + b
+    if norm is None or normed is None:          # forward: out = x W + b
         linear_backward(d_out, x, p[w], p.get(b or ""), lg[w], lg.get(b or ""), da=dx,
                         workspace=ws)
         return

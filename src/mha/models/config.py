@@ -298,6 +298,9 @@ def _llama(need, raw):
     d_model, n_heads = int(need("hidden_size")), int(need("num_attention_heads"))
     n_layers = int(need("num_hidden_layers"))
     gemma = model_type.startswith("gemma")
+    if raw.get("use_bidirectional_attention"):
+        raise NotImplementedError(f"use_bidirectional_attention (an encoder built on "
+                                  f"{model_type}, such as EmbeddingGemma) is not supported")
     rope = raw.get("rope_parameters") or {}
     per_type = isinstance(rope.get("full_attention"), dict)       # Gemma 3, transformers 5
     theta, scaling = _rope(raw, dict(rope["full_attention"]) if per_type else None,
@@ -330,10 +333,12 @@ def _llama(need, raw):
     if model_type == "gemma" and activation == "gelu":
         activation = "gelu_pytorch_tanh"        # as transformers reads Gemma's Hub configs
     d_head = int(raw.get("head_dim") or d_model // n_heads)
-    scalar = raw.get("query_pre_attn_scalar") if model_type in ("gemma2", "gemma3_text") else None
+    scalar = None
+    if model_type in ("gemma2", "gemma3_text"):
+        scalar = raw.get("query_pre_attn_scalar") or 256            # transformers' default
 
-    def cap(key):
-        value = raw.get(key)
+    def cap(key, gemma2_default):       # transformers' defaults when the key is missing
+        value = raw[key] if key in raw else (gemma2_default if model_type == "gemma2" else None)
         return float(value) if value else None
     return dict(
         n_layers=n_layers, n_heads=n_heads, d_model=d_model, d_head=d_head,
@@ -352,8 +357,8 @@ def _llama(need, raw):
         mlp_bias=bool(raw.get("mlp_bias", False)),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", gemma)),
         sliding_windows=windows,
-        attn_softcap=cap("attn_logit_softcapping") if model_type == "gemma2" else None,
-        final_softcap=cap("final_logit_softcapping") if model_type == "gemma2" else None,
+        attn_softcap=cap("attn_logit_softcapping", 50.0) if scalar is not None else None,
+        final_softcap=cap("final_logit_softcapping", 30.0) if scalar is not None else None,
         query_scale=None if scalar is None else float(scalar) ** -0.5)
 
 

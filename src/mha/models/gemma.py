@@ -37,7 +37,7 @@ class GemmaModel(LlamaModel):
     _norm_offset = 1.0
 
     @property
-    def _embed_scale(self):                               # type: ignore[override]
+    def _embed_scale(self):
         return self.config.d_model ** 0.5
 
 

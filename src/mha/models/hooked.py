@@ -194,7 +194,7 @@ class Hooked:
                                    head_mask, hooks)
         if self.has_lm_head and logits:
             last = enc.last_hidden_state
-            enc.logits = self._logits(last.reshape(-1, last.shape[-1])  # type: ignore[attr-defined]
+            enc.logits = self._logits(last.reshape(-1, last.shape[-1])
                                       ).reshape(*last.shape[:-1], -1)
         return enc
 

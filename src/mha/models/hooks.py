@@ -541,7 +541,9 @@ class ActivationCache(Mapping):
                            apply_ln: bool = False) -> np.ndarray | tuple[np.ndarray, list[str]]:
         """Stack each head's write into the residual stream for the layers before ``layer``.
 
-        A head's write is z_h W_o^(h), without the output bias.
+        A head's write is z_h W_o^(h), without the output bias. A family that norms the
+        attention's output before the residual adds it (Gemma 2 and 3, OLMo-2: ``ln1_post``)
+        has no such sum: there this raises.
 
         Parameters
         ----------
@@ -563,6 +565,11 @@ class ActivationCache(Mapping):
         """
         L, H = self.model.n_layers, self.model.n_heads
         layer = L if layer is None or layer == -1 else layer
+        if getattr(getattr(self.model, "_grad_layout", None), "post_attention", None):
+            raise NotImplementedError(
+                f"{type(self.model).__name__} norms each attention output (ln1_post) before "
+                f"the residual adds it, so the heads' writes z_h W_o^(h) do not sum into the "
+                f"residual stream; decompose_resid (hook_attn_out, after the norm) does")
         parts: list[np.ndarray] = []
         labels: list[str] = []
         for l in range(layer):
@@ -627,6 +634,10 @@ class ActivationCache(Mapping):
             residual_stack = residual_stack - residual_stack.mean(axis=-1, keepdims=True)
         key = ("ln_final.hook_scale" if layer == L
                else f"blocks.{layer}.ln{2 if mlp_input else 1}.hook_scale")
+        if key not in self.model.hook_names():
+            raise ValueError(f"{type(self.model).__name__} has no norm before that block's "
+                             f"{'MLP' if mlp_input else 'attention'} ({key}): only the final "
+                             f"norm (layer=None) scales a stack")
         scale = _slice(self[key], pos_slice, -2)
         if batch_slice is not None:
             scale = _slice(scale, batch_slice, 0)
