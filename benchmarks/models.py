@@ -21,6 +21,15 @@ torch.set_num_threads, onnxruntime's intra_op_num_threads; NumPy's BLAS keeps it
       step on the KV cache, LM head, argmax). A turn opens with an untimed generation of 4.
       mha ``generate(need_weights=False)`` and with its attentions, against transformers'
       ``generate`` with SDPA, and with eager attention returning its attentions.
+  families (``--cases families``, or ``family:gemma2`` ... one at a time; ``--families``
+      picks some): issue 36's seven decoder families, each a random model of a 125M-class
+      shape (FAMILY_SHAPES: 12 layers, width 768, 12 heads of 64, GQA where the family has
+      it, Gemma 2's caps as its real configs have them), saved once in --workdir with
+      transformers' save_pretrained. One forward on 128 random ids with every attention map
+      and every hidden state: mha ``model(ids, need_weights=True)`` against the same
+      folder's base model (AutoModel: no LM head, as mha's ``model(ids)`` has none) in
+      transformers' eager attention with output_attentions=True, output_hidden_states=True.
+      Preparing a folder checks that both give the same attentions and hidden states.
 
 Import order: each round runs two worker processes, one that imports torch and transformers
 before mha ("torch first", what most notebooks do) and one that imports mha first; a worker
@@ -49,6 +58,36 @@ SMOLLM_SHAPE = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536,
                     max_position_embeddings=2048, rms_norm_eps=1e-5, rope_theta=10000.0,
                     tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
 PROMPT, NEW = 256, 64
+
+# issue 36's families at a 125M-class shape: {model_type: (transformers config class, CausalLM
+# class, config)}; 12 layers of width 768 with 12 heads of 64 throughout
+_COMMON = dict(num_hidden_layers=12, hidden_size=768, num_attention_heads=12,
+               max_position_embeddings=2048, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+FAMILY_SHAPES = {
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM",      # Pythia-160M's shape
+                 dict(_COMMON, intermediate_size=3072, vocab_size=50304, rotary_pct=0.25,
+                      rotary_emb_base=10000, use_parallel_residual=True)),
+    "gemma": ("GemmaConfig", "GemmaForCausalLM",
+              dict(_COMMON, intermediate_size=2048, vocab_size=32000, head_dim=64,
+                   num_key_value_heads=4)),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM",
+               dict(_COMMON, intermediate_size=2048, vocab_size=32000, head_dim=64,
+                    num_key_value_heads=4, query_pre_attn_scalar=64,
+                    attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+                    sliding_window=4096)),
+    "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM",
+                    dict(_COMMON, intermediate_size=2048, vocab_size=32000, head_dim=64,
+                         num_key_value_heads=4, query_pre_attn_scalar=64,
+                         sliding_window=512)),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM",
+              dict(_COMMON, intermediate_size=2048, vocab_size=32000, head_dim=64,
+                   num_key_value_heads=4, tie_word_embeddings=True)),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM",
+              dict(_COMMON, intermediate_size=2048, vocab_size=32000)),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM",
+             dict(_COMMON, intermediate_size=2048, vocab_size=32064, sliding_window=2047)),
+}
+FAMILY_TOKENS = 128
 
 
 # --- preparation (in the parent process) ---------------------------------------------------------
@@ -97,6 +136,45 @@ def prepare(workdir, tokens, cases):
             config = transformers.LlamaConfig(**SMOLLM_SHAPE)
             transformers.LlamaForCausalLM(config).save_pretrained(folder,
                                                                   safe_serialization=True)
+    for case in cases:
+        if case.startswith("family:"):
+            prepare_family(workdir, case.split(":", 1)[1], torch, transformers)
+
+
+def prepare_family(workdir, family, torch, transformers):
+    """Save a random model of the family's FAMILY_SHAPES once; check mha against it."""
+    import mha.models
+    folder = workdir / f"family-{family}"
+    if (folder / "model.safetensors").is_file():
+        return
+    config_class, model_class, shape = FAMILY_SHAPES[family]
+    print(f"writing a random {family} of a 125M-class shape to {folder}", file=sys.stderr)
+    torch.manual_seed(0)
+    config = getattr(transformers, config_class)(**shape)
+    hf = getattr(transformers, model_class)(config).eval()
+    hf.save_pretrained(folder, safe_serialization=True)
+    base = transformers.AutoModel.from_pretrained(folder, attn_implementation="eager").eval()
+    ids = family_ids(family)
+    with torch.no_grad():
+        out = base(torch.from_numpy(ids), output_attentions=True, output_hidden_states=True)
+    enc = mha.models.load(folder)(ids)
+    attn = np.stack([a.numpy() for a in out.attentions], axis=1)
+    error_a = np.abs(enc.attentions - attn).max()
+    last = out.hidden_states[-1].numpy()
+    error_h = np.abs(enc.hidden_states[:, -1] - last).max() / np.abs(last).max()
+    print(f"{family}: mha against transformers eager: attentions {error_a:.1e}, last hidden "
+          f"state {error_h:.1e} of its scale", file=sys.stderr)
+    if not (error_a < 1e-4 and error_h < 1e-4):
+        import shutil
+        shutil.rmtree(folder)
+        raise SystemExit(f"mha's {family} differs from transformers' ({error_a:.1e}, "
+                         f"{error_h:.1e})")
+
+
+def family_ids(family):
+    """(1, FAMILY_TOKENS) random ids of the family's vocabulary (past the special ids)."""
+    vocab = FAMILY_SHAPES[family][2]["vocab_size"]
+    return np.random.default_rng(0).integers(3, vocab, FAMILY_TOKENS)[None]
 
 
 def minilm_ids(n):
@@ -126,6 +204,8 @@ def worker(args):
     results = []
     if spec["case"] == "minilm":
         results += minilm_case(spec, mha, torch, transformers)
+    elif spec["case"].startswith("family:"):
+        results += family_case(spec, mha, torch, transformers)
     else:
         results += llama_case(spec, mha, torch, transformers)
     info = {"order": spec["order"], "build_info": mha.build_info(),
@@ -191,6 +271,24 @@ def minilm_case(spec, mha, torch, transformers):
             for name, samples in take_turns(peers, spec["turns"], spec["calls"]).items():
                 rows.append({"case": label, "peer": name, "samples": samples})
     return rows
+
+
+def family_case(spec, mha, torch, transformers):
+    import mha.models
+    family = spec["case"].split(":", 1)[1]
+    folder = Path(spec["workdir"]) / f"family-{family}"
+    model = mha.models.load(folder)
+    hf = transformers.AutoModel.from_pretrained(folder, attn_implementation="eager").eval()
+    ids = family_ids(family)
+    t_ids = torch.from_numpy(ids)
+    peers = {
+        "mha": timed(lambda: model(ids, need_weights=True)),
+        "transformers eager": timed(lambda: hf(t_ids, output_attentions=True,
+                                               output_hidden_states=True)),
+    }
+    label = f"{family} attentions, {FAMILY_TOKENS} tokens"
+    return [{"case": label, "peer": name, "samples": samples}
+            for name, samples in take_turns(peers, spec["turns"], spec["calls"]).items()]
 
 
 def llama_case(spec, mha, torch, transformers):
@@ -351,6 +449,12 @@ def profile(args, tokens, cases):
         runs[f"llama generate, {PROMPT} + {NEW} tokens"] = \
             lambda: llama.generate(prompt, max_new_tokens=NEW, stop_at_eos=False,
                                    need_weights=False, progress=False)
+    for case in cases:
+        if case.startswith("family:"):
+            family = case.split(":", 1)[1]
+            fmodel = mha.models.load(args.workdir / f"family-{family}")
+            runs[f"{family} attentions, {FAMILY_TOKENS} tokens"] = \
+                lambda m=fmodel, ids=family_ids(family): m(ids, need_weights=True)
     for label, fn in runs.items():
         fn()
         profiler = cProfile.Profile()
@@ -405,7 +509,10 @@ def main(argv=None):
                              "samples)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--tokens", default="128,512", help="MiniLM lengths")
-    parser.add_argument("--cases", default="minilm,llama")
+    parser.add_argument("--cases", default="minilm,llama",
+                        help="minilm, llama, families (each of --families), family:<type>")
+    parser.add_argument("--families", default=",".join(FAMILY_SHAPES),
+                        help="the model_types --cases families runs")
     parser.add_argument("--workdir", type=Path,
                         default=Path(tempfile.gettempdir()) / "mha-models-bench")
     parser.add_argument("--json", type=Path, help="also write the table here")
@@ -415,7 +522,10 @@ def main(argv=None):
     if args.worker:
         return worker(args)
     tokens = [int(t) for t in args.tokens.split(",")]
-    cases = args.cases.split(",")
+    cases = []
+    for case in args.cases.split(","):
+        cases += [f"family:{f}" for f in args.families.split(",")] if case == "families" \
+            else [case]
     prepare(args.workdir, tokens, cases)
     if args.profile:
         return profile(args, tokens, cases)
