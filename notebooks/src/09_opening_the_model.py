@@ -19,7 +19,8 @@
 # Three models: MiniLM (the embedded encoder), a small random LLaMA-family folder (to show
 # the names of a grouped-query, rotary model), and a two-layer GPT-2 folder whose weights
 # are **written by hand** to hold an induction circuit, so that we know the answer before
-# the tools look for it. Nothing is downloaded.
+# the tools look for it; in passing, a random Pythia-shaped model and a random Gemma 2 built
+# from their configs show how other families' blocks are named. Nothing is downloaded.
 
 # %%
 # %matplotlib inline
@@ -147,7 +148,71 @@ for point in dict.fromkeys(block0):                     # in order, once each
 # square), and its gated MLP has the up projection as `mlp.hook_pre_linear`. MiniLM has no
 # `ln_final`, and its `hook_attn_scores` of a padded batch are -inf where a key is padding.
 # `docs/models.md` has the table of every name and shape per family.
+
+# %% [markdown]
+# ## Other families: a Pythia-shaped model, and Gemma 2's names
 #
+# `mha.models.from_config(config)` builds a model of any family mha runs from a config dict
+# alone (what a `config.json` holds), its weights **random**, drawn as transformers
+# initialises them; here with a larger `initializer_range` than transformers' 0.02, so that
+# random heads attend somewhere in particular. Nothing is trained and nothing is downloaded.
+#
+# GPT-NeoX (Pythia) has a **parallel** block: both norms read the block's input, and the
+# attention and the MLP are added to it together, `x + attn(ln1(x)) + mlp(ln2(x))`. So it has
+# no `hook_resid_mid`, and `ln2`'s points come before the attention's. Its rotary embedding
+# turns only the first `rotary_pct` of each head (a quarter). Gemma 2 keeps LLaMA's order and
+# norms each branch's output before the residual adds it: `ln1_post` and `ln2_post`.
+
+# %%
+pythia = mha.models.from_config({
+    "model_type": "gpt_neox", "hidden_size": d, "num_attention_heads": H,
+    "num_hidden_layers": 2, "intermediate_size": 4 * d, "vocab_size": V,
+    "max_position_embeddings": 64, "rotary_pct": 0.25, "use_parallel_residual": True,
+    "initializer_range": 0.3}, seed=0, tokenizer=llama.tokenizer)
+gemma2 = mha.models.from_config({
+    "model_type": "gemma2", "hidden_size": d, "num_attention_heads": H,
+    "num_key_value_heads": H_kv, "head_dim": d_head, "num_hidden_layers": 2,
+    "intermediate_size": d_ff, "vocab_size": V, "sliding_window": 4}, seed=0)
+print(pythia)
+print(gemma2)
+columns = {label: [n[len("blocks.0."):] for n in m.hook_names() if n.startswith("blocks.0.")]
+           for label, m in [("LLaMA", llama), ("Pythia (parallel)", pythia),
+                            ("Gemma 2", gemma2)]}
+print("".join(f"{label:28s}" for label in columns))
+for row in range(max(map(len, columns.values()))):
+    print("".join(f"{(c[row] if row < len(c) else ''):28s}" for c in columns.values()))
+
+# %% [markdown]
+# One forward of the Pythia-shaped model with everything kept: its block's output is its input
+# plus both branches, and `hook_rot_q` differs from `hook_q` only in the first quarter of each
+# head (4 of 16 values), the part the rotary embedding turns.
+
+# %%
+pythia_text = "the big dog ran under the old tree the big dog sat on the red mat"
+_, pcache = pythia.run_with_cache(pythia_text)
+for l in range(2):
+    parallel = pcache["resid_pre", l] + pcache["attn_out", l] + pcache["mlp_out", l]
+    print(f"block {l}: resid_post == resid_pre + attn_out + mlp_out: "
+          f"{np.allclose(pcache['resid_post', l], parallel, atol=1e-5)}")
+turned = np.abs(pcache["rot_q", 0] - pcache["q", 0]).max(axis=(0, 1, 2))   # per dimension
+print("dimensions of a head the rotary embedding changed:", np.flatnonzero(turned > 0))
+
+# %%
+ptokens = pythia.tokenize(pythia_text)
+fig = Figure(figsize=(15, 4.2), layout="constrained")
+for ax, h in zip(fig.subplots(1, H), range(H)):
+    viz.heatmap(pcache["pattern", 1][0, h], ptokens, ax=ax, annot=False, colorbar=False,
+                title=f"Pythia-shaped, random: head 1.{h}")
+fig
+
+# %% [markdown]
+# Random weights give patterns without meaning, but they are the family's own: causal (the
+# upper triangle is empty), each head sharp or flat as its random queries and keys make it.
+# The same calls (`run_with_cache`, `run_with_hooks`, the detectors, patching, gradients)
+# run on Qwen3, OLMo 2, Phi-3, Gemma 1-3 and GPT-NeoX folders as on the LLaMA one above;
+# `docs/models.md` lists each family's block.
+
+# %% [markdown]
 # ## A circuit written by hand
 #
 # The two-layer GPT-2 below has an **induction circuit** in its weights, built from
