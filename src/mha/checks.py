@@ -178,7 +178,7 @@ def dropout(p: Any) -> float:
     return value
 
 
-def softcap(value: object) -> float:
+def softcap(value: Any) -> float:
     """An attention logit soft-cap c (scores s become c * tanh(s / c)): a positive finite
     real number, or None or 0 for none (returned as 0.0, what the core reads as off).
 
@@ -195,7 +195,7 @@ def softcap(value: object) -> float:
         raise TypeError(f"softcap must be a positive real number (or None), not {type(value).__name__} "
                         f"{value!r}")
     try:
-        c = float(value)  # type: ignore[arg-type]
+        c = float(value)
     except (TypeError, ValueError):
         raise TypeError(f"softcap must be a positive real number (or None), not "
                         f"{type(value).__name__}") from None
