@@ -33,6 +33,16 @@ static int64_t FN(visible_keys)(const mha_attention_desc *d, int64_t i_last) {
     return MHA_MAX(0, MHA_MIN(d->n_k, last + 1));
 }
 
+/* Soft-capping (d->softcap = c > 0) of the scores p[0:ncols] of query row i against keys
+ * [j0, j0 + ncols): p = c tanh(p / c), before the masks (mask_row), on the keys the row may see
+ * (all ncols with dt, which then receives 1 - tanh^2 of every column, for the backward). */
+static inline void FN(softcap_row)(real *p, real *dt, int64_t ncols, int64_t i, int64_t j0,
+                                   const mha_attention_desc *d) {
+    int64_t n = ncols;
+    if (d->causal && !dt) n = MHA_MAX(0, MHA_MIN(ncols, i + (d->n_k - d->n_q) + 1 - j0));
+    VN(mha_softcap)(p, n, (real)d->softcap, dt);
+}
+
 /* Masks on the scores p[0:ncols] of query row i against keys [j0, j0 + ncols) of head (b, h):
  * a float mask is added; bool mask, key padding set -inf. Returns the columns the row may
  * see (fewer than ncols when causal); the caller ignores the rest. */
@@ -216,6 +226,7 @@ static void FN(softmax_rows)(real *P, uint8_t *dead, real *lse, int64_t ld, int6
     const int64_t at0 = (b * d->heads + h) * d->n_q + i0, shift = d->n_k - d->n_q;
     for (int64_t r = 0; r < rows; r++) {
         real *p = P + r * ld;
+        if (d->softcap > 0) FN(softcap_row)(p, NULL, n_vis, i0 + r, 0, d);
         const int64_t n_row = FN(mask_row)(p, n_vis, b, h, i0 + r, 0, d);
         if (d->scores) {
             real *s = (real *)d->scores + (at0 + r) * d->n_k;
@@ -290,6 +301,7 @@ static int FN(check_desc)(const mha_attention_desc *d) {
         d->d_k < 0 || d->d_v < 0)
         return MHA_EINVAL;
     if (d->heads > 0 && (d->kv_heads == 0 || d->heads % d->kv_heads != 0)) return MHA_EINVAL;
+    if (!(d->softcap >= 0 && d->softcap < INFINITY)) return MHA_EINVAL; /* NaN fails both */
     return MHA_OK;
 }
 
@@ -319,6 +331,7 @@ static void FN(online_softmax_tile)(real *S, int64_t ld, int64_t rows, int64_t n
     for (int64_t r = 0; r < rows; r++) {
         const int64_t i = i0 + r;
         real *p = S + r * ld;
+        if (d->softcap > 0) FN(softcap_row)(p, NULL, ncols, i, j0, d);
         const int64_t n_row = FN(mask_row)(p, ncols, b, h, i, j0, d);
         real t_max = VN(mha_max)(p, n_row);
         real m_new = t_max > m[r] ? t_max : m[r];
@@ -593,13 +606,15 @@ static int FN(mha_attention_forward_lse)(real *out, real *weights, real *lse, co
 
 /* P = exp(S + masks - lse) for a (rows, ncols) block of scores of key tile j0, zero past
  * each row's keys up to cols; rows with lse = -inf (fully masked) are all zero. Returns
- * whether the block has such a row. */
-static int FN(probs_from_lse)(real *P, int64_t ld, int64_t rows, int64_t ncols,
+ * whether the block has such a row. With soft-capping S is capped first and G (same layout
+ * as P) receives 1 - tanh(S / c)^2 in columns [0, ncols). */
+static int FN(probs_from_lse)(real *P, real *G, int64_t ld, int64_t rows, int64_t ncols,
                               int64_t cols, const real *lse, int64_t b, int64_t h,
                               int64_t i0, int64_t j0, const mha_attention_desc *d) {
     int any_dead = 0;
     for (int64_t r = 0; r < rows; r++) {
         real *p = P + r * ld;
+        if (d->softcap > 0) FN(softcap_row)(p, G + r * ld, ncols, i0 + r, j0, d);
         int64_t n_row = FN(mask_row)(p, ncols, b, h, i0 + r, j0, d);
         if (lse[r] == -INFINITY) { any_dead = 1; n_row = 0; }
         else VN(mha_exp_sum)(p, n_row, lse[r]);
@@ -608,14 +623,21 @@ static int FN(probs_from_lse)(real *P, int64_t ld, int64_t rows, int64_t ncols,
     return any_dead;
 }
 
-/* dS = P * (dP - delta) in place of dP, zero in columns [ncols, cols). */
-static void FN(softmax_grad_tile)(real *D, const real *P, int64_t ld, int64_t rows,
-                                  int64_t ncols, int64_t cols, const real *delta) {
+/* dS = P * (dP - delta) in place of dP, zero in columns [ncols, cols); with soft-capping
+ * (G not NULL: 1 - tanh^2 of the raw scores, same layout) the gradient of the raw scores,
+ * dS = P * (dP - delta) * G. */
+static void FN(softmax_grad_tile)(real *D, const real *P, const real *G, int64_t ld,
+                                  int64_t rows, int64_t ncols, int64_t cols, const real *delta) {
     for (int64_t r = 0; r < rows; r++) {
         const real *p = P + r * ld;
         real *ds = D + r * ld;
         const real dl = delta[r];
-        for (int64_t j = 0; j < ncols; j++) ds[j] = p[j] * (ds[j] - dl);
+        if (G) {
+            const real *g = G + r * ld;
+            for (int64_t j = 0; j < ncols; j++) ds[j] = p[j] * (ds[j] - dl) * g[j];
+        } else {
+            for (int64_t j = 0; j < ncols; j++) ds[j] = p[j] * (ds[j] - dl);
+        }
         memset(ds + ncols, 0, (size_t)(cols - ncols) * sizeof(real));
     }
 }
@@ -659,6 +681,7 @@ typedef struct {
     real *P;       /* (BQF, BK): a block's probabilities */
     real *D;       /* (BQF, BK): dP, then dS in place */
     real *A;       /* (BQF, BK): dropout(P); empty without dropout (A is P then) */
+    real *G;       /* (BQF, BK): 1 - tanh^2 of the raw scores with soft-capping, else NULL */
     real *Bp;      /* (BQF, BK) in NR-wide panels: A, then dS, as a product's right operand */
     real *dKt;     /* (d_k, BK): the key tile's dK, transposed */
     real *dVt;     /* (d_v, BK): the key tile's dV, transposed */
@@ -677,6 +700,8 @@ static void FN(backward_scratch_layout)(FN(backward_scratch) *s, mha_carver *c,
     s->D = mha_carve(c, blk, sizeof(real));
     s->A = mha_carve(c, d->dropout > 0 ? blk : 0, sizeof(real));
     if (!(d->dropout > 0)) s->A = s->P;
+    s->G = mha_carve(c, d->softcap > 0 ? blk : 0, sizeof(real));
+    if (!(d->softcap > 0)) s->G = NULL;
     s->Bp = mha_carve(c, FN(mha_packed_b_size)(BQF, BK), sizeof(real));
     s->dKt = mha_carve(c, (size_t)d->d_k * BK, sizeof(real));
     s->dVt = mha_carve(c, (size_t)d->d_v * BK, sizeof(real));
@@ -692,7 +717,7 @@ static void FN(backward_task)(real *dq, real *dk, real *dv, const real *d_out,
                               const FN(backward_scratch) *ws) {
     const int64_t H = d->heads, group = H / d->kv_heads;
     const real scale = (real)d->scale;
-    real *KpT = ws->KpT, *VpT = ws->VpT, *KpN = ws->KpN, *P = ws->P, *D = ws->D, *A = ws->A;
+    real *KpT = ws->KpT, *VpT = ws->VpT, *KpN = ws->KpN, *P = ws->P, *D = ws->D, *A = ws->A, *G = ws->G;
     real *Bp = ws->Bp, *dKt = ws->dKt, *dVt = ws->dVt, *dO_live = ws->dO_live, *delta = ws->delta;
     const real *k_bg = AT(k, d->k, b, g), *v_bg = AT(v, d->v, b, g);
     real *dk_bg = AT(dk, d->k, b, g), *dv_bg = AT(dv, d->v, b, g);
@@ -734,7 +759,7 @@ static void FN(backward_task)(real *dq, real *dk, real *dv, const real *d_out,
                 int64_t do_ld = d->out.row;
                 // P = exp(scale * q k^T + masks - lse), 0 past each row's keys
                 FN(mha_gemm_packed)(0, rows, ncols, d->d_k, scale, q_blk, d->q.row, KpT, 0, P, BK);
-                int any_dead = FN(probs_from_lse)(P, BK, rows, ncols, cols, lse_bh + i0, b, h, i0, j0, d);
+                int any_dead = FN(probs_from_lse)(P, G, BK, rows, ncols, cols, lse_bh + i0, b, h, i0, j0, d);
                 // a fully masked row has no output: its d_out (even NaN) must not reach dk, dv
                 if (any_dead) {
                     for (int64_t r = 0; r < rows; r++) {
@@ -751,7 +776,7 @@ static void FN(backward_task)(real *dq, real *dk, real *dv, const real *d_out,
                 // dP = (dO v^T) * Z;  dS = P * (dP - delta)
                 FN(mha_gemm_packed)(0, rows, ncols, d->d_v, 1, do_blk, do_ld, VpT, 0, D, BK);
                 if (d->dropout > 0) FN(dropout_rows)(D, D, BK, rows, ncols, b, h, i0, j0, d);
-                FN(softmax_grad_tile)(D, P, BK, rows, ncols, cols, delta + hh * d->n_q + i0);
+                FN(softmax_grad_tile)(D, P, G, BK, rows, ncols, cols, delta + hh * d->n_q + i0);
                 // dq += scale * dS k;  dk^T += scale * q^T dS
                 FN(mha_gemm_packed)(0, rows, d->d_k, cols, scale, D, BK, KpN, 1,
                                     dq_bh + i0 * d->q.row, d->q.row);

@@ -52,18 +52,27 @@ typedef struct {
     int causal;
     /* scaling and dropout */
     double scale;                    /* usually 1/sqrt(d_k)                                 */
+    double softcap;                  /* logit soft-capping (Gemma 2): 0 = off; c > 0 turns   *
+                                      * each score s = scale * q.k into c tanh(s / c) before  *
+                                      * the masks (a float mask is added after it), so every  *
+                                      * output (weights, lse, scores, row statistics) is of   *
+                                      * the capped scores, and the backward passes dS through *
+                                      * 1 - tanh(s / c)^2. Negative, NaN or infinite:         *
+                                      * MHA_EINVAL                                            */
     double dropout;                  /* probability in [0, 1)                               */
     uint64_t seed;
     /* row statistics: the mha_row_stats_f32 / _f64 of mha_attention_forward_stats_f32 / _f64
      * (which set it on a copy of the descriptor), NULL otherwise                          */
     const void *row_stats;
     /* scores: NULL, or (B, H, n_q, n_k) contiguous, of q's type, written by the forward with
-     * weights (weights not NULL, else MHA_EINVAL): each scale * q k^T with the masks applied,
-     * -inf at every key a mask, the key padding or causality hides (the input of the softmax) */
+     * weights (weights not NULL, else MHA_EINVAL): each scale * q k^T (soft-capped when
+     * softcap > 0) with the masks applied, -inf at every key a mask, the key padding or
+     * causality hides (the input of the softmax) */
     void *scores;
 } mha_attention_desc;
 
-/* Fills a descriptor with contiguous views for (B, H, n, d) arrays, no mask, scale 1/sqrt(d_k). */
+/* Fills a descriptor with contiguous views for (B, H, n, d) arrays, no mask, scale 1/sqrt(d_k),
+ * no soft-capping (softcap 0), no dropout. */
 void mha_attention_desc_init(mha_attention_desc *desc, int64_t batch, int64_t heads,
                              int64_t kv_heads, int64_t n_q, int64_t n_k, int64_t d_k,
                              int64_t d_v);
@@ -77,7 +86,8 @@ int mha_attention_forward_f64(double *out, double *weights, const double *q, con
                               const double *v, const mha_attention_desc *desc);
 
 /* The same, also writing lse (B, H, n_q) contiguous, or NULL: each row's log-sum-exp of its
- * masked, scaled scores (-inf for a fully masked row), which the saved backward needs. */
+ * masked, scaled (and soft-capped) scores (-inf for a fully masked row), which the saved
+ * backward needs. */
 int mha_attention_forward_lse_f32(float *out, float *weights, float *lse, const float *q,
                                   const float *k, const float *v, const mha_attention_desc *desc);
 int mha_attention_forward_lse_f64(double *out, double *weights, double *lse, const double *q,

@@ -257,6 +257,26 @@ static int get_dropout(PyObject *obj, double *p) {
     return 0;
 }
 
+/* A soft-cap: a finite number >= 0 (0: off); NULL or None keeps *c (0). The messages are
+ * mha.checks.softcap's (the NumPy reference's check). */
+static int get_softcap(PyObject *obj, double *c) {
+    double value = 0;
+    if (!obj || obj == Py_None) return 0;
+    if (get_double(obj, "softcap", &value)) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "softcap must be a positive real number (or None), not %.100s %.200R",
+                     Py_TYPE(obj)->tp_name, obj);
+        return -1;
+    }
+    if (!(value >= 0 && value < INFINITY)) {
+        PyErr_Format(PyExc_ValueError, "softcap must be a positive finite number (the cap c of c * tanh(s / c)), "
+                     "or None or 0 for no cap; got %.200R", obj);
+        return -1;
+    }
+    *c = value;
+    return 0;
+}
+
 /* A dropout seed: an int in [0, 2**64) (bools and floats refused), or None / omitted (NULL):
  * *given = 0, *seed = 0. */
 static int get_seed(PyObject *obj, unsigned long long *seed, int *given) {
@@ -436,17 +456,18 @@ static int attention_args(mha_attention_desc *d, attention_shapes *s, int typenu
 /* The scalar arguments of an attention call, as parsed ("O": checked here, so that every
  * message names its argument). */
 typedef struct {
-    PyObject *causal, *scale, *dropout, *seed;
+    PyObject *causal, *scale, *dropout, *seed, *softcap;
 } attention_scalars;
 
 static int attention_options(mha_attention_desc *d, const attention_shapes *s, int typenum, PyObject *mask_obj,
                              PyObject *kp_obj, const attention_scalars *a, const char *seed_message) {
     int causal = 0, seed_given;
-    double scale = d->scale, dropout = 0;
+    double scale = d->scale, dropout = 0, softcap = 0;
     unsigned long long seed;
     if (get_flag(a->causal, "causal", &causal) || get_scale(a->scale, &scale) || get_dropout(a->dropout, &dropout) ||
-        get_seed(a->seed, &seed, &seed_given))
+        get_seed(a->seed, &seed, &seed_given) || get_softcap(a->softcap, &softcap))
         return -1;
+    d->softcap = softcap;
     return fill_masks(d, s, typenum, mask_obj, kp_obj, causal, scale, dropout, seed, seed_given, seed_message);
 }
 
@@ -545,7 +566,7 @@ static PyObject *row_stats_dict(PyArrayObject *arrays[N_ROW_STATS]) {
 
 static const char *const attention_kw[] = {"q", "k", "v", "mask", "key_padding_mask", "causal", "scale",
                                            "dropout", "seed", "need_weights", "return_lse", "out",
-                                           "weights_out", "row_stats", "key_set", "scores_out", NULL};
+                                           "weights_out", "row_stats", "key_set", "scores_out", "softcap", NULL};
 static call_spec attention_spec = {"attention_forward", attention_kw, 3, {NULL}};
 
 /* -> (out, weights|None), or (out, weights|None, lse) with return_lse, then {name: stats} with
@@ -557,14 +578,16 @@ static call_spec attention_spec = {"attention_forward", attention_kw, 3, {NULL}}
  * output's shape to write into (get_view: e.g. the heads of a (B, n_q, H * d_v) buffer, so that
  * they need no merging); weights_out: None, or a C-contiguous array of the weights' shape (with
  * need_weights). scores_out: None, or a C-contiguous array of the weights' shape (with
- * need_weights) that receives the masked, scaled scores (-inf where masked); not returned.
+ * need_weights) that receives the masked, scaled scores (-inf where masked; soft-capped
+ * first with softcap); not returned. softcap: a finite number >= 0, 0 (or None) off; c > 0
+ * turns each score s into c tanh(s / c) before the masks (get_softcap).
  * What is written into is what is returned. */
 static PyObject *py_attention_forward(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     (void)self;
     PyObject *a[MAX_PARAMS];
     if (parse_call(&attention_spec, args, nargs, kwnames, a)) return NULL;
     PyObject *q_obj = a[0], *k_obj = a[1], *v_obj = a[2], *mask_obj = OR_NONE(a[3]), *kp_obj = OR_NONE(a[4]);
-    attention_scalars sc = {a[5], a[6], a[7], a[8]};
+    attention_scalars sc = {a[5], a[6], a[7], a[8], a[16]};
     PyObject *need_obj = a[9], *lse_obj = a[10], *out_obj = OR_NONE(a[11]), *w_obj = OR_NONE(a[12]);
     PyObject *stats_obj = a[13], *ks_obj = OR_NONE(a[14]), *scores_obj = OR_NONE(a[15]);
     int typenum = float_type(q_obj, "q"), need_weights = 1, return_lse = 0, asked[N_ROW_STATS];
@@ -645,7 +668,8 @@ fail:
 }
 
 static const char *const attention_backward_kw[] = {"d_out", "q", "k", "v", "mask", "key_padding_mask",
-                                                    "causal", "scale", "dropout", "seed", "out", "lse", NULL};
+                                                    "causal", "scale", "dropout", "seed", "out", "lse", "softcap",
+                                                    NULL};
 static call_spec attention_backward_spec = {"attention_backward", attention_backward_kw, 4, {NULL}};
 
 /* -> (dq, dk, dv) shaped like q, k, v. out and lse: the forward's output (like d_out) and
@@ -656,7 +680,7 @@ static PyObject *py_attention_backward(PyObject *self, PyObject *const *args, Py
     if (parse_call(&attention_backward_spec, args, nargs, kwnames, a)) return NULL;
     PyObject *do_obj = a[0], *q_obj = a[1], *k_obj = a[2], *v_obj = a[3], *mask_obj = OR_NONE(a[4]);
     PyObject *kp_obj = OR_NONE(a[5]), *o_obj = OR_NONE(a[10]), *lse_obj = OR_NONE(a[11]);
-    attention_scalars sc = {a[6], a[7], a[8], a[9]};
+    attention_scalars sc = {a[6], a[7], a[8], a[9], a[12]};
     int typenum = float_type(q_obj, "q");
     if (typenum < 0) return NULL;
     PyArrayObject *q, *k, *v, *d_out, *o = NULL, *lse = NULL, *dq = NULL, *dk = NULL, *dv = NULL;
@@ -960,7 +984,7 @@ static int layer_cache(mha_layer_dims *m, int typenum, PyObject *kc_obj, PyObjec
 static const char *const layer_forward_kw[] = {"query", "key", "value", "params", "heads", "kv_heads",
                                                "d_head", "mask", "key_padding_mask", "causal", "dropout",
                                                "seed", "need_weights", "k_cache", "v_cache", "cache_length",
-                                               "key_is_query", "value_is_key", NULL};
+                                               "key_is_query", "value_is_key", "softcap", NULL};
 static call_spec layer_forward_spec = {"layer_forward", layer_forward_kw, 7, {NULL}};
 
 /* -> (out (B, n_q, d_model), weights (B, H, n_q, n_k) or None, context): context is what
@@ -978,7 +1002,7 @@ static PyObject *py_layer_forward(PyObject *self, PyObject *const *args, Py_ssiz
         return NULL;
     PyObject *xq_obj = a[0], *xk_obj = a[1], *xv_obj = a[2], *params = a[3];
     PyObject *mask_obj = OR_NONE(a[7]), *kp_obj = OR_NONE(a[8]);
-    attention_scalars sc = {a[9], NULL, a[10], a[11]};
+    attention_scalars sc = {a[9], NULL, a[10], a[11], a[18]};
     PyObject *need_obj = a[12], *kc_obj = OR_NONE(a[13]), *vc_obj = OR_NONE(a[14]), *kiq_obj = a[16], *vik_obj = a[17];
     int typenum = float_type(xq_obj, "query"), need_weights = 1, key_is_query = 0, value_is_key = 0;
     if (typenum < 0 || get_flag(need_obj, "need_weights", &need_weights) ||
@@ -2010,12 +2034,12 @@ static PyObject *py_adam_step(PyObject *self, PyObject *const *args, Py_ssize_t 
 
 static PyMethodDef methods[] = {
     {"attention_forward", (PyCFunction)(void (*)(void))py_attention_forward, METH_FASTCALL | METH_KEYWORDS,
-     "attention_forward(q, k, v, mask, key_padding_mask, causal, scale, dropout, seed, need_weights, return_lse, out, weights_out, row_stats, key_set, scores_out) -> (out, weights[, lse][, stats])"},
+     "attention_forward(q, k, v, mask, key_padding_mask, causal, scale, dropout, seed, need_weights, return_lse, out, weights_out, row_stats, key_set, scores_out, softcap) -> (out, weights[, lse][, stats])"},
     {"attention_backward", (PyCFunction)(void (*)(void))py_attention_backward, METH_FASTCALL | METH_KEYWORDS,
-     "attention_backward(d_out, q, k, v, mask, key_padding_mask, causal, scale, dropout, seed, out, lse) -> (dq, dk, dv)"},
+     "attention_backward(d_out, q, k, v, mask, key_padding_mask, causal, scale, dropout, seed, out, lse, softcap) -> (dq, dk, dv)"},
     {"layer_forward", (PyCFunction)(void (*)(void))py_layer_forward, METH_FASTCALL | METH_KEYWORDS,
      "layer_forward(query, key, value, params, heads, kv_heads, d_head, mask, key_padding_mask, causal, "
-     "dropout, seed, need_weights, k_cache, v_cache, cache_length, key_is_query, value_is_key) -> (out, "
+     "dropout, seed, need_weights, k_cache, v_cache, cache_length, key_is_query, value_is_key, softcap) -> (out, "
      "weights, context); params: {W_q, W_k, W_v, W_o[, b_q, b_k, b_v, b_o, head_mask]}"},
     {"layer_backward", (PyCFunction)(void (*)(void))py_layer_backward, METH_FASTCALL | METH_KEYWORDS,
      "layer_backward(d_out, context) -> (d_query, d_key, d_value, grads); context from layer_forward"},

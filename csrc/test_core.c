@@ -151,8 +151,10 @@ static void naive_attention(double *out, double *weights, const double *q, const
                     double dot = 0;
                     for (int64_t c = 0; c < d->d_k; c++) dot += q_i[c] * k_bh[j * d->d_k + c];
                     s[j] = d->scale * dot;
+                    if (d->softcap > 0) s[j] = d->softcap * tanh(s[j] / d->softcap);
                     int allowed = !mask || mask[((b * d->heads + h) * d->n_q + i) * d->n_k + j];
                     if (d->causal && j > i + d->n_k - d->n_q) allowed = 0;
+                    if (d->key_padding && !d->key_padding[b * d->key_padding_stride + j]) allowed = 0;
                     if (!allowed) s[j] = -INFINITY;
                     if (s[j] > m) m = s[j];
                 }
@@ -178,6 +180,8 @@ typedef struct {
     int64_t B, H, H_kv, n_q, n_k, d_k, d_v;
     int causal, use_mask;
     double dropout;
+    double softcap; /* 0: off */
+    int padding;    /* key padding: the last key of batch 0, the first two of the others */
 } attention_case;
 
 /* The worst difference between the scores a forward wrote (float or double, by `single`) and
@@ -197,7 +201,9 @@ static double scores_error(const void *got, int single, const double *q, const d
                     double want = 0;
                     for (int64_t c = 0; c < d->d_k; c++) want += q_i[c] * k_j[c];
                     want *= d->scale;
+                    if (d->softcap > 0) want = d->softcap * tanh(want / d->softcap);
                     if ((mask && !mask[at]) || (d->causal && j > i + d->n_k - d->n_q)) want = -INFINITY;
+                    if (d->key_padding && !d->key_padding[b * d->key_padding_stride + j]) want = -INFINITY;
                     const double s = single ? ((const float *)got)[at] : ((const double *)got)[at];
                     if (isinf(want) || isinf(s)) worst = s == want ? worst : INFINITY;
                     else worst = fmax(worst, fabs(s - want) / fmax(1, fabs(want)));
@@ -234,12 +240,96 @@ static void test_attention_scores(const attention_case *c, const mha_attention_d
     free(qr), free(kr);
 }
 
+/* With soft-capping, beyond what every case checks (the weights and output against the naive
+ * twin with c tanh(s / c), both paths, the scores, the backward against finite differences):
+ * lse (float64) against the capped scores' log-sum-exp; the float32 weights; the backward
+ * from the saved out and lse equal to the stateless one; the float32 backward near the
+ * float64 one; a negative, NaN or infinite softcap refused (MHA_EINVAL, nothing written). */
+static void test_softcap_extra(const attention_case *c, const mha_attention_desc *desc, const double *q,
+                               const double *k, const double *v, const double *out_ref,
+                               const double *w_ref) {
+    mha_attention_desc d = *desc;
+    const size_t nq = c->B * c->H * c->n_q * c->d_k, nk = c->B * c->H_kv * c->n_k * c->d_k;
+    const size_t nv = c->B * c->H_kv * c->n_k * c->d_v, no = c->B * c->H * c->n_q * c->d_v;
+    const size_t nw = c->B * c->H * c->n_q * c->n_k, nr = c->B * c->H * c->n_q;
+    double *out = malloc(no * 8 + 8), *lse = malloc(nr * 8 + 8), *scores = malloc(nw * 8 + 8);
+    double *w = malloc(nw * 8 + 8);
+    /* lse: log sum_j exp(s_j) of the capped, masked scores */
+    d.scores = scores;
+    int err = mha_attention_forward_f64(out, w, q, k, v, &d);
+    d.scores = NULL;
+    err |= mha_attention_forward_lse_f64(out, NULL, lse, q, k, v, &d);
+    double e = 0;
+    for (size_t r = 0; r < nr; r++) {
+        double m = -INFINITY, sum = 0;
+        for (int64_t j = 0; j < c->n_k; j++) m = fmax(m, scores[r * c->n_k + j]);
+        for (int64_t j = 0; j < c->n_k && m > -INFINITY; j++) sum += exp(scores[r * c->n_k + j] - m);
+        const double want = m == -INFINITY ? -INFINITY : m + log(sum);
+        e = fmax(e, want == lse[r] ? 0 : fabs(lse[r] - want) / fmax(1, fabs(want)));
+    }
+    expect(!err && e <= 1e-13, "softcap lse (float64) of the capped scores", e, 1e-13);
+    /* float32: the weights path against the twin */
+    float *qf = malloc(nq * 4), *kf = malloc(nk * 4), *vf = malloc(nv * 4), *of = malloc(no * 4);
+    float *wf = malloc(nw * 4 + 4), *lf = malloc(nr * 4 + 4), *gf = malloc(no * 4);
+    float *dqf = malloc(nq * 4), *dkf = malloc(nk * 4), *dvf = malloc(nv * 4);
+    for (size_t i = 0; i < nq; i++) qf[i] = (float)q[i];
+    for (size_t i = 0; i < nk; i++) kf[i] = (float)k[i];
+    for (size_t i = 0; i < nv; i++) vf[i] = (float)v[i];
+    err = mha_attention_forward_f32(of, wf, qf, kf, vf, &d);
+    double e_w = 0, e_o = 0;
+    for (size_t i = 0; i < nw; i++) e_w = fmax(e_w, fabs(wf[i] - w_ref[i]));
+    for (size_t i = 0; i < no; i++) e_o = fmax(e_o, fabs(of[i] - out_ref[i]));
+    expect(!err && e_w <= 1e-5, "softcap float32 weights against the naive twin", e_w, 1e-5);
+    expect(!err && e_o <= 1e-4 * (1 + c->dropout * 4), "softcap float32 output (weights path)", e_o, 1e-4);
+    /* the backward from the saved forward equals the stateless one (float64); float32 near it */
+    double *g = random_array(no), *dq = malloc(nq * 8), *dk = malloc(nk * 8), *dv = malloc(nv * 8);
+    double *dq2 = malloc(nq * 8), *dk2 = malloc(nk * 8), *dv2 = malloc(nv * 8);
+    err = mha_attention_forward_lse_f64(out, NULL, lse, q, k, v, &d);
+    err |= mha_attention_backward_saved_f64(dq, dk, dv, g, q, k, v, out, lse, &d);
+    err |= mha_attention_backward_f64(dq2, dk2, dv2, g, q, k, v, &d);
+    e = fmax(max_abs_diff(dq, dq2, nq), fmax(max_abs_diff(dk, dk2, nk), max_abs_diff(dv, dv2, nv)));
+    expect(!err && e <= 1e-13, "softcap backward from the saved out and lse = the stateless one", e, 1e-13);
+    for (size_t i = 0; i < no; i++) gf[i] = (float)g[i];
+    err = mha_attention_forward_lse_f32(of, NULL, lf, qf, kf, vf, &d);
+    err |= mha_attention_backward_saved_f32(dqf, dkf, dvf, gf, qf, kf, vf, of, lf, &d);
+    double e32 = 0, big = 1;
+    for (size_t i = 0; i < nq; i++) e32 = fmax(e32, fabs(dqf[i] - dq[i])), big = fmax(big, fabs(dq[i]));
+    for (size_t i = 0; i < nk; i++) e32 = fmax(e32, fabs(dkf[i] - dk[i])), big = fmax(big, fabs(dk[i]));
+    for (size_t i = 0; i < nv; i++) e32 = fmax(e32, fabs(dvf[i] - dv[i])), big = fmax(big, fabs(dv[i]));
+    expect(!err && e32 <= 1e-4 * big, "softcap float32 backward near the float64 one", e32 / big, 1e-4);
+    /* bad values: refused before anything is written */
+    const double bad[3] = {-1.0, NAN, INFINITY};
+    for (int t = 0; t < 3; t++) {
+        mha_attention_desc b = d;
+        b.softcap = bad[t];
+        for (size_t i = 0; i < no; i++) out[i] = 7;
+        int status = mha_attention_forward_f64(out, NULL, q, k, v, &b);
+        status &= mha_attention_forward_f64(out, w, q, k, v, &b);
+        status &= mha_attention_backward_f64(dq, dk, dv, g, q, k, v, &b);
+        status &= mha_attention_forward_f32(of, NULL, qf, kf, vf, &b);
+        int untouched = 1;
+        for (size_t i = 0; i < no; i++) untouched &= out[i] == 7;
+        expect(status == MHA_EINVAL && untouched, "a negative, NaN or infinite softcap is MHA_EINVAL", bad[t], 0);
+    }
+    free(out), free(lse), free(scores), free(w), free(qf), free(kf), free(vf), free(of), free(wf), free(lf);
+    free(gf), free(dqf), free(dkf), free(dvf), free(g), free(dq), free(dk), free(dv), free(dq2), free(dk2), free(dv2);
+}
+
 static void test_attention_case(attention_case c) {
     mha_attention_desc d;
     mha_attention_desc_init(&d, c.B, c.H, c.H_kv, c.n_q, c.n_k, c.d_k, c.d_v);
     d.causal = c.causal;
     d.dropout = c.dropout;
     d.seed = 1234;
+    d.softcap = c.softcap;
+    uint8_t *padding = NULL;
+    if (c.padding) {
+        padding = malloc(c.B * c.n_k + 1);
+        for (int64_t b = 0; b < c.B; b++)
+            for (int64_t j = 0; j < c.n_k; j++) padding[b * c.n_k + j] = b == 0 ? j != c.n_k - 1 : j >= 2;
+        d.key_padding = padding;
+        d.key_padding_stride = c.n_k;
+    }
     size_t nq = c.B * c.H * c.n_q * c.d_k, nk = c.B * c.H_kv * c.n_k * c.d_k, nv = c.B * c.H_kv * c.n_k * c.d_v;
     size_t no = c.B * c.H * c.n_q * c.d_v, nw = c.B * c.H * c.n_q * c.n_k;
     double *q = random_array(nq), *k = random_array(nk), *v = random_array(nv);
@@ -257,9 +347,10 @@ static void test_attention_case(attention_case c) {
     }
     double *out = malloc(no * 8), *w = malloc(nw * 8), *out_ref = malloc(no * 8), *w_ref = malloc(nw * 8);
     char what[160];
-    snprintf(what, sizeof what, "attention B=%lld H=%lld/%lld n_q=%lld n_k=%lld d=%lld/%lld causal=%d mask=%d dropout=%g",
-             (long long)c.B, (long long)c.H, (long long)c.H_kv, (long long)c.n_q, (long long)c.n_k,
-             (long long)c.d_k, (long long)c.d_v, c.causal, c.use_mask, c.dropout);
+    snprintf(what, sizeof what, "attention B=%lld H=%lld/%lld n_q=%lld n_k=%lld d=%lld/%lld causal=%d mask=%d "
+             "dropout=%g softcap=%g padding=%d", (long long)c.B, (long long)c.H, (long long)c.H_kv,
+             (long long)c.n_q, (long long)c.n_k, (long long)c.d_k, (long long)c.d_v, c.causal, c.use_mask,
+             c.dropout, c.softcap, c.padding);
     naive_attention(out_ref, w_ref, q, k, v, mask, &d);
     expect(mha_attention_forward_f64(out, w, q, k, v, &d) == MHA_OK, what, 0, 0);
     double err = fmax(max_abs_diff(out, out_ref, no), max_abs_diff(w, w_ref, nw));
@@ -280,6 +371,7 @@ static void test_attention_case(attention_case c) {
     double err32 = 0;
     for (size_t i = 0; i < no; i++) err32 = fmax(err32, fabs(of[i] - out_ref[i]));
     expect(err32 <= 1e-4 * (1 + c.dropout * 4), "float32 forward", err32, 1e-4);
+    if (c.softcap > 0) test_softcap_extra(&c, &d, q, k, v, out_ref, w_ref);
 
     /* backward against central finite differences of L = sum(out * g) */
     double *g = random_array(no), *dq = malloc(nq * 8), *dk = malloc(nk * 8), *dv = malloc(nv * 8);
@@ -310,7 +402,7 @@ static void test_attention_case(attention_case c) {
         expect(z == 0, "a fully masked row gives output 0 and dq 0", z, 0);
     }
     free(q), free(k), free(v), free(mask), free(out), free(w), free(out_ref), free(w_ref), free(out2);
-    free(qf), free(kf), free(vf), free(of), free(g), free(dq), free(dk), free(dv);
+    free(qf), free(kf), free(vf), free(of), free(g), free(dq), free(dk), free(dv), free(padding);
 }
 
 /* ---- the layer: projections + attention + output projection by hand ------------------------ */
@@ -445,6 +537,41 @@ static void test_exp_f32(void) {
     expect(worst[0] <= 1, "float32 softmax weights within 5e-7 + 7e-8|x| of float64", worst[0], 1);
     expect(worst[1] <= 1, "float32 fused softmax within 5e-7 + 7e-8|x| of float64", worst[1], 1);
     free(k), free(v), free(w);
+}
+
+/* The soft-cap's tanh through the scores (q = 1, d_k = 1, scale = 1, c = 1: score j is
+ * tanh(k_j)): float32 within 5e-7 of tanh relative to |tanh| (the vectorised rational fit,
+ * its vector body and its tail), from 1e-30 to past the clamp, both signs, and +-inf giving
+ * +-1 within that; float64 within 4e-16 relative (libm). */
+static void test_softcap_tanh(void) {
+    enum { N = 4003 };
+    double *k = malloc(N * sizeof *k), *v = malloc(N * sizeof *v), *w = malloc(N * sizeof *w);
+    double *s = malloc(N * sizeof *s), q = 1, out;
+    float *kf = malloc(N * sizeof *kf), *vf = malloc(N * sizeof *vf), *wf = malloc(N * sizeof *wf);
+    float *sf = malloc(N * sizeof *sf), qf = 1, outf;
+    for (int j = 0; j < N - 3; j++) { /* a geometric half from 1e-30 to 12, then linear steps to 12 */
+        double x = j % 2 ? pow(10, -30 + 31.08 * j / (N - 3)) : 12.0 * j / (N - 3);
+        k[j] = (float)(j % 4 < 2 ? x : -x);
+    }
+    k[N - 3] = INFINITY, k[N - 2] = -INFINITY, k[N - 1] = 0;
+    for (int j = 0; j < N; j++) kf[j] = (float)k[j], v[j] = vf[j] = 1;
+    mha_attention_desc d;
+    mha_attention_desc_init(&d, 1, 1, 1, 1, N, 1, 1);
+    d.scale = 1;
+    d.softcap = 1;
+    d.scores = s;
+    int err = mha_attention_forward_f64(&out, w, &q, k, v, &d);
+    d.scores = sf;
+    err |= mha_attention_forward_f32(&outf, wf, &qf, kf, vf, &d);
+    double e32 = 0, e64 = 0;
+    for (int j = 0; j < N; j++) {
+        const double want = tanh(k[j]), den = fmax(fabs(want), 1e-300);
+        e32 = fmax(e32, fabs(sf[j] - want) / den);
+        e64 = fmax(e64, fabs(s[j] - want) / den);
+    }
+    expect(!err && e32 <= 5e-7, "float32 soft-cap tanh relative to |tanh|", e32, 5e-7);
+    expect(!err && e64 <= 4e-16, "float64 soft-cap tanh relative to |tanh|", e64, 4e-16);
+    free(k), free(v), free(w), free(s), free(kf), free(vf), free(wf), free(sf);
 }
 
 static void test_dropout_rng(void) {
@@ -1509,15 +1636,25 @@ int main(int argc, char **argv) {
     test_gemm();
     test_gemm_shared_a();
     const attention_case cases[] = {
-        {1, 1, 1, 5, 7, 4, 3, 0, 0, 0},   {2, 4, 2, 9, 9, 5, 6, 1, 0, 0},
-        {2, 2, 1, 6, 3, 8, 8, 1, 1, 0},   {1, 3, 3, 70, 33, 17, 9, 0, 1, 0},
-        {2, 2, 2, 8, 11, 4, 4, 0, 0, 0.3}, {1, 2, 1, 5, 5, 3, 2, 1, 1, 0.5},
-        {1, 1, 1, 3, 0, 4, 4, 0, 0, 0},
+        {1, 1, 1, 5, 7, 4, 3, 0, 0, 0, 0, 0},   {2, 4, 2, 9, 9, 5, 6, 1, 0, 0, 0, 0},
+        {2, 2, 1, 6, 3, 8, 8, 1, 1, 0, 0, 0},   {1, 3, 3, 70, 33, 17, 9, 0, 1, 0, 0, 0},
+        {2, 2, 2, 8, 11, 4, 4, 0, 0, 0.3, 0, 0}, {1, 2, 1, 5, 5, 3, 2, 1, 1, 0.5, 0, 0},
+        {1, 1, 1, 3, 0, 4, 4, 0, 0, 0, 0, 0},
         /* several key tiles (256) and query blocks (72): online softmax across tiles */
-        {1, 2, 1, 150, 600, 24, 20, 1, 1, 0}, {2, 2, 2, 130, 300, 16, 16, 1, 0, 0.2},
-        {1, 1, 1, 300, 270, 8, 8, 1, 1, 0},
+        {1, 2, 1, 150, 600, 24, 20, 1, 1, 0, 0, 0}, {2, 2, 2, 130, 300, 16, 16, 1, 0, 0.2, 0, 0},
+        {1, 1, 1, 300, 270, 8, 8, 1, 1, 0, 0, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_attention_case(cases[i]);
+    /* soft-capping (c tanh(s / c) before the masks) with key padding, causal, masks, GQA,
+     * dropout, several tiles; scores ~ N(0, 1), so the small caps bend */
+    const attention_case softcap_cases[] = {
+        {1, 1, 1, 5, 7, 4, 3, 0, 0, 0, 0.5, 0},    {2, 4, 2, 9, 9, 5, 6, 1, 0, 0, 1.0, 1},
+        {2, 2, 1, 6, 3, 8, 8, 1, 1, 0, 0.7, 1},    {2, 2, 2, 8, 11, 4, 4, 0, 0, 0.3, 1.5, 1},
+        {1, 2, 1, 150, 600, 24, 20, 1, 1, 0, 2.0, 1}, {2, 1, 1, 300, 270, 8, 8, 1, 0, 0, 0.3, 1},
+    };
+    for (size_t i = 0; i < sizeof softcap_cases / sizeof softcap_cases[0]; i++)
+        test_attention_case(softcap_cases[i]);
+    test_softcap_tanh();
     test_layer();
     test_dropout_rng();
     test_exp_f32();

@@ -330,6 +330,70 @@ MHA_INLINE void mha_act_row_f64(double *x, int64_t n, int act) {
     }
 }
 
+/* ---- logit soft-capping (Gemma 2's attn_logit_softcapping) -----------------------------------
+ * x[j] = c tanh(x[j] / c) for j < n, c > 0; dt (NULL: not wanted) receives tanh's derivative
+ * at each x[j] / c, 1 - tanh^2, for the backward.
+ * float32: tanh(u) = u P(u^2) / Q(u^2), the rational fit of degree 13/6 that Eigen uses for
+ * float tanh, with u clamped to +-7.90531 (where tanh rounds to 1 - 2.7e-7 in float; an infinite
+ * u gives that too); within 4e-7 of tanh relative to |tanh| over the whole range (small u
+ * included: no cancellation, unlike 1 - 2 / (e^2u + 1), whose error near 0 is absolute); one
+ * division a lane, no exp. A NaN stays NaN. float64: libm's tanh (within an ulp or two). */
+#define MHA_TANH_F32(out, u_in, T, SEL)                                                         \
+    do {                                                                                        \
+        T tu_ = (u_in);                                                                         \
+        tu_ = SEL(tu_ > (T){0} + 7.90531110763549805f, (T){0} + 7.90531110763549805f, tu_);     \
+        tu_ = SEL(tu_ < (T){0} - 7.90531110763549805f, (T){0} - 7.90531110763549805f, tu_);     \
+        T tu2_ = tu_ * tu_;                                                                     \
+        T tp_ = -2.76076847742355e-16f * tu2_ + 2.00018790482477e-13f;                          \
+        tp_ = tp_ * tu2_ - 8.60467152213735e-11f;                                               \
+        tp_ = tp_ * tu2_ + 5.12229709037114e-08f;                                               \
+        tp_ = tp_ * tu2_ + 1.48572235717979e-05f;                                               \
+        tp_ = tp_ * tu2_ + 6.37261928875436e-04f;                                               \
+        tp_ = tp_ * tu2_ + 4.89352455891786e-03f;                                               \
+        T tq_ = 1.19825839466702e-06f * tu2_ + 1.18534705686654e-04f;                           \
+        tq_ = tq_ * tu2_ + 2.26843463243900e-03f;                                               \
+        tq_ = tq_ * tu2_ + 4.89352518554385e-03f;                                               \
+        (out) = tu_ * tp_ / tq_;                                                                \
+    } while (0)
+
+MHA_INLINE float mha_tanh_f32(float u) {
+    float t;
+    MHA_TANH_F32(t, u, float, MHA_SSEL);
+    return t;
+}
+
+MHA_INLINE void mha_softcap_f32(float *x, int64_t n, float c, float *dt) {
+    const float inv = 1.0f / c;
+    int64_t j = 0;
+#if MHA_GNU_C
+    enum { VL = MHA_VL_F32 };
+    for (; j + VL <= n; j += VL) {
+        mha_vf32 v, t;
+        MHA_VLOAD(v, x + j);
+        MHA_TANH_F32(t, v * inv, mha_vf32, MHA_VSEL);
+        v = t * c;
+        MHA_VSTORE(x + j, v);
+        if (dt) {
+            mha_vf32 g = (1.0f - t) * (1.0f + t);
+            MHA_VSTORE(dt + j, g);
+        }
+    }
+#endif
+    for (; j < n; j++) {
+        const float t = mha_tanh_f32(x[j] * inv);
+        x[j] = t * c;
+        if (dt) dt[j] = (1.0f - t) * (1.0f + t);
+    }
+}
+
+MHA_INLINE void mha_softcap_f64(double *x, int64_t n, double c, double *dt) {
+    for (int64_t j = 0; j < n; j++) {
+        const double t = tanh(x[j] / c);
+        x[j] = t * c;
+        if (dt) dt[j] = (1.0 - t) * (1.0 + t);
+    }
+}
+
 MHA_INLINE void mha_scale_f32(float *x, int64_t n, float a) {
     for (int64_t j = 0; j < n; j++) x[j] *= a;
 }

@@ -46,6 +46,14 @@ def workload():
             res[f"attn_{name}_{t}"] = g
         out, _ = mha.attention(q, k, v, causal=True, dropout=0.3, seed=5)
         res[f"attn_dropout_{t}"] = out
+        # logit soft-capping (the float32 tanh is each path's vectors): both forward paths,
+        # the backward, and the layer
+        out, w = mha.attention(q, k, v, mask=mask, softcap=2.0)
+        res[f"softcap_out_{t}"], res[f"softcap_w_{t}"] = out, w
+        res[f"softcap_fused_{t}"], _ = mha.attention(q, k, v, mask=mask, need_weights=False, softcap=2.0)
+        grads = mha.attention_backward(d_out, q, k, v, mask=mask, causal=True, softcap=0.7)
+        for name, g in zip(("dq", "dk", "dv"), grads):
+            res[f"softcap_{name}_{t}"] = g
         k_nan = k.copy()
         k_nan[0, 0, 290, 3] = np.nan
         res[f"attn_nan_{t}"], _ = mha.attention(q, k_nan, v, causal=True, need_weights=False)
@@ -57,6 +65,10 @@ def workload():
         res[f"layer_dx_{t}"] = layer.backward(rng.standard_normal(out.shape).astype(dtype))[0]
         for key in ("W_q", "W_o", "b_v"):
             res[f"layer_grad_{key}_{t}"] = layer.grads[key]
+        layer = mha.MultiHeadAttention(64, 8, dtype=dtype, seed=3, softcap=0.5)
+        out, _ = layer(x, causal=True)
+        res[f"layer_softcap_out_{t}"] = out
+        res[f"layer_softcap_dx_{t}"] = layer.backward(rng.standard_normal(out.shape).astype(dtype))[0]
     return res
 '''
 

@@ -21,7 +21,8 @@ _Array = NDArray[Any]
 # bool, True = real token. seed: required when dropout > 0. row_stats: names among "entropy",
 # "max", "argmax", "key_set_mass", "self", "prev", "next", "distance"; then the result ends
 # with {name: (..., n_q)} (argmax int64); key_set: bool (n_k,) or (B, n_k), exactly with
-# "key_set_mass".
+# "key_set_mass". softcap: a finite number >= 0, 0 or None = off; c > 0 turns each score s into
+# c * tanh(s / c) before the masks (Gemma 2's attention logit soft-capping).
 @overload
 def attention_forward(
     q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None = None,
@@ -29,7 +30,7 @@ def attention_forward(
     dropout: float = 0.0, seed: int | None = None, need_weights: bool = True,
     return_lse: Literal[False] = False, out: _Array | None = None,
     weights_out: _Array | None = None, row_stats: None = None, key_set: None = None,
-    scores_out: _Array | None = None,
+    scores_out: _Array | None = None, softcap: float | None = 0.0,
 ) -> tuple[_Array, _Array | None]: ...
 @overload
 def attention_forward(
@@ -38,7 +39,7 @@ def attention_forward(
     dropout: float = 0.0, seed: int | None = None, need_weights: bool = True, *,
     return_lse: Literal[True], out: _Array | None = None, weights_out: _Array | None = None,
     row_stats: None = None, key_set: None = None,
-    scores_out: _Array | None = None,
+    scores_out: _Array | None = None, softcap: float | None = 0.0,
 ) -> tuple[_Array, _Array | None, _Array]: ...
 @overload
 def attention_forward(
@@ -48,6 +49,7 @@ def attention_forward(
     return_lse: Literal[False] = False, out: _Array | None = None,
     weights_out: _Array | None = None, *, row_stats: Sequence[str],
     key_set: _Array | None = None, scores_out: _Array | None = None,
+    softcap: float | None = 0.0,
 ) -> tuple[_Array, _Array | None, dict[str, _Array]]: ...
 @overload
 def attention_forward(
@@ -56,12 +58,13 @@ def attention_forward(
     dropout: float = 0.0, seed: int | None = None, need_weights: bool = True, *,
     return_lse: Literal[True], out: _Array | None = None, weights_out: _Array | None = None,
     row_stats: Sequence[str], key_set: _Array | None = None, scores_out: _Array | None = None,
+    softcap: float | None = 0.0,
 ) -> tuple[_Array, _Array | None, _Array, dict[str, _Array]]: ...
 def attention_backward(
     d_out: ArrayLike, q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None = None,
     key_padding_mask: ArrayLike | None = None, causal: bool = False, scale: float | None = None,
     dropout: float = 0.0, seed: int | None = None, out: ArrayLike | None = None,
-    lse: ArrayLike | None = None,
+    lse: ArrayLike | None = None, softcap: float | None = 0.0,
 ) -> tuple[_Array, _Array, _Array]: ...
 
 # the layer: query (B, n_q, d_model), key (B, n_k, kdim), value (B, n_k, vdim); params maps
@@ -74,7 +77,7 @@ def layer_forward(
     key_padding_mask: ArrayLike | None = None, causal: bool = False, dropout: float = 0.0,
     seed: int | None = None, need_weights: bool = True, k_cache: _Array | None = None,
     v_cache: _Array | None = None, cache_length: int = 0, key_is_query: bool = False,
-    value_is_key: bool = False,
+    value_is_key: bool = False, softcap: float | None = 0.0,
 ) -> tuple[_Array, _Array | None, Any]: ...
 
 # -> (d_query, d_key or None, d_value or None, grads {name: gradient})

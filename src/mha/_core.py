@@ -29,8 +29,8 @@ __all__ = [
 
 def attention_forward(q, k, v, *, mask=None, key_padding_mask=None, causal=False, scale=None,
                       dropout=0.0, seed=None, need_weights=True, return_lse=False, out=None,
-                      weights_out=None, row_stats=None, key_set=None, scores_out=None):
-    """softmax(scale * q k^T + mask) v -> (out, weights or None[, lse][, stats]).
+                      weights_out=None, row_stats=None, key_set=None, scores_out=None, softcap=0.0):
+    """softmax(cap(scale * q k^T) + mask) v -> (out, weights or None[, lse][, stats]).
 
     q (..., n_q, d_k), k (..., n_k, d_k), v (..., n_k, d_v) of one rank, 2, 3 or 4 ((B, H, n,
     d), k and v with H_kv heads dividing H), views with a contiguous last axis; mask None or of
@@ -42,21 +42,26 @@ def attention_forward(q, k, v, *, mask=None, key_padding_mask=None, causal=False
     "distance"): stats is then {name: (..., n_q)}; key_set: bool (n_k,) or (B, n_k)
     C-contiguous, given exactly with "key_set_mass". scores_out: None or a C-contiguous array
     of the weights' shape (need_weights=True) that receives the softmax's input, scale * q k^T
-    with the masks applied (-inf where a key is hidden).
+    (capped) with the masks applied (-inf where a key is hidden). softcap: a finite float >= 0;
+    0 (or None) is off, c > 0 caps each score s to c * tanh(s / c) before the masks (Gemma 2's
+    attn_logit_softcapping): the weights, lse, scores and row statistics are then the capped
+    scores'.
     """
     return _C.attention_forward(
         q=q, k=k, v=v, mask=mask, key_padding_mask=key_padding_mask, causal=causal, scale=scale,
         dropout=dropout, seed=seed, need_weights=need_weights, return_lse=return_lse, out=out,
-        weights_out=weights_out, row_stats=row_stats, key_set=key_set, scores_out=scores_out)
+        weights_out=weights_out, row_stats=row_stats, key_set=key_set, scores_out=scores_out,
+        softcap=softcap)
 
 
 def attention_backward(d_out, q, k, v, *, mask=None, key_padding_mask=None, causal=False,
-                       scale=None, dropout=0.0, seed=None, out=None, lse=None):
+                       scale=None, dropout=0.0, seed=None, out=None, lse=None, softcap=0.0):
     """-> (dq, dk, dv) shaped like q, k, v (C-contiguous, as d_out). The arguments are the
-    forward's; out and lse (both or neither) spare the forward's recomputation."""
+    forward's (softcap too: the gradient passes through the cap, ds * (1 - tanh(s / c)^2));
+    out and lse (both or neither) spare the forward's recomputation."""
     return _C.attention_backward(
         d_out=d_out, q=q, k=k, v=v, mask=mask, key_padding_mask=key_padding_mask, causal=causal,
-        scale=scale, dropout=dropout, seed=seed, out=out, lse=lse)
+        scale=scale, dropout=dropout, seed=seed, out=out, lse=lse, softcap=softcap)
 
 
 # ---- the layer ---------------------------------------------------------------------------------
@@ -86,7 +91,8 @@ class LayerContext:
 
 def layer_forward(query, key, value, *, params, heads, kv_heads, d_head, mask=None,
                   key_padding_mask=None, causal=False, dropout=0.0, seed=None, need_weights=True,
-                  cache=None, key_is_query=False, value_is_key=False) -> tuple[Any, Any, Any]:
+                  cache=None, key_is_query=False, value_is_key=False,
+                  softcap=0.0) -> tuple[Any, Any, Any]:
     """The fused layer forward -> (out (B, n_q, d_model), weights (B, H, n_q, n_k) or None,
     context).
 
@@ -94,7 +100,8 @@ def layer_forward(query, key, value, *, params, heads, kv_heads, d_head, mask=No
     {W_q, W_k, W_v, W_o[, b_q, b_k, b_v, b_o, head_mask]}; mask None or (B, H, n_q, n_k) any
     strides; key_padding_mask None or bool (B, n_k). cache: None or a `mha.KVCache`, whose
     rows the new keys and values are written to (its length is then moved on). key_is_query:
-    key is the query array (self-attention), value_is_key likewise.
+    key is the query array (self-attention), value_is_key likewise. softcap: the attention's
+    logit cap (0: none), as attention_forward's; the backward replays it from the context.
 
     context: a `LayerContext` holding what the backward replays (the forward's inputs,
     parameters, masks and saved buffers), for `layer_backward`; None after a call with a cache.
@@ -105,7 +112,7 @@ def layer_forward(query, key, value, *, params, heads, kv_heads, d_head, mask=No
         query=query, key=key, value=value, params=params, heads=heads, kv_heads=kv_heads,
         d_head=d_head, mask=mask, key_padding_mask=key_padding_mask, causal=causal,
         dropout=dropout, seed=seed, need_weights=need_weights, key_is_query=key_is_query,
-        value_is_key=value_is_key, **cached)
+        value_is_key=value_is_key, softcap=softcap, **cached)
     if cache is not None:
         cache.length += key.shape[1]
     out, weights, capsule = result

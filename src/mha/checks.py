@@ -11,9 +11,9 @@ Who checks what (one owner per check):
   configuration (`layer_dims`, `layer_dtype`, `dropout`, `generator`) and the layer's own
   batching and defaults (`layer_inputs`).
 - The NumPy oracle (`mha.reference`) has no binding, so the checks that the binding makes for
-  the C path are here too, for it alone: `qkv`, `scale`, `flag`, `dropout_seed`, `layer_sizes`,
-  `key_padding_shape`, `head_mask_shape`, `d_out_shape`, `cache`. Their messages say what the
-  binding's say.
+  the C path are here too, for it alone: `qkv`, `scale`, `softcap`, `flag`, `dropout_seed`,
+  `layer_sizes`, `key_padding_shape`, `head_mask_shape`, `d_out_shape`, `cache`. Their messages
+  say what the binding's say.
 
 Each check returns the argument in the form the caller computes with, or raises:
 
@@ -176,6 +176,33 @@ def dropout(p: Any) -> float:
     if not 0.0 <= value < 1.0:
         raise ValueError(f"dropout must be in [0, 1), got {p!r}")
     return value
+
+
+def softcap(value: Any) -> float:
+    """An attention logit soft-cap c (scores s become c * tanh(s / c)): a positive finite
+    real number, or None or 0 for none (returned as 0.0, what the core reads as off).
+
+    Raises
+    ------
+    TypeError
+        `value` is not a real number (a bool, complex, string or array).
+    ValueError
+        `value` is negative, NaN or infinite.
+    """
+    if value is None:
+        return 0.0
+    if isinstance(value, (bool, np.bool_, complex, np.complexfloating, str, bytes)) or np.ndim(value) != 0:
+        raise TypeError(f"softcap must be a positive real number (or None), not {type(value).__name__} "
+                        f"{value!r}")
+    try:
+        c = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"softcap must be a positive real number (or None), not "
+                        f"{type(value).__name__}") from None
+    if not (c >= 0.0 and math.isfinite(c)):
+        raise ValueError(f"softcap must be a positive finite number (the cap c of c * tanh(s / c)), "
+                         f"or None or 0 for no cap; got {value!r}")
+    return c
 
 
 def seed(value: object) -> int:

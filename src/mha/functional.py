@@ -97,35 +97,42 @@ def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None =
               causal: bool = False, scale: float | None = None, dropout: float = 0.0,
               seed: int | None = None, need_weights: bool = True,
               return_lse: Literal[False] = False, row_stats: None = None,
-              key_set: None = None) -> tuple[np.ndarray, np.ndarray | None]: ...
+              key_set: None = None, softcap: float | None = None,
+              ) -> tuple[np.ndarray, np.ndarray | None]: ...
 @overload
 def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None = None, *,
               causal: bool = False, scale: float | None = None, dropout: float = 0.0,
               seed: int | None = None, need_weights: bool = True,
               return_lse: Literal[True], row_stats: None = None,
-              key_set: None = None) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]: ...
+              key_set: None = None, softcap: float | None = None,
+              ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]: ...
 @overload
 def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None = None, *,
               causal: bool = False, scale: float | None = None, dropout: float = 0.0,
               seed: int | None = None, need_weights: bool = True,
               return_lse: Literal[False] = False, row_stats: Collection[str] | str,
-              key_set: ArrayLike | None = None) -> tuple[np.ndarray, np.ndarray | None, Stats]: ...
+              key_set: ArrayLike | None = None, softcap: float | None = None,
+              ) -> tuple[np.ndarray, np.ndarray | None, Stats]: ...
 @overload
 def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None = None, *,
               causal: bool = False, scale: float | None = None, dropout: float = 0.0,
               seed: int | None = None, need_weights: bool = True,
               return_lse: Literal[True], row_stats: Collection[str] | str,
-              key_set: ArrayLike | None = None,
+              key_set: ArrayLike | None = None, softcap: float | None = None,
               ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray, Stats]: ...
 def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None = None, *,
               causal: bool = False, scale: float | None = None, dropout: float = 0.0,
               seed: int | None = None, need_weights: bool = True, return_lse: bool = False,
               row_stats: Collection[str] | str | None = None, key_set: ArrayLike | None = None,
+              softcap: float | None = None,
               ) -> (tuple[np.ndarray, np.ndarray | None]
                     | tuple[np.ndarray, np.ndarray | None, np.ndarray]
                     | tuple[np.ndarray, np.ndarray | None, Stats]
                     | tuple[np.ndarray, np.ndarray | None, np.ndarray, Stats]):
     """Compute scaled dot-product attention, softmax(scale * q k^T + mask) v, on the C core.
+
+    With ``softcap=c`` the scores are soft-capped first (Gemma 2's attention logit
+    soft-capping): softmax(c * tanh(scale * q k^T / c) + mask) v.
 
     Parameters
     ----------
@@ -167,6 +174,13 @@ def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None =
         Bool (True = in the set) or integer (nonzero), (n_k,) or (B, n_k): the keys whose mass
         "key_set_mass" sums (the first token, separators, punctuation...). Given exactly when
         "key_set_mass" is asked.
+    softcap : float, optional
+        Attention logit soft-capping: a positive finite c turns each score
+        ``s = scale * q . k`` into ``c * tanh(s / c)`` (inside (-c, c)) before the mask (a float
+        mask is added to the capped score; bool, causal and padding masks hide as without it),
+        as Gemma 2's ``attn_logit_softcapping``. The weights, `lse` and `row_stats` are then
+        those of the capped scores. None (the default) or 0: no cap, the unchanged path.
+        Pass the same value to `attention_backward`.
 
     Returns
     -------
@@ -189,7 +203,8 @@ def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None =
     ValueError
         Shapes that do not fit (the message names the arrays and gives both shapes), dropout
         outside [0, 1), seed outside [0, 2**64), an unknown name in row_stats, a key_set of
-        the wrong shape, or given without "key_set_mass" (or missing with it).
+        the wrong shape, or given without "key_set_mass" (or missing with it), a softcap that
+        is negative, NaN or infinite.
     MemoryError
         An output or the weights cannot fit in memory.
 
@@ -220,18 +235,20 @@ def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None =
     return _core.attention_forward(
         core_view(q, dtype), core_view(k, dtype), core_view(v, dtype), mask=mask, causal=causal,
         scale=scale, dropout=dropout, seed=_fresh_seed() if seed is None else seed,
-        need_weights=need_weights, return_lse=return_lse, row_stats=names, key_set=key_set)
+        need_weights=need_weights, return_lse=return_lse, row_stats=names, key_set=key_set,
+        softcap=softcap)
 
 
 def attention_backward(d_out: ArrayLike, q: ArrayLike, k: ArrayLike, v: ArrayLike,
                        mask: ArrayLike | None = None, *, causal: bool = False,
                        scale: float | None = None, dropout: float = 0.0, seed: int | None = None,
                        out: ArrayLike | None = None, lse: ArrayLike | None = None,
+                       softcap: float | None = None,
                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Compute the gradients of `attention` with respect to q, k and v, on the C core.
 
     Stateless: the probabilities are recomputed from q, k, v, tile by tile. Give the same
-    mask, causal, scale, dropout and seed as the forward (with dropout > 0 the seed is
+    mask, causal, scale, dropout, seed and softcap as the forward (with dropout > 0 the seed is
     required). Without `out` and `lse` the forward runs again inside (2 of its 7 matrix products).
 
     Parameters
@@ -257,6 +274,10 @@ def attention_backward(d_out: ArrayLike, q: ArrayLike, k: ArrayLike, v: ArrayLik
     out, lse : array_like, optional
         Both or neither: the forward's output and its log-sum-exp
         (``attention(..., return_lse=True)``) for the same inputs.
+    softcap : float, optional
+        As for `attention`: the forward's cap c (None or 0: none). The gradient of a raw
+        score s is then that of its capped score times the cap's derivative,
+        ``ds_raw = ds * (1 - tanh(s / c)**2)``.
 
     Returns
     -------
@@ -266,8 +287,8 @@ def attention_backward(d_out: ArrayLike, q: ArrayLike, k: ArrayLike, v: ArrayLik
     Raises
     ------
     TypeError, ValueError, MemoryError
-        As `attention`; ValueError for dropout > 0 without a seed, or out and lse that do not
-        fit or are not given together.
+        As `attention`; ValueError for dropout > 0 without a seed, out and lse that do not
+        fit or are not given together, or a negative, NaN or infinite softcap.
 
     Examples
     --------
@@ -287,7 +308,7 @@ def attention_backward(d_out: ArrayLike, q: ArrayLike, k: ArrayLike, v: ArrayLik
         lse = c(checks.float_array(lse, "lse"), dtype)
     return _core.attention_backward(
         c(d_out, dtype), c(q, dtype), c(k, dtype), c(v, dtype), mask=mask, causal=causal,
-        scale=scale, dropout=dropout, seed=seed, out=out, lse=lse)
+        scale=scale, dropout=dropout, seed=seed, out=out, lse=lse, softcap=softcap)
 
 
 def head_write_norms(weights: np.ndarray, values: np.ndarray, W_o: np.ndarray,

@@ -27,7 +27,8 @@ class MultiHeadAttention(LayerBase):
         Q = query @ W_q + b_q   -> (B, H,    n_q, d_head)
         K = key   @ W_k + b_k   -> (B, H_kv, n_k, d_head)
         V = value @ W_v + b_v   -> (B, H_kv, n_k, d_head)
-        O_h = attention(Q, K, V, mask & key_padding_mask, causal, 1/sqrt(d_head), dropout)
+        O_h = attention(Q, K, V, mask & key_padding_mask, causal, 1/sqrt(d_head), dropout,
+                        softcap)
         out = concat_h(head_mask[h] * O_h) @ W_o + b_o            (B, n_q, d_model)
 
     Parameters
@@ -51,6 +52,10 @@ class MultiHeadAttention(LayerBase):
     seed : int, optional
         Seeds the generator of the initial weights (Xavier-uniform, like PyTorch) and of the
         dropout seeds.
+    softcap : float, optional
+        Attention logit soft-capping (Gemma 2): a positive finite c turns each score s into
+        ``c * tanh(s / c)`` before the masks, in the forward and the backward (as
+        `mha.attention`'s ``softcap``). None (the default) or 0: no cap.
 
     Attributes
     ----------
@@ -108,7 +113,7 @@ class MultiHeadAttention(LayerBase):
             query, key, value, params=params, heads=self.n_heads, kv_heads=self.n_kv_heads,
             d_head=self.d_head, mask=mask, key_padding_mask=key_padding_mask, causal=causal,
             dropout=dropout, seed=seed, need_weights=need_weights, cache=cache,
-            key_is_query=key is query, value_is_key=value is key)
+            key_is_query=key is query, value_is_key=value is key, softcap=self.softcap)
         return out, weights, {"context": context}
 
     def _backward(self, d_out: np.ndarray, saved: dict[str, Any]) -> tuple[

@@ -380,11 +380,12 @@ class LayerBase:
     def __init__(self, d_model: int, n_heads: int, *, n_kv_heads: int | None = None,
                  d_head: int | None = None, kdim: int | None = None, vdim: int | None = None,
                  bias: bool = True, dropout: float = 0.0, dtype: DTypeLike = np.float32,
-                 seed: int | None = None) -> None:
+                 seed: int | None = None, softcap: float | None = None) -> None:
         (self.d_model, self.n_heads, self.n_kv_heads, self.d_head, self.kdim,
          self.vdim) = checks.layer_dims(d_model, n_heads, n_kv_heads, d_head, kdim, vdim)
         self.bias = bool(bias)
         self.dropout = checks.dropout(dropout)
+        self.softcap = checks.softcap(softcap)  # 0.0: no cap
         self.dtype = checks.layer_dtype(dtype)
         # one generator: the initial weights, then one dropout seed per training forward
         self._rng = checks.generator(seed)
@@ -694,6 +695,7 @@ class LayerBase:
             extra += f", n_kv_heads={self.n_kv_heads}"
         if self.kdim != self.d_model or self.vdim != self.d_model:
             extra += f", kdim={self.kdim}, vdim={self.vdim}"
+        cap = f", softcap={self.softcap}" if self.softcap else ""
         return (f"{type(self).__name__}(d_model={self.d_model}, n_heads={self.n_heads}, "
-                f"d_head={self.d_head}{extra}, bias={self.bias}, dropout={self.dropout}, "
+                f"d_head={self.d_head}{extra}, bias={self.bias}, dropout={self.dropout}{cap}, "
                 f"dtype={self.dtype.name})")

@@ -28,7 +28,8 @@ class MultiHeadAttention(LayerBase):
         Q = query @ W_q + b_q   -> (B, H,    n_q, d_head)
         K = key   @ W_k + b_k   -> (B, H_kv, n_k, d_head)
         V = value @ W_v + b_v   -> (B, H_kv, n_k, d_head)
-        O_h = attention(Q, K, V, mask & key_padding_mask, causal, 1/sqrt(d_head), dropout)
+        O_h = attention(Q, K, V, mask & key_padding_mask, causal, 1/sqrt(d_head), dropout,
+                        softcap)
         out = concat_h(head_mask[h] * O_h) @ W_o + b_o            (B, n_q, d_model)
 
     Parameters
@@ -51,6 +52,9 @@ class MultiHeadAttention(LayerBase):
         Inputs of another float dtype are cast to it.
     seed : int, optional
         Seeds the initial weights and the dropout seeds.
+    softcap : float, optional
+        Attention logit soft-capping: each score s becomes ``c * tanh(s / c)`` before the masks.
+        None (the default) or 0: no cap.
 
     See Also
     --------
@@ -105,7 +109,8 @@ class MultiHeadAttention(LayerBase):
 
         # 4. attention per head
         O, weights = attention(Q, K, V, mask, causal=causal, scale=self.scale,
-                               dropout=dropout, seed=seed, need_weights=need_weights)
+                               dropout=dropout, seed=seed, need_weights=need_weights,
+                               softcap=self.softcap)
         # O: (B, H, n_q, D), weights: (B, H, n_q, n_k)
 
         # 5. scale each head by head_mask, concatenate the heads, project
@@ -140,7 +145,8 @@ class MultiHeadAttention(LayerBase):
 
         # 4. O = attention(Q, K, V)
         dQ, dK, dV = attention_backward(dO, Q, K, V, s["mask"], causal=s["causal"],
-                                        scale=self.scale, dropout=s["dropout"], seed=s["seed"])
+                                        scale=self.scale, dropout=s["dropout"], seed=s["seed"],
+                                        softcap=self.softcap)
 
         # 1. Q, K, V = projections, split into heads: merge the heads back, then the linear maps
         dQ = dQ.transpose(0, 2, 1, 3).reshape(B, n_q, H * D)           # (B, n_q, H*D)

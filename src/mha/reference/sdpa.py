@@ -1,8 +1,8 @@
 """Scaled dot-product attention in NumPy, forward and backward: the oracle of `mha.attention`.
 
 One step per line, shapes in the comments, in the order of docs/semantics.md:
-1. scores S = scale * q k^T, 2. the mask, 3. causal, 4. softmax P, 5. dropout A = P * Z,
-6. out = A v. The backward runs the same steps in reverse.
+1. scores S = scale * q k^T (then S = c tanh(S / c) with softcap=c), 2. the mask, 3. causal,
+4. softmax P, 5. dropout A = P * Z, 6. out = A v. The backward runs the same steps in reverse.
 
 Shapes
     q: (n_q, d_k), (B, n_q, d_k) or (B, H, n_q, d_k)
@@ -42,15 +42,24 @@ def _sum_kv_groups(dx: np.ndarray, kv_shape: tuple[int, ...]) -> np.ndarray:
 
 
 def _softmax_probs(q: np.ndarray, k: np.ndarray, mask: np.ndarray | None, causal: bool,
-                   scale: float) -> tuple[np.ndarray, np.ndarray]:
+                   scale: float, softcap: float = 0.0,
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Steps 1-4 of the forward: the softmax probabilities P and the fully masked rows.
 
     q (..., n_q, d_k), k (..., n_k, d_k) with k's heads already repeated for GQA; mask None, or
-    bool or float with the scores' shape (as `mha.checks.mask` returns it).
-    Returns P (..., n_q, n_k) and fully_masked (..., n_q, 1) bool.
+    bool or float with the scores' shape (as `mha.checks.mask` returns it); softcap 0 (none) or
+    the cap c > 0.
+    Returns P (..., n_q, n_k), fully_masked (..., n_q, 1) bool, and T = tanh(S / c) of the
+    raw scores (..., n_q, n_k) (None without a cap), which the backward differentiates.
     """
     # 1. scores
     S = (q @ np.swapaxes(k, -1, -2)) * scale                            # (..., n_q, n_k)
+
+    # 1b. soft-capping (Gemma 2): S = c tanh(S / c), before any mask
+    T = None
+    if softcap > 0:
+        T = np.tanh(S / softcap)                                        # (..., n_q, n_k)
+        S = softcap * T
 
     # 2. mask: bool True = may attend, float = added to the scores
     if mask is not None:
@@ -71,28 +80,29 @@ def _softmax_probs(q: np.ndarray, k: np.ndarray, mask: np.ndarray | None, causal
         E = np.exp(S - row_max)                                         # masked entries -> 0
         denom = np.sum(E, axis=-1, keepdims=True)
         P = E / np.where(fully_masked, 1.0, denom)
-    return P, fully_masked
+    return P, fully_masked, T
 
 
 def _forward_weights(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None,
                      causal: bool, scale: float, dropout: float, seed: int, dtype: np.dtype,
+                     softcap: float = 0.0,
                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, np.ndarray,
-                                np.ndarray]:
+                                np.ndarray, np.ndarray | None]:
     """Steps 1-5 of the forward, shared with the backward (which recomputes them).
 
     Returns k and v with their heads repeated for GQA, the softmax probabilities P
-    (..., n_q, n_k), the dropout multiplier Z (or None), A = P * Z, and fully_masked
-    (..., n_q, 1).
+    (..., n_q, n_k), the dropout multiplier Z (or None), A = P * Z, fully_masked
+    (..., n_q, 1), and T = tanh(raw scores / softcap) (None without a cap).
     """
     n_heads = q.shape[1] if q.ndim == 4 else None
     k_rep = _repeat_kv_heads(k, n_heads)                                # (..., n_k, d_k)
     v_rep = _repeat_kv_heads(v, n_heads)                                # (..., n_k, d_v)
     # 1-4. P = softmax(masked scores)
-    P, fully_masked = _softmax_probs(q, k_rep, mask, causal, scale)     # (..., n_q, n_k)
+    P, fully_masked, T = _softmax_probs(q, k_rep, mask, causal, scale, softcap)
     # 5. dropout on the weights: A = P * Z
     Z = _dropout_multiplier(q, k.shape[-2], dropout, seed, dtype)
     A = P if Z is None else P * Z
-    return k_rep, v_rep, P, Z, A, fully_masked
+    return k_rep, v_rep, P, Z, A, fully_masked, T
 
 
 def _dropout_multiplier(q: np.ndarray, n_k: int, p: float, seed: int, dtype: DTypeLike
@@ -225,20 +235,24 @@ def row_statistics(weights: ArrayLike, row_stats: Collection[str] | str, *,
 def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None = None, *,
               causal: bool = False, scale: float | None = None, dropout: float = 0.0,
               seed: int | None = None, need_weights: bool = True, row_stats: None = None,
-              key_set: None = None) -> tuple[np.ndarray, np.ndarray | None]: ...
+              key_set: None = None, softcap: float | None = None,
+              ) -> tuple[np.ndarray, np.ndarray | None]: ...
 @overload
 def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None = None, *,
               causal: bool = False, scale: float | None = None, dropout: float = 0.0,
               seed: int | None = None, need_weights: bool = True,
               row_stats: Collection[str] | str, key_set: ArrayLike | None = None,
+              softcap: float | None = None,
               ) -> tuple[np.ndarray, np.ndarray | None, dict[str, np.ndarray]]: ...
 def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None = None, *,
               causal: bool = False, scale: float | None = None, dropout: float = 0.0,
               seed: int | None = None, need_weights: bool = True,
               row_stats: Collection[str] | str | None = None, key_set: ArrayLike | None = None,
+              softcap: float | None = None,
               ) -> (tuple[np.ndarray, np.ndarray | None]
                     | tuple[np.ndarray, np.ndarray | None, dict[str, np.ndarray]]):
-    """Scaled dot-product attention, softmax(scale * q k^T + mask) v, in NumPy.
+    """Scaled dot-product attention, softmax(scale * q k^T + mask) v, in NumPy; with
+    ``softcap=c``, softmax(c * tanh(scale * q k^T / c) + mask) v.
 
     Parameters
     ----------
@@ -266,6 +280,9 @@ def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None =
         Statistics of each row of the weights (`row_statistics`), returned third.
     key_set : array_like, optional
         The key set of "key_set_mass", bool (n_k,) or (B, n_k).
+    softcap : float, optional
+        A positive finite c: each score s becomes c * tanh(s / c) before the mask (Gemma 2's
+        logit soft-capping). None or 0: no cap.
 
     Returns
     -------
@@ -296,14 +313,15 @@ def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None =
     """
     q, k, v, _, dtype, mask, scale, dropout, seed = _inputs(q, k, v, mask, scale, dropout, seed)
     causal, need_weights = checks.flag(causal, "causal"), checks.flag(need_weights, "need_weights")
+    softcap = checks.softcap(softcap)
     if row_stats is not None:
         row_stats, key_set = _row_stats_names(row_stats, key_set)
     elif key_set is not None:
         raise ValueError("key_set is given but row_stats does not ask for 'key_set_mass'")
 
     # 1-5. A = dropout(softmax(masked scores)), with GQA's key/value heads repeated
-    _, v_rep, P, _, A, fully_masked = _forward_weights(q, k, v, mask, causal, scale, dropout,
-                                                       seed, dtype)
+    _, v_rep, P, _, A, fully_masked, _ = _forward_weights(q, k, v, mask, causal, scale, dropout,
+                                                          seed, dtype, softcap)
 
     # 6. weighted sum of the values; a fully masked row is 0 whatever v holds
     out = A @ v_rep                                                     # (..., n_q, d_v)
@@ -318,6 +336,7 @@ def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None =
 def attention_backward(d_out: ArrayLike, q: ArrayLike, k: ArrayLike, v: ArrayLike,
                        mask: ArrayLike | None = None, *, causal: bool = False,
                        scale: float | None = None, dropout: float = 0.0, seed: int | None = None,
+                       softcap: float | None = None,
                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Compute the gradients of `attention` with respect to q, k and v, in NumPy.
 
@@ -343,6 +362,9 @@ def attention_backward(d_out: ArrayLike, q: ArrayLike, k: ArrayLike, v: ArrayLik
         As for `attention`.
     seed : int, optional
         The dropout seed the forward used; required when dropout > 0.
+    softcap : float, optional
+        As for `attention`; the gradient of a raw score is then
+        ``ds_raw = ds * (1 - tanh(s / c)**2)``.
 
     Returns
     -------
@@ -366,12 +388,13 @@ def attention_backward(d_out: ArrayLike, q: ArrayLike, k: ArrayLike, v: ArrayLik
     q, k, v, (d_out,), dtype, mask, scale, dropout, seed = _inputs(
         q, k, v, mask, scale, dropout, seed, (d_out, "d_out"), backward=True)
     causal = checks.flag(causal, "causal")
+    softcap = checks.softcap(softcap)
     if d_out.shape != q.shape[:-1] + (v.shape[-1],):
         raise ValueError(f"d_out has shape {d_out.shape} but the output of attention has shape "
                          f"{q.shape[:-1] + (v.shape[-1],)}")
     # recompute the forward
-    k_rep, v_rep, P, Z, A, fully_masked = _forward_weights(q, k, v, mask, causal, scale,
-                                                           dropout, seed, dtype)
+    k_rep, v_rep, P, Z, A, fully_masked, T = _forward_weights(q, k, v, mask, causal, scale,
+                                                              dropout, seed, dtype, softcap)
     d_out = np.where(fully_masked, 0.0, d_out).astype(dtype, copy=False)  # forward zeroed them
 
     # 6. out = A @ v
@@ -386,6 +409,9 @@ def attention_backward(d_out: ArrayLike, q: ArrayLike, k: ArrayLike, v: ArrayLik
     dS = np.where(fully_masked, 0.0, dS).astype(dtype, copy=False)
 
     # 3, 2. masking only replaced scores by constants: nothing to add
+    # 1b. S = c tanh(S_raw / c): dS_raw = dS * (1 - tanh^2)
+    if T is not None:
+        dS = (dS * (1.0 - T * T)).astype(dtype, copy=False)
     # 1. S = scale * q @ k^T
     dq = scale * (dS @ k_rep)                                           # (..., n_q, d_k)
     dk_rep = scale * (np.swapaxes(dS, -1, -2) @ q)                      # (..., n_k, d_k)
