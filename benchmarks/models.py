@@ -35,7 +35,9 @@ Import order: each round runs two worker processes, one that imports torch and t
 before mha ("torch first", what most notebooks do) and one that imports mha first; a worker
 times its peers in turns, rotating which goes first. A turn is one untimed call, then
 ``--calls`` timed calls. Reported per case, order and peer: the median of all timed calls over
-the rounds, and the spread: the lowest and highest median of one turn.
+the rounds, and the spread: the lowest and highest median of one turn; and for each peer, the
+paired ratio: its turn median over mha's turn median of the same worker and turn (run back to
+back), as the median, quartiles and range over the turns.
 
 The profile (``--profile``) runs mha's side of each case under cProfile and sums the time by
 operation (attention kernel, products with their fused activation and residual, norms, RoPE,
@@ -379,30 +381,48 @@ def run_workers(args, tokens, cases):
 
 
 def summarize(rows):
-    """One line per (case, order, peer): median ms of all calls, spread of turn medians."""
+    """One line per (case, order, peer): median ms of all calls, spread of turn medians, and
+    the turn medians themselves (``turn_ms``, in the order they ran)."""
     table = []
     for (case, order, peer), turns in rows.items():
         every = [s for turn in turns for s in turn]
         medians = [np.median(turn) for turn in turns]
         table.append(dict(case=case, order=order, peer=peer, ms=1e3 * float(np.median(every)),
                           low=1e3 * float(min(medians)), high=1e3 * float(max(medians)),
-                          calls=len(every), turns=len(turns)))
+                          calls=len(every), turns=len(turns),
+                          turn_ms=[1e3 * float(m) for m in medians]))
     return table
+
+
+def paired_ratios(peer_row, mha_row):
+    """peer / mha of each turn with the turn of mha that ran next to it (same worker, same
+    turn index: the peers of a worker take turns back to back), so that load which comes and
+    goes over seconds hits both sides of a ratio: on a shared machine the median of these
+    is steadier than the ratio of two medians taken over minutes."""
+    a, b = peer_row.get("turn_ms", []), mha_row.get("turn_ms", [])
+    return [x / y for x, y in zip(a, b)] if len(a) == len(b) else []
 
 
 def print_table(table):
     """Markdown; the last column is peer ms / mha ms (> 1: mha is faster), against mha's row
     of the same kind (with attentions against "mha +attentions" where there is one)."""
-    print("| case | import order | peer | median ms | turn medians ms | peer / mha |")
-    print("| --- | --- | --- | ---: | ---: | ---: |")
+    print("| case | import order | peer | median ms | turn medians ms | peer / mha | "
+          "paired: median (quartiles; range) |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: |")
     for row in table:
         same = {r["peer"]: r for r in table
                 if r["case"] == row["case"] and r["order"] == row["order"]}
         mha_row = same.get("mha +attentions" if "+attentions" in row["peer"] else "mha")
-        ratio = "" if row["peer"].startswith("mha") or mha_row is None else \
-            f"{row['ms'] / mha_row['ms']:.2f}x"
+        ratio, paired = "", ""
+        if not row["peer"].startswith("mha") and mha_row is not None:
+            ratio = f"{row['ms'] / mha_row['ms']:.2f}x"
+            r = paired_ratios(row, mha_row)
+            if r:
+                q1, q2, q3 = np.percentile(r, [25, 50, 75])
+                paired = (f"{q2:.2f}x ({q1:.2f}-{q3:.2f}; {min(r):.2f}-{max(r):.2f}, "
+                          f"{len(r)} turns)")
         print(f"| {row['case']} | {row['order']} | {row['peer']} | {row['ms']:.2f} | "
-              f"{row['low']:.2f}-{row['high']:.2f} | {ratio} |")
+              f"{row['low']:.2f}-{row['high']:.2f} | {ratio} | {paired} |")
 
 
 # --- the profile ----------------------------------------------------------------------------------
