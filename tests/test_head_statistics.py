@@ -48,6 +48,8 @@ def _build_long(family, folder):
     config_class, model_class, kwargs = tiny_models.FAMILIES[family]
     key = "n_positions" if family == "gpt2" else "max_position_embeddings"
     kwargs = {**kwargs, key: N + (2 if family == "roberta" else 0)}
+    if "original_max_position_embeddings" in kwargs:        # Phi-3: no long-RoPE switch
+        kwargs["original_max_position_embeddings"] = N
     with mock.patch.dict(tiny_models.FAMILIES, {family: (config_class, model_class, kwargs)}):
         tiny_models.build(family, folder)
 
@@ -148,7 +150,8 @@ def test_texts_one_or_a_batch_and_built_in_sets(tiny, family):
     sets = {"first": np.eye(1, n, dtype=bool)[0], "special": np.stack(tokenized),
             "punctuation": classes["punct"]}
     assert sets["punctuation"].any()
-    assert sets["special"][:, 0].all() or family == "gpt2"     # GPT-2 adds no special token
+    # GPT-2 and GPT-NeoX (Pythia) add no special token
+    assert sets["special"][:, 0].all() or family.startswith(("gpt2", "gpt_neox"))
     stats = dict(batch)
     _check(stats, _maps(model, enc.input_ids, enc.attention_mask), sets, np.float64)
     # one text: (L, H, n), the same as its row of the batch (its real tokens)
