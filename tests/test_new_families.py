@@ -288,6 +288,37 @@ def test_logits_patterns_and_residual_stream(tiny, reference, family, dtype):
     assert not bad, f"{family} {np.dtype(dtype).name}: {bad}"
 
 
+@pytest.mark.parametrize("family", ["gpt_neox", "phi3"])
+def test_partial_rotary_hooks(tiny, family):
+    """Partial rotary (a quarter of GPT-NeoX's head, three quarters of Phi-3's): hook_rot_q /
+    hook_rot_k turn the first rot dimensions as pairs (i, i + rot / 2), keep the rest as
+    hook_q / hook_k has them, and give the scores (float64)."""
+    folder, _ = tiny(family)
+    model = mha.models.load(folder, dtype=np.float64)
+    factor = model.config.raw["rope_parameters"]["partial_rotary_factor"]
+    rot = int(model.d_head * factor)
+    assert 0 < rot < model.d_head
+    ids, mask = tiny_models.padded_batch(model, N_TOKENS, CUTS)
+    _, cache = model.run_with_cache(ids, attention_mask=mask)
+    g = model.n_heads // model.n_kv_heads
+    half = rot // 2
+    for l in range(model.n_layers):
+        for a, b in (("q", "rot_q"), ("k", "rot_k")):
+            x, y = cache[a, l], cache[b, l]
+            assert np.array_equal(x[..., rot:], y[..., rot:]), (l, a)
+            assert np.array_equal(x[:, 0], y[:, 0])                    # position 0: no turn
+            assert not np.allclose(x[:, 1:, :, :rot], y[:, 1:, :, :rot])
+            np.testing.assert_allclose(x[..., :half] ** 2 + x[..., half:rot] ** 2,
+                                       y[..., :half] ** 2 + y[..., half:rot] ** 2,
+                                       rtol=1e-12, atol=1e-12)
+        q = cache["rot_q", l].transpose(0, 2, 1, 3)
+        k = np.repeat(cache["rot_k", l].transpose(0, 2, 1, 3), g, axis=1)
+        s = q @ k.swapaxes(-1, -2) * model.attention_scale(l)
+        scores = cache["attn_scores", l]
+        allowed = np.isfinite(scores)
+        assert np.abs(s[allowed] - scores[allowed]).max() < 1e-12 * np.abs(s[allowed]).max()
+
+
 # --- gradients: loss_and_grads against torch autograd ------------------------------------------
 
 def _rows(a):
@@ -458,6 +489,11 @@ def test_shared_hooks_equal_transformer_lens(tiny, family):
     core = [*CORE, *(f"blocks.{l}.{p}" for l in range(model.n_layers) for p in CORE_BLOCK)]
     missing = [name for name in core if name not in shared]
     assert not missing, f"not shared with the bridge: {missing}"
+    # every other hook mha gives is checked here too: the bridge's GPT-NeoX and Phi-3 adapters
+    # only have no rotated q / k (test_partial_rotary_hooks checks those)
+    unshared = [name for name in cache if name not in theirs
+                and not name.endswith(("attn.hook_rot_q", "attn.hook_rot_k"))]
+    assert not unshared, f"mha hooks the bridge does not have: {unshared}"
     errors = {}
     for name in [*shared, "logits"]:
         ours = enc.logits if name == "logits" else cache[name]
