@@ -461,6 +461,28 @@ def test_gemma3_old_config_form_reads_as_the_new(tiny, tmp_path):
     np.testing.assert_array_equal(old_model.logits(ids), new_model.logits(ids))
 
 
+def test_gemma2_config_without_its_optional_keys(tiny, tmp_path):
+    """A Gemma 2 config.json without query_pre_attn_scalar and the soft-caps reads as
+    transformers reads it (256, caps 50 and 30): the same logits (float32)."""
+    folder, model_class = tiny("gemma2")
+    bare = tmp_path / "gemma2-bare"
+    shutil.copytree(folder, bare)
+
+    def strip(config):
+        for key in ("query_pre_attn_scalar", "attn_logit_softcapping",
+                    "final_logit_softcapping"):
+            del config[key]
+    tiny_models.edit_config(bare, strip)
+    ref = tiny_models.load_reference(model_class, bare)
+    assert (ref.config.query_pre_attn_scalar, ref.config.attn_logit_softcapping,
+            ref.config.final_logit_softcapping) == (256, 50.0, 30.0)
+    model = mha.models.load(bare)
+    ids, mask = batch(ref)
+    with torch.no_grad():
+        expected = run(ref, ids, mask, False).logits.numpy()
+    assert relative(model.logits(ids[0]), expected[0]) < TOL[np.float32]
+
+
 # --- TransformerLens 4's bridge -------------------------------------------------------------------
 
 #: the hooks every family must share with the bridge (blocks.{l}. before the per-block ones)
