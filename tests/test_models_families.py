@@ -1,7 +1,9 @@
 """Every model family of mha.models against transformers (eager attention) on tiny random
 models written with save_pretrained (tests/tiny_models.py): RoBERTa, DistilBERT, GPT-2,
 LLaMA (GQA, biases, head_dim, llama3 RoPE), LLaMA (multi-query, tied, linear RoPE), Qwen2
-(q/k/v biases, a sliding-window layer) and Mistral (sliding window).
+(q/k/v biases, a sliding-window layer) and Mistral (sliding window), and issue 36's GPT-NeoX
+(parallel and sequential), Gemma, Gemma 2, Gemma 3, Qwen3, OLMo 2 and Phi-3 (tiny_models.NEW;
+test_new_families.py holds what is particular to them).
 
 Tolerances: float32 attentions within 1e-4 absolute, hidden states within 1e-4 of each
 layer's largest value; float64 within 1e-10 (transformers' float32 steps made float64, see
