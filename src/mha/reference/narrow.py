@@ -24,16 +24,24 @@ Q8_0_BLOCK = 32
 
 def to_bfloat16(x) -> np.ndarray:
     """float32 (or anything cast to float32 first) -> uint16 bfloat16 bits, rounded to nearest
-    even; NaN -> 0x7FC0."""
-    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    even; NaN -> 0x7FC0.
+
+    >>> [hex(h) for h in to_bfloat16(np.array([1 + 2 ** -8, 1 + 3 * 2 ** -8]))]   # ties: to even
+    ['0x3f80', '0x3f82']
+    """
+    x = np.asarray(x, dtype=np.float32)
+    u = np.ascontiguousarray(x).reshape(x.shape).view(np.uint32)
     rounded = (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
-    bits = rounded.astype(np.uint16)
-    bits[(u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)] = 0x7FC0
-    return bits
+    nan = (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+    return np.asarray(np.where(nan, np.uint32(0x7FC0), rounded).astype(np.uint16))
 
 
 def from_bfloat16(bits) -> np.ndarray:
-    """uint16 bfloat16 bits -> float32 (exact)."""
+    """uint16 bfloat16 bits -> float32 (exact).
+
+    >>> from_bfloat16(np.array([0x3F80, 0xC040], np.uint16))
+    array([ 1., -3.], dtype=float32)
+    """
     bits = np.asarray(bits)
     if bits.dtype != np.uint16:
         raise ValueError(f"bfloat16 bits are uint16, got {bits.dtype}")
@@ -42,7 +50,12 @@ def from_bfloat16(bits) -> np.ndarray:
 
 def quantize_q8_0(x) -> tuple[np.ndarray, np.ndarray]:
     """x (..., K) -> (q (..., ceil(K / 32), 32) int8, d (..., ceil(K / 32)) float16), blocks
-    along the last axis (zero-padded), as ggml's quantize_row_q8_0_ref."""
+    along the last axis (zero-padded), as ggml's quantize_row_q8_0_ref.
+
+    >>> q, d = quantize_q8_0(np.array([127.0, 2.5, -2.5, 0.25]))   # d = 127 / 127 = 1
+    >>> q[0, :5], d
+    (array([127,   3,  -3,   0,   0], dtype=int8), array([1.], dtype=float16))
+    """
     x = np.asarray(x, dtype=np.float32)
     if x.ndim < 1:
         raise ValueError("quantize_q8_0 needs at least one axis (the blocks run along the last)")
@@ -62,7 +75,13 @@ def quantize_q8_0(x) -> tuple[np.ndarray, np.ndarray]:
 
 def dequantize_q8_0(q, d, k: int | None = None) -> np.ndarray:
     """(q (..., blocks, 32) int8, d (..., blocks) float16) -> float32 (..., k) (k: the length
-    before padding; default blocks * 32). Exact: d * q is an 11-bit by 8-bit product."""
+    before padding; default blocks * 32). Exact: d * q is an 11-bit by 8-bit product.
+
+    >>> q, d = quantize_q8_0(np.linspace(-1, 1, 40))
+    >>> x = dequantize_q8_0(q, d, 40)
+    >>> x.shape, float(np.max(np.abs(x - np.linspace(-1, 1, 40)))) < 1 / 254 * 1.01
+    ((40,), True)
+    """
     q, d = np.asarray(q), np.asarray(d)
     if q.dtype != np.int8 or d.dtype != np.float16 or q.shape != d.shape + (Q8_0_BLOCK,):
         raise ValueError(f"dequantize_q8_0 needs q (..., blocks, 32) int8 and d (..., blocks) float16, got "
