@@ -23,9 +23,23 @@ Q8_0_BLOCK = 32
 
 
 def to_bfloat16(x) -> np.ndarray:
-    """float32 (or anything cast to float32 first) -> uint16 bfloat16 bits, rounded to nearest
-    even; NaN -> 0x7FC0.
+    """Round float32 values to bfloat16, as uint16 bits.
 
+    Anything else is cast to float32 first; rounding is to nearest even, as torch's
+    ``.to(torch.bfloat16)``; NaN becomes 0x7FC0.
+
+    Parameters
+    ----------
+    x : array_like
+        The values.
+
+    Returns
+    -------
+    ndarray of uint16
+        The bfloat16 bits, x's shape.
+
+    Examples
+    --------
     >>> [hex(h) for h in to_bfloat16(np.array([1 + 2 ** -8, 1 + 3 * 2 ** -8]))]   # ties: to even
     ['0x3f80', '0x3f82']
     """
@@ -37,8 +51,25 @@ def to_bfloat16(x) -> np.ndarray:
 
 
 def from_bfloat16(bits) -> np.ndarray:
-    """uint16 bfloat16 bits -> float32 (exact).
+    """Widen bfloat16 bits to float32 (exact).
 
+    Parameters
+    ----------
+    bits : array_like of uint16
+        The bfloat16 bits.
+
+    Returns
+    -------
+    ndarray of float32
+        The values, the bits' shape.
+
+    Raises
+    ------
+    ValueError
+        Bits that are not uint16.
+
+    Examples
+    --------
     >>> from_bfloat16(np.array([0x3F80, 0xC040], np.uint16))
     array([ 1., -3.], dtype=float32)
     """
@@ -49,9 +80,30 @@ def from_bfloat16(bits) -> np.ndarray:
 
 
 def quantize_q8_0(x) -> tuple[np.ndarray, np.ndarray]:
-    """x (..., K) -> (q (..., ceil(K / 32), 32) int8, d (..., ceil(K / 32)) float16), blocks
-    along the last axis (zero-padded), as ggml's quantize_row_q8_0_ref.
+    """Quantise to ggml's Q8_0: blocks of 32 int8 along the last axis, one float16 scale each.
 
+    As ggml's ``quantize_row_q8_0_ref``: d = max|x| / 127 per block (float32, stored as
+    float16), q = round(x / d) (half away from zero); the last block is zero-padded.
+
+    Parameters
+    ----------
+    x : array_like, shape (..., K)
+        The values (cast to float32).
+
+    Returns
+    -------
+    q : ndarray of int8, shape (..., ceil(K / 32), 32)
+        The quantised values.
+    d : ndarray of float16, shape (..., ceil(K / 32))
+        The scales.
+
+    Raises
+    ------
+    ValueError
+        A 0-d x.
+
+    Examples
+    --------
     >>> q, d = quantize_q8_0(np.array([127.0, 2.5, -2.5, 0.25]))   # d = 127 / 127 = 1
     >>> q[0, :5], d
     (array([127,   3,  -3,   0,   0], dtype=int8), array([1.], dtype=float16))
@@ -74,9 +126,29 @@ def quantize_q8_0(x) -> tuple[np.ndarray, np.ndarray]:
 
 
 def dequantize_q8_0(q, d, k: int | None = None) -> np.ndarray:
-    """(q (..., blocks, 32) int8, d (..., blocks) float16) -> float32 (..., k) (k: the length
-    before padding; default blocks * 32). Exact: d * q is an 11-bit by 8-bit product.
+    """Dequantise Q8_0 blocks to float32 (exact: d * q is an 11-bit by 8-bit product).
 
+    Parameters
+    ----------
+    q : ndarray of int8, shape (..., blocks, 32)
+        The quantised values.
+    d : ndarray of float16, shape (..., blocks)
+        The scales.
+    k : int, optional
+        The length before padding (default blocks * 32).
+
+    Returns
+    -------
+    ndarray of float32, shape (..., k)
+        The values.
+
+    Raises
+    ------
+    ValueError
+        q and d of other types or shapes.
+
+    Examples
+    --------
     >>> q, d = quantize_q8_0(np.linspace(-1, 1, 40))
     >>> x = dequantize_q8_0(q, d, 40)
     >>> x.shape, float(np.max(np.abs(x - np.linspace(-1, 1, 40)))) < 1 / 254 * 1.01
