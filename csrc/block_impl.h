@@ -209,16 +209,16 @@ static void FN(column_sums)(real *sum, const real *x, int64_t ldx, int64_t rows,
 }
 
 /* mha_linear with op(B) given as it is (B, ldb, trans_b) or packed whole (Bp). */
-static int FN(linear)(int64_t M, int64_t N, int64_t K, const real *A, int64_t lda, const real *B,
-                      int64_t ldb, int trans_b, const real *Bp, const real *bias, int act,
-                      real beta, real *C, int64_t ldc) {
+static int FN(linear_nw)(int64_t M, int64_t N, int64_t K, const real *A, int64_t lda, const real *B,
+                         int64_t ldb, int trans_b, const real *Bp, const FN(gemm_narrow) *nw,
+                         const real *bias, int act, real beta, real *C, int64_t ldc) {
     if (M < 0 || N < 0 || K < 0 || !FN(act_valid)(act) || (act != MHA_ACT_NONE && beta != 0))
         return MHA_EINVAL;
     if (!(act & MHA_ACT_GATED)) {
         const TY(mha_gemm_out) out = {B, ldb, bias, C, ldc, N, Bp};
         const FN(gemm_epilogue) ep = {act, N, C, ldc};
-        return FN(gemm_auto)(0, trans_b, M, K, 1, A, lda, beta, &out, 1,
-                             act == MHA_ACT_NONE ? NULL : &ep);
+        return FN(gemm_auto_nw)(0, trans_b, M, K, 1, A, lda, beta, &out, 1,
+                                act == MHA_ACT_NONE ? NULL : &ep, nw);
     }
     /* gated: the product's 2N columns go to scratch, the epilogue writes act(gate) * up to C */
     int ok = 1;
@@ -228,9 +228,15 @@ static int FN(linear)(int64_t M, int64_t N, int64_t K, const real *A, int64_t ld
     if (!scratch) return MHA_ENOMEM;
     const TY(mha_gemm_out) out = {B, ldb, bias, scratch, 2 * N, 2 * N, Bp};
     const FN(gemm_epilogue) ep = {act, N, C, ldc};
-    int err = FN(gemm_auto)(0, trans_b, M, K, 1, A, lda, 0, &out, 1, &ep);
+    int err = FN(gemm_auto_nw)(0, trans_b, M, K, 1, A, lda, 0, &out, 1, &ep, nw);
     mha_free(scratch);
     return err;
+}
+
+static int FN(linear)(int64_t M, int64_t N, int64_t K, const real *A, int64_t lda, const real *B,
+                      int64_t ldb, int trans_b, const real *Bp, const real *bias, int act,
+                      real beta, real *C, int64_t ldc) {
+    return FN(linear_nw)(M, N, K, A, lda, B, ldb, trans_b, Bp, NULL, bias, act, beta, C, ldc);
 }
 
 static int FN(mha_linear)(int64_t M, int64_t N, int64_t K, const real *A, int64_t lda,
@@ -243,6 +249,17 @@ static int FN(mha_linear_packed)(int64_t M, int64_t N, int64_t K, const real *A,
                                  const real *Bp, const real *bias, int act, real beta, real *C,
                                  int64_t ldc) {
     return FN(linear)(M, N, K, A, lda, NULL, 0, 0, Bp, bias, act, beta, C, ldc);
+}
+
+/* mha.h: mha_linear_packed_fmt. The product's columns N' (2N when gated) are the packing's. */
+static int FN(mha_linear_packed_fmt)(int64_t M, int64_t N, int64_t K, const real *A, int64_t lda,
+                                     int format, const void *packed, const real *bias, int act,
+                                     real beta, real *C, int64_t ldc) {
+    if (format == MHA_WEIGHTS_NATIVE)
+        return FN(linear)(M, N, K, A, lda, NULL, 0, 0, (const real *)packed, bias, act, beta, C, ldc);
+    if (format != MHA_WEIGHTS_BF16 && format != MHA_WEIGHTS_Q8_0) return MHA_EINVAL;
+    const FN(gemm_narrow) nw = {format, packed};
+    return FN(linear_nw)(M, N, K, A, lda, NULL, 0, 0, NULL, &nw, bias, act, beta, C, ldc);
 }
 
 /* One panel of a weight packed whole (mha_pack_weight's layout), for a parallel packing. */

@@ -332,7 +332,48 @@ typedef struct {
     const FN(gemm_epilogue) *ep;
     real *b_pack, *a_packs;
     int64_t q0, panels, pc, kc;
+    /* a narrow weight (one output, packed whole in a format of mha.h's mha_weight_format),
+     * widened a panel slice at a time into the thread's buffer of w_elems (kc_block x NR) */
+    int fmt;
+    const unsigned char *narrow;
+    size_t narrow_ps;                 /* bytes per panel */
+    real *w_bufs;
+    int64_t w_elems;
 } FN(gemm_job);
+
+/* Bytes of one panel (NR columns, the whole shared axis) of a weight packed in format fmt:
+ * bfloat16, K x NR uint16; Q8_0, ceil(K / 32) blocks of NR half scales then 32 x NR int8. */
+static size_t FN(narrow_panel_bytes)(int fmt, int64_t K) {
+    if (fmt == MHA_WEIGHTS_BF16) return (size_t)K * NR * 2;
+    return (size_t)((K + MHA_Q8_0_BLOCK - 1) / MHA_Q8_0_BLOCK) * (size_t)(NR * (2 + MHA_Q8_0_BLOCK));
+}
+
+/* Rows [pc, pc + kc) of one narrow panel widened to real, buf[p - pc][c] (kc x NR): exact
+ * (a bfloat16 is float's top half; a Q8_0 value d * q is an 11-bit by 8-bit product). pc is
+ * a multiple of 32 (slices of KC, or 0). The inner loops run over NR, a constant. */
+static void FN(widen_slice)(real *buf, int fmt, const unsigned char *panel, int64_t pc, int64_t kc) {
+    if (fmt == MHA_WEIGHTS_BF16) {
+        const unsigned char *src = panel + (size_t)pc * NR * 2;
+        for (int64_t p = 0; p < kc; p++) {
+            uint16_t h[NR];
+            memcpy(h, src + (size_t)p * NR * 2, sizeof h);
+            for (int c = 0; c < NR; c++) buf[p * NR + c] = (real)mha_bf16_to_float(h[c]);
+        }
+        return;
+    }
+    for (int64_t p0 = pc; p0 < pc + kc; p0 += MHA_Q8_0_BLOCK) {
+        const unsigned char *blk = panel + (size_t)(p0 / MHA_Q8_0_BLOCK) * (NR * (2 + MHA_Q8_0_BLOCK));
+        const int64_t rows = MHA_MIN(MHA_Q8_0_BLOCK, pc + kc - p0);
+        uint16_t h[NR];
+        real d[NR];
+        memcpy(h, blk, sizeof h);
+        for (int c = 0; c < NR; c++) d[c] = (real)mha_half_to_float(h[c]);
+        const int8_t *q = (const int8_t *)(blk + 2 * NR);
+        real *dst = buf + (p0 - pc) * NR;
+        for (int64_t r = 0; r < rows; r++)
+            for (int c = 0; c < NR; c++) dst[r * NR + c] = d[c] * (real)q[r * NR + c];
+    }
+}
 
 /* Task: pack panel `panel` of the current block of op(B). */
 static void FN(gemm_pack_b_task)(void *ctx, int64_t panel, int thread) {
@@ -370,6 +411,21 @@ static void FN(gemm_block_slice)(const FN(gemm_job) *g, int64_t blk, int64_t chu
         const int64_t cols = MHA_MIN(u->N, (s1 - g->first[o]) * NR) - j0;
         real *c = u->C + ic * u->ldc + j0;
         const real *bias_c = pc == 0 && u->bias ? u->bias + j0 : NULL;
+        if (g->narrow) { /* one panel at a time, widened into the thread's buffer */
+            real *wb = g->w_bufs + (size_t)thread * (size_t)g->w_elems;
+            for (int64_t s = s0; s < s1; s++) {
+                const int64_t js = (s - g->first[o]) * NR, n = MHA_MIN(NR, u->N - js);
+                FN(widen_slice)(wb, g->fmt, g->narrow + (size_t)(s - g->first[o]) * g->narrow_ps, pc, kc);
+                if (direct)
+                    FN(macro_kernel_direct)(mc, n, kc, a, g->trans_a ? 1 : lda, g->trans_a ? lda : 1,
+                                            wb, kc * NR, u->C + ic * u->ldc + js, u->ldc, g->alpha,
+                                            beta_block, bias_c ? bias_c + (js - j0) : NULL);
+                else
+                    FN(macro_kernel)(mc, n, kc, a_pack, wb, kc * NR, u->C + ic * u->ldc + js, u->ldc,
+                                     g->alpha, beta_block, bias_c ? bias_c + (js - j0) : NULL);
+            }
+            continue;
+        }
         /* B's panels: packed whole once (mha_pack_weight; K x NR each) or by the pack tasks */
         const int64_t b_ps = u->Bp ? g->K * NR : kc * NR;
         const real *bp = u->Bp ? u->Bp + (s0 - g->first[o]) * b_ps + pc * NR
@@ -402,6 +458,7 @@ static void FN(gemm_block_task)(void *ctx, int64_t task, int thread) {
 
 /* Task: the epilogue of a block of EPILOGUE_ROWS finished rows. */
 #define EPILOGUE_ROWS 8
+#define NARROW_WORK_PER_WEIGHT 16.0 /* flops a weight's streaming is worth (gemm_auto_nw) */
 static void FN(gemm_epilogue_task)(void *ctx, int64_t task, int thread) {
     const FN(gemm_job) *g = ctx;
     (void)thread;
@@ -413,9 +470,16 @@ static void FN(gemm_epilogue_task)(void *ctx, int64_t task, int thread) {
  * one input). Panel by panel the arithmetic is that of one product, so each output is
  * bitwise what its own mha_gemm_ws call gives. ep (or NULL): applied to each row of the first
  * output once the product is done. */
-static int FN(gemm_shared_a)(int trans_a, int trans_b, int64_t M, int64_t K, real alpha,
-                             const real *A, int64_t lda, real beta, const TY(mha_gemm_out) *outs,
-                             int n_out, real *workspace, int threads, const FN(gemm_epilogue) *ep) {
+/* A narrow weight for gemm_run: the one output's op(B) packed whole in format fmt. */
+typedef struct {
+    int fmt;
+    const void *packed;
+} FN(gemm_narrow);
+
+static int FN(gemm_run)(int trans_a, int trans_b, int64_t M, int64_t K, real alpha,
+                        const real *A, int64_t lda, real beta, const TY(mha_gemm_out) *outs,
+                        int n_out, real *workspace, int threads, const FN(gemm_epilogue) *ep,
+                        const FN(gemm_narrow) *nw) {
     int64_t first[GEMM_MAX_OUTS + 1] = {0}; /* = {0}: GCC -O3 serial sees a false "maybe uninitialized" */
     const int64_t P = FN(gemm_panels)(outs, n_out, first);
     if (M <= 0 || P == 0) return MHA_OK;
@@ -428,11 +492,11 @@ static int FN(gemm_shared_a)(int trans_a, int trans_b, int64_t M, int64_t K, rea
     /* products too small to repay packing: plain loops, one output at a time */
     int small = 0;
     for (int o = 0; o < n_out; o++)
-        small |= outs[o].N > 0 && !outs[o].Bp && (double)M * (double)outs[o].N * (double)K <= SMALL_GEMM_MNK;
+        small |= !nw && outs[o].N > 0 && !outs[o].Bp && (double)M * (double)outs[o].N * (double)K <= SMALL_GEMM_MNK;
     if (small && n_out > 1) {
         for (int o = 0; o < n_out; o++) {
-            int err = FN(gemm_shared_a)(trans_a, trans_b, M, K, alpha, A, lda, beta, &outs[o], 1,
-                                        workspace, threads, o == 0 ? ep : NULL);
+            int err = FN(gemm_run)(trans_a, trans_b, M, K, alpha, A, lda, beta, &outs[o], 1,
+                                   workspace, threads, o == 0 ? ep : NULL, NULL);
             if (err) return err;
         }
         return MHA_OK;
@@ -452,21 +516,33 @@ static int FN(gemm_shared_a)(int trans_a, int trans_b, int64_t M, int64_t K, rea
     const int64_t n_chunks = m_blocks >= threads ? 1 : (threads + m_blocks - 1) / m_blocks;
     const int64_t tasks = m_blocks * n_chunks;
     if (threads > tasks) threads = (int)tasks;
-    real *owned = NULL;
-    if (!workspace) {
-        owned = mha_alloc(FN(mha_gemm_workspace)(M, P * NR, K, threads));
-        if (!owned) return MHA_ENOMEM;
-        workspace = owned;
-    }
     const int64_t kc_block = FN(gemm_kc)(K), nc_panels = NC / NR;
     size_t b_elems, a_elems;
     FN(gemm_parts)(P * NR, K, mc_block, &b_elems, &a_elems);
     int whole = 1; /* every B packed whole (mha_pack_weight): no packing, no slice barriers */
     for (int o = 0; o < n_out; o++) whole &= outs[o].Bp != NULL;
+    if (nw) whole = 1;
+    /* a narrow weight: each thread's widening buffer (kc_block x NR) after the A blocks */
+    const size_t w_elems = nw ? mha_round_up((size_t)kc_block * NR, MHA_CACHE_LINE) : 0;
+    real *owned = NULL;
+    if (!workspace) {
+        if (nw) b_elems = 0; /* nothing packed per call */
+        owned = mha_alloc(nw ? (b_elems + (size_t)threads * (a_elems + w_elems)) * sizeof(real)
+                             : FN(mha_gemm_workspace)(M, P * NR, K, threads));
+        if (!owned) return MHA_ENOMEM;
+        workspace = owned;
+    }
     const int fused_ep = whole && ep && n_chunks == 1;
     FN(gemm_job) g = {trans_a, trans_b, n_out, whole, fused_ep, M, K, lda, mc_block, n_chunks,
                       (int64_t)a_elems, kc_block, alpha, beta, A, outs, first, ep, workspace,
-                      workspace + b_elems, 0, 0, 0, 0};
+                      workspace + b_elems, 0, 0, 0, 0, 0, NULL, 0, NULL, 0};
+    if (nw) {
+        g.fmt = nw->fmt;
+        g.narrow = nw->packed;
+        g.narrow_ps = FN(narrow_panel_bytes)(nw->fmt, K);
+        g.w_bufs = workspace + b_elems + (size_t)threads * a_elems;
+        g.w_elems = (int64_t)w_elems;
+    }
     if (whole) { /* one parallel region: each task its part of C, every slice, its epilogue */
         g.panels = P;
         mha_parallel_for(threads, tasks, 1, FN(gemm_block_task), &g);
@@ -486,6 +562,13 @@ static int FN(gemm_shared_a)(int trans_a, int trans_b, int64_t M, int64_t K, rea
         mha_parallel_for(threads, (M + EPILOGUE_ROWS - 1) / EPILOGUE_ROWS, 1, FN(gemm_epilogue_task), &g);
     mha_free(owned);
     return MHA_OK;
+}
+
+static int FN(gemm_shared_a)(int trans_a, int trans_b, int64_t M, int64_t K, real alpha,
+                             const real *A, int64_t lda, real beta, const TY(mha_gemm_out) *outs,
+                             int n_out, real *workspace, int threads, const FN(gemm_epilogue) *ep) {
+    return FN(gemm_run)(trans_a, trans_b, M, K, alpha, A, lda, beta, outs, n_out, workspace,
+                        threads, ep, NULL);
 }
 
 static int FN(mha_gemm_ws)(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, real alpha,
@@ -520,6 +603,120 @@ static int FN(mha_pack_width)(int64_t *width) {
     return MHA_OK;
 }
 
+/* ---- narrow packed weights (mha.h: mha_weight_format) ---------------------------------- */
+
+/* Bytes of op(B) (K, N) packed in format fmt: 0 when the format is unknown or the size
+ * overflows (*ok cleared). */
+static size_t FN(packed_bytes)(int fmt, int64_t K, int64_t N, int *ok) {
+    if (K < 0 || N < 0 || (fmt != MHA_WEIGHTS_NATIVE && fmt != MHA_WEIGHTS_BF16 && fmt != MHA_WEIGHTS_Q8_0)) {
+        *ok = 0;
+        return 0;
+    }
+    const size_t panels = (size_t)((N + NR - 1) / NR);
+    if (fmt == MHA_WEIGHTS_NATIVE)
+        return mha_mul_size(mha_mul_size(panels, (size_t)K * NR, ok), sizeof(real), ok);
+    return mha_mul_size(panels, FN(narrow_panel_bytes)(fmt, K), ok);
+}
+
+static int FN(mha_packed_bytes)(int format, int64_t K, int64_t N, size_t *bytes) {
+    int ok = 1;
+    *bytes = FN(packed_bytes)(format, K, N, &ok);
+    return ok ? MHA_OK : MHA_EINVAL;
+}
+
+/* One panel of a narrow packing: panel `panel` of op(B) (K, N), source of kind src. */
+typedef struct {
+    int fmt, src, trans_b;
+    unsigned char *packed;
+    const void *B;
+    int64_t ldb, K, N;
+    size_t panel_bytes;
+} FN(narrow_pack_job);
+
+/* op(B)[p][j] of the source, as float (bf16 bits widened) */
+MHA_INLINE float FN(narrow_src_at)(const FN(narrow_pack_job) *j, int64_t p, int64_t col) {
+    const int64_t at = j->trans_b ? col * j->ldb + p : p * j->ldb + col;
+    if (j->src == NARROW_SRC_BF16_BITS) return mha_bf16_to_float(((const uint16_t *)j->B)[at]);
+    return (float)((const real *)j->B)[at];
+}
+
+static void FN(narrow_pack_task)(void *ctx, int64_t panel, int thread) {
+    const FN(narrow_pack_job) *j = ctx;
+    (void)thread;
+    unsigned char *dst = j->packed + (size_t)panel * j->panel_bytes;
+    const int64_t j0 = panel * NR, cols = MHA_MIN(NR, j->N - j0);
+    if (j->fmt == MHA_WEIGHTS_BF16) {
+        for (int64_t p = 0; p < j->K; p++) {
+            uint16_t h[NR];
+            for (int64_t c = 0; c < NR; c++) {
+                if (c >= cols) h[c] = 0;
+                else if (j->src == NARROW_SRC_BF16_BITS) /* the bits kept as they are */
+                    h[c] = ((const uint16_t *)j->B)[j->trans_b ? (j0 + c) * j->ldb + p : p * j->ldb + j0 + c];
+                else
+                    h[c] = mha_float_to_bf16(FN(narrow_src_at)(j, p, j0 + c));
+            }
+            memcpy(dst + (size_t)p * NR * 2, h, sizeof h);
+        }
+        return;
+    }
+    const int64_t blocks = (j->K + MHA_Q8_0_BLOCK - 1) / MHA_Q8_0_BLOCK;
+    for (int64_t b = 0; b < blocks; b++) {
+        unsigned char *blk = dst + (size_t)b * (NR * (2 + MHA_Q8_0_BLOCK));
+        int8_t *q = (int8_t *)(blk + 2 * NR);
+        const int64_t p0 = b * MHA_Q8_0_BLOCK, n = MHA_MIN(MHA_Q8_0_BLOCK, j->K - p0);
+        for (int64_t c = 0; c < NR; c++) {
+            uint16_t h = 0;
+            if (c >= cols) {
+                for (int r = 0; r < MHA_Q8_0_BLOCK; r++) q[r * NR + c] = 0;
+            } else if (j->src == NARROW_SRC_Q8_0_BLOCKS) { /* ggml's blocks: row j0 + c, block b */
+                const unsigned char *src = (const unsigned char *)j->B +
+                                           ((size_t)(j0 + c) * (size_t)blocks + (size_t)b) * (2 + MHA_Q8_0_BLOCK);
+                memcpy(&h, src, 2);
+                for (int r = 0; r < MHA_Q8_0_BLOCK; r++) q[r * NR + c] = (int8_t)src[2 + r];
+            } else {
+                float x[MHA_Q8_0_BLOCK];
+                for (int64_t r = 0; r < n; r++) x[r] = FN(narrow_src_at)(j, p0 + r, j0 + c);
+                h = mha_q8_0_block(q + c, NR, x, n);
+            }
+            memcpy(blk + 2 * c, &h, 2);
+        }
+    }
+}
+
+static int FN(narrow_pack)(void *packed, int fmt, int src, const void *B, int64_t ldb, int trans_b,
+                           int64_t K, int64_t N) {
+    if (K < 0 || N < 0 || (fmt != MHA_WEIGHTS_BF16 && fmt != MHA_WEIGHTS_Q8_0) ||
+        (K > 0 && N > 0 && (!packed || !B || ldb < (trans_b ? K : N))))
+        return MHA_EINVAL;
+    if (K == 0 || N == 0) return MHA_OK;
+    const int64_t panels = (N + NR - 1) / NR;
+    FN(narrow_pack_job) job = {fmt, src, trans_b, packed, B, ldb, K, N, FN(narrow_panel_bytes)(fmt, K)};
+    mha_parallel_for(mha_threads_for(64.0 * (double)K * (double)N), panels, 1, FN(narrow_pack_task), &job);
+    return MHA_OK;
+}
+
+/* mha.h: mha_pack_weight_fmt; MHA_WEIGHTS_NATIVE is mha_pack_weight */
+static int FN(mha_pack_weight_fmt)(void *packed, int format, const real *B, int64_t ldb, int trans_b,
+                                   int64_t K, int64_t N) {
+    if (format == MHA_WEIGHTS_NATIVE) {
+        if (K < 0 || N < 0 || (K > 0 && N > 0 && (!packed || !B || ldb < (trans_b ? K : N))))
+            return MHA_EINVAL;
+        FN(mha_pack_b_full)((real *)packed, B, ldb, trans_b, K, N);
+        return MHA_OK;
+    }
+    return FN(narrow_pack)(packed, format, NARROW_SRC_REAL, B, ldb, trans_b, K, N);
+}
+
+static int FN(mha_pack_weight_bf16_bits)(void *packed, const uint16_t *B, int64_t ldb, int trans_b,
+                                         int64_t K, int64_t N) {
+    return FN(narrow_pack)(packed, MHA_WEIGHTS_BF16, NARROW_SRC_BF16_BITS, B, ldb, trans_b, K, N);
+}
+
+static int FN(mha_pack_weight_q8_0_blocks)(void *packed, const void *blocks, int64_t K, int64_t N) {
+    return FN(narrow_pack)(packed, MHA_WEIGHTS_Q8_0, NARROW_SRC_Q8_0_BLOCKS, blocks,
+                           (K + MHA_Q8_0_BLOCK - 1) / MHA_Q8_0_BLOCK * MHA_Q8_0_BLOCK, 1, K, N);
+}
+
 /* C = alpha * op(A) @ Bp + beta * C on the calling thread, op(A) (M x K) read in place (A
  * has row stride lda), Bp from mha_pack_b_full(K, N). */
 static void FN(mha_gemm_packed)(int trans_a, int64_t M, int64_t N, int64_t K, real alpha,
@@ -533,14 +730,24 @@ static void FN(mha_gemm_packed)(int trans_a, int64_t M, int64_t N, int64_t K, re
 
 /* gemm_shared_a with its own workspace and threads chosen by the work between two barriers
  * (one slice of the shared axis, every output), not by the whole product. */
+static int FN(gemm_auto_nw)(int trans_a, int trans_b, int64_t M, int64_t K, real alpha,
+                            const real *A, int64_t lda, real beta, const TY(mha_gemm_out) *outs,
+                            int n_out, const FN(gemm_epilogue) *ep, const FN(gemm_narrow) *nw) {
+    double cols = 0;
+    for (int o = 0; o < n_out; o++) cols += (double)MHA_MAX(outs[o].N, 0);
+    double work = 2.0 * (double)M * cols * (double)FN(gemm_kc)(K);
+    /* A narrow weight is packed whole (no barrier between slices) and its product reads it
+     * once per row block: a decode step's few rows are bound by those bytes, not by the
+     * flops, so its threads are chosen by the whole product plus a cost per weight. */
+    if (nw) work = 2.0 * (double)M * cols * (double)K + NARROW_WORK_PER_WEIGHT * cols * (double)K;
+    return FN(gemm_run)(trans_a, trans_b, M, K, alpha, A, lda, beta, outs, n_out, NULL,
+                        mha_threads_for(work), ep, nw);
+}
+
 static int FN(gemm_auto)(int trans_a, int trans_b, int64_t M, int64_t K, real alpha,
                          const real *A, int64_t lda, real beta, const TY(mha_gemm_out) *outs,
                          int n_out, const FN(gemm_epilogue) *ep) {
-    double cols = 0;
-    for (int o = 0; o < n_out; o++) cols += (double)MHA_MAX(outs[o].N, 0);
-    const double slice = 2.0 * (double)M * cols * (double)FN(gemm_kc)(K);
-    return FN(gemm_shared_a)(trans_a, trans_b, M, K, alpha, A, lda, beta, outs, n_out, NULL,
-                             mha_threads_for(slice), ep);
+    return FN(gemm_auto_nw)(trans_a, trans_b, M, K, alpha, A, lda, beta, outs, n_out, ep, NULL);
 }
 
 /* C = op(A) @ op(B) + bias on every row (bias may be NULL). */
@@ -581,3 +788,4 @@ static int FN(mha_gemm_shared_a)(int64_t M, int64_t K, const real *A, int64_t ld
 #undef GEMM_MAX_OUTS
 #undef ACT_CHUNK
 #undef EPILOGUE_ROWS
+#undef NARROW_WORK_PER_WEIGHT

@@ -13,6 +13,7 @@
 #include "common.h"
 #include "dispatch.h"
 #include "mha.h"
+#include "narrow.h"
 #include "vec.h"
 
 #define FN(name) MHA_CAT(MHA_CAT(name, SFX), MHA_ISA)

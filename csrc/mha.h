@@ -239,6 +239,28 @@ enum mha_activation {
  * MHA_ACT_SILU; Shazeer 2020). */
 #define MHA_ACT_GATED 16
 
+/* The layouts of a weight packed whole for mha_linear_packed_fmt (mha_pack_weight_fmt), W the
+ * panel width of the type and SIMD path in use (mha_pack_width), op(B) (K, N) cut into
+ * P = ceil(N / W) panels of W columns (zero-padded), each holding the whole shared axis:
+ *   MHA_WEIGHTS_NATIVE  the compute type itself: mha_pack_weight's K x W panels of T.
+ *   MHA_WEIGHTS_BF16    K x W uint16 bfloat16 per panel (2 bytes a weight), element (p, c) at
+ *                       [p * W + c]; widening to float is exact (bits << 16). Packed from T
+ *                       (via float) with rounding to nearest even, NaN -> 0x7FC0, as torch's
+ *                       .to(torch.bfloat16); or from raw bfloat16 bits, kept as they are.
+ *   MHA_WEIGHTS_Q8_0    ggml's Q8_0 (blocks of 32 consecutive values along K, one IEEE half
+ *                       scale d each, value = d * q, q int8), kept in blocks for each column:
+ *                       per panel ceil(K / 32) blocks of 34 W bytes, block b = W half scales
+ *                       (column c's at bytes [2c, 2c + 2), little-endian host order) then
+ *                       32 x W int8 (row r of the block, column c at byte 2W + r W + c).
+ *                       K not a multiple of 32: the last block is padded with zeros (the
+ *                       quantisation sees only the K - 32 floor(K / 32) real values, its padded
+ *                       q are 0). 34/32 = 1.0625 bytes a weight. Quantised from T (via float)
+ *                       as ggml's quantize_row_q8_0_ref (narrow.h), or taken from ggml's blocks.
+ * The product widens (dequantises) one panel slice of at most 256 x W (K <= 640: the whole
+ * axis) at a time into a per-thread buffer of T and runs the GEMM's micro-kernel on it, so it
+ * equals, bit for bit, mha_linear_packed on the widened weights (both widenings are exact). */
+enum mha_weight_format { MHA_WEIGHTS_NATIVE = 0, MHA_WEIGHTS_BF16 = 1, MHA_WEIGHTS_Q8_0 = 2 };
+
 #define MHA_DECLARE_BLOCK(T, SFX)                                                              \
     /* C = act(A @ op(B) + bias) + beta * C: A (M, K), op(B) (K, N') where N' = N, or 2N      \
      * when act is gated (the gate's columns, then the up's); bias (N') or NULL. The         \
@@ -276,6 +298,25 @@ enum mha_activation {
     int mha_linear_packed_##SFX(int64_t M, int64_t N, int64_t K, const T *A, int64_t lda,     \
                                 const T *Bp, const T *bias, int act, T beta, T *C,             \
                                 int64_t ldc);                                                  \
+    /* Packed weights of any format (enum mha_weight_format, layouts above): *bytes of op(B)   \
+     * (K, N) packed in format (EINVAL for an unknown format or an overflowing size);          \
+     * mha_pack_weight_fmt packs op(B) from T; mha_pack_weight_bf16_bits packs raw bfloat16    \
+     * bits (a checkpoint's tensor, MHA_WEIGHTS_BF16 kept bit for bit); _q8_0_blocks re-lays   \
+     * out ggml's Q8_0 blocks of a weight stored (N, K) (GGUF's ne0 = K: N rows of             \
+     * ceil(K / 32) blocks of 34 bytes, a half d then 32 int8) into MHA_WEIGHTS_Q8_0 panels.   \
+     * mha_linear_packed_fmt is mha_linear_packed on such a packing (N' columns, as there).    \
+     * All of them are per SIMD path and type (W): pack with the functions of the type the    \
+     * product runs in, in the same process. */                                               \
+    int mha_packed_bytes_##SFX(int format, int64_t K, int64_t N, size_t *bytes);               \
+    int mha_pack_weight_fmt_##SFX(void *packed, int format, const T *B, int64_t ldb,           \
+                                  int trans_b, int64_t K, int64_t N);                          \
+    int mha_pack_weight_bf16_bits_##SFX(void *packed, const uint16_t *B, int64_t ldb,          \
+                                        int trans_b, int64_t K, int64_t N);                    \
+    int mha_pack_weight_q8_0_blocks_##SFX(void *packed, const void *blocks, int64_t K,         \
+                                          int64_t N);                                          \
+    int mha_linear_packed_fmt_##SFX(int64_t M, int64_t N, int64_t K, const T *A, int64_t lda, \
+                                    int format, const void *packed, const T *bias, int act,   \
+                                    T beta, T *C, int64_t ldc);                                \
     /* y = act(x) on rows of n (gated: x rows of 2n, y = act(gate) * up). y may be x (same    \
      * leading dimension); otherwise they must not overlap. */                                 \
     int mha_activation_##SFX(T *y, int64_t ldy, const T *x, int64_t ldx, int64_t rows,        \

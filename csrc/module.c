@@ -1366,6 +1366,150 @@ static PyObject *py_linear(PyObject *self, PyObject *const *args, Py_ssize_t nar
     return (PyObject *)c;
 }
 
+/* ---- narrow packed weights (mha.h: mha_weight_format) -------------------------------------- */
+
+/* The shape of op(b) (K, N) packed in format (float32 compute, this process's SIMD path):
+ * bfloat16 (P, K, W) uint16; Q8_0 (P, ceil(K / 32), 34 W) uint8. */
+static void narrow_shape(int format, npy_intp K, npy_intp N, npy_intp shape[3], int *typenum) {
+    const npy_intp W = pack_width(NPY_FLOAT32);
+    shape[0] = (N + W - 1) / W;
+    if (format == MHA_WEIGHTS_BF16) {
+        shape[1] = K, shape[2] = W, *typenum = NPY_UINT16;
+    } else {
+        shape[1] = (K + 31) / 32, shape[2] = 34 * W, *typenum = NPY_UINT8;
+    }
+}
+
+static int get_format(PyObject *obj, int *format) {
+    Py_ssize_t f = -1;
+    if (get_ssize(obj, "format", &f)) return -1;
+    if (f != MHA_WEIGHTS_BF16 && f != MHA_WEIGHTS_Q8_0) {
+        PyErr_Format(PyExc_ValueError, "format must be %d (bfloat16) or %d (q8_0), got %zd",
+                     MHA_WEIGHTS_BF16, MHA_WEIGHTS_Q8_0, f);
+        return -1;
+    }
+    *format = (int)f;
+    return 0;
+}
+
+static const char *const pack_weight_narrow_kw[] = {"b", "format", "trans_b", NULL};
+static call_spec pack_weight_narrow_spec = {"pack_weight_narrow", pack_weight_narrow_kw, 2, {NULL}};
+
+/* pack_weight_narrow(b, format, trans_b=False) -> op(b) (K, N) packed for linear_narrow in
+ * format 1 (bfloat16: (P, K, W) uint16) or 2 (q8_0: (P, ceil(K / 32), 34 W) uint8), W the
+ * float32 panel width. b: float32 (K, N), or (N, K) with trans_b; for bfloat16 also uint16 raw
+ * bfloat16 bits (kept as they are); for q8_0 also uint8 ggml blocks (N, ceil(K / 32) * 34)
+ * with trans_b=True (a GGUF tensor's rows: K = 32 * blocks). */
+static PyObject *py_pack_weight_narrow(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    (void)self;
+    PyObject *arg[MAX_PARAMS];
+    int tb = 0, format = 0;
+    if (parse_call(&pack_weight_narrow_spec, args, nargs, kwnames, arg) || get_format(arg[1], &format) ||
+        get_flag(arg[2], "trans_b", &tb))
+        return NULL;
+    PyObject *b_obj = arg[0];
+    if (!PyArray_Check(b_obj)) {
+        PyErr_Format(PyExc_TypeError, "b must be a numpy array, not %.100s", Py_TYPE(b_obj)->tp_name);
+        return NULL;
+    }
+    const int bt = PyArray_TYPE((PyArrayObject *)b_obj);
+    const int src = bt == NPY_FLOAT32 ? 0 : format == MHA_WEIGHTS_BF16 && bt == NPY_UINT16 ? 1
+                  : format == MHA_WEIGHTS_Q8_0 && bt == NPY_UINT8 ? 2 : -1;
+    if (src < 0) {
+        PyErr_Format(PyExc_TypeError, "b must be float32%s, not %S", format == MHA_WEIGHTS_BF16 ?
+                     " or uint16 (bfloat16 bits)" : " or uint8 (ggml's Q8_0 blocks)",
+                     (PyObject *)PyArray_DESCR((PyArrayObject *)b_obj));
+        return NULL;
+    }
+    PyArrayObject *b = get_array(b_obj, "b", bt, 2);
+    if (!b) return NULL;
+    npy_intp K = PyArray_DIM(b, tb ? 1 : 0), N = PyArray_DIM(b, tb ? 0 : 1);
+    if (src == 2) {
+        if (!tb || PyArray_DIM(b, 1) % 34) {
+            PyErr_Format(PyExc_ValueError, "ggml's Q8_0 blocks are (N, blocks * 34) bytes with trans_b=True, "
+                         "got (%zd, %zd) with trans_b=%d", (Py_ssize_t)PyArray_DIM(b, 0),
+                         (Py_ssize_t)PyArray_DIM(b, 1), tb);
+            return NULL;
+        }
+        K = PyArray_DIM(b, 1) / 34 * 32;
+    }
+    npy_intp shape[3];
+    int typenum;
+    narrow_shape(format, K, N, shape, &typenum);
+    PyArrayObject *p = new_array(3, shape, typenum, 0);
+    if (!p) return NULL;
+    int err;
+    Py_BEGIN_ALLOW_THREADS
+    if (src == 0)
+        err = mha_pack_weight_fmt_f32(PyArray_DATA(p), format, PyArray_DATA(b), PyArray_DIM(b, 1), tb, K, N);
+    else if (src == 1)
+        err = mha_pack_weight_bf16_bits_f32(PyArray_DATA(p), PyArray_DATA(b), PyArray_DIM(b, 1), tb, K, N);
+    else
+        err = mha_pack_weight_q8_0_blocks_f32(PyArray_DATA(p), PyArray_DATA(b), K, N);
+    Py_END_ALLOW_THREADS
+    if (raise_core_error(err)) {
+        Py_DECREF(p);
+        return NULL;
+    }
+    return (PyObject *)p;
+}
+
+static const char *const linear_narrow_kw[] = {"a", "packed", "format", "columns", "bias", "act", "out",
+                                               "accumulate", NULL};
+static call_spec linear_narrow_spec = {"linear_narrow", linear_narrow_kw, 4, {NULL}};
+
+/* linear_narrow(a (M, K) float32, packed, format, columns, bias=None, act=0, out=None,
+ * accumulate=True): linear's product with op(b) (K, N' = columns) from pack_weight_narrow. */
+static PyObject *py_linear_narrow(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    (void)self;
+    PyObject *arg[MAX_PARAMS];
+    Py_ssize_t act_code = 0, cols = -1;
+    int format = 0, accumulate = 1;
+    if (parse_call(&linear_narrow_spec, args, nargs, kwnames, arg) || get_format(arg[2], &format) ||
+        get_ssize(arg[3], "columns", &cols) || get_ssize(arg[5], "act", &act_code) || check_act(act_code) ||
+        get_flag(arg[7], "accumulate", &accumulate))
+        return NULL;
+    PyObject *a_obj = arg[0], *p_obj = arg[1], *bias_obj = OR_NONE(arg[4]), *out_obj = OR_NONE(arg[6]);
+    const int act = (int)act_code;
+    PyArrayObject *a = get_array(a_obj, "a", NPY_FLOAT32, 2), *p, *bias;
+    if (!a) return NULL;
+    const npy_intp M = PyArray_DIM(a, 0), K = PyArray_DIM(a, 1);
+    if (cols < 0) {
+        PyErr_Format(PyExc_ValueError, "columns must be >= 0, got %zd", cols);
+        return NULL;
+    }
+    npy_intp shape3[3];
+    int typenum;
+    narrow_shape(format, K, cols, shape3, &typenum);
+    if (!(p = get_array(p_obj, "packed", typenum, 3))) return NULL;
+    if (check_shape(p, "packed (for a's K and columns, on this SIMD path)", 3, shape3)) return NULL;
+    const int gated = (act & MHA_ACT_GATED) != 0;
+    if (gated && cols % 2) {
+        PyErr_Format(PyExc_ValueError, "a gated activation needs an even number of columns, got %zd", cols);
+        return NULL;
+    }
+    accumulate = accumulate && out_obj != Py_None;
+    if (accumulate && act != MHA_ACT_NONE) {
+        PyErr_SetString(PyExc_ValueError, "out (accumulate into it) needs act=0; pass accumulate=False "
+                                          "to write act(a @ op(b) + bias) into out");
+        return NULL;
+    }
+    if (get_opt_vector(bias_obj, "bias", NPY_FLOAT32, cols, &bias)) return NULL;
+    npy_intp shape[2] = {M, gated ? cols / 2 : cols};
+    PyArrayObject *c = get_or_new(out_obj, 2, shape, NPY_FLOAT32);
+    if (!c) return NULL;
+    int err;
+    Py_BEGIN_ALLOW_THREADS
+    err = mha_linear_packed_fmt_f32(M, shape[1], K, PyArray_DATA(a), K, format, PyArray_DATA(p), DPTR(bias),
+                                    act, accumulate ? 1.0f : 0.0f, PyArray_DATA(c), shape[1]);
+    Py_END_ALLOW_THREADS
+    if (raise_core_error(err)) {
+        Py_DECREF(c);
+        return NULL;
+    }
+    return (PyObject *)c;
+}
+
 static const char *const activation_kw[] = {"x", "act", "out", NULL};
 static call_spec activation_spec = {"activation", activation_kw, 2, {NULL}};
 
@@ -2050,6 +2194,10 @@ static PyMethodDef methods[] = {
      "or out += a @ op(b) + bias; b may be pack_weight's (P, K, W), with columns=N"},
     {"pack_weight", (PyCFunction)(void (*)(void))py_pack_weight, METH_FASTCALL | METH_KEYWORDS,
      "pack_weight(b, trans_b=False) -> op(b) (K, N) packed whole for linear: (ceil(N / W), K, W)"},
+    {"pack_weight_narrow", (PyCFunction)(void (*)(void))py_pack_weight_narrow, METH_FASTCALL | METH_KEYWORDS,
+     "pack_weight_narrow(b, format, trans_b=False) -> op(b) packed in format 1 (bfloat16) or 2 (q8_0)"},
+    {"linear_narrow", (PyCFunction)(void (*)(void))py_linear_narrow, METH_FASTCALL | METH_KEYWORDS,
+     "linear_narrow(a, packed, format, columns, bias=None, act=0, out=None, accumulate=True)"},
     {"activation", (PyCFunction)(void (*)(void))py_activation, METH_FASTCALL | METH_KEYWORDS,
      "activation(x, act, out=None) -> act(x) (gated: act(x[:, :n]) * x[:, n:])"},
     {"layer_norm", (PyCFunction)(void (*)(void))py_layer_norm, METH_FASTCALL | METH_KEYWORDS,

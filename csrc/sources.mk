@@ -9,4 +9,4 @@
 CORE_SOURCES = threads.c attention.c dispatch.c kernels_baseline.c flow.c
 ISA_UNITS = kernels_avx2.c kernels_avx512.c
 HEADERS = mha.h common.h dispatch.h kernels.h vec.h gemm_impl.h attention_impl.h \
-          multihead_impl.h block_impl.h
+          multihead_impl.h block_impl.h narrow.h

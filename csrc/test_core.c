@@ -17,6 +17,7 @@
 
 #include "common.h"
 #include "mha.h"
+#include "narrow.h"
 
 static int failures = 0, checks = 0;
 /* Elements per array checked against finite differences: about 23 (the whole run), or 4
@@ -1001,6 +1002,208 @@ static void test_linear_packed(void) {
     free(A), free(B), free(Bp), free(want), free(C);
 }
 
+/* ---- narrow packed weights (mha.h: mha_weight_format) -------------------------------------- */
+
+/* The scalar conversions (narrow.h): every finite half round-trips through float; float ->
+ * half and float -> bfloat16 round to nearest even (ties, subnormals, overflow). */
+static void test_narrow_conversions(void) {
+    size_t bad = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        if ((h & 0x7C00u) == 0x7C00u && (h & 0x3FFu)) continue; /* NaNs */
+        bad += mha_float_to_half(mha_half_to_float((uint16_t)h)) != h;
+        bad += mha_float_to_bf16(mha_bf16_to_float((uint16_t)h)) != h && !((h & 0x7F80u) == 0x7F80u && (h & 0x7Fu));
+    }
+    expect(bad == 0, "half and bfloat16 round trips (mismatches)", (double)bad, 0);
+    const struct { float x; uint16_t half, bf16; } cases[] = {
+        {1.0f, 0x3C00, 0x3F80}, {-2.0f, 0xC000, 0xC000}, {65504.0f, 0x7BFF, 0x4780},
+        {65519.99f, 0x7BFF, 0x4780}, {65520.0f, 0x7C00, 0x4780}, {0x1.0p-24f, 0x0001, 0x3380},
+        {0x1.0p-25f, 0x0000, 0x3300}, {0x1.8p-25f, 0x0001, 0x3340}, {0x1.8p-24f, 0x0002, 0x33C0},
+        {1.0f + 0x1.0p-11f, 0x3C00, 0x3F80}, {1.0f + 0x1.8p-10f, 0x3C02, 0x3F80}, /* ties: even */
+        {1.0f + 0x1.8p-11f, 0x3C01, 0x3F80}, {1.0f + 0x1.0p-8f, 0x3C04, 0x3F80},
+        {1.0f + 0x1.0p-8f + 0x1.0p-9f, 0x3C06, 0x3F81}, {1.0f + 0x1.8p-7f, 0x3C0C, 0x3F82},
+        {1.0f + 0x1.0p-7f, 0x3C08, 0x3F81}, {1.0f + 0x1.0p-8f + 0x1.0p-20f, 0x3C04, 0x3F81},
+    };
+    bad = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        bad += mha_float_to_half(cases[i].x) != cases[i].half;
+        bad += mha_float_to_bf16(cases[i].x) != cases[i].bf16;
+    }
+    expect(bad == 0, "half and bfloat16 rounding cases (mismatches)", (double)bad, 0);
+    expect(mha_float_to_bf16(NAN) == 0x7FC0, "bfloat16 of NaN is 0x7FC0", 0, 0);
+}
+
+/* op(B) (K, NB) as the packing holds it, decoded from mha.h's layout in plain loops. */
+static void decode_packed(float *W, int fmt, const unsigned char *packed, int64_t K, int64_t NB,
+                          int64_t width) {
+    const size_t ps = fmt == MHA_WEIGHTS_BF16 ? (size_t)(K * width * 2)
+                                              : (size_t)((K + 31) / 32 * 34 * width);
+    for (int64_t j = 0; j < NB; j++) {
+        const unsigned char *panel = packed + (size_t)(j / width) * ps;
+        const int64_t c = j % width;
+        for (int64_t p = 0; p < K; p++) {
+            uint16_t h;
+            if (fmt == MHA_WEIGHTS_BF16) {
+                memcpy(&h, panel + 2 * (size_t)(p * width + c), 2);
+                W[p * NB + j] = mha_bf16_to_float(h);
+            } else {
+                const unsigned char *blk = panel + (size_t)(p / 32 * 34 * width);
+                memcpy(&h, blk + 2 * c, 2);
+                W[p * NB + j] = mha_half_to_float(h) * (float)(int8_t)blk[2 * width + (p % 32) * width + c];
+            }
+        }
+    }
+}
+
+/* mha_linear_packed_fmt: bfloat16 and Q8_0 packings of op(B) as it is and transposed, plain,
+ * gated, residual, with bias; M = 1 (decode) to several blocks; K not a multiple of 32, one
+ * slice and three (K = 700). Each product bitwise equal to mha_linear_packed on the weights
+ * decoded from the packing, and within float rounding of a double loop on them; the packing
+ * itself: bfloat16 the rounding of B (and raw bits kept), Q8_0 within d / 2 of B, every
+ * block's d = half(max |x| / 127), its padding zero. */
+static void test_linear_packed_narrow(void) {
+    char what[128];
+    const int64_t Ms[] = {1, 2, 7, 300}, Ks[] = {70, 64, 700}, N = 45;
+    int64_t width = 0;
+    mha_pack_width_f32(&width);
+    for (int fmt = MHA_WEIGHTS_BF16; fmt <= MHA_WEIGHTS_Q8_0; fmt++)
+        for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++)
+            for (int mode = 0; mode < 4; mode++) { /* B, B transposed, gated, residual */
+                const int64_t K = Ks[ki], NB = mode == 2 ? 2 * N : N;
+                const int tb = mode == 1, act = mode == 2 ? (MHA_ACT_SILU | MHA_ACT_GATED) : 0;
+                const int64_t ldb = tb ? K : NB, panels = (NB + width - 1) / width;
+                float *B = malloc(sizeof(float) * (size_t)(K * NB)), *bias = malloc(sizeof(float) * (size_t)NB);
+                float *W = malloc(sizeof(float) * (size_t)(K * NB));
+                float *Wp = malloc(sizeof(float) * (size_t)(K * width * panels));
+                for (int64_t i = 0; i < K * NB; i++) B[i] = (float)(randn() / sqrt((double)K));
+                if (fmt == MHA_WEIGHTS_Q8_0) B[3] = 0; /* a zero, and a column of zeros */
+                for (int64_t p = 0; p < K; p++) B[tb ? 5 * ldb + p : p * ldb + 5] = 0;
+                for (int64_t i = 0; i < NB; i++) bias[i] = (float)randn();
+                size_t bytes = 0;
+                int err = mha_packed_bytes_f32(fmt, K, NB, &bytes);
+                unsigned char *packed = malloc(bytes), *again = malloc(bytes);
+                err |= mha_pack_weight_fmt_f32(packed, fmt, B, ldb, tb, K, NB);
+                decode_packed(W, fmt, packed, K, NB, width);
+                /* the packing against B */
+                size_t bad = 0;
+                for (int64_t p = 0; p < K; p++)
+                    for (int64_t j = 0; j < NB; j++) {
+                        const float b = B[tb ? j * ldb + p : p * ldb + j], w = W[p * NB + j];
+                        if (fmt == MHA_WEIGHTS_BF16) {
+                            bad += w != mha_bf16_to_float(mha_float_to_bf16(b));
+                            bad += fabsf(w - b) > fabsf(b) * 0x1.0p-8f;
+                        } else {
+                            float amax = 0;
+                            for (int64_t r = p / 32 * 32; r < MHA_MIN(K, p / 32 * 32 + 32); r++)
+                                amax = fmaxf(amax, fabsf(B[tb ? j * ldb + r : r * ldb + j]));
+                            /* ggml: q = roundf(x * (1 / d)) with d = amax / 127 in float, stored
+                             * as half(d) (so |w - b| <= d / 2 + 127 |half(d) - d|) */
+                            const float d = amax / 127, q = roundf(b * (d != 0 ? 1.0f / d : 0.0f));
+                            bad += w != mha_half_to_float(mha_float_to_half(d)) * q;
+                            bad += fabsf(w - b) > (0.5f + 127 * 0x1.0p-11f) * d * (1 + 1e-3f);
+                        }
+                    }
+                const size_t ps = fmt == MHA_WEIGHTS_BF16 ? (size_t)(K * width * 2) : (size_t)((K + 31) / 32 * 34 * width);
+                if (fmt == MHA_WEIGHTS_Q8_0 && K % 32) /* the last block's padded rows */
+                    for (int64_t pn = 0; pn < panels; pn++)
+                        for (int64_t r = K % 32; r < 32; r++)
+                            for (int64_t c = 0; c < width; c++)
+                                bad += packed[(size_t)pn * ps + (size_t)(K / 32 * 34 * width) + (size_t)(2 * width + r * width + c)] != 0;
+                snprintf(what, sizeof what, "pack %s K=%lld mode=%d (values off)",
+                         fmt == MHA_WEIGHTS_BF16 ? "bf16" : "q8_0", (long long)K, mode);
+                expect(!err && bad == 0 && bytes == ps * (size_t)panels, what, (double)bad, 0);
+                /* raw bits / ggml blocks give the same bytes */
+                if (fmt == MHA_WEIGHTS_BF16) {
+                    uint16_t *bits = malloc(sizeof(uint16_t) * (size_t)(K * NB));
+                    for (int64_t i = 0; i < K * NB; i++) bits[i] = mha_float_to_bf16(B[i]);
+                    memset(again, 0xAB, bytes);
+                    err = mha_pack_weight_bf16_bits_f32(again, bits, ldb, tb, K, NB);
+                    free(bits);
+                } else {
+                    const int64_t nblk = (K + 31) / 32;
+                    unsigned char *blocks = calloc((size_t)(NB * nblk * 34), 1);
+                    for (int64_t j = 0; j < NB; j++)
+                        for (int64_t b = 0; b < nblk; b++) { /* ggml's block_q8_0: d, then qs[32] */
+                            const unsigned char *src = packed + (size_t)(j / width) * ps + (size_t)(b * 34 * width);
+                            unsigned char *dst = blocks + (size_t)((j * nblk + b) * 34);
+                            memcpy(dst, src + 2 * (j % width), 2);
+                            for (int r = 0; r < 32; r++) dst[2 + r] = src[2 * width + r * width + j % width];
+                        }
+                    memset(again, 0xAB, bytes);
+                    err = mha_pack_weight_q8_0_blocks_f32(again, blocks, K, NB);
+                    free(blocks);
+                }
+                snprintf(what, sizeof what, "pack %s from %s K=%lld mode=%d: same bytes",
+                         fmt == MHA_WEIGHTS_BF16 ? "bf16" : "q8_0",
+                         fmt == MHA_WEIGHTS_BF16 ? "raw bits" : "ggml blocks", (long long)K, mode);
+                expect(!err && memcmp(again, packed, bytes) == 0, what, 1, 0);
+                err = mha_pack_weight_f32(Wp, W, NB, 0, K, NB);
+                for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
+                    const int64_t M = Ms[mi];
+                    const float beta = mode == 3 ? 1.0f : 0.0f;
+                    float *A = malloc(sizeof(float) * (size_t)(M * K));
+                    float *want = malloc(sizeof(float) * (size_t)(M * N)), *C = malloc(sizeof(float) * (size_t)(M * N));
+                    double *naive = malloc(sizeof(double) * (size_t)(M * N));
+                    for (int64_t i = 0; i < M * K; i++) A[i] = (float)randn();
+                    for (int64_t i = 0; i < M * N; i++) want[i] = C[i] = (float)randn();
+                    double scale = 1;
+                    for (int64_t i = 0; i < M; i++)
+                        for (int64_t j = 0; j < N; j++) {
+                            double g = bias[j], u = mode == 2 ? bias[N + j] : 0;
+                            for (int64_t p = 0; p < K; p++) {
+                                g += (double)A[i * K + p] * W[p * NB + j];
+                                if (mode == 2) u += (double)A[i * K + p] * W[p * NB + N + j];
+                            }
+                            naive[i * N + j] = mode == 2 ? act_naive(MHA_ACT_SILU, g) * u : g + beta * (double)C[i * N + j];
+                            scale = MHA_MAX(scale, fabs(naive[i * N + j]));
+                        }
+                    err |= mha_linear_packed_f32(M, N, K, A, K, Wp, bias, act, beta, want, N);
+                    err |= mha_linear_packed_fmt_f32(M, N, K, A, K, fmt, packed, bias, act, beta, C, N);
+                    size_t differ = 0;
+                    double e = 0;
+                    for (int64_t i = 0; i < M * N; i++) {
+                        differ += memcmp(C + i, want + i, sizeof(float)) != 0;
+                        e = MHA_MAX(e, fabs(C[i] - naive[i]) / scale);
+                    }
+                    snprintf(what, sizeof what, "linear packed %s M=%lld K=%lld mode=%d (elements differing from f32 packed)",
+                             fmt == MHA_WEIGHTS_BF16 ? "bf16" : "q8_0", (long long)M, (long long)K, mode);
+                    expect(!err && differ == 0, what, (double)differ, 0);
+                    snprintf(what, sizeof what, "linear packed %s M=%lld K=%lld mode=%d vs double loop",
+                             fmt == MHA_WEIGHTS_BF16 ? "bf16" : "q8_0", (long long)M, (long long)K, mode);
+                    expect(!err && e <= 2e-5, what, e, 2e-5);
+                    free(A), free(want), free(C), free(naive);
+                }
+                free(B), free(bias), free(W), free(Wp), free(packed), free(again);
+            }
+    /* double compute from a Q8_0 packing of the f64 path, against a double loop */
+    const int64_t M = 5, K = 97, Nd = 21;
+    double *A = random_array((size_t)(M * K)), *B = random_array((size_t)(K * Nd));
+    double *C = malloc(sizeof(double) * (size_t)(M * Nd));
+    float *W = malloc(sizeof(float) * (size_t)(K * Nd));
+    size_t bytes = 0;
+    int64_t wd = 0;
+    mha_pack_width_f64(&wd);
+    int err = mha_packed_bytes_f64(MHA_WEIGHTS_Q8_0, K, Nd, &bytes);
+    unsigned char *packed = malloc(bytes);
+    err |= mha_pack_weight_fmt_f64(packed, MHA_WEIGHTS_Q8_0, B, Nd, 0, K, Nd);
+    decode_packed(W, MHA_WEIGHTS_Q8_0, packed, K, Nd, wd);
+    err |= mha_linear_packed_fmt_f64(M, Nd, K, A, K, MHA_WEIGHTS_Q8_0, packed, NULL, MHA_ACT_GELU, 0, C, Nd);
+    double e = 0;
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < Nd; j++) {
+            double g = 0;
+            for (int64_t p = 0; p < K; p++) g += A[i * K + p] * W[p * Nd + j];
+            e = MHA_MAX(e, fabs(C[i * Nd + j] - act_naive(MHA_ACT_GELU, g)));
+        }
+    expect(!err && e <= 1e-12, "linear packed q8_0 f64, GELU", e, 1e-12);
+    /* refusals */
+    expect(mha_packed_bytes_f32(7, K, Nd, &bytes) == MHA_EINVAL, "packed_bytes: unknown format refused", 0, 0);
+    expect(mha_pack_weight_fmt_f64(packed, 7, B, Nd, 0, K, Nd) == MHA_EINVAL, "pack_weight_fmt: unknown format refused", 0, 0);
+    expect(mha_pack_weight_fmt_f64(packed, MHA_WEIGHTS_Q8_0, B, Nd, 0, -1, Nd) == MHA_EINVAL, "pack_weight_fmt: negative K refused", 0, 0);
+    expect(mha_pack_weight_fmt_f64(packed, MHA_WEIGHTS_Q8_0, B, Nd - 1, 0, K, Nd) == MHA_EINVAL, "pack_weight_fmt: short ldb refused", 0, 0);
+    expect(mha_linear_packed_fmt_f64(M, Nd, K, A, K, 7, packed, NULL, 0, 0, C, Nd) == MHA_EINVAL, "linear_packed_fmt: unknown format refused", 0, 0);
+    free(A), free(B), free(C), free(W), free(packed);
+}
+
 /* a residual added in place (beta = 1), B read transposed; act with beta != 0 refused */
 static void test_linear_residual(void) {
     const int64_t M = 50, Kr = 64, Nr = 33;
@@ -1674,6 +1877,8 @@ int main(int argc, char **argv) {
     test_attention_flow();
     test_linear();
     test_linear_packed();
+    test_narrow_conversions();
+    test_linear_packed_narrow();
     test_linear_residual();
     test_activation_in_place();
     test_norms();

@@ -48,6 +48,8 @@ def _build_long(family, folder):
     config_class, model_class, kwargs = tiny_models.FAMILIES[family]
     key = "n_positions" if family == "gpt2" else "max_position_embeddings"
     kwargs = {**kwargs, key: N + (2 if family == "roberta" else 0)}
+    if "original_max_position_embeddings" in kwargs:        # Phi-3: no long-RoPE switch
+        kwargs["original_max_position_embeddings"] = N
     with mock.patch.dict(tiny_models.FAMILIES, {family: (config_class, model_class, kwargs)}):
         tiny_models.build(family, folder)
 
@@ -148,7 +150,8 @@ def test_texts_one_or_a_batch_and_built_in_sets(tiny, family):
     sets = {"first": np.eye(1, n, dtype=bool)[0], "special": np.stack(tokenized),
             "punctuation": classes["punct"]}
     assert sets["punctuation"].any()
-    assert sets["special"][:, 0].all() or family == "gpt2"     # GPT-2 adds no special token
+    # GPT-2 and GPT-NeoX (Pythia) add no special token
+    assert sets["special"][:, 0].all() or family.startswith(("gpt2", "gpt_neox"))
     stats = dict(batch)
     _check(stats, _maps(model, enc.input_ids, enc.attention_mask), sets, np.float64)
     # one text: (L, H, n), the same as its row of the batch (its real tokens)
@@ -208,13 +211,14 @@ def test_kept_weights_are_the_rows_of_the_full_maps(tiny, family):
     model = mha.models.load(tiny(family)[0], dtype=np.float64)
     enc_full = model.encode(tiny_models.TEXTS)
     n = enc_full.n_tokens
+    last = model.n_layers - 1
     keep = {-1: (3, slice(-5, None)), 0: ([2, 0], [0, 4, -1])}        # -1: the last layer
     enc = model.encode(tiny_models.TEXTS, keep_weights=keep)
-    assert enc.attentions is None and sorted(enc.kept_weights) == [0, 1]
+    assert enc.attentions is None and sorted(enc.kept_weights) == [0, last]
     full = enc_full.attentions
-    assert_close(enc.kept_weights[1], full[:, 1, 3:4, n - 5:], 1e-12)
+    assert_close(enc.kept_weights[last], full[:, last, 3:4, n - 5:], 1e-12)
     assert_close(enc.kept_weights[0], full[:, 0][:, [2, 0]][:, :, [0, 4, n - 1]], 1e-12)
-    assert enc.kept_weights[1].shape == (3, 1, 5, n)
+    assert enc.kept_weights[last].shape == (3, 1, 5, n)
     # every head and row of a layer, from ids with padding
     enc, _ = model.run_with_cache(enc_full.input_ids, attention_mask=enc_full.attention_mask,
                                   names=[], keep_weights={1: None})

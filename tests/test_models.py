@@ -494,7 +494,9 @@ def test_missing_minilm_package_says_how_to_install(monkeypatch):
 
 def test_unsupported_architecture(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "t5"}')
-    with pytest.raises(NotImplementedError, match="BERT family"):
+    with pytest.raises(NotImplementedError, match="'t5'.* runs bert, distilbert, gemma, gemma2, "
+                       "gemma3_text, gpt2, gpt_neox, llama, mistral, olmo2, phi3, qwen2, qwen3, "
+                       "roberta"):
         mha.models.load(tmp_path)
 
 

@@ -59,7 +59,7 @@ def _tokenizer(family, folder):
     elif family == "roberta":
         tok = _bpe(["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
         tok.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
-    elif family == "gpt2":
+    elif family in ("gpt2", "gpt_neox"):          # no BOS (Pythia's tokenizer adds none)
         tok = _bpe(["<|endoftext|>"])
     else:                                   # the LLaMA family: BOS first, no EOS
         tok = _bpe(["<unk>", "<s>", "</s>"])
@@ -73,6 +73,9 @@ def _tokenizer(family, folder):
 _LLAMA = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=64, bos_token_id=1,
               eos_token_id=2)
+_GEMMA = dict(hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=64, bos_token_id=1,
+              eos_token_id=2, pad_token_id=0)
 FAMILIES = {
     "roberta": ("RobertaConfig", "RobertaForMaskedLM", dict(
         hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
@@ -100,8 +103,103 @@ FAMILIES = {
     # a sliding window of 5 tokens on every layer, untied
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(
         _LLAMA, sliding_window=5, tie_word_embeddings=False)),
+    # Pythia: parallel residual (attention and MLP both read the layer's input), a quarter of
+    # each head rotated (rope_parameters' partial_rotary_factor, transformers 5's form of
+    # rotary_pct), fused query_key_value interleaved per head, every bias, untied
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=64, use_parallel_residual=True, tie_word_embeddings=False,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0,
+                             partial_rotary_factor=0.25), bos_token_id=0, eos_token_id=0)),
+    # the same with the sequential residual (x + attn, then + mlp), as Pythia's siblings allow
+    "gpt_neox-sequential": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=64, use_parallel_residual=False, tie_word_embeddings=False,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0,
+                             partial_rotary_factor=0.25), bos_token_id=0, eos_token_id=0)),
+    # Gemma: d 48 (sqrt(48), the embedding scale, is not a float32 number), multi-query,
+    # head_dim 16 (4 x 16 != 48), RMSNorm gains 1 + w, tied; config.json says hidden_act
+    # "gelu" as the Hub's do (CONFIG_EDITS; transformers reads it as tanh GELU)
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", dict(
+        _GEMMA, num_key_value_heads=1, head_dim=16, tie_word_embeddings=True)),
+    # Gemma 2: soft-capped scores (2.0) and logits (5.0), both beyond tanh's linear range
+    # here; query_pre_attn_scalar 24 != head_dim 16; a 4-token window on the even layers
+    # (the default alternation: no layer_types, as on the Hub); sandwich norms; 3 layers
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(
+        _GEMMA, num_hidden_layers=3, head_dim=16, query_pre_attn_scalar=24,
+        attn_logit_softcapping=2.0, final_logit_softcapping=5.0, sliding_window=4,
+        hidden_activation="gelu_pytorch_tanh")),
+    # Gemma 3 (text): q/k RMSNorm (1 + w) per head, a 4-token window on layers 0 and 2
+    # (sliding_window_pattern 2), rope_theta 1e6 with linear scaling on the full layer and
+    # 1e4 on the sliding ones (two rotary tables); "gemma3_text-old" is the same model with
+    # its config.json rewritten by hand in the old form (CONFIG_EDITS)
+    "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
+        _GEMMA, num_hidden_layers=3, head_dim=16, query_pre_attn_scalar=16, sliding_window=4,
+        sliding_window_pattern=2, rope_parameters=dict(
+            full_attention=dict(rope_type="linear", factor=2.0, rope_theta=1000000.0),
+            sliding_attention=dict(rope_type="default", rope_theta=10000.0)))),
+    # Qwen3: q/k RMSNorm per head, head_dim 24 != 64 / 4, GQA, tied, a 4-token window on
+    # layer 1 (use_sliding_window, max_window_layers 1)
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(
+        _LLAMA, head_dim=24, tie_word_embeddings=True, use_sliding_window=True,
+        sliding_window=4, max_window_layers=1)),
+    # OLMo 2: norms after attention and MLP (no input norm), q/k RMSNorm over the whole
+    # projection (not per head), GQA, untied
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(_LLAMA, tie_word_embeddings=False,
+                                                      pad_token_id=0)),
+    # Phi-3: fused qkv_proj and gate_up_proj, GQA, a 4-token window on every layer, three
+    # quarters of each head rotated (Phi-4-mini's 0.75), untied
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(
+        _LLAMA, sliding_window=4, tie_word_embeddings=False, pad_token_id=0,
+        original_max_position_embeddings=64, rope_parameters=dict(
+            rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.75))),
 }
-CAUSAL = ("gpt2", "llama", "llama-mqa-tied", "qwen2", "mistral")
+#: the families of issue 36 (the rest ran before it)
+NEW = ("gpt_neox", "gpt_neox-sequential", "gemma", "gemma2", "gemma3_text", "qwen3", "olmo2",
+       "phi3")
+CAUSAL = ("gpt2", "llama", "llama-mqa-tied", "qwen2", "mistral", *NEW)
+
+
+def _gelu_as_on_the_hub(config):
+    """Gemma's Hub configs say hidden_act "gelu" (transformers reads it as tanh GELU)."""
+    config["hidden_act"] = "gelu"
+
+
+def _no_layer_types(config):
+    """Gemma 2's and Qwen3's Hub configs have no layer_types: the windows follow from the
+    default alternation (Gemma 2) or max_window_layers (Qwen3)."""
+    del config["layer_types"]
+
+
+#: family -> an edit of the config.json that save_pretrained wrote (how Hub configs say it)
+CONFIG_EDITS = {"gemma": _gelu_as_on_the_hub, "gemma2": _no_layer_types,
+                "qwen3": _no_layer_types}
+
+
+def edit_config(folder, edit):
+    """Apply ``edit`` (a function of the config dict, in place) to folder/config.json."""
+    import json
+    path = folder / "config.json"
+    config = json.loads(path.read_text())
+    edit(config)
+    path.write_text(json.dumps(config, indent=2))
+
+
+def gemma3_old_form(config):
+    """A Gemma 3 config.json rewritten in place in the form of the older Hub configs:
+    ``sliding_window_pattern``, ``rope_theta``, ``rope_local_base_freq`` and ``rope_scaling``
+    in place of ``layer_types`` and the per-layer-type ``rope_parameters``."""
+    types = config.pop("layer_types")
+    pattern = next(i + 1 for i, t in enumerate(types) if t == "full_attention")
+    assert types == ["sliding_attention" if (i + 1) % pattern else "full_attention"
+                     for i in range(len(types))], types
+    rope = config.pop("rope_parameters")
+    full, local = dict(rope["full_attention"]), rope["sliding_attention"]
+    assert local.get("rope_type", "default") == "default"
+    config["sliding_window_pattern"] = pattern
+    config["rope_theta"] = full.pop("rope_theta")
+    config["rope_local_base_freq"] = local["rope_theta"]
+    config["rope_scaling"] = None if full.get("rope_type", "default") == "default" else full
 
 
 def perturb(model, seed):
@@ -124,6 +222,8 @@ def build(family, folder, seed=0):
     model = getattr(transformers, model_class)(config).eval()
     perturb(model, seed + 1)
     model.save_pretrained(folder, safe_serialization=True)
+    if family in CONFIG_EDITS:
+        edit_config(folder, CONFIG_EDITS[family])
     return getattr(transformers, model_class)
 
 
@@ -150,40 +250,80 @@ def load_reference(model_class, folder, dtype="float32"):
     return model.to(getattr(torch, dtype))
 
 
+def _float64_rope_init(init, config, **kwargs):
+    """transformers' rotary init function with its float32 arange (``dtype=torch.float``)
+    made float64: the same formula, the frequencies not rounded to float32."""
+    import torch
+    real_float, torch.float = torch.float, torch.float64
+    try:
+        inv_freq, scaling = init(config, **kwargs)
+    finally:
+        torch.float = real_float
+    assert inv_freq.dtype == torch.float64
+    return inv_freq, scaling
+
+
 @contextlib.contextmanager
 def float64_everywhere(model):
-    """transformers' LLaMA family computes RMSNorm, the rotary angles and the attention softmax
-    in float32 even in a float64 model. Inside this block they run in float64 with the same
-    formulas (the rotary frequencies from transformers' own init functions), so that a float64
-    comparison tests mha's float64 path, not transformers' float32 steps."""
+    """transformers computes RMSNorm (LLaMA, Qwen2/3, Mistral, OLMo 2, Phi-3 and Gemma's
+    1 + w form, the q/k norms included), the rotary angles (partial for GPT-NeoX and Phi-3,
+    one table per layer type for Gemma 3) and the attention softmax in float32 even in a
+    float64 model, and Gemma's embedding scale sqrt(d) is a float32 buffer. Inside this
+    block they run in float64 with the same formulas (the rotary frequencies from
+    transformers' own init functions), so that a float64 comparison tests mha's float64
+    path, not transformers' float32 steps (test_new_families checks that no float32 tensor
+    is made in a float64 forward)."""
+    import math
+
     import torch
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    patched = []
+    patched, buffers = [], []
+
+    def init_of(module, rope_type):
+        return (module.compute_default_rope_parameters if rope_type == "default"
+                else ROPE_INIT_FUNCTIONS[rope_type])
+
     for module in model.modules():
         name = type(module).__name__
         if name.endswith("RMSNorm"):
-            def rms(x, m=module):
-                return m.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True)
-                                                   + m.variance_epsilon))
+            eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
+            if name.startswith("Gemma"):             # x / rms(x) * (1 + w)
+                def rms(x, m=module, eps=eps):
+                    return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)) * (
+                        1.0 + m.weight)
+            else:
+                def rms(x, m=module, eps=eps):
+                    return m.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
             module.forward = rms
             patched.append(module)
         elif name.endswith("RotaryEmbedding"):
-            init = (module.compute_default_rope_parameters if module.rope_type == "default"
-                    else ROPE_INIT_FUNCTIONS[module.rope_type])
-            real_float, torch.float = torch.float, torch.float64    # its arange(...).to(torch.float)
-            try:
-                inv_freq, scaling = init(module.config)
-            finally:
-                torch.float = real_float
-            assert inv_freq.dtype == torch.float64
+            if isinstance(module.rope_type, dict):   # Gemma 3: a table per layer type
+                tables = {t: _float64_rope_init(init_of(module, kind), module.config,
+                                                layer_type=t)
+                          for t, kind in module.rope_type.items()}
 
-            def rotary(x, position_ids, inv_freq=inv_freq, scaling=scaling):
-                freqs = position_ids[..., None].double() * inv_freq
-                emb = torch.cat((freqs, freqs), dim=-1)
-                return emb.cos() * scaling, emb.sin() * scaling
+                def rotary(x, position_ids, layer_type, tables=tables):
+                    inv_freq, scaling = tables[layer_type]
+                    freqs = position_ids[..., None].double() * inv_freq
+                    emb = torch.cat((freqs, freqs), dim=-1)
+                    return emb.cos() * scaling, emb.sin() * scaling
+            else:
+                inv_freq, scaling = _float64_rope_init(init_of(module, module.rope_type),
+                                                       module.config)
+
+                def rotary(x, position_ids, inv_freq=inv_freq, scaling=scaling):
+                    freqs = position_ids[..., None].double() * inv_freq
+                    emb = torch.cat((freqs, freqs), dim=-1)
+                    return emb.cos() * scaling, emb.sin() * scaling
             module.forward = rotary
             patched.append(module)
+        elif hasattr(module, "scalar_embed_scale") and module.weight.dtype == torch.float64:
+            # Gemma's ScaledWordEmbedding: torch.tensor(sqrt(d)) was made in float32
+            exact = torch.tensor(float(module.scalar_embed_scale), dtype=torch.float64)
+            assert exact == math.sqrt(model.config.hidden_size)
+            buffers.append((module, module.embed_scale))
+            module.embed_scale = exact
     real_softmax = torch.nn.functional.softmax
 
     def softmax(x, dim=None, _stacklevel=3, dtype=None):
@@ -195,6 +335,8 @@ def float64_everywhere(model):
         torch.nn.functional.softmax = real_softmax
         for module in patched:
             del module.forward
+        for module, buffer in buffers:
+            module.embed_scale = buffer
 
 
 def reference_outputs(model, ids, mask=None):
@@ -228,6 +370,8 @@ def build_base(family, folder, seed=0, **overrides):
     model = transformers.AutoModel.from_config(config).eval()
     perturb(model, seed + 1)
     model.save_pretrained(folder, safe_serialization=True)
+    if family in CONFIG_EDITS:
+        edit_config(folder, CONFIG_EDITS[family])
     return type(model)
 
 

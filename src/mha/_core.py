@@ -18,7 +18,7 @@ from . import _C
 
 __all__ = [
     "attention_forward", "attention_backward", "LayerContext", "layer_forward", "layer_backward", "matmul",
-    "linear", "pack_weight", "activation", "layer_norm", "rms_norm", "rope", "embedding",
+    "linear", "pack_weight", "pack_width", "WEIGHT_FORMATS", "activation", "layer_norm", "rms_norm", "rope", "embedding",
     "attention_flow",
     "linear_backward", "activation_backward", "layer_norm_backward", "rms_norm_backward",
     "rope_backward", "embedding_backward", "cross_entropy", "adam_step",
@@ -133,18 +133,53 @@ def matmul(a, b, *, trans_a=False, trans_b=False) -> np.ndarray:
     return _C.matmul(a=a, b=b, trans_a=trans_a, trans_b=trans_b)
 
 
+# Packed weight formats (mha.h: mha_weight_format): None is the compute dtype itself
+# (pack_weight's (P, K, W) of float32/float64); the narrow ones are read by the float32 GEMM.
+WEIGHT_FORMATS = {"bfloat16": 1, "q8_0": 2}
+
+
+def _format_code(format) -> int:
+    try:
+        return WEIGHT_FORMATS[format]
+    except (KeyError, TypeError):
+        raise ValueError(f'format must be None, "bfloat16" or "q8_0", got {format!r}') from None
+
+
 def linear(a, b, *, bias=None, act=0, trans_b=False, out=None, columns=None,
-           accumulate=True) -> np.ndarray:
+           accumulate=True, format=None) -> np.ndarray:
     """act(a @ op(b) + bias), or ``out += a @ op(b) + bias`` in place with out (act 0), or
     written into out with ``accumulate=False``; b (K, N) or (N, K) with trans_b, or
-    `pack_weight`'s (P, K, W) with columns = N."""
+    `pack_weight`'s (P, K, W) with columns = N; with format ("bfloat16", "q8_0"), b is
+    `pack_weight(..., format=format)`'s packing, a float32, columns = N."""
+    if format is not None:
+        if trans_b:
+            raise ValueError("a packed b (format=...) takes trans_b=False: the packing absorbed it")
+        return _C.linear_narrow(a=a, packed=b, format=_format_code(format), columns=columns,
+                                bias=bias, act=act, out=out, accumulate=accumulate)
     return _C.linear(a=a, b=b, bias=bias, act=act, trans_b=trans_b, out=out, columns=columns,
                      accumulate=accumulate)
 
 
-def pack_weight(b, *, trans_b=False) -> np.ndarray:
-    """op(b) (K, N) packed whole for `linear`: (ceil(N / W), K, W), W the SIMD path's width."""
+def pack_weight(b, *, trans_b=False, format=None) -> np.ndarray:
+    """op(b) (K, N) packed whole for `linear`: (ceil(N / W), K, W), W the SIMD path's width.
+    format="bfloat16": (P, K, W) uint16 (b float32, rounded to nearest even, or uint16 raw
+    bfloat16 bits, kept); format="q8_0": (P, ceil(K / 32), 34 W) uint8, ggml's Q8_0 blocks per
+    column (b float32, quantised as ggml's quantize_row_q8_0_ref, or uint8 ggml blocks (N,
+    blocks * 34) with trans_b=True, kept). W: `pack_width()`, float32's."""
+    if format is not None:
+        code = _format_code(format)
+        if isinstance(b, np.ndarray) and b.dtype == np.float64:
+            b = b.astype(np.float32)
+        return _C.pack_weight_narrow(b=b, format=code, trans_b=trans_b)
     return _C.pack_weight(b=b, trans_b=trans_b)
+
+
+def pack_width(dtype=np.float32) -> int:
+    """W, the width of packed panels for dtype on this process's SIMD path."""
+    dtype = np.dtype(dtype)
+    if dtype not in (np.float32, np.float64):
+        raise ValueError(f"pack_width: float32 or float64, got {dtype}")
+    return int(_C.pack_weight(b=np.zeros((1, 1), dtype)).shape[2])
 
 
 def activation(x, *, act, out=None) -> np.ndarray:

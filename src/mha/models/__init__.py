@@ -13,7 +13,11 @@ Supported, by config.json's ``model_type``:
 - "gpt2" (pre-LN causal decoder, Conv1D weights);
 - the LLaMA family: "llama", "qwen2", "mistral" (RMSNorm, rotary positions with the "linear"
   and "llama3" scalings, grouped-query attention, SwiGLU, tied or untied embeddings, sliding
-  windows).
+  windows), and the decoders built like it: "qwen3" (QK-norm), "olmo2" (norms after the
+  branches, QK-norm over the projection), "phi3" (fused projections, partial rotary),
+  "gemma", "gemma2", "gemma3_text" (1 + w norms, scaled embeddings, GeGLU; four norms a
+  block, soft-capped scores and logits, alternating windows; QK-norm and a local rotary base);
+- "gpt_neox" (Pythia: LayerNorm, partial rotary, parallel residual).
 
 Causal models also give ``logits`` and ``generate`` (on a KV cache, with the attention of every
 generated token). A model is a local Hugging Face folder with config.json, model.safetensors
@@ -47,17 +51,24 @@ from .base import Encoding, TransformerModel
 from .bert import BertModel, DistilBertModel, RobertaModel
 from .causal import Generation
 from .config import ModelConfig
+from .gemma import Gemma2Model, Gemma3Model, GemmaModel
 from .gpt2 import GPT2Model
+from .gpt_neox import GPTNeoXModel
 from .hooks import ActivationCache, get_act_name
 from .hub import MINILM_INSTALL, CheckpointError, minilm_path, resolve
 from .llama import LlamaModel
+from .olmo2 import Olmo2Model
+from .phi3 import Phi3Model
+from .qwen3 import Qwen3Model
 from .loading import _CLASSES, SUPPORTED_TYPES, load
 from .random_init import from_config
 from .tokenizer import TokenizedText, Tokenizer
 from .words import aggregate_to_words, group_words
 
 __all__ = ["load", "from_config", "minilm_path", "resolve", "TransformerModel", "BertModel", "RobertaModel",
-           "DistilBertModel", "GPT2Model", "LlamaModel", "Encoding", "Generation",
+           "DistilBertModel", "GPT2Model", "LlamaModel", "GPTNeoXModel", "GemmaModel",
+           "Gemma2Model", "Gemma3Model", "Qwen3Model", "Olmo2Model", "Phi3Model", "Encoding",
+           "Generation",
            "ModelConfig", "CheckpointError", "Tokenizer", "TokenizedText", "aggregate_to_words",
            "group_words", "MINILM_INSTALL", "SUPPORTED_TYPES", "ActivationCache",
            "get_act_name"]

@@ -442,8 +442,10 @@ class TransformerModel(Hooked, Readouts, Blocks):
         return p["W_o"], p.get("b_o")
 
     def attention_scale(self, layer: int) -> float:
-        """Return the factor on q k^T in a layer: 1 / sqrt(d_head), or config.json's
-        ``query_pre_attn_scalar ** -0.5`` (Gemma 2 and 3), unless the family says else.
+        """Return the factor on q k^T in a layer.
+
+        1 / sqrt(d_head), or config.json's ``query_pre_attn_scalar ** -0.5`` (Gemma 2 and 3),
+        unless the family says else.
 
         Parameters
         ----------

@@ -32,7 +32,29 @@ __all__ = ["GemmaModel", "Gemma2Model", "Gemma3Model"]
 class GemmaModel(LlamaModel):
     """Run a Gemma decoder (model_type "gemma") on mha's C kernels.
 
-    Parameters, Raises and See Also as :class:`LlamaModel`.
+    Parameters
+    ----------
+    config : ModelConfig
+        The sizes and options read from config.json.
+    checkpoint : mapping of str to array
+        The tensors of the safetensors files, by name.
+    tokenizer : Tokenizer, optional
+        Without one the model runs on ids only.
+    dtype : {numpy.float32, numpy.float64}, default numpy.float32
+        What the model computes in.
+    name : str, optional
+        A name for ``repr``.
+    folder : path, optional
+        Where the model was read from.
+
+    Raises
+    ------
+    CheckpointError
+        A missing or wrongly shaped tensor (the message names the file and the tensor).
+
+    See Also
+    --------
+    mha.models.load : Builds the right class from a folder.
     """
     _norm_offset = 1.0
 
@@ -42,10 +64,34 @@ class GemmaModel(LlamaModel):
 
 
 class Gemma2Model(GemmaModel):
-    """Run a Gemma 2 decoder (model_type "gemma2") on mha's C kernels: Gemma with four norms a
-    block, soft-capped attention scores and logits, alternating sliding windows.
+    """Run a Gemma 2 decoder (model_type "gemma2") on mha's C kernels.
 
-    Parameters, Raises and See Also as :class:`LlamaModel`.
+    Gemma with four norms a block, soft-capped attention scores and logits, alternating
+    sliding windows.
+
+    Parameters
+    ----------
+    config : ModelConfig
+        The sizes and options read from config.json.
+    checkpoint : mapping of str to array
+        The tensors of the safetensors files, by name.
+    tokenizer : Tokenizer, optional
+        Without one the model runs on ids only.
+    dtype : {numpy.float32, numpy.float64}, default numpy.float32
+        What the model computes in.
+    name : str, optional
+        A name for ``repr``.
+    folder : path, optional
+        Where the model was read from.
+
+    Raises
+    ------
+    CheckpointError
+        A missing or wrongly shaped tensor (the message names the file and the tensor).
+
+    See Also
+    --------
+    mha.models.load : Builds the right class from a folder.
     """
     _norm_names = {"input_norm": "input_layernorm",
                    "post_attention_norm": "post_attention_layernorm",
@@ -57,9 +103,32 @@ class Gemma2Model(GemmaModel):
 
 
 class Gemma3Model(Gemma2Model):
-    """Run Gemma 3's text decoder (model_type "gemma3_text") on mha's C kernels: Gemma 2's
-    block with QK-norm and a rotary base of its own for the sliding layers.
+    """Run Gemma 3's text decoder (model_type "gemma3_text") on mha's C kernels.
 
-    Parameters, Raises and See Also as :class:`LlamaModel`.
+    Gemma 2's block with QK-norm and a rotary base of its own for the sliding layers.
+
+    Parameters
+    ----------
+    config : ModelConfig
+        The sizes and options read from config.json.
+    checkpoint : mapping of str to array
+        The tensors of the safetensors files, by name.
+    tokenizer : Tokenizer, optional
+        Without one the model runs on ids only.
+    dtype : {numpy.float32, numpy.float64}, default numpy.float32
+        What the model computes in.
+    name : str, optional
+        A name for ``repr``.
+    folder : path, optional
+        Where the model was read from.
+
+    Raises
+    ------
+    CheckpointError
+        A missing or wrongly shaped tensor (the message names the file and the tensor).
+
+    See Also
+    --------
+    mha.models.load : Builds the right class from a folder.
     """
     _grad_layout = replace(Gemma2Model._grad_layout, qk_norm=("q_norm", "k_norm"))

@@ -20,6 +20,8 @@ Modules:
 - ``dropout``: splitmix64, dropout_keep, the counter-based dropout RNG;
 - ``sdpa``: attention, attention_backward, scaled dot-product attention;
 - ``layer``: MultiHeadAttention, the full layer, forward and backward;
+- ``narrow``: the narrow weight formats (bfloat16, ggml's Q8_0) and their packed layout, the
+  twins of the C core's packing for ``mha._core.linear(..., format=...)``;
 - ``block``: the rest of a transformer block (dense layer with activation, LayerNorm, RMSNorm,
   RoPE, embedding gather, their backward, the cross-entropy and the Adam step), the twins of
   ``mha._C``'s block kernels.
@@ -30,6 +32,7 @@ The parameter helpers init_params, params_from_torch, prune_params and KVCache a
 from ..layer_base import KVCache, init_params, params_from_torch, prune_params
 from .dropout import dropout_keep, splitmix64
 from .layer import MultiHeadAttention
+from .narrow import dequantize_q8_0, from_bfloat16, quantize_q8_0, to_bfloat16
 from .sdpa import attention, attention_backward, row_statistics
 
 __all__ = [
@@ -43,4 +46,8 @@ __all__ = [
     "prune_params",
     "KVCache",
     "MultiHeadAttention",
+    "to_bfloat16",
+    "from_bfloat16",
+    "quantize_q8_0",
+    "dequantize_q8_0",
 ]

@@ -251,8 +251,9 @@ def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, mask: ArrayLike | None =
               softcap: float | None = None,
               ) -> (tuple[np.ndarray, np.ndarray | None]
                     | tuple[np.ndarray, np.ndarray | None, dict[str, np.ndarray]]):
-    """Scaled dot-product attention, softmax(scale * q k^T + mask) v, in NumPy; with
-    ``softcap=c``, softmax(c * tanh(scale * q k^T / c) + mask) v.
+    """Scaled dot-product attention, softmax(scale * q k^T + mask) v, in NumPy.
+
+    With ``softcap=c``: softmax(c * tanh(scale * q k^T / c) + mask) v.
 
     Parameters
     ----------
