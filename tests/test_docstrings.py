@@ -89,6 +89,9 @@ WITHOUT_EXAMPLES = {
     "mha.reference.params_from_torch", "mha.viz.ModelView", "mha.viz.NeuronView",
     "mha.models.RobertaModel", "mha.models.DistilBertModel", "mha.models.GPT2Model",
     "mha.models.LlamaModel", "mha.models.Generation", "mha.models.CheckpointError",
+    "mha.models.GPTNeoXModel", "mha.models.GemmaModel", "mha.models.Gemma2Model",
+    "mha.models.Gemma3Model", "mha.models.Qwen3Model", "mha.models.Olmo2Model",
+    "mha.models.Phi3Model",
     "mha.corpus.CorpusError",
 }
 

@@ -314,7 +314,9 @@ def _llama(need, raw):
             raise NotImplementedError("a RoPE scaling of the sliding-window layers is not "
                                       "supported")
     bias = bool(raw.get("attention_bias", False))
-    window = raw.get("sliding_window")
+    # transformers' defaults for a key config.json lacks (a hand-written dict: saved
+    # configs carry them)
+    window = raw.get("sliding_window", 4096 if model_type in ("gemma2", "gemma3_text") else None)
     if model_type in ("mistral", "phi3"):
         sliding = [window is not None] * n_layers
     elif model_type in ("qwen2", "qwen3"):
@@ -332,7 +334,8 @@ def _llama(need, raw):
     activation = raw.get("hidden_activation") or raw.get("hidden_act") or "silu"
     if model_type == "gemma" and activation == "gelu":
         activation = "gelu_pytorch_tanh"        # as transformers reads Gemma's Hub configs
-    d_head = int(raw.get("head_dim") or d_model // n_heads)
+    head_dim = {"qwen3": 128, "gemma": 256, "gemma2": 256, "gemma3_text": 256}
+    d_head = int(raw.get("head_dim") or head_dim.get(model_type) or d_model // n_heads)
     scalar = None
     if model_type in ("gemma2", "gemma3_text"):
         scalar = raw.get("query_pre_attn_scalar") or 256            # transformers' default

@@ -54,8 +54,8 @@ def load(name_or_path: str | os.PathLike[str] = "minilm", *,
     Returns
     -------
     TransformerModel
-        A BertModel, RobertaModel, DistilBertModel, GPT2Model or LlamaModel, picked by
-        config.json's ``model_type`` (see ``SUPPORTED_TYPES``).
+        The family's class (BertModel, GPT2Model, LlamaModel, Gemma2Model, GPTNeoXModel,
+        ...), picked by config.json's ``model_type`` (see ``SUPPORTED_TYPES``).
 
     Raises
     ------

@@ -114,10 +114,10 @@ def from_config(config: Mapping[str, Any] | ModelConfig, *, dtype: DTypeLike = n
     Parameters
     ----------
     config : dict or ModelConfig
-        A transformers-style config (what a ``config.json`` holds): ``model_type`` ("gpt2",
-        "llama", "qwen2", "mistral", "bert", "roberta", "distilbert") and the family's sizes
-        under its own names (``n_embd``, ``n_layer``, ``n_head``, ``vocab_size``,
-        ``n_positions`` for GPT-2; ``hidden_size``, ``num_hidden_layers``,
+        A transformers-style config (what a ``config.json`` holds): ``model_type`` (one of
+        ``mha.models.SUPPORTED_TYPES``: "gpt2", "llama", "gemma2", "gpt_neox", "bert", ...)
+        and the family's sizes under its own names (``n_embd``, ``n_layer``, ``n_head``,
+        ``vocab_size``, ``n_positions`` for GPT-2; ``hidden_size``, ``num_hidden_layers``,
         ``num_attention_heads``, ``intermediate_size``, ``vocab_size`` for the others), plus
         any option :func:`mha.models.load` reads (``num_key_value_heads``,
         ``tie_word_embeddings``, ``initializer_range``, ...).
@@ -133,8 +133,8 @@ def from_config(config: Mapping[str, Any] | ModelConfig, *, dtype: DTypeLike = n
     TransformerModel
         The family's class (``GPT2Model``, ``LlamaModel``, ``BertModel``, ...), its weights
         drawn as transformers initialises them: dense weights and embeddings
-        N(0, initializer_range), biases 0, norm gains 1, padding rows 0, GPT-2's ``c_proj``
-        weights N(0, initializer_range / sqrt(2 n_layer)).
+        N(0, initializer_range), biases 0, norm gains 1 (Gemma's w 0), padding rows 0,
+        GPT-2's ``c_proj`` weights N(0, initializer_range / sqrt(2 n_layer)).
 
     Raises
     ------
