@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence, TypeVar
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -18,6 +18,48 @@ from .hooked import Hooked
 from .hooks import NO_HOOKS, HookPoints
 from .memory import ModelMemory
 from .readouts import Readouts
+
+
+#: the sections every family's class docstring shares (added by :func:`family_doc`)
+FAMILY_SECTIONS = """
+    Parameters
+    ----------
+    config : ModelConfig
+        The sizes and options read from config.json.
+    checkpoint : mapping of str to array
+        The tensors of the safetensors files, by name.
+    tokenizer : Tokenizer, optional
+        Without one the model runs on ids only.
+    dtype : {numpy.float32, numpy.float64}, default numpy.float32
+        What the model computes in.
+    name : str, optional
+        A name for ``repr``.
+    folder : path, optional
+        Where the model was read from.
+
+    Raises
+    ------
+    CheckpointError
+        A missing or wrongly shaped tensor (the message names the file and the tensor).
+
+    See Also
+    --------
+    mha.models.load : Builds the right class from a folder.
+"""
+
+
+_Class = TypeVar("_Class", bound=type)
+
+
+def family_doc(cls: _Class) -> _Class:
+    """Give a family's class (decorated) the sections all families share: its docstring
+    holds its summary and what is its own; Parameters, Raises and See Also come from
+    :data:`FAMILY_SECTIONS`, before its Examples when it has some."""
+    doc = (cls.__doc__ or "").rstrip() + "\n"
+    at = doc.find("\n    Examples\n")
+    cls.__doc__ = (doc + FAMILY_SECTIONS if at < 0 else
+                   doc[:at] + FAMILY_SECTIONS + doc[at:])
+    return cls
 
 
 class TransformerModel(Hooked, Readouts, Blocks):

@@ -21,37 +21,14 @@ import numpy as np
 
 from . import ops
 from .backward import EncoderLayout
-from .base import TransformerModel
+from .base import TransformerModel, family_doc
 from .hooks import NO_HOOKS, HookPoints
 from .tape import Differentiable
 
 
+@family_doc
 class BertModel(Differentiable, TransformerModel):
     """Run a BERT-family encoder (model_type "bert") in NumPy on mha's C kernels.
-
-    Parameters
-    ----------
-    config : ModelConfig
-        The sizes and options read from config.json.
-    checkpoint : mapping of str to array
-        The tensors of the safetensors files, by name.
-    tokenizer : Tokenizer, optional
-        Without one the model runs on ids only.
-    dtype : {numpy.float32, numpy.float64}, default numpy.float32
-        What the model computes in.
-    name : str, optional
-        A name for ``repr``.
-    folder : path, optional
-        Where the model was read from.
-
-    Raises
-    ------
-    CheckpointError
-        A missing or wrongly shaped tensor (the message names the file and the tensor).
-
-    See Also
-    --------
-    mha.models.load : Builds the right class from a folder.
 
     Examples
     --------
@@ -204,32 +181,9 @@ class BertModel(Differentiable, TransformerModel):
         return hidden, attn
 
 
+@family_doc
 class RobertaModel(BertModel):
     """Run RoBERTa (model_type "roberta"): BERT's layers; positions count from padding_idx + 1.
-
-    Parameters
-    ----------
-    config : ModelConfig
-        The sizes and options read from config.json.
-    checkpoint : mapping of str to array
-        The tensors of the safetensors files, by name.
-    tokenizer : Tokenizer, optional
-        Without one the model runs on ids only.
-    dtype : {numpy.float32, numpy.float64}, default numpy.float32
-        What the model computes in.
-    name : str, optional
-        A name for ``repr``.
-    folder : path, optional
-        Where the model was read from.
-
-    Raises
-    ------
-    CheckpointError
-        A missing or wrongly shaped tensor (the message names the file and the tensor).
-
-    See Also
-    --------
-    mha.models.load : Builds the right class from a folder.
     """
 
     def _positions(self, ids):
@@ -238,32 +192,9 @@ class RobertaModel(BertModel):
         return np.cumsum(real, axis=1) * real + pad
 
 
+@family_doc
 class DistilBertModel(BertModel):
     """Run DistilBERT (model_type "distilbert"): BERT's layers under other names, no segments.
-
-    Parameters
-    ----------
-    config : ModelConfig
-        The sizes and options read from config.json.
-    checkpoint : mapping of str to array
-        The tensors of the safetensors files, by name.
-    tokenizer : Tokenizer, optional
-        Without one the model runs on ids only.
-    dtype : {numpy.float32, numpy.float64}, default numpy.float32
-        What the model computes in.
-    name : str, optional
-        A name for ``repr``.
-    folder : path, optional
-        Where the model was read from.
-
-    Raises
-    ------
-    CheckpointError
-        A missing or wrongly shaped tensor (the message names the file and the tensor).
-
-    See Also
-    --------
-    mha.models.load : Builds the right class from a folder.
     """
     names = dict(
         positions="embeddings.position_embeddings.weight", token_types=None,

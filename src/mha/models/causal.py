@@ -89,8 +89,7 @@ else:
 class CausalLM(_Model):
     """What GPT-2 and the LLaMA family add to TransformerModel: logits and generation.
 
-    A family implements ``_vocab_matrix()`` -> (vocab, d_model), the LM head's weight, and
-    sets ``_grad_layout`` (a :class:`mha.models.backward.DecoderLayout`: its parameters'
+    A family sets ``_grad_layout`` (a :class:`mha.models.backward.DecoderLayout`: its parameters'
     names), which drives the one pre-norm decoder forward here (``_forward``, with ``cache=``:
     one `mha.KVCache` per layer, positions starting at their length) and the backward.
 
@@ -111,8 +110,25 @@ class CausalLM(_Model):
         return [KVCache(batch_size, self.n_kv_heads, max_len, self.d_head, self.dtype)
                 for _ in range(self.n_layers)]
 
-    def _vocab_matrix(self):
-        raise NotImplementedError
+    def _vocab_matrix(self) -> np.ndarray:
+        """The LM head's weight (vocab, d_model): the family's ``lm_head``, or its token table
+        (``_grad_layout.embed``) when the two are tied."""
+        if not self.has_lm_head:
+            raise self._no_lm_head()
+        head = getattr(self, "lm_head", None)
+        layout: Any = self._grad_layout             # type: ignore[attr-defined]
+        return self.parameters()[layout.embed] if head is None else head
+
+    def _final_norm(self, x: np.ndarray) -> np.ndarray:
+        """The final norm (``_grad_layout.final``: LayerNorm, or RMSNorm without a bias) over
+        the last axis of x (..., d_model)."""
+        layout: Any = self._grad_layout             # type: ignore[attr-defined]
+        params, (gain, bias) = self.parameters(), layout.final
+        rows = x.reshape(-1, x.shape[-1])
+        eps = self.config.norm_eps
+        out = (ops.rms_norm(rows, params[gain], eps) if bias is None
+               else ops.layer_norm(rows, params[gain], params[bias], eps))
+        return out.reshape(x.shape)
 
     def _forward(self, ids: np.ndarray, mask: np.ndarray, type_ids: np.ndarray,
                  need_weights: bool, head_mask: np.ndarray | None,

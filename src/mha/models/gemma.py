@@ -24,37 +24,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from .base import family_doc
 from .llama import LlamaModel
 
 __all__ = ["GemmaModel", "Gemma2Model", "Gemma3Model"]
 
 
+@family_doc
 class GemmaModel(LlamaModel):
     """Run a Gemma decoder (model_type "gemma") on mha's C kernels.
-
-    Parameters
-    ----------
-    config : ModelConfig
-        The sizes and options read from config.json.
-    checkpoint : mapping of str to array
-        The tensors of the safetensors files, by name.
-    tokenizer : Tokenizer, optional
-        Without one the model runs on ids only.
-    dtype : {numpy.float32, numpy.float64}, default numpy.float32
-        What the model computes in.
-    name : str, optional
-        A name for ``repr``.
-    folder : path, optional
-        Where the model was read from.
-
-    Raises
-    ------
-    CheckpointError
-        A missing or wrongly shaped tensor (the message names the file and the tensor).
-
-    See Also
-    --------
-    mha.models.load : Builds the right class from a folder.
     """
     _norm_offset = 1.0
 
@@ -63,35 +41,12 @@ class GemmaModel(LlamaModel):
         return self.config.d_model ** 0.5
 
 
+@family_doc
 class Gemma2Model(GemmaModel):
     """Run a Gemma 2 decoder (model_type "gemma2") on mha's C kernels.
 
     Gemma with four norms a block, soft-capped attention scores and logits, alternating
     sliding windows.
-
-    Parameters
-    ----------
-    config : ModelConfig
-        The sizes and options read from config.json.
-    checkpoint : mapping of str to array
-        The tensors of the safetensors files, by name.
-    tokenizer : Tokenizer, optional
-        Without one the model runs on ids only.
-    dtype : {numpy.float32, numpy.float64}, default numpy.float32
-        What the model computes in.
-    name : str, optional
-        A name for ``repr``.
-    folder : path, optional
-        Where the model was read from.
-
-    Raises
-    ------
-    CheckpointError
-        A missing or wrongly shaped tensor (the message names the file and the tensor).
-
-    See Also
-    --------
-    mha.models.load : Builds the right class from a folder.
     """
     _norm_names = {"input_norm": "input_layernorm",
                    "post_attention_norm": "post_attention_layernorm",
@@ -102,33 +57,10 @@ class Gemma2Model(GemmaModel):
                            post_mlp=("post_feedforward_norm", None))
 
 
+@family_doc
 class Gemma3Model(Gemma2Model):
     """Run Gemma 3's text decoder (model_type "gemma3_text") on mha's C kernels.
 
     Gemma 2's block with QK-norm and a rotary base of its own for the sliding layers.
-
-    Parameters
-    ----------
-    config : ModelConfig
-        The sizes and options read from config.json.
-    checkpoint : mapping of str to array
-        The tensors of the safetensors files, by name.
-    tokenizer : Tokenizer, optional
-        Without one the model runs on ids only.
-    dtype : {numpy.float32, numpy.float64}, default numpy.float32
-        What the model computes in.
-    name : str, optional
-        A name for ``repr``.
-    folder : path, optional
-        Where the model was read from.
-
-    Raises
-    ------
-    CheckpointError
-        A missing or wrongly shaped tensor (the message names the file and the tensor).
-
-    See Also
-    --------
-    mha.models.load : Builds the right class from a folder.
     """
     _grad_layout = replace(Gemma2Model._grad_layout, qk_norm=("q_norm", "k_norm"))

@@ -19,37 +19,14 @@ import numpy as np
 
 from . import ops
 from .backward import DecoderLayout
-from .base import TransformerModel
+from .base import TransformerModel, family_doc
 from .causal import CausalLM
 from .tape import Differentiable
 
 
+@family_doc
 class GPT2Model(CausalLM, Differentiable, TransformerModel):
     """Run GPT-2 (model_type "gpt2") in NumPy on mha's C attention kernels.
-
-    Parameters
-    ----------
-    config : ModelConfig
-        The sizes and options read from config.json.
-    checkpoint : mapping of str to array
-        The tensors of the safetensors files, by name.
-    tokenizer : Tokenizer, optional
-        Without one the model runs on ids only.
-    dtype : {numpy.float32, numpy.float64}, default numpy.float32
-        What the model computes in.
-    name : str, optional
-        A name for ``repr``.
-    folder : path, optional
-        Where the model was read from.
-
-    Raises
-    ------
-    CheckpointError
-        A missing or wrongly shaped tensor (the message names the file and the tensor).
-
-    See Also
-    --------
-    mha.models.load : Builds the right class from a folder.
     """
     anchor = "wte.weight"
     _pos_embed = True
@@ -127,12 +104,3 @@ class GPT2Model(CausalLM, Differentiable, TransformerModel):
         if self.config.scale_attn_by_inverse_layer_idx:
             s /= float(layer + 1)
         return s
-
-    def _vocab_matrix(self):
-        return self.wte
-
-    def _final_norm(self, x: np.ndarray) -> np.ndarray:
-        """ln_f (gain and bias) over the last axis of x (..., d_model)."""
-        d = x.shape[-1]
-        return ops.layer_norm(x.reshape(-1, d), *self.ln_f, self.config.norm_eps).reshape(x.shape)
-

@@ -24,39 +24,16 @@ import numpy as np
 
 from . import ops
 from .backward import DecoderLayout
-from .base import TransformerModel
+from .base import TransformerModel, family_doc
 from .causal import CausalLM
 from .tape import Differentiable
 
 __all__ = ["GPTNeoXModel"]
 
 
+@family_doc
 class GPTNeoXModel(CausalLM, Differentiable, TransformerModel):
     """Run a GPT-NeoX decoder (model_type "gpt_neox": Pythia) on mha's C kernels.
-
-    Parameters
-    ----------
-    config : ModelConfig
-        The sizes and options read from config.json.
-    checkpoint : mapping of str to array
-        The tensors of the safetensors files, by name.
-    tokenizer : Tokenizer, optional
-        Without one the model runs on ids only.
-    dtype : {numpy.float32, numpy.float64}, default numpy.float32
-        What the model computes in.
-    name : str, optional
-        A name for ``repr``.
-    folder : path, optional
-        Where the model was read from.
-
-    Raises
-    ------
-    CheckpointError
-        A missing or wrongly shaped tensor (the message names the file and the tensor).
-
-    See Also
-    --------
-    mha.models.load : Builds the right class from a folder.
     """
     anchor = "embed_in.weight"
     rotary = True
@@ -127,14 +104,3 @@ class GPTNeoXModel(CausalLM, Differentiable, TransformerModel):
         for i, layer in enumerate(self.layers):
             params.update({f"layers.{i}.{k}": v for k, v in layer.items()})
         return params
-
-    def _vocab_matrix(self):
-        if not self.has_lm_head:
-            raise self._no_lm_head()
-        return self.embed_in if self.lm_head is None else self.lm_head
-
-    def _final_norm(self, x: np.ndarray) -> np.ndarray:
-        """The final LayerNorm over the last axis of x (..., d)."""
-        d = x.shape[-1]
-        return ops.layer_norm(x.reshape(-1, d), self.final_norm, self.final_norm_bias,
-                              self.config.norm_eps).reshape(x.shape)

@@ -32,39 +32,16 @@ import numpy as np
 
 from . import ops
 from .backward import DecoderLayout
-from .base import TransformerModel
+from .base import TransformerModel, family_doc
 from .causal import CausalLM
 from .tape import Differentiable
 
 
+@family_doc
 class LlamaModel(CausalLM, Differentiable, TransformerModel):
     """Run a LLaMA-family decoder (model_type "llama", "qwen2", "mistral") on mha's C kernels.
 
     Grouped-query attention runs on the kernel's own GQA (no repeated keys).
-
-    Parameters
-    ----------
-    config : ModelConfig
-        The sizes and options read from config.json.
-    checkpoint : mapping of str to array
-        The tensors of the safetensors files, by name.
-    tokenizer : Tokenizer, optional
-        Without one the model runs on ids only.
-    dtype : {numpy.float32, numpy.float64}, default numpy.float32
-        What the model computes in.
-    name : str, optional
-        A name for ``repr``.
-    folder : path, optional
-        Where the model was read from.
-
-    Raises
-    ------
-    CheckpointError
-        A missing or wrongly shaped tensor (the message names the file and the tensor).
-
-    See Also
-    --------
-    mha.models.load : Builds the right class from a folder.
     """
     anchor = "embed_tokens.weight"
     rotary = True
@@ -157,16 +134,6 @@ class LlamaModel(CausalLM, Differentiable, TransformerModel):
         for i, layer in enumerate(self.layers):
             params.update({f"layers.{i}.{k}": v for k, v in layer.items()})
         return params
-
-    def _vocab_matrix(self):
-        if not self.has_lm_head:
-            raise self._no_lm_head()
-        return self.embed_tokens if self.lm_head is None else self.lm_head
-
-    def _final_norm(self, x: np.ndarray) -> np.ndarray:
-        """The final RMSNorm (gain) over the last axis of x (..., d_model)."""
-        d = x.shape[-1]
-        return ops.rms_norm(x.reshape(-1, d), self.norm, self.config.norm_eps).reshape(x.shape)
 
 
 def _dense(read, name, n_in, n_out, bias):

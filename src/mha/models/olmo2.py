@@ -9,37 +9,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from .base import family_doc
 from .llama import LlamaModel
 
 __all__ = ["Olmo2Model"]
 
 
+@family_doc
 class Olmo2Model(LlamaModel):
     """Run an OLMo-2 decoder (model_type "olmo2") on mha's C kernels.
-
-    Parameters
-    ----------
-    config : ModelConfig
-        The sizes and options read from config.json.
-    checkpoint : mapping of str to array
-        The tensors of the safetensors files, by name.
-    tokenizer : Tokenizer, optional
-        Without one the model runs on ids only.
-    dtype : {numpy.float32, numpy.float64}, default numpy.float32
-        What the model computes in.
-    name : str, optional
-        A name for ``repr``.
-    folder : path, optional
-        Where the model was read from.
-
-    Raises
-    ------
-    CheckpointError
-        A missing or wrongly shaped tensor (the message names the file and the tensor).
-
-    See Also
-    --------
-    mha.models.load : Builds the right class from a folder.
     """
     _norm_names = {"post_attention_norm": "post_attention_layernorm",
                    "post_feedforward_norm": "post_feedforward_layernorm"}

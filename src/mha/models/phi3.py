@@ -7,37 +7,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from .base import family_doc
 from .llama import LlamaModel, _dense
 
 __all__ = ["Phi3Model"]
 
 
+@family_doc
 class Phi3Model(LlamaModel):
     """Run a Phi-3 decoder (model_type "phi3") on mha's C kernels.
-
-    Parameters
-    ----------
-    config : ModelConfig
-        The sizes and options read from config.json.
-    checkpoint : mapping of str to array
-        The tensors of the safetensors files, by name.
-    tokenizer : Tokenizer, optional
-        Without one the model runs on ids only.
-    dtype : {numpy.float32, numpy.float64}, default numpy.float32
-        What the model computes in.
-    name : str, optional
-        A name for ``repr``.
-    folder : path, optional
-        Where the model was read from.
-
-    Raises
-    ------
-    CheckpointError
-        A missing or wrongly shaped tensor (the message names the file and the tensor).
-
-    See Also
-    --------
-    mha.models.load : Builds the right class from a folder.
     """
 
     def _read_qkv(self, read, p):

@@ -6,36 +6,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from .base import family_doc
 from .llama import LlamaModel
 
 __all__ = ["Qwen3Model"]
 
 
+@family_doc
 class Qwen3Model(LlamaModel):
     """Run a Qwen3 decoder (model_type "qwen3") on mha's C kernels.
-
-    Parameters
-    ----------
-    config : ModelConfig
-        The sizes and options read from config.json.
-    checkpoint : mapping of str to array
-        The tensors of the safetensors files, by name.
-    tokenizer : Tokenizer, optional
-        Without one the model runs on ids only.
-    dtype : {numpy.float32, numpy.float64}, default numpy.float32
-        What the model computes in.
-    name : str, optional
-        A name for ``repr``.
-    folder : path, optional
-        Where the model was read from.
-
-    Raises
-    ------
-    CheckpointError
-        A missing or wrongly shaped tensor (the message names the file and the tensor).
-
-    See Also
-    --------
-    mha.models.load : Builds the right class from a folder.
     """
     _grad_layout = replace(LlamaModel._grad_layout, qk_norm=("q_norm", "k_norm"))
