@@ -12,11 +12,11 @@ against the maps; all parametrized over tiny_models.FAMILIES / CAUSAL):
   the patched float64 model agrees with the float32 one to float32's precision;
 - the windows and caps bite in the reference (a missing window or cap would fail the
   equalities below), and Gemma 3's old config form reads as its new one;
-- logits (1e-12 of their scale in float64, 1e-5 in float32), every hook_pattern = transformers'
+- logits (3e-14 of their scale in float64, 1e-5 in float32; the issue asks 1e-12), every hook_pattern = transformers'
   output_attentions, every blocks.{l}.hook_resid_pre / hook_resid_post = the decoder layer's
   input / output, on a padded batch;
-- the loss and every parameter gradient of loss_and_grads = torch autograd (float64, 1e-9 of
-  each gradient's scale), the parameters matched to transformers' by their values (fused,
+- the loss and every parameter gradient of loss_and_grads = torch autograd (float64, 4e-14 of
+  each gradient's scale; the issue asks 1e-9), the parameters matched to transformers' by their values (fused,
   transposed, de-interleaved or stored 1 + w, whatever the loader does);
 - from_config gives load()'s parameter names and shapes;
 - the hooks mha and TransformerLens's bridge share equal within 1e-5 of their scale.
@@ -42,11 +42,12 @@ import tiny_models  # noqa: E402
 NEW = list(tiny_models.NEW)
 DTYPES = pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
 #: logits and residual stream, max |ours - theirs| / max |theirs| over the real tokens
-TOL = {np.float32: 1e-5, np.float64: 1e-12}
-#: patterns, absolute (probabilities)
-PATTERN_TOL = {np.float32: 1e-5, np.float64: 1e-12}
+#: (measured on the eight tiny models: float32 1.4e-6, float64 2.2e-15; patterns are
+#: probabilities, held to the same numbers absolutely)
+TOL = {np.float32: 1e-5, np.float64: 3e-14}
 #: each parameter's gradient, relative to its largest entry (float64); the loss, relative
-GRAD_TOL = 1e-9
+#: (measured 3.6e-15; the issue asks 1e-9)
+GRAD_TOL = 4e-14
 #: per layer, None (full causal attention) or W (query i sees keys i - W < j <= i)
 WINDOWS = {"gpt_neox": (None, None), "gpt_neox-sequential": (None, None),
            "gemma": (None, None), "gemma2": (4, None, 4), "gemma3_text": (4, None, 4),
