@@ -13,8 +13,8 @@ against the maps; all parametrized over tiny_models.FAMILIES / CAUSAL):
 - the windows and caps bite in the reference (a missing window or cap would fail the
   equalities below), and Gemma 3's old config form reads as its new one;
 - logits (3e-14 of their scale in float64, 1e-5 in float32; the issue asks 1e-12), every
-  hook_pattern = transformers' output_attentions, every blocks.{l}.hook_resid_pre / hook_resid_post = the decoder layer's
-  input / output, on a padded batch;
+  hook_pattern = transformers' output_attentions, every blocks.{l}.hook_resid_pre /
+  hook_resid_post = the decoder layer's input / output, on a padded batch;
 - the loss and every parameter gradient of loss_and_grads = torch autograd (float64, 4e-14 of
   each gradient's scale; the issue asks 1e-9), the parameters matched to transformers' by
   their values (fused, transposed, de-interleaved or stored 1 + w, whatever the loader does);
