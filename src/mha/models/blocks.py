@@ -329,7 +329,8 @@ class Blocks:
         scores *= self.dtype(self.attention_scale(layer))
         cap = self.config.attn_softcap
         if cap is not None:
-            np.tanh(scores / self.dtype(cap), out=scores)
+            scores /= self.dtype(cap)
+            np.tanh(scores, out=scores)
             scores *= self.dtype(cap)
         allowed = self._allowed(layer, n_q, n_k, pad_mask)
         if allowed is not None:

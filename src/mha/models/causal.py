@@ -117,7 +117,7 @@ class CausalLM(_Model):
             raise self._no_lm_head()
         head = getattr(self, "lm_head", None)
         layout: Any = self._grad_layout             # type: ignore[attr-defined]
-        return self.parameters()[layout.embed] if head is None else head
+        return getattr(self, layout.embed) if head is None else head
 
     def _final_norm(self, x: np.ndarray) -> np.ndarray:
         """The final norm (``_grad_layout.final``: LayerNorm, or RMSNorm without a bias) over
@@ -184,25 +184,22 @@ class CausalLM(_Model):
             hooks(i, "hook_resid_pre", x, (B, n, d))
             hidden[:, i] = x.reshape(B, n, d)
             h = norm(i, "ln1", layout.ln1, x)
-            if layout.parallel:                 # both branches read x; their sum goes to out
-                h_mlp, out = norm(i, "ln2", layout.ln2, x), x.copy()
-            else:
-                out = x
+            if layout.parallel:     # the MLP's input is taken before the attention adds to x
+                h_mlp = norm(i, "ln2", layout.ln2, x) if layout.ln2 else x.copy()
             w_out = attn[:, i] if attn is not None else None
             weights = self._self_attention(
                 i, h, p, B, n, pad_mask, need_weights, head_mask, hooks,
                 rope=self._rope(start, start + n, i) if self.rotary else None,
-                cache=cache, residual=out, weights_out=w_out, qk_norm=layout.qk_norm,
+                cache=cache, residual=x, weights_out=w_out, qk_norm=layout.qk_norm,
                 qk_norm_heads=layout.qk_norm_heads,
-                post_norm=layout.post_attention)                 # out += attention
+                post_norm=layout.post_attention)                 # x += attention
             if attn is not None and weights is not w_out:
                 attn[:, i] = weights
             if not layout.parallel:
                 hooks(i, "hook_resid_mid", x, (B, n, d))
                 h_mlp = norm(i, "ln2", layout.ln2, x)
-            self._mlp(i, h_mlp, p, B, n, hooks, out, layout.mlp, gated=layout.gated,
-                      post_norm=layout.post_mlp)                 # out += MLP
-            x = out
+            self._mlp(i, h_mlp, p, B, n, hooks, x, layout.mlp, gated=layout.gated,
+                      post_norm=layout.post_mlp)                 # x += MLP
             hooks(i, "hook_resid_post", x, (B, n, d))
         gain, bias = layout.final
         x = self._norm(None, "ln_final", x, params[gain], params.get(bias or ""), B, n, hooks,
@@ -252,8 +249,9 @@ class CausalLM(_Model):
         ``final_logit_softcapping``)."""
         logits = ops.unembed(hidden, self._lm_head())
         cap = self.config.final_softcap
-        if cap is not None:
-            np.tanh(logits / self.dtype(cap), out=logits)
+        if cap is not None:                 # in place: (rows, vocab) is the largest array here
+            logits /= self.dtype(cap)
+            np.tanh(logits, out=logits)
             logits *= self.dtype(cap)
         return logits
 

@@ -280,13 +280,13 @@ def _layer_types(raw, n_layers, default):
     return [bool(default(i)) for i in range(n_layers)]
 
 
-def _partial_rotary(raw):
+def _partial_rotary(raw, default=1.0):
     """The share of a head the rotary embedding turns (``partial_rotary_factor``, also inside
-    ``rope_parameters``; GPT-NeoX's ``rotary_pct``)."""
+    ``rope_parameters``; GPT-NeoX's ``rotary_pct``), or ``default``."""
     params = raw.get("rope_parameters") or {}
     value = params.get("partial_rotary_factor", raw.get("partial_rotary_factor",
                                                         raw.get("rotary_pct")))
-    return 1.0 if value is None else float(value)
+    return default if value is None else float(value)
 
 
 def _llama(need, raw):
@@ -380,9 +380,7 @@ def _gpt_neox(need, raw):
         activation=str(raw.get("hidden_act", "gelu")),
         pad_token_id=int(raw.get("pad_token_id") or 0),
         bos_token_id=raw.get("bos_token_id"), eos_token_ids=_eos(raw),
-        rope_theta=theta, rope_scaling=scaling, rotary_fraction=_partial_rotary(raw)
-        if (raw.get("rope_parameters") or {}).get("partial_rotary_factor") is not None
-        or raw.get("rotary_pct") is not None else 0.25,
+        rope_theta=theta, rope_scaling=scaling, rotary_fraction=_partial_rotary(raw, 0.25),
         attention_bias=bool(raw.get("attention_bias", True)),
         attention_out_bias=bool(raw.get("attention_bias", True)),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),

@@ -26,6 +26,7 @@ from . import ops
 from .backward import DecoderLayout
 from .base import TransformerModel, family_doc
 from .causal import CausalLM
+from .llama import _dense
 from .tape import Differentiable
 
 __all__ = ["GPTNeoXModel"]
@@ -49,25 +50,20 @@ class GPTNeoXModel(CausalLM, Differentiable, TransformerModel):
         d, f, H, dh = cfg.d_model, cfg.d_ff, cfg.n_heads, cfg.d_head
         self._grad_layout = replace(type(self)._grad_layout, parallel=cfg.parallel_residual)
 
-        def dense(name, n_in, n_out, bias=True):          # torch Linear (out, in) -> (in, out)
-            w = read(name + ".weight", (n_out, n_in)).T
-            return np.ascontiguousarray(w), (read(name + ".bias", (n_out,)) if bias else None)
-
         self.embed_in = read("embed_in.weight", (cfg.vocab_size, d))
         self.final_norm = read("final_layer_norm.weight", (d,))
         self.final_norm_bias = read("final_layer_norm.bias", (d,))
         self.lm_head = None                     # tied: the LM head is embed_in
-        if cfg.tie_word_embeddings:
-            pass
-        elif not read.has("embed_out.weight", prefixed=False) and read.prefix == "":
-            self.has_lm_head = False                            # a base-model folder
-        else:
-            self.lm_head = read("embed_out.weight", (cfg.vocab_size, d), prefixed=False)
+        if not cfg.tie_word_embeddings:
+            if not read.has("embed_out.weight", prefixed=False) and read.prefix == "":
+                self.has_lm_head = False                        # a base-model folder
+            else:
+                self.lm_head = read("embed_out.weight", (cfg.vocab_size, d), prefixed=False)
         bias = cfg.attention_bias
         self.layers = []
         for i in range(cfg.n_layers):
             p = f"layers.{i}."
-            w_qkv, b_qkv = dense(p + "attention.query_key_value", d, 3 * H * dh, bias)
+            w_qkv, b_qkv = _dense(read, p + "attention.query_key_value", d, 3 * H * dh, bias)
             # checkpoint columns (H, 3, d_head): head by head -> mha's (3, H, d_head)
             layer = {
                 "input_norm": read(p + "input_layernorm.weight", (d,)),
@@ -77,13 +73,15 @@ class GPTNeoXModel(CausalLM, Differentiable, TransformerModel):
             }
             if bias:
                 layer["b_qkv"] = b_qkv.reshape(H, 3, dh).transpose(1, 0, 2).reshape(-1).copy()
-            layer["W_o"], b_o = dense(p + "attention.dense", H * dh, d, bias)
+            w_o, b_o = _dense(read, p + "attention.dense", H * dh, d, bias)
+            layer["W_o"] = np.ascontiguousarray(w_o)
             if bias:
                 layer["b_o"] = b_o
             layer["post_attention_norm"] = read(p + "post_attention_layernorm.weight", (d,))
             layer["post_attention_norm_bias"] = read(p + "post_attention_layernorm.bias", (d,))
-            layer["W_in"], layer["b_in"] = dense(p + "mlp.dense_h_to_4h", d, f)
-            layer["W_out"], layer["b_out"] = dense(p + "mlp.dense_4h_to_h", f, d)
+            w_in, layer["b_in"] = _dense(read, p + "mlp.dense_h_to_4h", d, f, True)
+            w_out, layer["b_out"] = _dense(read, p + "mlp.dense_4h_to_h", f, d, True)
+            layer.update(W_in=np.ascontiguousarray(w_in), W_out=np.ascontiguousarray(w_out))
             self.layers.append(layer)
         self._act = ops.activation(cfg.activation)
         self._init_rope()

@@ -202,7 +202,7 @@ class Hooked:
         """(the hook points before the blocks, each block's (without ``blocks.{l}.``), those
         after), in forward order: a pre-norm decoder's, as TransformerLens's
         HookedTransformer names them."""
-        layout: Any = getattr(self, "_grad_layout", None)
+        layout: Any = self._grad_layout
         attn = ["attn.hook_q", "attn.hook_k", "attn.hook_v"]
         if self.rotary:
             attn += ["attn.hook_rot_q", "attn.hook_rot_k"]
@@ -213,11 +213,9 @@ class Hooked:
 
         def norm(name, present=True):
             return [f"{name}.hook_scale", f"{name}.hook_normalized"] if present else []
-        ln1, ln2 = (True, True) if layout is None else (layout.ln1 is not None,
-                                                        layout.ln2 is not None)
-        post_1, post_2 = (False, False) if layout is None else (
-            layout.post_attention is not None, layout.post_mlp is not None)
-        if layout is not None and layout.parallel:      # both norms read resid_pre, first
+        ln1, ln2 = layout.ln1 is not None, layout.ln2 is not None
+        post_1, post_2 = layout.post_attention is not None, layout.post_mlp is not None
+        if layout.parallel:                             # both norms read resid_pre, first
             block = ["hook_resid_pre", *norm("ln1", ln1), *norm("ln2", ln2), *attn,
                      *norm("ln1_post", post_1), "hook_attn_out", *mlp,
                      *norm("ln2_post", post_2), "hook_mlp_out", "hook_resid_post"]

@@ -597,8 +597,11 @@ def _top_gradient(model: Any, layout: DecoderLayout | EncoderLayout, record: Rec
         d_logits = arrays["d_logits"]
         cap = model.config.final_softcap
         if cap is not None:         # forward: logits = c tanh(z / c): dz = d_logits (1 - t^2)
-            tanh = model._logits(record.hidden) / model.dtype(cap)
-            d_logits = d_logits * (1 - tanh * tanh)
+            slope = model._logits(record.hidden)
+            slope /= model.dtype(cap)
+            np.square(slope, out=slope)
+            np.subtract(1, slope, out=slope)
+            d_logits = d_logits * slope
         # forward: z = hidden W_vocab^T
         linear_backward(d_logits, record.hidden, model._vocab_matrix(), None,
                         grads[_vocab_name(model, layout)], None, da=top, trans_b=True)
@@ -606,17 +609,17 @@ def _top_gradient(model: Any, layout: DecoderLayout | EncoderLayout, record: Rec
 
 
 def _capped_cross_entropy(model: Any, hidden: np.ndarray, labels: np.ndarray,
-                          d_hidden: np.ndarray, d_w: np.ndarray | None,
-                          chunk: int = 256) -> float:
+                          d_hidden: np.ndarray, d_w: np.ndarray | None) -> float:
     """The mean next-token cross-entropy of soft-capped logits c tanh(hidden W^T / c)
-    (Gemma 2's final_logit_softcapping) over the labels that are not -100, ``chunk`` rows of
-    logits at a time; its gradient added into d_hidden (rows, d) and d_w (vocab, d) (None:
+    (Gemma 2's final_logit_softcapping) over the labels that are not -100, as many rows of
+    logits at a time as hold about 4M values (16 rows of Gemma 2's 256,000 words); its gradient added into d_hidden (rows, d) and d_w (vocab, d) (None:
     not computed). The C core's fused cross-entropy has no cap; this one runs on NumPy's
     softmax with mha's products."""
     cap = model.dtype(model.config.final_softcap)
     w = model._vocab_matrix()
     valid = labels != -100
     count = max(int(valid.sum()), 1)
+    chunk = max(1, (1 << 22) // len(w))
     total = 0.0
     for start in range(0, len(hidden), chunk):
         rows = slice(start, start + chunk)
@@ -631,8 +634,8 @@ def _capped_cross_entropy(model: Any, hidden: np.ndarray, labels: np.ndarray,
         p /= sums
         p[at, labels[rows][at]] -= 1
         p[~ok] = 0
-        tanh = logits / cap
-        p *= (1 - tanh * tanh) / count                          # d loss / d(hidden W^T)
+        logits /= cap                                           # tanh(z / c), in place
+        p *= (1 - logits * logits) / count                      # d loss / d(hidden W^T)
         d_hidden[rows] += _core.matmul(p, w)
         if d_w is not None:
             d_w += _core.matmul(p, hidden[rows], trans_a=True)
