@@ -452,7 +452,10 @@ def test_products_packed_and_not(rows):
     np.testing.assert_allclose(ops.unembed(x, packed_t), x @ table.T, rtol=1e-12, atol=1e-12)
     if rows * 80 * 48 > 16384:
         np.testing.assert_array_equal(ops.linear(x, packed, b), ops.linear(x, W, b))
-    assert not W.flags.writeable and not table.flags.writeable
+    assert not W.flags.writeable and packed.source is W      # kept: an optimizer's array
+    assert packed_t.source is None                          # a transposed table: dropped
+    np.testing.assert_array_equal(packed.unpack(), W)
+    np.testing.assert_array_equal(packed_t.unpack(), table.T)
     x32, W32 = x.astype(np.float32), W.astype(np.float32)
     y = ops.linear(x32, W32)
     np.testing.assert_allclose(ops.linear(x32, ops.Packed(W32)), y, rtol=1e-6, atol=1e-5)

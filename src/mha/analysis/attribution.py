@@ -32,6 +32,8 @@ from numpy.typing import ArrayLike
 
 from mha import _core
 
+from ..models import ops
+
 __all__ = ["gradient_relevance", "attention_x_gradient", "AttentionGradient",
            "integrated_gradients", "IntegratedGradients", "attribution_patching",
            "IG_METHODS"]
@@ -390,13 +392,13 @@ def _embed_point(model: Any) -> tuple[str, Callable[[np.ndarray], np.ndarray]]:
     embeddings (..., d_model) float64 as that point holds them (the token table's rows,
     times Gemma's embedding scale)."""
     if not model.causal:
-        return "embed.hook_embed", lambda ids: np.asarray(model.word_embeddings[ids],
-                                                          dtype=np.float64)
-    table = model.parameters()[model._grad_layout.embed]
+        return "embed.hook_embed", lambda ids: np.asarray(
+            ops.embedding(model.word_embeddings, ids).reshape(ids.shape + (-1,)), np.float64)
+    table = model._stored()[model._grad_layout.embed]
     scale = model._embed_scale
 
     def rows(ids: np.ndarray) -> np.ndarray:
-        x = np.asarray(table[ids], dtype=np.float64)
+        x = np.asarray(ops.embedding(table, ids).reshape(ids.shape + (-1,)), np.float64)
         return x if scale is None else x * float(model.dtype(scale))
     return "hook_embed", rows
 

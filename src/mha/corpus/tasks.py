@@ -17,6 +17,7 @@ import numpy as np
 import mha
 
 from ..analysis import model_head_statistic_sums, token_classes
+from ..models import weights
 
 from .texts import CorpusError, _batches, _tokenize
 
@@ -76,7 +77,8 @@ def _fingerprint(model: TransformerModel) -> str:
     """A digest of the model's class, config and every weight (0.1-0.2 s for MiniLM)."""
     digest = hashlib.blake2b(digest_size=16)
     digest.update(f"{type(model).__name__} {model.config.raw!r}".encode())
-    for name, array in sorted(model.parameters().items()):
+    for name, value in sorted(model._stored().items()):
+        array = weights.as_array(value)         # one weight at a time, as its values
         digest.update(f"{name} {array.dtype} {array.shape}".encode())
         digest.update(np.ascontiguousarray(array).data)
     return digest.hexdigest()

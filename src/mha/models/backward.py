@@ -585,7 +585,7 @@ def decoder_backward(model: Any, layout: DecoderLayout, record: Record, top: np.
     rows = B * n
     L, H, d = model.n_layers, model.n_heads, model.d_model
     eps = model.config.norm_eps
-    params = model.parameters()
+    params = model._stored()
     keep = Keeper(wanted, hooks, changed)
     d_head_mask = np.zeros((L, H), dtype=model.dtype)
     # forward: hidden = norm_f(norm_input)

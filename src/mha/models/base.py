@@ -11,12 +11,12 @@ from typing import Any, Mapping, Sequence, TypeVar
 import numpy as np
 from numpy.typing import ArrayLike
 
-from . import ops
+from . import ops, weights
 from .blocks import Blocks, _AttentionReads
 from .encoding import Encoding, _unbatch
 from .hooked import Hooked
 from .hooks import NO_HOOKS, HookPoints
-from .memory import ModelMemory
+from .memory import ModelMemory, trim_heap
 from .readouts import Readouts
 
 
@@ -36,6 +36,9 @@ FAMILY_SECTIONS = """
         A name for ``repr``.
     folder : path, optional
         Where the model was read from.
+    weights : {None, "bfloat16", "float16", "q8_0"}, optional
+        The format the dense weights are kept in (None: ``dtype``); see
+        :func:`mha.models.load`.
 
     Raises
     ------
@@ -49,6 +52,27 @@ FAMILY_SECTIONS = """
 
 
 _Class = TypeVar("_Class", bound=type)
+
+
+def _weight_format(weights_: str | None, dtype: np.dtype) -> str | None:
+    """The narrow format of ``load(..., weights=)`` (None: the compute dtype's own)."""
+    if weights_ is None or weights_ == dtype.name:
+        return None
+    known = ("float32", "float64") + weights.NARROW
+    if weights_ not in known:
+        raise ValueError(f"weights must be None or one of {known}, got {weights_!r}")
+    if weights_ in ("float32", "float64"):
+        raise ValueError(f"weights={weights_!r} with dtype={dtype.name}: a float model keeps "
+                         f"its weights in the dtype it computes in (pass dtype={weights_})")
+    if dtype != np.float32:
+        raise ValueError(f"weights={weights_!r} computes in float32: dtype must be float32, "
+                         f"got {dtype.name}")
+    from mha import _core
+
+    if weights_ not in _core.WEIGHT_FORMATS:
+        raise NotImplementedError(f"weights={weights_!r}: this build of mha's core reads "
+                                  f"{sorted(_core.WEIGHT_FORMATS)}")
+    return weights_
 
 
 def family_doc(cls: _Class) -> _Class:
@@ -84,17 +108,23 @@ class TransformerModel(Hooked, Readouts, Blocks):
         A name for ``repr``.
     folder : path, optional
         Where the model was read from.
+    weights : {None, "bfloat16", "float16", "q8_0"}, optional
+        The format the dense weights are kept in (None: ``dtype``); see
+        :func:`mha.models.load`.
 
     Attributes
     ----------
     config : ModelConfig
         ``config.raw`` is the config.json.
-    layers : list of dict
-        One dict of weights per layer, dense weights stored (in, out); its ``W_o`` and ``b_o``
-        are the attention's output projection. Every weight is read-only (change them in
-        ``writable_parameters``); the dense weights (``W_*``) because the
-        model keeps a copy of each packed for its GEMM (twice the memory), and packs a weight
-        again when its array is replaced in the dict.
+    layers : list of LayerWeights
+        One mapping of weights per layer, dense weights read as (in, out) arrays; its ``W_o``
+        and ``b_o`` are the attention's output projection. The dense weights (``W_*``) are
+        kept once, packed for the GEMM in ``weight_format`` (``layers[i].packed(name)``):
+        reading one unpacks a copy (until ``parameters()`` makes the arrays the model's own),
+        assigning an array packs it. Every weight is read-only (change them in
+        ``writable_parameters``).
+    weight_format : str
+        "float32", "float64", or the narrow format the dense weights are kept in.
     n_layers, n_heads, n_kv_heads, d_model, d_head : int
         The sizes.
 
@@ -114,7 +144,7 @@ class TransformerModel(Hooked, Readouts, Blocks):
     #: the C core's activation code of the MLP (ops.activation), set by ``_load``
     _act: int
     #: one dict of weights per layer (set by ``_load``)
-    layers: list[dict[str, np.ndarray]]
+    layers: list[weights.LayerWeights]
     #: rotary positions: q and k are turned between the projection and the attention
     rotary = False
     #: the norms sit before each block's attention and MLP (the residual stream is a sum of
@@ -126,12 +156,13 @@ class TransformerModel(Hooked, Readouts, Blocks):
     anchor: str | None = None
 
     def __init__(self, config, checkpoint, tokenizer=None, *, dtype=np.float32, name=None,
-                 folder=None):
+                 folder=None, weights=None):
         from .hub import TensorReader
 
         dtype = np.dtype(dtype)
         if dtype not in (np.float32, np.float64):
             raise TypeError(f"dtype must be float32 or float64, got {dtype}")
+        self._format = _weight_format(weights, dtype)
         self.config = config
         self.tokenizer = tokenizer
         self.dtype = dtype.type
@@ -141,35 +172,61 @@ class TransformerModel(Hooked, Readouts, Blocks):
         self._packs = {}
         self._memory = ModelMemory()        # recycled between calls, never a call's state
         self._seal_weights()
+        trim_heap()                         # the load's transients back to the system
 
-    # --- the dense weights, packed for the GEMM ------------------------------------------------
+    # --- the weights: dense ones packed for the GEMM ---------------------------------------------
     #: raised by each ``writable_parameters`` block: what a tape or a cache was computed with
     _weights_version = 0
+    #: the narrow weight format the dense weights are kept in (None: the compute dtype)
+    _format: str | None = None
+
+    @property
+    def weight_format(self) -> str:
+        """The format the dense weights are kept in: "float32", "float64" (the compute dtype),
+        "bfloat16", "float16" or "q8_0" (narrow: computed in float32)."""
+        return self._format or np.dtype(self.dtype).name
+
+    def _keep(self, layer: dict[str, Any]) -> weights.LayerWeights:
+        """A layer's weights as the model keeps them: its dense weights packed for the GEMM
+        in the weight format, at once (a loader's float arrays of the layer are dropped)."""
+        return weights.LayerWeights(layer, self._format)
+
+    def _table(self, table: np.ndarray) -> Any:
+        """A token table as the model keeps it: the array, or narrow (:class:`NarrowTable`)."""
+        return weights.narrow_table(table, self._format)
+
+    def _head(self, table: np.ndarray) -> Any:
+        """An untied LM head's (vocab, d) weight as the model keeps it: the array (packed for
+        the GEMM on first use), or packed narrow at once (read as its transpose)."""
+        return table if self._format is None else weights.Packed(table, trans=True,
+                                                                 format=self._format)
 
     def _seal_weights(self) -> None:
-        """Pack the dense weights and make every parameter read-only: weights change only
-        inside ``writable_parameters``, which tapes and caches can see."""
-        self._pack_weights()
-        for array in self.parameters().values():
-            array.flags.writeable = False
+        """Make every stored parameter array read-only (the packed weights are): weights
+        change only inside ``writable_parameters``, which tapes and caches can see; the LM
+        head is packed."""
+        for array in self._stored().values():
+            if isinstance(array, np.ndarray):
+                array.flags.writeable = False
+        if self.has_lm_head:
+            self._lm_head()
 
-    def _pack_weights(self):
-        """Pack every dense weight (the layers' ``W_*``) once, so that no product packs its
-        weight per call; causal models add their LM head."""
-        for i, p in enumerate(self.layers):
-            for name, w in p.items():
-                if name.startswith("W_"):
-                    self._dense((i, name), w)
+    def _packed(self, layer: int, name: str) -> ops.Packed:
+        """Layer ``layer``'s dense weight ``name`` as the GEMM reads it."""
+        return self.layers[layer].packed(name)
 
     def _dense(self, key, weight, trans=False):
-        """``weight`` packed for the GEMM (:class:`ops.Packed`; transposed: a (vocab, d)
-        table read as its transpose), from a cache keyed by ``key``: packed once, and again
-        when the array under that key was replaced (``model.layers[i]["W_o"] = new``; the
-        packed array itself is made read-only, so it cannot change in place). The packed
-        copies double the dense weights' memory; they are not pickled."""
-        packed = self._packs.get(key)
-        if packed is None or packed.source is not weight:
-            packed = self._packs[key] = ops.Packed(weight, trans)
+        """An array weight (the LM head: a (vocab, d) table read as its transpose) packed for
+        the GEMM (:class:`ops.Packed`), from a cache keyed by ``key``: packed once, and again
+        when the array under that key was replaced. A narrow table or a packed weight is
+        returned packed as it is."""
+        if isinstance(weight, ops.Packed):
+            return weight
+        source, packed = self._packs.get(key, (None, None))
+        if source is not weight:
+            packed = (weight.packed() if isinstance(weight, weights.NarrowTable)
+                      else ops.Packed(weight, trans))
+            self._packs[key] = (weight, packed)
         return packed
 
     def __getstate__(self):
@@ -196,8 +253,7 @@ class TransformerModel(Hooked, Readouts, Blocks):
     def __setstate__(self, state):
         self.__dict__.update(state)
         self._memory = ModelMemory()
-        for array in self.parameters().values():      # read-only, as after __init__
-            array.flags.writeable = False
+        self._seal_weights()
 
     # --- shape --------------------------------------------------------------------------------
     @property
@@ -228,7 +284,7 @@ class TransformerModel(Hooked, Readouts, Blocks):
         int
             The total size of ``parameters()``.
         """
-        return int(sum(a.size for a in self.parameters().values()))
+        return int(sum(np.prod(a.shape) for a in self._stored().values()))
 
     def __repr__(self):
         kv = f", n_kv_heads={self.n_kv_heads}" if self.n_kv_heads != self.n_heads else ""
@@ -565,15 +621,37 @@ class TransformerModel(Hooked, Readouts, Blocks):
     def _load(self, read):
         raise NotImplementedError
 
+    def _stored(self) -> dict[str, Any]:
+        """Every weight by the names of ``parameters()``, as stored: arrays, and the dense
+        weights packed (:class:`ops.Packed`; narrow tables :class:`weights.NarrowTable`),
+        with no copy."""
+        raise NotImplementedError
+
     def parameters(self) -> dict[str, np.ndarray]:
-        """Return every weight by name.
+        """Return every weight by name, as arrays.
+
+        A loaded model keeps its dense weights (the layers' ``W_*``) only packed for its GEMM;
+        the first call of a float32 or float64 model unpacks them into arrays of their own,
+        which the model keeps (and packs again after ``writable_parameters``): what an
+        optimizer updates in place. A narrow model (``weight_format`` "bfloat16",
+        "float16", "q8_0") gives float32 copies of its weights, read-only, and keeps none.
 
         Returns
         -------
         dict of str to ndarray
             Dense weights stored (in, out).
         """
-        raise NotImplementedError
+        stored = self._stored()
+        if self._format is None:
+            for value in stored.values():
+                if isinstance(value, ops.Packed) and value.source is None:
+                    value.source = value.unpack()
+                    value.source.flags.writeable = False
+        params = {name: weights.as_array(value) for name, value in stored.items()}
+        if self._format is not None:
+            for array in params.values():
+                array.flags.writeable = False
+        return params
 
     def _forward(self, ids: np.ndarray, mask: np.ndarray, type_ids: np.ndarray,
                  need_weights: bool, head_mask: np.ndarray | None,
@@ -607,7 +685,7 @@ class TransformerModel(Hooked, Readouts, Blocks):
 
         The block gets the arrays of ``parameters()``, writable; they are packed again for
         the GEMM when it ends. Outside the block every weight is read-only: the forward reads
-        a copy of each dense weight packed for the GEMM (see ``layers``), and the tapes of
+        each dense weight packed for the GEMM (see ``layers``), and the tapes of
         ``backward=True`` forwards and the activation caches know which weights they were
         computed with: after the block, their backward and their weight-reading methods
         raise instead of mixing new weights with old activations. Inside it the packed
@@ -617,6 +695,12 @@ class TransformerModel(Hooked, Readouts, Blocks):
         ------
         dict of str to ndarray
             ``parameters()``: the model's own arrays, by name, writable.
+
+        Raises
+        ------
+        TypeError
+            A model kept in a narrow format (``weight_format`` "bfloat16", "float16",
+            "q8_0"): it does not train.
 
         See Also
         --------
@@ -631,6 +715,10 @@ class TransformerModel(Hooked, Readouts, Blocks):
         >>> model.layers[0]["W_qkv"].flags.writeable
         False
         """
+        if self._format is not None:
+            raise TypeError(
+                f"the weights of a {self._format} model cannot change: training and parameter "
+                f"gradients need a float32 or float64 model (load it with weights=None)")
         params = self.parameters()
         self._packs.clear()
         self._weights_version += 1          # the tapes and caches of earlier forwards go stale
@@ -640,4 +728,8 @@ class TransformerModel(Hooked, Readouts, Blocks):
             yield params
         finally:
             self._weights_version += 1
+            for layer in self.layers:       # the changed arrays packed again, kept
+                for name, value in layer.stored().items():
+                    if isinstance(value, ops.Packed) and value.source is not None:
+                        layer[name] = weights.Packed(value.source, keep=True)
             self._seal_weights()

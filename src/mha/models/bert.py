@@ -61,7 +61,7 @@ class BertModel(Differentiable, TransformerModel):
         def norm(name: str) -> tuple[np.ndarray, np.ndarray]:
             return read(name + ".weight", (d,)), read(name + ".bias", (d,))
 
-        self.word_embeddings = read(self.anchor, (cfg.vocab_size, d))
+        self.word_embeddings = self._table(read(self.anchor, (cfg.vocab_size, d)))
         self.position_embeddings = read(names["positions"], (
             cfg.max_positions + cfg.position_offset, d))
         self.token_type_embeddings = None
@@ -77,30 +77,23 @@ class BertModel(Differentiable, TransformerModel):
             w_1, b_1 = dense(p + names["ff_1"], d, f)
             w_2, b_2 = dense(p + names["ff_2"], f, d)
             (g_1, c_1), (g_2, c_2) = norm(p + names["ln_1"]), norm(p + names["ln_2"])
-            self.layers.append({
+            self.layers.append(self._keep({
                 "W_qkv": np.ascontiguousarray(np.concatenate([wq, wk, wv], axis=1)),
                 "b_qkv": np.concatenate([bq, bk, bv]),
                 "W_o": w_o, "b_o": b_o, "ln_1_weight": g_1, "ln_1_bias": c_1,
                 "W_1": w_1, "b_1": b_1, "W_2": w_2, "b_2": b_2,
                 "ln_2_weight": g_2, "ln_2_bias": c_2,
-            })
+            }))
         self._act = ops.activation(cfg.activation)
 
-    def parameters(self):
-        """Return every weight by name.
-
-        Returns
-        -------
-        dict of str to ndarray
-            Dense weights stored (in, out).
-        """
+    def _stored(self):
         params = {"word_embeddings": self.word_embeddings,
                   "position_embeddings": self.position_embeddings,
                   "ln_emb_weight": self.ln_emb[0], "ln_emb_bias": self.ln_emb[1]}
         if self.token_type_embeddings is not None:
             params["token_type_embeddings"] = self.token_type_embeddings
         for i, layer in enumerate(self.layers):
-            params.update({f"layers.{i}.{k}": v for k, v in layer.items()})
+            params.update({f"layers.{i}.{k}": v for k, v in layer.stored().items()})
         return params
 
     def _positions(self, ids):

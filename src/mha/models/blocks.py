@@ -13,6 +13,7 @@ from mha import _core
 
 from . import ops
 from .hooks import HookFn, HookPoints, NameFilter, Names, _split
+from .weights import LayerWeights
 
 __all__ = ["Blocks"]
 
@@ -87,7 +88,7 @@ class Blocks:
             out += bias
         return out
 
-    def _self_attention(self, layer: int, h: np.ndarray, p: dict[str, np.ndarray], B: int,
+    def _self_attention(self, layer: int, h: np.ndarray, p: LayerWeights, B: int,
                         n: int, pad_mask: np.ndarray | None, need_weights: bool,
                         head_mask: np.ndarray | None, hooks: HookPoints,
                         *, residual: np.ndarray,
@@ -113,7 +114,7 @@ class Blocks:
         ``_project``.
         """
         H, H_kv, d_head = self.n_heads, self.n_kv_heads, self.d_head
-        W_qkv, b_qkv = self._dense((layer, "W_qkv"), p["W_qkv"]), p.get("b_qkv")
+        W_qkv, b_qkv = p.packed("W_qkv"), p.get("b_qkv")
         # q, k and v all kept and never changed: the cache holds qkv itself, from its blocks
         owned = rope is None and qk_norm is None and all(
             hooks.keeps(layer, f"attn.hook_{x}") for x in "qkv")
@@ -141,7 +142,7 @@ class Blocks:
         self._project(layer, heads, p, B, n, hooks, residual, post_norm)
         return weights
 
-    def _qk_norm(self, layer: int, qkv: np.ndarray, p: dict[str, np.ndarray],
+    def _qk_norm(self, layer: int, qkv: np.ndarray, p: LayerWeights,
                  names: tuple[str, str], per_head: bool, hooks: HookPoints) -> None:
         """RMSNorm q and k, the first (H + H_kv) d_head columns of qkv (rows, (H + 2 H_kv)
         d_head), in place: over each head's d_head values (``per_head``) or over each
@@ -355,7 +356,7 @@ class Blocks:
         out[...] = _grouped_products(pattern, v).reshape(out.shape)
         return pattern
 
-    def _project(self, layer: int, heads: np.ndarray, p: dict[str, np.ndarray], B: int,
+    def _project(self, layer: int, heads: np.ndarray, p: LayerWeights, B: int,
                  n: int, hooks: HookPoints, residual: np.ndarray,
                  post_norm: tuple[str, str | None] | None = None) -> None:
         """The attention's output projection, added to ``residual`` (B*n, d_model) in place:
@@ -364,13 +365,13 @@ class Blocks:
         a hook on the heads' results makes the output their sum plus the bias. post_norm:
         the (gain, bias) names of a norm ``ln1_post`` of the projection, which hook_attn_out
         then follows (Gemma 2's sandwich)."""
-        W_o, b_o = self._dense((layer, "W_o"), p["W_o"]), p.get("b_o")
+        W_o, b_o = p.packed("W_o"), p.get("b_o")
         d = residual.shape[-1]
         projected = None
         if hooks.wants(layer, "attn.hook_result"):
             H, d_head = self.n_heads, self.d_head
             z = heads.reshape(B * n, H, d_head)
-            W_o_heads = p["W_o"].reshape(H, d_head, d)
+            W_o_heads = W_o.array().reshape(H, d_head, d)
             result: np.ndarray[Any, Any] = np.empty((B * n, H, d), dtype=self.dtype)
             for head in range(H):                   # z_h W_o^(h): rows d_head * h onwards
                 result[:, head] = _core.matmul(np.ascontiguousarray(z[:, head]),
@@ -394,7 +395,7 @@ class Blocks:
         hooks(layer, "hook_attn_out", projected, (B, n, d), owned=True)
         residual += projected
 
-    def _mlp(self, layer: int, h: np.ndarray, p: dict[str, np.ndarray], B: int, n: int,
+    def _mlp(self, layer: int, h: np.ndarray, p: LayerWeights, B: int, n: int,
              hooks: HookPoints, residual: np.ndarray, names: tuple[str, str, str, str],
              gated: bool = False, post_norm: tuple[str, str | None] | None = None) -> None:
         """The MLP of one block on h (B*n, d_model), added to ``residual`` in place.
@@ -408,7 +409,7 @@ class Blocks:
         the family has one.
         """
         w_in, b_in, w_out, b_out = names
-        W_in = self._dense((layer, w_in), p[w_in])
+        W_in = p.packed(w_in)
         act = self._act | (ops.GATED if gated else 0)
         if hooks.wants(layer, "mlp.hook_pre") or hooks.wants(layer, "mlp.hook_pre_linear"):
             width = W_in.columns
@@ -423,7 +424,7 @@ class Blocks:
         else:
             post = ops.linear(h, W_in, p.get(b_in), act=act)
             hooks(layer, "mlp.hook_post", post, (B, n, post.shape[1]))
-        W_out = self._dense((layer, w_out), p[w_out])
+        W_out = p.packed(w_out)
         if post_norm is not None:
             out = self._norm(layer, "ln2_post", ops.linear(post, W_out, p.get(b_out)),
                              p[post_norm[0]], p.get(post_norm[1] or ""), B, n, hooks,

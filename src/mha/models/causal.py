@@ -18,7 +18,7 @@ from numpy.typing import ArrayLike
 
 from .. import checks
 from ..layer_base import KVCache
-from . import ops
+from . import ops, weights
 from .base import TransformerModel
 from .encoding import Encoding
 from .hooks import NO_HOOKS, HookFn, HookPoints, NameFilter
@@ -110,20 +110,27 @@ class CausalLM(_Model):
         return [KVCache(batch_size, self.n_kv_heads, max_len, self.d_head, self.dtype)
                 for _ in range(self.n_layers)]
 
-    def _vocab_matrix(self) -> np.ndarray:
-        """The LM head's weight (vocab, d_model): the family's ``lm_head``, or its token table
-        (``_grad_layout.embed``) when the two are tied."""
+    def _vocab_stored(self) -> Any:
+        """The LM head's weight as stored: the family's ``lm_head``, or its token table
+        (``_grad_layout.embed``) when the two are tied (an array, or narrow)."""
         if not self.has_lm_head:
             raise self._no_lm_head()
         head = getattr(self, "lm_head", None)
         layout: Any = self._grad_layout             # type: ignore[attr-defined]
         return getattr(self, layout.embed) if head is None else head
 
+    def _vocab_matrix(self) -> np.ndarray:
+        """The LM head's weight (vocab, d_model) as an array (a narrow one widened, new)."""
+        head = self._vocab_stored()
+        if isinstance(head, ops.Packed):                # read as its transpose (d, vocab)
+            return np.ascontiguousarray(head.unpack().T)
+        return weights.as_array(head)
+
     def _final_norm(self, x: np.ndarray) -> np.ndarray:
         """The final norm (``_grad_layout.final``: LayerNorm, or RMSNorm without a bias) over
         the last axis of x (..., d_model)."""
         layout: Any = self._grad_layout             # type: ignore[attr-defined]
-        params, (gain, bias) = self.parameters(), layout.final
+        params, (gain, bias) = self._stored(), layout.final
         rows = x.reshape(-1, x.shape[-1])
         eps = self.config.norm_eps
         out = (ops.rms_norm(rows, params[gain], eps) if bias is None
@@ -151,7 +158,7 @@ class CausalLM(_Model):
         See :meth:`TransformerModel._forward` for the arguments; ``cache``: one KVCache per
         layer (positions start at their length)."""
         layout: Any = self._grad_layout             # type: ignore[attr-defined]
-        params = self.parameters()
+        params = self._stored()
         B, n = ids.shape
         L, H, d = self.n_layers, self.n_heads, self.d_model
         start = 0 if cache is None else cache[0].length
@@ -234,14 +241,9 @@ class CausalLM(_Model):
                 0, max(stop, 2 * len(cos)), self._frequencies[kind], self.dtype)
         return cos[start:stop], sin[start:stop]
 
-    def _pack_weights(self):
-        super()._pack_weights()
-        if self.has_lm_head:
-            self._lm_head()
-
     def _lm_head(self):
         """The LM head's weight packed for the GEMM (read as the (d, vocab) transpose)."""
-        return self._dense("lm_head", self._vocab_matrix(), trans=True)
+        return self._dense("lm_head", self._vocab_stored(), trans=True)
 
     def _logits(self, hidden: np.ndarray) -> np.ndarray:
         """The logits (rows, vocab) of final hidden states (rows, d_model): hidden W_vocab^T,

@@ -43,14 +43,14 @@ class GPT2Model(CausalLM, Differentiable, TransformerModel):
         def norm(name: str) -> tuple[np.ndarray, np.ndarray]:
             return read(name + ".weight", (d,)), read(name + ".bias", (d,))
 
-        self.wte = read("wte.weight", (cfg.vocab_size, d))      # tied with the LM head
+        self.wte = self._table(read("wte.weight", (cfg.vocab_size, d)))      # tied with the LM head
         self.wpe = read("wpe.weight", (cfg.max_positions, d))
         self.ln_f = norm("ln_f")
         self.layers = []
         for i in range(cfg.n_layers):
             p = f"h.{i}."
             (g_1, c_1), (g_2, c_2) = norm(p + "ln_1"), norm(p + "ln_2")
-            self.layers.append({
+            self.layers.append(self._keep({
                 "ln_1_weight": g_1, "ln_1_bias": c_1,
                 "W_qkv": read(p + "attn.c_attn.weight", (d, 3 * d)),
                 "b_qkv": read(p + "attn.c_attn.bias", (3 * d,)),
@@ -61,21 +61,14 @@ class GPT2Model(CausalLM, Differentiable, TransformerModel):
                 "b_fc": read(p + "mlp.c_fc.bias", (f,)),
                 "W_proj": read(p + "mlp.c_proj.weight", (f, d)),
                 "b_proj": read(p + "mlp.c_proj.bias", (d,)),
-            })
+            }))
         self._act = ops.activation(cfg.activation)
 
-    def parameters(self):
-        """Return every weight by name.
-
-        Returns
-        -------
-        dict of str to ndarray
-            Dense weights stored (in, out).
-        """
+    def _stored(self):
         params = {"wte": self.wte, "wpe": self.wpe,
                   "ln_f_weight": self.ln_f[0], "ln_f_bias": self.ln_f[1]}
         for i, layer in enumerate(self.layers):
-            params.update({f"layers.{i}.{k}": v for k, v in layer.items()})
+            params.update({f"layers.{i}.{k}": v for k, v in layer.stored().items()})
         return params
 
     def attention_scale(self, layer):

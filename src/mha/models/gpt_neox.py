@@ -50,7 +50,7 @@ class GPTNeoXModel(CausalLM, Differentiable, TransformerModel):
         d, f, H, dh = cfg.d_model, cfg.d_ff, cfg.n_heads, cfg.d_head
         self._grad_layout = replace(type(self)._grad_layout, parallel=cfg.parallel_residual)
 
-        self.embed_in = read("embed_in.weight", (cfg.vocab_size, d))
+        self.embed_in = self._table(read("embed_in.weight", (cfg.vocab_size, d)))
         self.final_norm = read("final_layer_norm.weight", (d,))
         self.final_norm_bias = read("final_layer_norm.bias", (d,))
         self.lm_head = None                     # tied: the LM head is embed_in
@@ -58,7 +58,7 @@ class GPTNeoXModel(CausalLM, Differentiable, TransformerModel):
             if not read.has("embed_out.weight", prefixed=False) and read.prefix == "":
                 self.has_lm_head = False                        # a base-model folder
             else:
-                self.lm_head = read("embed_out.weight", (cfg.vocab_size, d), prefixed=False)
+                self.lm_head = self._head(read("embed_out.weight", (cfg.vocab_size, d), prefixed=False))
         bias = cfg.attention_bias
         self.layers = []
         for i in range(cfg.n_layers):
@@ -82,23 +82,15 @@ class GPTNeoXModel(CausalLM, Differentiable, TransformerModel):
             w_in, layer["b_in"] = _dense(read, p + "mlp.dense_h_to_4h", d, f, True)
             w_out, layer["b_out"] = _dense(read, p + "mlp.dense_4h_to_h", f, d, True)
             layer.update(W_in=np.ascontiguousarray(w_in), W_out=np.ascontiguousarray(w_out))
-            self.layers.append(layer)
+            self.layers.append(self._keep(layer))
         self._act = ops.activation(cfg.activation)
         self._init_rope()
 
-    def parameters(self):
-        """Return every weight by name.
-
-        Returns
-        -------
-        dict of str to ndarray
-            Dense weights stored (in, out); W_qkv's columns [q | k | v], each head by head;
-            ``lm_head`` is the checkpoint's ``embed_out``.
-        """
+    def _stored(self):
         params = {"embed_in": self.embed_in, "final_norm": self.final_norm,
                   "final_norm_bias": self.final_norm_bias}
         if self.lm_head is not None:
             params["lm_head"] = self.lm_head
         for i, layer in enumerate(self.layers):
-            params.update({f"layers.{i}.{k}": v for k, v in layer.items()})
+            params.update({f"layers.{i}.{k}": v for k, v in layer.stored().items()})
         return params

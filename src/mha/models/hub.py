@@ -279,16 +279,15 @@ class Checkpoint(Mapping):
 
     The format (https://github.com/huggingface/safetensors): an 8-byte little-endian header
     size N, a JSON header of N bytes giving each tensor's dtype, shape and byte range, then
-    the bytes. Each file is memory-mapped; ``checkpoint[name]`` is a read-only view of the
-    tensor's bytes (BF16 is widened to a new float32 array, which NumPy cannot hold as such).
-    Copy what you keep: a view lives only as long as the file is unchanged.
+    the bytes. ``checkpoint[name]`` reads the tensor's bytes into a new array (BF16 widened to
+    float32, which NumPy cannot hold as such); the files are not memory-mapped, so that a
+    loaded model's memory is its own weights, not also the pages of the file it read.
     ``checkpoint.file_of(name)`` is the file a tensor comes from.
     """
 
     def __init__(self, files):
         self.files = [Path(f) for f in files]
         self._index = {}            # name -> (file, dtype code, shape, first byte, last byte)
-        self._maps = {}
         for path in self.files:
             self._read_header(path)
 
@@ -329,9 +328,10 @@ class Checkpoint(Mapping):
         if code not in _SAFETENSORS_DTYPES:
             raise CheckpointError(f"{path}: tensor {name!r} has dtype {code}, which mha cannot "
                                   f"read (expected one of {sorted(_SAFETENSORS_DTYPES)})")
-        if path not in self._maps:
-            self._maps[path] = np.memmap(path, dtype=np.uint8, mode="r")
-        raw = self._maps[path][begin:end].view(_SAFETENSORS_DTYPES[code]).reshape(shape)
+        # read, not memory-mapped: a mapping's pages stay in the process's memory (its RSS)
+        # after the model has copied them, as large as the file
+        raw = np.fromfile(path, dtype=_SAFETENSORS_DTYPES[code], count=math.prod(shape),
+                          offset=begin).reshape(shape)
         return _bf16_to_float32(raw) if code == "BF16" else raw
 
     def __iter__(self):

@@ -67,14 +67,14 @@ class LlamaModel(CausalLM, Differentiable, TransformerModel):
             w = read(name + ".weight", (size,))
             return w + w.dtype.type(self._norm_offset) if self._norm_offset else w
 
-        self.embed_tokens = read("embed_tokens.weight", (cfg.vocab_size, d))
+        self.embed_tokens = self._table(read("embed_tokens.weight", (cfg.vocab_size, d)))
         self.norm = gain("norm", d)
         self.lm_head = None                                 # tied: the LM head is embed_tokens
         if not cfg.tie_word_embeddings:
             if not read.has("lm_head.weight", prefixed=False) and read.prefix == "":
                 self.has_lm_head = False                        # a base-model folder
             else:
-                self.lm_head = read("lm_head.weight", (cfg.vocab_size, d), prefixed=False)
+                self.lm_head = self._head(read("lm_head.weight", (cfg.vocab_size, d), prefixed=False))
         qk = self._grad_layout.qk_norm
         qk_sizes = (dh, dh) if self._grad_layout.qk_norm_heads else (H * dh, H_kv * dh)
         self.layers = []
@@ -98,7 +98,7 @@ class LlamaModel(CausalLM, Differentiable, TransformerModel):
             if cfg.mlp_bias:
                 layer["b_gate_up"] = b_gate_up
                 layer["b_down"] = b_down
-            self.layers.append(layer)
+            self.layers.append(self._keep(layer))
         self._act = ops.activation(cfg.activation)
         self._init_rope()
 
@@ -120,19 +120,12 @@ class LlamaModel(CausalLM, Differentiable, TransformerModel):
         return (np.ascontiguousarray(np.concatenate([w for w, _ in parts], axis=1)),
                 np.concatenate([b for _, b in parts]) if cfg.mlp_bias else None)
 
-    def parameters(self):
-        """Return every weight by name.
-
-        Returns
-        -------
-        dict of str to ndarray
-            Dense weights stored (in, out).
-        """
+    def _stored(self):
         params = {"embed_tokens": self.embed_tokens, "norm": self.norm}
         if self.lm_head is not None:
             params["lm_head"] = self.lm_head
         for i, layer in enumerate(self.layers):
-            params.update({f"layers.{i}.{k}": v for k, v in layer.items()})
+            params.update({f"layers.{i}.{k}": v for k, v in layer.stored().items()})
         return params
 
 

@@ -38,7 +38,7 @@ SUPPORTED_TYPES = tuple(sorted(_CLASSES))
 
 
 def load(name_or_path: str | os.PathLike[str] = "minilm", *,
-         dtype: DTypeLike = np.float32) -> TransformerModel:
+         dtype: DTypeLike = np.float32, weights: str | None = None) -> TransformerModel:
     """Load a pretrained transformer from a local folder, or the embedded MiniLM.
 
     Parameters
@@ -50,6 +50,12 @@ def load(name_or_path: str | os.PathLike[str] = "minilm", *,
         safetensors and tokenizer files only) unless HF_HUB_OFFLINE is set.
     dtype : float32 (default) or float64
         What the model computes in (the weights are converted once, bfloat16 included).
+    weights : {None, "bfloat16", "float16", "q8_0"}, optional
+        How the dense weights (and token tables) are kept in memory: None, in ``dtype``;
+        "bfloat16" or "float16" (2 bytes a parameter, widened to float32 inside the GEMM,
+        exactly), "q8_0" (ggml's blocks of 32 int8 with a float16 scale: 1.06 bytes a
+        parameter, quantised at load). A narrow model computes in float32, gives every
+        forward feature and gradients with respect to activations, but does not train.
 
     Returns
     -------
@@ -59,6 +65,8 @@ def load(name_or_path: str | os.PathLike[str] = "minilm", *,
 
     Raises
     ------
+    ValueError
+        ``weights`` not a format mha keeps, or a narrow one with ``dtype`` float64.
     FileNotFoundError
         A name that is neither local nor downloadable (HF_HUB_OFFLINE set, or not on the
         Hub), or a folder without config.json or safetensors weights.
@@ -93,4 +101,4 @@ def load(name_or_path: str | os.PathLike[str] = "minilm", *,
         pass            # a folder without a tokenizer still runs on ids
     checkpoint = read_safetensors(folder)
     return _CLASSES[config.model_type](config, checkpoint, tokenizer, dtype=dtype,
-                                       name=str(name_or_path), folder=folder)
+                                       name=str(name_or_path), folder=folder, weights=weights)

@@ -253,6 +253,29 @@ def anonymous_map(nbytes: int) -> mmap.mmap:
     return mmap.mmap(-1, max(nbytes, 1), flags=flags | mmap.MAP_ANONYMOUS)
 
 
+def trim_heap() -> None:
+    """Give the C heap's free memory back to the system (glibc's ``malloc_trim``; nothing
+    elsewhere). A model's load frees its float transients (each tensor read, a layer's
+    arrays before they are packed) in pieces glibc's allocator keeps resident; after the
+    load they would count in the process's memory as if the model held them."""
+    global _malloc_trim
+    if _malloc_trim is None:
+        import ctypes
+        import ctypes.util
+
+        try:
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            _malloc_trim = libc.malloc_trim
+            _malloc_trim.argtypes = [ctypes.c_size_t]
+        except (OSError, AttributeError):
+            _malloc_trim = False
+    if _malloc_trim:
+        _malloc_trim(0)
+
+
+_malloc_trim: Any = None
+
+
 def lazy_zeros(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """A zero array on pages of its own (:func:`anonymous_map`), whatever malloc holds: the
     gradient of a table a call writes a few rows of."""
@@ -269,12 +292,12 @@ class WeightsStamp:
 
     def __init__(self, model: Any) -> None:
         self.version = model._weights_version
-        self.refs = [weakref.ref(a) for a in model.parameters().values()]
+        self.refs = [weakref.ref(a) for a in model._stored().values()]
 
     def matches(self, model: Any) -> bool:
         """Whether the model has those weights still."""
         if model._weights_version != self.version:
             return False
-        params = list(model.parameters().values())
+        params = list(model._stored().values())
         return len(params) == len(self.refs) and all(
             r() is a for r, a in zip(self.refs, params))

@@ -10,6 +10,8 @@ import numpy as np
 
 from mha import _core
 
+from .weights import NarrowTable, Packed
+
 # --- activations --------------------------------------------------------------------------------
 
 # Hugging Face's hidden_act / activation_function names -> the C core's activation codes
@@ -37,29 +39,6 @@ def activation(name):
 
 # --- dense layers and LayerNorm ---------------------------------------------------------------
 
-class Packed:
-    """A dense weight packed once for mha's GEMM: what :func:`linear` and :func:`unembed` read
-    instead of packing the weight on every call (``_core.pack_weight``: panels of W columns,
-    W set by the SIMD path in use, each holding the whole shared axis).
-
-    source is the array it was packed from, made read-only so that it cannot change under
-    its packed copy (a model repacks a weight whose array was replaced, see
-    ``TransformerModel._dense``); data: (ceil(columns / W), K, W); columns: op(source)'s
-    column count.
-    """
-    __slots__ = ("source", "data", "columns")
-
-    def __init__(self, source, trans=False):
-        self.source = source
-        self.data = _core.pack_weight(np.ascontiguousarray(source), trans_b=bool(trans))
-        self.columns = source.shape[0] if trans else source.shape[1]
-        source.flags.writeable = False
-
-    @property
-    def nbytes(self):
-        return self.data.nbytes
-
-
 def linear(x, weight, bias=None, act=0, out=None, accumulate=True):
     """``act(x @ weight + bias)`` with weight stored (in, out), or :class:`Packed` from it.
     x: (rows, in) -> (rows, out), new; act: an activation code (``activation(name)``,
@@ -75,7 +54,7 @@ def linear(x, weight, bias=None, act=0, out=None, accumulate=True):
     x = np.ascontiguousarray(x)
     if isinstance(weight, Packed):
         return _core.linear(x, weight.data, bias=bias, act=act, out=out, columns=weight.columns,
-                            accumulate=accumulate)
+                            accumulate=accumulate, format=weight.format)
     return _core.linear(x, weight, bias=bias, act=act, out=out, accumulate=accumulate)
 
 
@@ -85,7 +64,7 @@ def unembed(x, table):
     is never transposed or copied per call."""
     x = np.ascontiguousarray(x)
     if isinstance(table, Packed):
-        return _core.linear(x, table.data, columns=table.columns)
+        return linear(x, table)
     return _core.linear(x, table, trans_b=True)
 
 
@@ -112,6 +91,12 @@ def embedding(table, ids, out=None):
     """Rows of ``table`` (vocab, d) for the integer ``ids`` (any shape) -> (ids.size, d), new;
     with ``out`` (ids.size, d) they are added to it in place."""
     ids = np.ascontiguousarray(np.asarray(ids).reshape(-1), dtype=np.int64)
+    if isinstance(table, NarrowTable):              # the batch's rows widened
+        rows = table.take(ids)
+        if out is None:
+            return rows
+        out += rows
+        return out
     return _core.embedding(table, ids, out=out, accumulate=out is not None)
 
 

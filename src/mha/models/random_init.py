@@ -108,7 +108,8 @@ def _draw(name: str, shape: tuple[int, ...], config: ModelConfig, rng: np.random
 
 
 def from_config(config: Mapping[str, Any] | ModelConfig, *, dtype: DTypeLike = np.float32,
-                seed: int | None = None, tokenizer: Any = None) -> TransformerModel:
+                seed: int | None = None, tokenizer: Any = None,
+                weights: str | None = None) -> TransformerModel:
     """Build a randomly initialised model of any family mha runs, without a folder.
 
     Parameters
@@ -127,6 +128,12 @@ def from_config(config: Mapping[str, Any] | ModelConfig, *, dtype: DTypeLike = n
         Seeds every weight; the same seed gives the same weights in either dtype (rounded once).
     tokenizer : mha.models.Tokenizer, optional
         Without one the model runs on ids.
+    weights : {None, "bfloat16", "float16", "q8_0"}, optional
+        How the dense weights (and token tables) are kept in memory: None, in ``dtype``;
+        "bfloat16" or "float16" (2 bytes a parameter, widened to float32 inside the GEMM,
+        exactly), "q8_0" (ggml's blocks of 32 int8 with a float16 scale: 1.06 bytes a
+        parameter, quantised at load). A narrow model computes in float32, gives every
+        forward feature and gradients with respect to activations, but does not train.
 
     Returns
     -------
@@ -138,6 +145,8 @@ def from_config(config: Mapping[str, Any] | ModelConfig, *, dtype: DTypeLike = n
 
     Raises
     ------
+    ValueError
+        ``weights`` not a format mha keeps, or a narrow one with ``dtype`` float64.
     NotImplementedError
         A model_type mha does not run.
     CheckpointError
@@ -169,4 +178,5 @@ def from_config(config: Mapping[str, Any] | ModelConfig, *, dtype: DTypeLike = n
     del dry
     root = int(np.random.default_rng().integers(2**63)) if seed is None else int(seed)
     checkpoint = _RandomCheckpoint(recorder.shapes, cfg, root, np_dtype.type)
-    return cls(cfg, checkpoint, tokenizer, dtype=np_dtype.type, name=f"random {cfg.model_type}")
+    return cls(cfg, checkpoint, tokenizer, dtype=np_dtype.type, name=f"random {cfg.model_type}",
+               weights=weights)

@@ -559,7 +559,7 @@ def _check_hooks(model: Any, bwd_hooks: Sequence[tuple[Any, Any]]
 
 def _vocab_name(model: Any, layout: DecoderLayout | EncoderLayout) -> str:
     """The parameter name of the LM head's weight: its own, or the tied token table's."""
-    if "lm_head" in model.parameters() or not isinstance(layout, DecoderLayout):
+    if "lm_head" in model._stored() or not isinstance(layout, DecoderLayout):
         return "lm_head"
     return layout.embed
 
@@ -665,14 +665,21 @@ def _zero_grads(model: Any, lm_head: bool) -> dict[str, np.ndarray]:
         tables = {"word_embeddings", "position_embeddings", "token_type_embeddings"}
     if lm_head:
         tables.discard(_vocab_name(model, layout))
-    params = model.parameters()
+    if model._format is not None:
+        raise TypeError(f"parameter gradients (loss_and_grads, backward with parameters=True, "
+                        f"training) need a float32 or float64 model; this one keeps its "
+                        f"weights in {model._format}. Gradients with respect to activations "
+                        f"need none: enc.backward(wrt=..., parameters=False)")
+    shapes = {name: (tuple(a.shape), np.dtype(model.dtype))
+              for name, a in model._stored().items()}
     spans, size = {}, 0
-    for name, a in params.items():
+    for name, (shape, dtype) in shapes.items():
         if name not in tables:
             spans[name] = size
-            size += -(-a.nbytes // GradMemory.ALIGN) * GradMemory.ALIGN
-    block = model._memory.gradients.take(tuple((k, params[k].shape, params[k].dtype.str) for k in spans), size)
+            size += -(-int(np.prod(shape)) * dtype.itemsize // GradMemory.ALIGN) * GradMemory.ALIGN
+    block = model._memory.gradients.take(tuple((k, shapes[k][0], shapes[k][1].str) for k in spans), size)
     block.fill(0)
-    return {name: lazy_zeros(a.shape, a.dtype) if name in tables else
-            block[spans[name]:spans[name] + a.nbytes].view(a.dtype).reshape(a.shape)
-            for name, a in params.items()}
+    return {name: lazy_zeros(shape, dtype) if name in tables else
+            block[spans[name]:spans[name] + int(np.prod(shape)) * dtype.itemsize].view(
+                dtype).reshape(shape)
+            for name, (shape, dtype) in shapes.items()}
