@@ -281,3 +281,44 @@ def q8_0_bound(w):
     d = blocks / 127
     return np.broadcast_to(d / 2 + 127 * d * 2.0 ** -11, (*w.shape[:-1], w.shape[-1] // 32, 32)) \
         .reshape(w.shape)
+
+
+def write_gguf(path, arch="llama", tensors=None, metadata=None, tokenizer_model="gpt2"):
+    """A small hand-made GGUF file (with the gguf package's writer), for the error cases:
+    ``tensors`` {name: float32 array, or (uint8 bytes, ggml type name)}, ``metadata`` {key:
+    value} added to a 1-layer model's sizes (d_model 32, 2 heads, d_ff 64, 8 tokens)."""
+    import gguf
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(1)
+    w.add_embedding_length(32)
+    w.add_feed_forward_length(64)
+    w.add_head_count(2)
+    w.add_head_count_kv(2)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_context_length(64)
+    w.add_tokenizer_model(tokenizer_model)
+    w.add_token_list([f"t{i}" for i in range(8)])
+    w.add_token_scores([0.0] * 8)
+    w.add_token_types([1] * 8)
+    for key, val in (metadata or {}).items():
+        if isinstance(val, str):
+            w.add_string(key, val)
+        elif isinstance(val, float):
+            w.add_float32(key, val)
+        else:
+            w.add_uint32(key, val)
+    rng = np.random.default_rng(0)
+    if tensors is None:
+        tensors = {"token_embd.weight": rng.standard_normal((8, 32)).astype(np.float32),
+                   "output_norm.weight": np.ones(32, np.float32)}
+    for name, t in tensors.items():
+        if isinstance(t, tuple):
+            data, qtype = t
+            w.add_tensor(name, data, raw_dtype=gguf.GGMLQuantizationType[qtype])
+        else:
+            w.add_tensor(name, t)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(path)

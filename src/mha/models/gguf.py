@@ -109,8 +109,9 @@ def dequantize_q8_0(blocks: np.ndarray, n_in: int | None = None) -> np.ndarray:
     for start in range(0, rows.shape[0], step):
         chunk = rows[start:start + step]
         d = np.ascontiguousarray(chunk[..., :2]).view("<f2").astype(np.float32)
-        np.multiply(chunk[..., 2:].view(np.int8), d, out=out[start:start + step],
-                    dtype=np.float32)
+        with np.errstate(invalid="ignore"):         # an inf scale times 0 is NaN, as in ggml
+            np.multiply(chunk[..., 2:].view(np.int8), d, out=out[start:start + step],
+                        dtype=np.float32)
     out2 = out.reshape(rows.shape[0], n_blocks * Q8_0_BLOCK)
     if n_in != out2.shape[1]:
         out2 = np.ascontiguousarray(out2[:, :n_in])
@@ -495,12 +496,12 @@ def _llama3_scaling(path: Path, rope_freqs: tuple, theta: float, head_dim: int,
         a, b = slope, -intercept
         if a > 0 and b > 0:
             old, high = a / b, 1 + 1 / b
-            candidates += [(1.0, round(high, 6), float(round(old))), (1.0, high, old)]
+            candidates += [(1.0, round(high, 6), int(round(old))), (1.0, high, old)]
     elif factor > 1 and between.sum() == 1:     # one point: Llama 3's high_freq_factor 4
         i = int(np.flatnonzero(between)[0])
         s = (1 / r[i] - 1 / factor) / (1 - 1 / factor)
         old = wavelen[i] * (3 * s + 1)
-        candidates += [(1.0, 4.0, float(round(old))), (1.0, 4.0, old)]
+        candidates += [(1.0, 4.0, int(round(old))), (1.0, 4.0, old)]
     elif factor > 1:                            # no point between: any L in the gap
         short = wavelen[r <= 1 + 1e-6].max(initial=0.0)
         long = wavelen[r >= factor * (1 - 1e-6)].min(initial=np.inf)
