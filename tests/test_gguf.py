@@ -262,7 +262,8 @@ def test_unsupported_architecture_and_types(tmp_path):
         read_gguf(path)
     blocks = np.zeros((8, 144), np.uint8)           # one Q4_K super-block a row of 256
     path = gguf_files.write_gguf(tmp_path / "q4k.gguf", tensors={
-        "token_embd.weight": np.zeros((8, 32), np.float32), "blk.0.attn_q.weight": (blocks, "Q4_K")})
+        "token_embd.weight": np.zeros((8, 32), np.float32),
+        "blk.0.attn_q.weight": (blocks, "Q4_K")})
     with pytest.raises(NotImplementedError, match="blk.0.attn_q.weight is Q4_K.*not read yet"):
         read_gguf(path)
     path = gguf_files.write_gguf(tmp_path / "yarn.gguf", metadata={
