@@ -2,10 +2,10 @@
 
 A GGUF file (https://github.com/ggml-org/ggml/blob/master/docs/gguf.md) holds key/value
 metadata (the architecture's sizes, the tokenizer's vocabulary and merges) and named tensors,
-each in a ggml type. :func:`read_gguf` reads one, memory-mapped (with the ``gguf`` package's
-``GGUFReader``), and gives what a Hugging Face folder gives: a transformers config.json dict, a
-mapping of tensors under transformers' checkpoint names in torch's layout (out, in), and a
-tokenizer. Architectures: "llama" (LLaMA, Mistral and others written as llama), "qwen2",
+each in a ggml type. :func:`read_gguf` reads one (its header parsed here, its tensors
+memory-mapped; no package beyond NumPy, and ``tokenizers`` for the tokenizer) and gives what a
+Hugging Face folder gives: a transformers config.json dict, a mapping of tensors under
+transformers' checkpoint names in torch's layout (out, in), and a tokenizer. Architectures: "llama" (LLaMA, Mistral and others written as llama), "qwen2",
 "qwen3". Tensor types: F32, F16, BF16 and Q8_0, each kept as stored (``checkpoint.raw``) or
 widened to float32 on access (``checkpoint[name]``), one tensor at a time.
 
@@ -19,7 +19,9 @@ along a row, so it is exact for every type.
 from __future__ import annotations
 
 import math
+import mmap
 import os
+import struct
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -30,7 +32,7 @@ import numpy as np
 from .hub import CheckpointError
 
 __all__ = ["read_gguf", "GGUFFiles", "GGUFCheckpoint", "dequantize_q8_0",
-           "SUPPORTED_ARCHITECTURES", "TENSOR_TYPES", "GGUF_INSTALL"]
+           "SUPPORTED_ARCHITECTURES", "TENSOR_TYPES"]
 
 #: GGUF's ``general.architecture`` values read, and the transformers model_type of each
 SUPPORTED_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
@@ -40,8 +42,6 @@ _HF_CLASSES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
 _PERMUTED = {"llama"}
 #: the ggml tensor types read (the others, Q4_K and the like, raise NotImplementedError)
 TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0")
-#: the pip command that installs what reading GGUF needs
-GGUF_INSTALL = 'pip install "mha[gguf]"   (or: pip install gguf)'
 
 Q8_0_BLOCK = 32                 # values per Q8_0 block
 Q8_0_BYTES = 34                 # bytes per block: a float16 scale d, then 32 int8
@@ -59,13 +59,99 @@ _BLOCK_NAMES = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj",
 _NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6
 
 
-def _import_gguf() -> Any:
-    try:
-        import gguf
-    except ModuleNotFoundError as e:
-        raise ModuleNotFoundError(f"reading a GGUF file needs the gguf package: "
-                                  f"{GGUF_INSTALL}") from e
-    return gguf
+# ggml's tensor types (enum ggml_type): the names, for the messages; the four read, with the
+# NumPy dtype of their stored values and (values, bytes) per block
+_GGML_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0",
+               9: "Q8_1", 10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K",
+               15: "Q8_K", 16: "IQ2_XXS", 17: "IQ2_XS", 18: "IQ3_XXS", 19: "IQ1_S",
+               20: "IQ4_NL", 21: "IQ3_S", 22: "IQ2_S", 23: "IQ4_XS", 24: "I8", 25: "I16",
+               26: "I32", 27: "I64", 28: "F64", 29: "IQ1_M", 30: "BF16", 34: "TQ1_0",
+               35: "TQ2_0", 39: "MXFP4"}
+_STORED = {"F32": ("<f4", 1, 4), "F16": ("<f2", 1, 2), "BF16": ("<u2", 1, 2),
+           "Q8_0": ("u1", Q8_0_BLOCK, Q8_0_BYTES)}
+# GGUF's metadata value types (gguf_type): struct formats of the scalars
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
+            10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+
+
+class _Header:
+    """GGUF's header, parsed from a memory map of the file: the metadata (key -> int, float,
+    bool, str, list of str, or a NumPy array for a numeric array) and each tensor's (name,
+    ggml type number, shape in ggml's order (ne0 = the row length first), offset)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.pos = 0
+        with open(path, "rb") as fh:
+            self.size = os.fstat(fh.fileno()).st_size
+            self.mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            self._parse()
+        except (struct.error, UnicodeDecodeError, OverflowError, MemoryError) as e:
+            raise CheckpointError(f"{path} is a broken or truncated GGUF file: {e}") from None
+        finally:
+            self.mm.close()
+
+    def _take(self, fmt: str) -> Any:
+        value = struct.unpack_from(fmt, self.mm, self.pos)[0]
+        self.pos += struct.calcsize(fmt)
+        return value
+
+    def _string(self) -> str:
+        n = self._take("<Q")
+        if self.pos + n > self.size:
+            raise CheckpointError(f"{self.path} is truncated (a string runs past the end)")
+        text = self.mm[self.pos:self.pos + n].decode("utf-8")
+        self.pos += n
+        return text
+
+    def _value(self, kind: int) -> Any:
+        if kind in _SCALARS:
+            return self._take(_SCALARS[kind])
+        if kind == _STRING:
+            return self._string()
+        if kind == _ARRAY:
+            item, n = self._take("<I"), self._take("<Q")
+            if item == _STRING:
+                return [self._string() for _ in range(n)]
+            if item not in _SCALARS:
+                raise CheckpointError(f"{self.path}: an array of value type {item}")
+            dtype = np.dtype(_SCALARS[item])
+            end = self.pos + n * dtype.itemsize
+            if end > self.size:
+                raise CheckpointError(f"{self.path} is truncated (an array runs past the end)")
+            values = np.frombuffer(self.mm[self.pos:end], dtype)
+            self.pos = end
+            return values
+        raise CheckpointError(f"{self.path}: a metadata value of unknown type {kind}")
+
+    def _parse(self) -> None:
+        self.pos = 4
+        version = self._take("<I")
+        if version not in (2, 3):
+            swapped = int.from_bytes(version.to_bytes(4, "little"), "big")
+            if swapped in (2, 3):
+                raise NotImplementedError(f"{self.path} is a big-endian GGUF file; mha reads "
+                                          f"little-endian ones")
+            raise CheckpointError(f"{self.path} is GGUF version {version}; mha reads 2 and 3")
+        n_tensors, n_kv = self._take("<Q"), self._take("<Q")
+        self.metadata: dict[str, Any] = {}
+        for _ in range(n_kv):
+            key = self._string()
+            self.metadata[key] = self._value(self._take("<I"))
+        self.tensors: list[tuple[str, int, tuple[int, ...], int]] = []
+        for _ in range(n_tensors):
+            name = self._string()
+            n_dims = self._take("<I")
+            if n_dims > 4:
+                raise CheckpointError(f"{self.path}: tensor {name} has {n_dims} dimensions")
+            dims = tuple(self._take("<Q") for _ in range(n_dims))
+            self.tensors.append((name, self._take("<I"), dims, self._take("<Q")))
+        align = int(self.metadata.get("general.alignment", 32))
+        if align <= 0 or align & (align - 1):
+            raise CheckpointError(f"{self.path}: general.alignment {align} is not a power of 2")
+        self.data_start = -(-self.pos // align) * align
 
 
 def dequantize_q8_0(blocks: np.ndarray, n_in: int | None = None) -> np.ndarray:
@@ -237,8 +323,6 @@ class GGUFCheckpoint(Mapping):
             A name the file does not hold.
         """
         _, code, data, _, rows = self._entries[name]
-        if code == "BF16":
-            data = data.view("<u2")
         if rows is not None:
             data = data[rows]
         return code, data
@@ -325,8 +409,6 @@ def read_gguf(path: str | os.PathLike[str]) -> GGUFFiles:
     ------
     FileNotFoundError
         No such file.
-    ModuleNotFoundError
-        The gguf package is missing (the message gives the pip command).
     CheckpointError
         A file that is not GGUF, or a broken one.
     NotImplementedError
@@ -342,30 +424,16 @@ def read_gguf(path: str | os.PathLike[str]) -> GGUFFiles:
     [19556, 905]
     """
     path = Path(path)
-    with open(path, "rb") as fh:                    # FileNotFoundError before any import
+    with open(path, "rb") as fh:
         magic = fh.read(4)
     if magic != b"GGUF":
         raise CheckpointError(f"{path} is not a GGUF file (it starts with {magic!r}, not "
                               f"b'GGUF')")
-    gguf = _import_gguf()
-    try:
-        reader = gguf.GGUFReader(path, "r")
-    except ValueError as e:
-        if "GGMLQuantizationType" in str(e):
-            raise NotImplementedError(f"{path} holds a tensor type this gguf package does not "
-                                      f"know ({e}); mha reads {', '.join(TENSOR_TYPES)}") from e
-        raise CheckpointError(f"{path} is a broken GGUF file: {e}") from e
-    except (IndexError, OverflowError, TypeError) as e:
-        raise CheckpointError(f"{path} is a broken or truncated GGUF file: {e}") from e
-    if reader.byte_order != "I":
-        raise NotImplementedError(f"{path} is a big-endian GGUF file; mha reads little-endian "
-                                  f"ones")
-    fields = {name: field for name, field in reader.fields.items()
-              if not name.startswith("GGUF.")}
+    header = _Header(path)
+    meta = header.metadata
 
     def value(key: str, default: Any = None) -> Any:
-        field = fields.get(key)
-        return default if field is None else field.contents()
+        return meta.get(key, default)
 
     arch = value("general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
@@ -376,19 +444,32 @@ def read_gguf(path: str | os.PathLike[str]) -> GGUFFiles:
         raise NotImplementedError(f"{path}: a mixture of experts ({arch}.expert_count = "
                                   f"{value(f'{arch}.expert_count')}) is not supported")
 
+    data = np.memmap(path, dtype=np.uint8, mode="r")
     tensors = {}
-    for t in reader.tensors:
-        code = t.tensor_type.name
+    for name, kind, dims, offset in header.tensors:
+        code = _GGML_TYPES.get(kind, f"ggml type {kind}")
         if code not in TENSOR_TYPES:
             raise NotImplementedError(
-                f"{path}: tensor {t.name} is {code}, which mha does not read yet; it reads "
+                f"{path}: tensor {name} is {code}, which mha does not read yet; it reads "
                 f"{', '.join(TENSOR_TYPES)} (convert with --outtype q8_0, bf16, f16 or f32)")
-        tensors[t.name] = (code, t.data, tuple(int(s) for s in reversed(t.shape.tolist())))
+        dtype, per_block, block_bytes = _STORED[code]
+        shape = tuple(reversed(dims))               # NumPy's order: (out, in)
+        if shape and shape[-1] % per_block:
+            raise CheckpointError(f"{path}: {name} is {code} with rows of {shape[-1]} values, "
+                                  f"not a whole number of blocks of {per_block}")
+        row_bytes = (shape[-1] if shape else 1) // per_block * block_bytes
+        begin = header.data_start + offset
+        end = begin + math.prod(shape[:-1]) * row_bytes
+        if end > data.size:
+            raise CheckpointError(f"{path}: tensor {name} ({code} {shape}) lies outside the "
+                                  f"file (truncated?)")
+        stored = data[begin:end].view(dtype).reshape(
+            *shape[:-1], row_bytes // np.dtype(dtype).itemsize)
+        tensors[name] = (code, stored, shape)
 
     config = _config(path, arch, value, tensors)
     checkpoint = GGUFCheckpoint(path, _entries(path, arch, config, tensors))
-    metadata = {name: field.contents() for name, field in fields.items()
-                if field.types and field.types[0] != gguf.GGUFValueType.ARRAY}
+    metadata = {k: v for k, v in meta.items() if not isinstance(v, (list, np.ndarray))}
     tokenizer = _tokenizer(value, config)
     return GGUFFiles(path, config, checkpoint, tokenizer, metadata)
 
@@ -566,9 +647,6 @@ def _entries(path: Path, arch: str, config: dict[str, Any],
                 raise CheckpointError(f"{path}: {name} has {shape[0]} rows, not a whole "
                                       f"number of {heads} heads of pairs")
             rows = _unpermute_rows(shape[0], heads)
-        if code == "Q8_0" and shape[-1] % Q8_0_BLOCK:
-            raise CheckpointError(f"{path}: {name} is Q8_0 with rows of {shape[-1]} values, "
-                                  f"not a whole number of blocks of {Q8_0_BLOCK}")
         out[hf] = (source, code, data, shape, rows)
     return out
 
@@ -626,7 +704,8 @@ def _tokenizer(value: Any, config: dict[str, Any]) -> Any:
 
     pre_tokenizers, ignore_merges, default_bos = _PRE_TOKENIZERS[pre]
     tokens = value("tokenizer.ggml.tokens") or []
-    types = value("tokenizer.ggml.token_type") or [_NORMAL] * len(tokens)
+    types = value("tokenizer.ggml.token_type")
+    types = [_NORMAL] * len(tokens) if types is None else types.tolist()
     merges = [m.split(" ", 1) for m in value("tokenizer.ggml.merges") or []]
     vocab: dict[str, int] = {}
     added = []
