@@ -10,7 +10,8 @@ checkout instead). Nothing is fetched from GitHub.
 ``hf_folder(family, folder)`` writes a tiny random transformers model (LlamaForCausalLM,
 MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM; float32 safetensors) with a
 byte-level BPE tokenizer trained on a few sentences, whose pre-tokenizer is the one of a
-llama.cpp pre-tokenizer name (``PRE_TOKENIZERS``). ``convert(jobs)`` runs the converter on
+llama.cpp pre-tokenizer name, or (the llama2 family) a SentencePiece BPE tokenizer.model.
+``convert(jobs)`` runs the converter on
 them in one subprocess, with ``--outtype`` f32, f16, bf16 or q8_0.
 
 The converter names the pre-tokenizer by hashing the tokenizer's output on a test string and
@@ -71,6 +72,12 @@ FAMILIES = {
                           high_freq_factor=4.0, original_max_position_embeddings=64)),
         "llama-bpe", ["<|begin_of_text|>", "<|end_of_text|>"], "<|begin_of_text|>",
         "<|end_of_text|>"),
+    # LLaMA 2 style: a SentencePiece BPE tokenizer (tokenizer.model, byte fallback), no GQA
+    "llama2": ("LlamaForCausalLM", dict(
+        model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, rms_norm_eps=1e-6, rope_theta=10000.0,
+        max_position_embeddings=128, tie_word_embeddings=False),
+        "spm", ["<unk>", "<s>", "</s>"], "<s>", "</s>"),
     # Mistral: no sliding window (GGUF's llama architecture records none); SmolLM's
     # pre-tokenizer (single digits, GPT-2's regex); more rows in the embedding than tokens
     "mistral": ("MistralForCausalLM", dict(
@@ -205,6 +212,26 @@ def _tokenizer(pre, special, bos, eos, vocab_size=360):
     return tok
 
 
+def _sentencepiece(folder, vocab_size=400):
+    """A SentencePiece BPE model (byte fallback; <unk> 0, <s> 1, </s> 2; LLaMA's options)
+    trained on CORPUS, saved as folder/tokenizer.model with the tokenizer_config.json of
+    LLaMA 2 (BOS added).
+    Returns the SentencePieceProcessor."""
+    import sentencepiece as spm
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(CORPUS * 4), model_prefix=str(folder / "tokenizer"),
+        vocab_size=vocab_size, model_type="bpe", byte_fallback=True, character_coverage=1.0,
+        unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2,
+        # LLaMA's tokenizer.model: no normalisation, spaces kept, digits split
+        normalization_rule_name="identity", remove_extra_whitespaces=False, split_digits=True,
+        allow_whitespace_only_pieces=True)
+    (folder / "tokenizer.vocab").unlink()
+    (folder / "tokenizer_config.json").write_text(json.dumps(dict(
+        tokenizer_class="LlamaTokenizer", add_bos_token=True, add_eos_token=False,
+        bos_token="<s>", eos_token="</s>", unk_token="<unk>")))
+    return spm.SentencePieceProcessor(model_file=str(folder / "tokenizer.model"))
+
+
 def hf_folder(family, folder, seed=0):
     """Write a tiny random model of ``family`` (see FAMILIES) to ``folder``: config.json,
     model.safetensors (float32), tokenizer.json, tokenizer_config.json and gguf_pre.txt (the
@@ -217,12 +244,17 @@ def hf_folder(family, folder, seed=0):
     cls_name, config, pre, special, bos, eos = FAMILIES[family]
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    tok = _tokenizer(pre, special, bos, eos)
     config = dict(config)
-    # the mistral model has 5 embedding rows more than tokens (the converter pads the list)
-    config["vocab_size"] = tok.get_vocab_size() + (5 if family == "mistral" else 0)
-    config["bos_token_id"] = tok.token_to_id(bos) if bos else None
-    config["eos_token_id"] = tok.token_to_id(eos)
+    if pre == "spm":
+        sp = _sentencepiece(folder)
+        config.update(vocab_size=sp.vocab_size(), bos_token_id=sp.bos_id(),
+                      eos_token_id=sp.eos_id())
+    else:
+        tok = _tokenizer(pre, special, bos, eos)
+        # the mistral model has 5 embedding rows more than tokens (the converter pads the list)
+        config["vocab_size"] = tok.get_vocab_size() + (5 if family == "mistral" else 0)
+        config["bos_token_id"] = tok.token_to_id(bos) if bos else None
+        config["eos_token_id"] = tok.token_to_id(eos)
     model_type = config.pop("model_type")
     cfg = transformers.AutoConfig.for_model(model_type, **config)
     torch.manual_seed(seed)
@@ -236,10 +268,11 @@ def hf_folder(family, folder, seed=0):
             else:
                 p.add_(0.05 * torch.randn_like(p))
     model.save_pretrained(folder)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=bos, eos_token=eos,
-                                   model_max_length=config["max_position_embeddings"])
-    fast.save_pretrained(folder)
-    (folder / "gguf_pre.txt").write_text(pre)
+    if pre != "spm":
+        fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=bos, eos_token=eos,
+                                       model_max_length=config["max_position_embeddings"])
+        fast.save_pretrained(folder)
+        (folder / "gguf_pre.txt").write_text(pre)
     return folder
 
 

@@ -202,19 +202,36 @@ def test_config_reads_as_the_folders(files, family):
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_tokenizer_gives_the_folders_ids(files, family):
+    """transformers' tokenizer of the folder (byte-level BPE), or SentencePiece itself on the
+    folder's tokenizer.model (llama2), give the ids of the tokenizer read from GGUF."""
     tok = read_gguf(files[family, "q8_0"]).tokenizer
-    hf = transformers.AutoTokenizer.from_pretrained(files[family, "hf"])
+    folder = files[family, "hf"]
     special = FAMILIES[family][3]
-    texts = [*TEXTS, f"{special[-1]}user\nhello{special[0]} there"]
+    if FAMILIES[family][2] == "spm":
+        sentencepiece = pytest.importorskip("sentencepiece")
+        sp = sentencepiece.SentencePieceProcessor(model_file=str(folder / "tokenizer.model"))
+
+        def encode(text, add):
+            return ([sp.bos_id()] if add else []) + sp.encode(text)
+
+        def decode(ids):
+            return sp.decode(ids)
+        texts = [*TEXTS, "  two leading spaces", "tabs\tand \u00e9\u00e8 \u4e2d\u6587 \U0001f680"]
+    else:
+        hf = transformers.AutoTokenizer.from_pretrained(folder)
+
+        def encode(text, add):
+            return hf(text, add_special_tokens=add)["input_ids"]
+
+        def decode(ids):
+            return hf.decode(ids, skip_special_tokens=True)
+        texts = [*TEXTS, f"{special[-1]}user\nhello{special[0]} there"]
     for text in texts:
         for add in (True, False):
-            assert tok(text, add_special_tokens=add).ids == \
-                hf(text, add_special_tokens=add)["input_ids"], (text, add)
-        ids = hf(text)["input_ids"]
-        assert tok.decode(ids) == hf.decode(ids, skip_special_tokens=True)
-    assert tok.vocab_size == transformers.AutoConfig.from_pretrained(
-        files[family, "hf"]).vocab_size
-    assert tok.max_length == gguf_files.hf_config(files[family, "hf"])["max_position_embeddings"]
+            assert tok(text, add_special_tokens=add).ids == encode(text, add), (text, add)
+        assert tok.decode(encode(text, True)) == decode(encode(text, True)), text
+    assert tok.vocab_size == gguf_files.hf_config(folder)["vocab_size"]
+    assert tok.max_length == gguf_files.hf_config(folder)["max_position_embeddings"]
 
 
 def _converter_rope_factors(theta, head_dim, factor, low_freq_factor, high_freq_factor,
@@ -315,13 +332,19 @@ def test_unsupported_architecture_and_types(tmp_path):
         read_gguf(path)
 
 
-def test_sentencepiece_vocabulary_warns(tmp_path):
-    path = gguf_files.write_gguf(tmp_path / "spm.gguf", tokenizer_model="llama")
-    with pytest.warns(UserWarning, match="tokenizer of kind 'llama' is not built"):
+def test_other_vocabularies_warn(tmp_path):
+    """A tokenizer kind mha does not build (BERT's WordPiece here) or a byte-level BPE with an
+    unknown pre-tokenizer: a warning, no tokenizer, the rest read."""
+    path = gguf_files.write_gguf(tmp_path / "wpm.gguf", tokenizer_model="bert")
+    with pytest.warns(UserWarning, match="tokenizer of kind 'bert' is not built"):
         files = read_gguf(path)
     assert files.tokenizer is None and files.config["vocab_size"] == 8
     assert files.config["tie_word_embeddings"] is True
     assert files.config["num_key_value_heads"] == 2 and files.config["head_dim"] == 16
+    path = gguf_files.write_gguf(tmp_path / "pre.gguf", metadata={
+        "tokenizer.ggml.pre": "deepseek-coder"})
+    with pytest.warns(UserWarning, match="pre-tokenizer 'deepseek-coder' is not built"):
+        assert read_gguf(path).tokenizer is None
 
 
 # -- llama.cpp ----------------------------------------------------------------------------------
@@ -382,3 +405,19 @@ def test_llama_cpp_logits(files, family, outtype):
     ids = np.random.default_rng(0).integers(3, 300, 40).tolist()
     gap = check_llama_cpp(path, reference, ids, LLAMA_CPP_TOL[outtype])
     print(f"{family} {outtype}: llama.cpp's logits {gap:.2e} of max |logit| from float64")
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_llama_cpp_tokenizer(files, family):
+    """llama.cpp's own tokenizer, on the same GGUF metadata, gives the same ids."""
+    pytest.importorskip("llama_cpp")
+    from llama_cpp import Llama
+    path = files[family, "q8_0"]
+    tok = read_gguf(path).tokenizer
+    llm = Llama(model_path=str(path), vocab_only=True, verbose=False)
+    special = FAMILIES[family][3]
+    for text in [*TEXTS[:-1], f"hello{special[-1]} there", " leading space"]:
+        for add in (True, False):
+            theirs = llm.tokenize(text.encode(), add_bos=add, special=True)
+            assert tok(text, add_special_tokens=add).ids == theirs, (text, add)
+    llm.close()

@@ -5,9 +5,11 @@ metadata (the architecture's sizes, the tokenizer's vocabulary and merges) and n
 each in a ggml type. :func:`read_gguf` reads one (its header parsed here, its tensors
 memory-mapped; no package beyond NumPy, and ``tokenizers`` for the tokenizer) and gives what a
 Hugging Face folder gives: a transformers config.json dict, a mapping of tensors under
-transformers' checkpoint names in torch's layout (out, in), and a tokenizer. Architectures: "llama" (LLaMA, Mistral and others written as llama), "qwen2",
-"qwen3". Tensor types: F32, F16, BF16 and Q8_0, each kept as stored (``checkpoint.raw``) or
-widened to float32 on access (``checkpoint[name]``), one tensor at a time.
+transformers' checkpoint names in torch's layout (out, in), and a tokenizer. Architectures:
+"llama" (LLaMA, Mistral and others written as llama), "qwen2", "qwen3". Tensor types: F32,
+F16, BF16 and Q8_0, each kept as stored (``checkpoint.raw``) or widened to float32 on access
+(``checkpoint[name]``), one tensor at a time. Tokenizers: byte-level BPE ("gpt2", with the
+pre-tokenizers of LLaMA 3, Qwen2, SmolLM, GPT-2 and a few more) and SentencePiece ("llama").
 
 ggml rotates (x[2i], x[2i+1]) pairs in its "llama" rotary mode; transformers rotates
 (x[i], x[i + d/2]). llama.cpp's converter therefore permutes the rows of each head of q_proj
@@ -18,6 +20,7 @@ along a row, so it is exact for every type.
 """
 from __future__ import annotations
 
+import json
 import math
 import mmap
 import os
@@ -686,14 +689,16 @@ for _names, _pre, _ignore, _bos in [
 
 
 def _tokenizer(value: Any, config: dict[str, Any]) -> Any:
-    """mha's Tokenizer for the file's byte-level BPE vocabulary (tokenizer.ggml.model "gpt2"),
-    or None with a warning for another kind or an unknown pre-tokenizer."""
+    """mha's Tokenizer for the file's vocabulary: byte-level BPE (tokenizer.ggml.model "gpt2")
+    with a known pre-tokenizer, or SentencePiece's BPE ("llama"); None with a warning for
+    another kind, or a vocabulary the tokenizers library rejects."""
     kind, pre = value("tokenizer.ggml.model"), value("tokenizer.ggml.pre") or "default"
-    if kind != "gpt2":
+    if kind not in ("gpt2", "llama"):
         warnings.warn(f"a GGUF tokenizer of kind {kind!r} is not built (mha builds byte-level "
-                      f"BPE, 'gpt2'); the model runs on token ids", stacklevel=3)
+                      f"BPE, 'gpt2', and SentencePiece, 'llama'); the model runs on token ids",
+                      stacklevel=3)
         return None
-    if pre not in _PRE_TOKENIZERS:
+    if kind == "gpt2" and pre not in _PRE_TOKENIZERS:
         warnings.warn(f"the GGUF pre-tokenizer {pre!r} is not built (mha builds "
                       f"{', '.join(sorted(_PRE_TOKENIZERS))}); the model runs on token ids",
                       stacklevel=3)
@@ -702,36 +707,103 @@ def _tokenizer(value: Any, config: dict[str, Any]) -> Any:
 
     from .tokenizer import Tokenizer
 
-    pre_tokenizers, ignore_merges, default_bos = _PRE_TOKENIZERS[pre]
-    tokens = value("tokenizer.ggml.tokens") or []
-    types = value("tokenizer.ggml.token_type")
-    types = [_NORMAL] * len(tokens) if types is None else types.tolist()
-    merges = [m.split(" ", 1) for m in value("tokenizer.ggml.merges") or []]
-    vocab: dict[str, int] = {}
-    added = []
-    for i, (token, kind_i) in enumerate(zip(tokens, types)):
-        vocab.setdefault(token, i)
-        if kind_i in (_CONTROL, _USER_DEFINED):
-            added.append({"id": i, "content": token, "single_word": False, "lstrip": False,
-                          "rstrip": False, "normalized": False,
-                          "special": kind_i == _CONTROL})
+    spec = _bpe_spec(value, pre) if kind == "gpt2" else _spm_spec(value)
+    try:
+        tok = _HFTokenizer.from_str(json.dumps(spec))
+    except Exception as e:                      # tokenizers raises a bare Exception
+        warnings.warn(f"the GGUF file's tokenizer could not be built ({e}); the model runs on "
+                      f"token ids", stacklevel=3)
+        return None
+    return Tokenizer(tok, max_length=config.get("max_position_embeddings"))
+
+
+def _added_and_post(value: Any, tokens: list[str], types: list[int],
+                    default_bos: bool) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """The added tokens (CONTROL ones special, USER_DEFINED ones not) and the template that
+    adds BOS / EOS as tokenizer.ggml.add_bos_token / add_eos_token say."""
+    added = [{"id": i, "content": token, "single_word": False, "lstrip": False,
+              "rstrip": False, "normalized": False, "special": kind == _CONTROL}
+             for i, (token, kind) in enumerate(zip(tokens, types))
+             if kind in (_CONTROL, _USER_DEFINED)]
     bos, eos = value("tokenizer.ggml.bos_token_id"), value("tokenizer.ggml.eos_token_id")
     add_bos = bool(value("tokenizer.ggml.add_bos_token", default_bos)) and bos is not None
     add_eos = bool(value("tokenizer.ggml.add_eos_token", False)) and eos is not None
+    if not (add_bos or add_eos):
+        return added, None
+    first = [{"SpecialToken": {"id": tokens[bos], "type_id": 0}}] if add_bos else []
+    last = [{"SpecialToken": {"id": tokens[eos], "type_id": 0}}] if add_eos else []
+    specials = {tokens[i]: {"id": tokens[i], "ids": [i], "tokens": [tokens[i]]}
+                for i, on in ((bos, add_bos), (eos, add_eos)) if on}
+    return added, {"type": "TemplateProcessing",
+                   "single": [*first, {"Sequence": {"id": "A", "type_id": 0}}, *last],
+                   "pair": [*first, {"Sequence": {"id": "A", "type_id": 0}}, *last, *first,
+                            {"Sequence": {"id": "B", "type_id": 1}}, *last],
+                   "special_tokens": specials}
+
+
+def _token_types(value: Any, tokens: list[str]) -> list[int]:
+    types = value("tokenizer.ggml.token_type")
+    return [_NORMAL] * len(tokens) if types is None else [int(t) for t in types]
+
+
+def _spm_spec(value: Any) -> dict[str, Any]:
+    """tokenizer.json for SentencePiece's BPE (LLaMA 1/2, Mistral v0.x, TinyLlama), as
+    transformers converts a tokenizer.model: the merges ranked by the merged piece's score
+    (transformers' generate_merges), bytes falling back to <0xNN>, "▁" for spaces and one
+    in front of the text (tokenizer.ggml.add_space_prefix, on by default)."""
+    tokens = list(value("tokenizer.ggml.tokens") or [])
+    types = _token_types(value, tokens)
+    scores = value("tokenizer.ggml.scores")
+    scores = [0.0] * len(tokens) if scores is None else [float(x) for x in scores]
+    vocab: dict[str, int] = {}
+    for i, token in enumerate(tokens):
+        vocab.setdefault(token, i)
+    merges = []
+    for piece, score in zip(tokens, scores):
+        local = [(piece[:k], piece[k:], score) for k in range(1, len(piece))
+                 if piece[:k] in vocab and piece[k:] in vocab]
+        merges.extend(sorted(local, key=lambda m: (vocab[m[0]], vocab[m[1]])))
+    merges.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)
+    unk = value("tokenizer.ggml.unknown_token_id")
+    added, template = _added_and_post(value, tokens, types, default_bos=True)
+    prefix = bool(value("tokenizer.ggml.add_space_prefix", True))
+    return {
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+        # one "\u2581" in front of every stretch of text, after a special token too, as
+        # SentencePiece's add_dummy_prefix and llama.cpp's add_space_prefix do (transformers'
+        # "legacy" normaliser; its Metaspace adds none to a text that starts with a space)
+        "normalizer": {"type": "Sequence", "normalizers": [
+            *([{"type": "Prepend", "prepend": "\u2581"}] if prefix else []),
+            {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]},
+        "pre_tokenizer": None,
+        "post_processor": template,
+        "decoder": {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+            {"type": "ByteFallback"}, {"type": "Fuse"},
+            *([{"type": "Strip", "content": " ", "start": 1, "stop": 0}] if prefix else [])]},
+        "model": {"type": "BPE", "dropout": None,
+                  "unk_token": tokens[unk] if unk is not None else None,
+                  "continuing_subword_prefix": None, "end_of_word_suffix": None,
+                  "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
+                  "vocab": vocab, "merges": [[a, b] for a, b, _ in merges]},
+    }
+
+
+def _bpe_spec(value: Any, pre: str) -> dict[str, Any]:
+    """tokenizer.json for byte-level BPE with llama.cpp's pre-tokenizer ``pre``."""
+    pre_tokenizers, ignore_merges, default_bos = _PRE_TOKENIZERS[pre]
+    tokens = list(value("tokenizer.ggml.tokens") or [])
+    types = _token_types(value, tokens)
+    merges = [m.split(" ", 1) for m in value("tokenizer.ggml.merges") or []]
+    vocab: dict[str, int] = {}
+    for i, token in enumerate(tokens):
+        vocab.setdefault(token, i)
+    added, template = _added_and_post(value, tokens, types, default_bos)
     post: dict[str, Any] = {"type": "ByteLevel", "add_prefix_space": False,
                             "trim_offsets": False, "use_regex": False}
-    if add_bos or add_eos:
-        first = [{"SpecialToken": {"id": tokens[bos], "type_id": 0}}] if add_bos else []
-        last = [{"SpecialToken": {"id": tokens[eos], "type_id": 0}}] if add_eos else []
-        specials = {tokens[i]: {"id": tokens[i], "ids": [i], "tokens": [tokens[i]]}
-                    for i, on in ((bos, add_bos), (eos, add_eos)) if on}
-        template = {"type": "TemplateProcessing",
-                    "single": [*first, {"Sequence": {"id": "A", "type_id": 0}}, *last],
-                    "pair": [*first, {"Sequence": {"id": "A", "type_id": 0}}, *last, *first,
-                             {"Sequence": {"id": "B", "type_id": 1}}, *last],
-                    "special_tokens": specials}
+    if template is not None:
         post = {"type": "Sequence", "processors": [post, template]}
-    spec = {
+    return {
         "version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
         "normalizer": None,
         "pre_tokenizer": {"type": "Sequence", "pretokenizers": pre_tokenizers},
@@ -743,7 +815,3 @@ def _tokenizer(value: Any, config: dict[str, Any]) -> Any:
                   "fuse_unk": False, "byte_fallback": False, "ignore_merges": ignore_merges,
                   "vocab": vocab, "merges": merges},
     }
-    import json
-
-    return Tokenizer(_HFTokenizer.from_str(json.dumps(spec)),
-                     max_length=config.get("max_position_embeddings"))
