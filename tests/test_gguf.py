@@ -1,9 +1,13 @@
 """mha.models.gguf against llama.cpp's own writer, the gguf package and transformers.
 
-Tiny random LLaMA (plain, and Llama 3.1's scaled RoPE with tied embeddings), Mistral, Qwen2
-and Qwen3 models are written by transformers, then converted by llama.cpp's
-convert_hf_to_gguf.py (from the llama-cpp-python sdist on PyPI, tests/gguf_files.py) to F32,
-F16, BF16 and Q8_0 GGUF files. read_gguf must give back:
+Tiny random LLaMA (Llama 3 style; Llama 3.1's scaled RoPE with tied embeddings; Llama 2
+style with a SentencePiece tokenizer), Mistral, Qwen2 and Qwen3 models are written by
+transformers, then converted by llama.cpp's convert_hf_to_gguf.py (from the llama-cpp-python
+sdist on PyPI, tests/gguf_files.py) to F32, F16, BF16 and Q8_0 GGUF files. read_gguf must
+give back:
+
+- the header as the gguf package's GGUFReader reads it (every metadata value, every tensor's
+  type and bytes);
 
 - every tensor of the transformers model, under its name, in torch's layout (llama's q/k rows
   put back from ggml's rotary order): F32 exactly, F16 and BF16 equal to the weights rounded
@@ -12,13 +16,15 @@ F16, BF16 and Q8_0 GGUF files. read_gguf must give back:
   the original weights;
 - the config: ``ModelConfig.from_dict`` reads the same model from it as from the folder's
   config.json, and transformers builds the same config from it;
-- the tokenizer: the ids of transformers' tokenizer of the folder, special tokens included.
+- the tokenizer: the ids of transformers' tokenizer of the folder (SentencePiece's own for
+  the llama2 family), special tokens included, and of llama.cpp's tokenizer on the file;
+- Llama 3.1's RoPE scaling back from the rope_freqs tensor llama.cpp writes in its place.
 
-The errors: a file that is not GGUF, an architecture, a tensor type or a tokenizer kind mha
-does not read, the gguf package missing.
+The errors: a file that is not GGUF or is truncated, an architecture, a tensor type, a RoPE
+scaling or a tensor mha does not read; a tokenizer it does not build (a warning).
 
-With llama-cpp-python installed, llama.cpp's logits on the F32 and Q8_0 files are held to a
-float64 reference on the same (dequantised) weights: ``check_llama_cpp`` takes any callable
+With llama-cpp-python installed, llama.cpp's logits on each file are held to a float64
+reference on the same (dequantised) weights: ``check_llama_cpp`` takes any callable
 ids -> logits, so that mha's model can be held to the same reference.
 """
 import dataclasses
