@@ -2,8 +2,8 @@
 
 A GGUF file (https://github.com/ggml-org/ggml/blob/master/docs/gguf.md) holds key/value
 metadata (the architecture's sizes, the tokenizer's vocabulary and merges) and named tensors,
-each in a ggml type. :func:`read_gguf` reads one (its header parsed here, its tensors
-memory-mapped; no package beyond NumPy, and ``tokenizers`` for the tokenizer) and gives what a
+each in a ggml type. :func:`read_gguf` reads one (its header parsed here, each tensor read
+when asked for; no package beyond NumPy, and ``tokenizers`` for the tokenizer) and gives what a
 Hugging Face folder gives: a transformers config.json dict, a mapping of tensors under
 transformers' checkpoint names in torch's layout (out, in), and a tokenizer. Architectures:
 "llama" (LLaMA, Mistral and others written as llama), "qwen2", "qwen3". Tensor types: F32,
@@ -217,11 +217,32 @@ def _unpermute_rows(n_rows: int, n_heads: int) -> np.ndarray:
     return h * d + 2 * j + t
 
 
+class _Stored:
+    """A tensor's stored values in the file, read when asked for (``np.asarray``), not
+    memory-mapped: a mapping's pages would stay in the process's memory beside the model's
+    own copy of the weights, as large as the file. ``stored[a:b]``: rows a..b, unread."""
+    __slots__ = ("path", "offset", "dtype", "shape")
+
+    def __init__(self, path: Path, offset: int, dtype: np.dtype, shape: tuple[int, ...]):
+        self.path, self.offset, self.dtype, self.shape = path, offset, dtype, shape
+
+    def __getitem__(self, rows: slice) -> "_Stored":
+        start, stop, _ = rows.indices(self.shape[0])
+        row = math.prod(self.shape[1:]) * self.dtype.itemsize
+        return _Stored(self.path, self.offset + start * row, self.dtype,
+                       (stop - start, *self.shape[1:]))
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        values = np.fromfile(self.path, dtype=self.dtype, count=math.prod(self.shape),
+                             offset=self.offset).reshape(self.shape)
+        return values if dtype is None else values.astype(dtype)
+
+
 class GGUFCheckpoint(Mapping):
     """The tensors of a GGUF file under transformers' checkpoint names, read on demand.
 
-    ``checkpoint[name]`` is a float32 array in torch's layout (out, in): a read-only view of the
-    file for an F32 tensor, else a new array (F16 and BF16 widened, Q8_0 dequantised);
+    ``checkpoint[name]`` is a new float32 array in torch's layout (out, in), read from the file
+    (F16 and BF16 widened, Q8_0 dequantised);
     ``checkpoint.raw(name)`` gives the stored type and values instead. llama files' q_proj and
     k_proj rows are put back in transformers' order on access (a row gather, a copy).
     ``files`` and ``file_of(name)`` are those of :class:`mha.models.hub.Checkpoint`.
@@ -287,6 +308,21 @@ class GGUFCheckpoint(Mapping):
         """
         return str(self._entries[name][0])
 
+    def stored_type(self, name: str) -> str:
+        """A tensor's ggml type, without reading it.
+
+        Parameters
+        ----------
+        name : str
+            A checkpoint name.
+
+        Returns
+        -------
+        str
+            "F32", "F16", "BF16" or "Q8_0".
+        """
+        return str(self._entries[name][1])
+
     def shape(self, name: str) -> tuple[int, ...]:
         """A tensor's shape in torch's layout, without reading it.
 
@@ -317,15 +353,15 @@ class GGUFCheckpoint(Mapping):
         array : ndarray
             F32: float32 (out, in); F16: float16 (out, in); BF16: the uint16 bit patterns
             (out, in); Q8_0: uint8 (out, in / 32 * 34), each row its ggml blocks (a float16
-            scale, then 32 int8). A view of the memory-mapped file when no rows move (read
-            only: copy what you keep), else a new array.
+            scale, then 32 int8). A new array, read from the file.
 
         Raises
         ------
         KeyError
             A name the file does not hold.
         """
-        _, code, data, _, rows = self._entries[name]
+        _, code, stored, _, rows = self._entries[name]
+        data = np.asarray(stored)
         if rows is not None:
             data = data[rows]
         return code, data
@@ -394,7 +430,7 @@ def _float(x: Any) -> float:
 
 
 def read_gguf(path: str | os.PathLike[str]) -> GGUFFiles:
-    """Open a GGUF file: its config, its tensors (memory-mapped) and its tokenizer.
+    """Open a GGUF file: its config, its tensors (read on demand) and its tokenizer.
 
     Parameters
     ----------
@@ -447,7 +483,7 @@ def read_gguf(path: str | os.PathLike[str]) -> GGUFFiles:
         raise NotImplementedError(f"{path}: a mixture of experts ({arch}.expert_count = "
                                   f"{value(f'{arch}.expert_count')}) is not supported")
 
-    data = np.memmap(path, dtype=np.uint8, mode="r")
+    size = path.stat().st_size
     tensors = {}
     for name, kind, dims, offset in header.tensors:
         code = _GGML_TYPES.get(kind, f"ggml type {kind}")
@@ -463,11 +499,11 @@ def read_gguf(path: str | os.PathLike[str]) -> GGUFFiles:
         row_bytes = (shape[-1] if shape else 1) // per_block * block_bytes
         begin = header.data_start + offset
         end = begin + math.prod(shape[:-1]) * row_bytes
-        if end > data.size:
+        if end > size:
             raise CheckpointError(f"{path}: tensor {name} ({code} {shape}) lies outside the "
                                   f"file (truncated?)")
-        stored = data[begin:end].view(dtype).reshape(
-            *shape[:-1], row_bytes // np.dtype(dtype).itemsize)
+        stored = _Stored(path, begin, np.dtype(dtype),
+                         (*shape[:-1], row_bytes // np.dtype(dtype).itemsize))
         tensors[name] = (code, stored, shape)
 
     config = _config(path, arch, value, tensors)

