@@ -3,8 +3,11 @@
 A SmolLM2-360M-shaped LLaMA (d 960, 32 layers, 15 heads of 64, 5 key/value heads, d_ff 2560,
 vocabulary 49,152, tied embeddings: 362M parameters) with random weights, saved once in
 bfloat16 by transformers into ``--folder``. Each case runs in a fresh Python process (so that
-its peak RSS is its own): load with ``weights=`` None (float32), "bfloat16", "q8_0", then the
-logits of ``--tokens`` tokens (prefill), then ``--decode`` greedy steps (``generate``). The
+its peak RSS is its own): load with ``weights=`` None (float32), "bfloat16", "q8_0"; the same
+weights as a Q8_0 GGUF (written by llama.cpp's converter) loaded by mha and by llama.cpp
+(llama-cpp-python, 2 threads); transformers in bfloat16 (torch, 2 threads). Then the logits of
+``--tokens`` tokens (prefill), then ``--decode`` greedy steps (``generate``; llama.cpp's eval
+of one token at a time on its KV cache). The
 peak RSS is the process's ``ru_maxrss`` after all three. Times are the median of
 ``--repeats`` runs in the process with their spread (min-max); the first run is a warm-up.
 
@@ -47,27 +50,84 @@ def make_folder(folder: Path) -> None:
     model.save_pretrained(folder, safe_serialization=True)
 
 
-def run_case(folder: str, weights: str | None, tokens: int, decode: int, repeats: int) -> dict:
-    """In this (fresh) process: load, prefill, decode; times and the peak RSS."""
-    import mha.models
+def make_gguf(folder: Path) -> Path:
+    """The same weights as a Q8_0 GGUF, written by llama.cpp's convert_hf_to_gguf.py (from the
+    llama-cpp-python source package, as tests/gguf_files.py fetches it), with a small
+    byte-level BPE tokenizer (the converter needs one; the model's 49,152 rows are padded)."""
+    path = folder / "model-q8_0.gguf"
+    if path.is_file():
+        return path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    import gguf_files
+    from transformers import PreTrainedTokenizerFast
 
+    tok = gguf_files._tokenizer("smollm", ["<|endoftext|>"], None, "<|endoftext|>")
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>").save_pretrained(folder)
+    (folder / "gguf_pre.txt").write_text("smollm")
+    gguf_files.convert([(folder, "q8_0", path)])
+    return path
+
+
+def run_case(folder: str, case: str, tokens: int, decode: int, repeats: int) -> dict:
+    """In this (fresh) process: load, prefill, decode; times and the peak RSS."""
+    ids = np.random.default_rng(0).integers(0, 300, tokens)
     t0 = time.perf_counter()
-    model = mha.models.load(folder, weights=weights)
-    load_s = time.perf_counter() - t0
-    ids = np.random.default_rng(0).integers(0, SHAPE["vocab_size"], tokens)
+    if case == "llama.cpp":
+        from llama_cpp import Llama
+
+        llm = Llama(model_path=str(Path(folder) / "model-q8_0.gguf"), n_threads=2, n_ctx=512,
+                    n_batch=512, verbose=False, logits_all=False)
+        load_s = time.perf_counter() - t0
+
+        def prefill_fn():
+            llm.reset()
+            llm.eval(ids.tolist())
+
+        def decode_fn():
+            llm.reset()
+            llm.eval(ids[:8].tolist())
+            for _ in range(decode):
+                llm.eval([int(np.argmax(llm.eval_logits[-1]))] if llm.eval_logits else [1])
+    elif case == "transformers":
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        torch.set_num_threads(2)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).eval()
+        load_s = time.perf_counter() - t0
+        x = torch.from_numpy(ids)[None]
+
+        def prefill_fn():
+            with torch.no_grad():
+                model(x)
+
+        def decode_fn():
+            with torch.no_grad():
+                model.generate(x[:, :8], max_new_tokens=decode, min_new_tokens=decode,
+                               do_sample=False)
+    else:
+        import mha.models
+
+        source = Path(folder) / "model-q8_0.gguf" if case == "gguf q8_0" else folder
+        model = mha.models.load(source, weights=None if case in ("float32", "gguf q8_0") else case)
+        load_s = time.perf_counter() - t0
+
+        def prefill_fn():
+            np.save(Path(folder) / f"logits_{case}.npy", model.logits(ids)[-8:])
+
+        def decode_fn():
+            model.generate(ids[:8], max_new_tokens=decode, stop_at_eos=False, need_weights=False,
+                           progress=False)
     prefill, steps = [], []
     for _ in range(repeats + 1):
         t0 = time.perf_counter()
-        logits = model.logits(ids)
+        prefill_fn()
         prefill.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
-        model.generate(ids[:8], max_new_tokens=decode, stop_at_eos=False, need_weights=False,
-                       progress=False)
+        decode_fn()
         steps.append(time.perf_counter() - t0)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    np.save(Path(folder) / f"logits_{weights or 'float32'}.npy", logits[-8:])
-    return {"weights": model.weight_format, "load_s": load_s, "prefill": prefill[1:],
-            "decode": steps[1:], "peak_mib": rss}
+    return {"load_s": load_s, "prefill": prefill[1:], "decode": steps[1:], "peak_mib": rss}
 
 
 def main() -> None:
@@ -79,11 +139,11 @@ def main() -> None:
     ap.add_argument("--case", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.case is not None:
-        weights = None if args.case == "float32" else args.case
-        print(json.dumps(run_case(args.folder, weights, args.tokens, args.decode, args.repeats)))
+        print(json.dumps(run_case(args.folder, args.case, args.tokens, args.decode, args.repeats)))
         return
     folder = Path(args.folder)
     make_folder(folder)
+    make_gguf(folder)
     file_mib = sum(f.stat().st_size for f in folder.glob("*.safetensors")) / 2**20
     params = 361_821_120
     print(f"SmolLM2-360M shape, {params / 1e6:.0f}M parameters, bf16 file {file_mib:.0f} MiB; "
@@ -91,9 +151,9 @@ def main() -> None:
           f"MHA_SIMD={os.environ.get('MHA_SIMD', 'auto')}, MHA_NUM_THREADS="
           f"{os.environ.get('MHA_NUM_THREADS', 'auto')}")
     budget = {"float32": 1.3 * params * 4 / 2**20 + 300, "bfloat16": 1.3 * file_mib + 300}
-    print(f"{'weights':>9} {'peak MiB':>9} {'target':>8} {'load s':>7} {'prefill s (spread)':>20} "
+    print(f"{'case':>12} {'peak MiB':>9} {'bound':>8} {'load s':>7} {'prefill s (spread)':>20} "
           f"{'decode ms/token (spread)':>26}")
-    for case in ("float32", "bfloat16", "q8_0"):
+    for case in ("float32", "bfloat16", "q8_0", "gguf q8_0", "llama.cpp", "transformers"):
         out = subprocess.run([sys.executable, __file__, "--case", case, "--folder", str(folder),
                               "--tokens", str(args.tokens), "--decode", str(args.decode),
                               "--repeats", str(args.repeats)],
@@ -101,11 +161,14 @@ def main() -> None:
         r = json.loads(out.stdout.strip().splitlines()[-1])
         pre, dec = np.array(r["prefill"]), np.array(r["decode"]) / args.decode * 1e3
         target = f"{budget[case]:.0f}" if case in budget else "-"
-        print(f"{case:>9} {r['peak_mib']:9.0f} {target:>8} {r['load_s']:7.1f} "
+        print(f"{case:>12} {r['peak_mib']:9.0f} {target:>8} {r['load_s']:7.1f} "
               f"{np.median(pre):8.2f} ({pre.min():.2f}-{pre.max():.2f}) "
               f"{np.median(dec):12.1f} ({dec.min():.1f}-{dec.max():.1f})")
     f32 = np.load(folder / "logits_float32.npy")
     bf = np.load(folder / "logits_bfloat16.npy")
+    q8, gguf = np.load(folder / "logits_q8_0.npy"), np.load(folder / "logits_gguf q8_0.npy")
+    print(f"q8_0 quantised at load vs the GGUF's Q8_0 (llama.cpp's quantiser): max |diff| / "
+          f"max |logit| = {np.abs(q8 - gguf).max() / np.abs(gguf).max():.2e}")
     print(f"bfloat16 vs float32 logits: max |diff| / max |logit| = "
           f"{np.abs(bf - f32).max() / np.abs(f32).max():.2e} (target 1e-5)")
 

@@ -29,11 +29,8 @@ import numpy as np
 
 from mha import _core
 
-__all__ = ["Packed", "NarrowTable", "LayerWeights", "FORMATS", "as_array", "pack_dense",
-           "narrow_table"]
+__all__ = ["Packed", "NarrowTable", "LayerWeights", "as_array", "narrow_table"]
 
-#: model.weight_format values and the bytes of one parameter (float32, float64: computed in)
-FORMATS = {"float32": 4.0, "float64": 8.0, "bfloat16": 2.0, "float16": 2.0, "q8_0": 34 / 32}
 #: the narrow formats: what ``_core.pack_weight(format=...)`` takes
 NARROW = ("bfloat16", "float16", "q8_0")
 
@@ -143,13 +140,6 @@ class Packed:
             self.data.flags.writeable = False
 
 
-def pack_dense(weight: np.ndarray, format: str | None, *, trans: bool = False,
-               keep: bool = False) -> Packed:
-    """``weight`` (in, out) (or (out, in) with trans) packed in the model's weight format
-    (None: as it is)."""
-    return Packed(weight, trans, format, keep)
-
-
 class NarrowTable:
     """A token table (vocab, d) kept in a narrow format: bfloat16 or float16 bits (vocab, d),
     or ggml's Q8_0 blocks (vocab, ceil(d / 32) * 34) bytes; :meth:`take` widens the rows a
@@ -253,9 +243,9 @@ class LayerWeights(MutableMapping[str, Any]):
             keep = self.format is None and isinstance(old, Packed) and old.source is not None
             value = np.asarray(value)
             if not keep and not value.flags.c_contiguous and value.T.flags.c_contiguous:
-                value = pack_dense(value.T, self.format, trans=True)    # a checkpoint's (out, in)
+                value = Packed(value.T, True, self.format, keep=False)    # a checkpoint's (out, in)
             else:
-                value = pack_dense(value, self.format, keep=keep)
+                value = Packed(value, False, self.format, keep=keep)
         self._items[key] = value
 
     def __delitem__(self, key: str) -> None:
