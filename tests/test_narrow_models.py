@@ -150,7 +150,7 @@ def test_narrow_models_do_not_train(rounded):
 def test_weights_are_kept_once_and_narrow(rounded, fmt):
     """The dense weights are stored packed in the format (no float copy): the stored bytes
     are the format's bytes a parameter (plus the panel's padding)."""
-    folder, _ = rounded("mistral", fmt)
+    folder, _ = rounded("qwen2", fmt)
     model = mha.models.load(folder, weights=fmt)
     per = {"bfloat16": 2, "q8_0": 34 / 32}[fmt]
     for layer in model.layers:
@@ -161,7 +161,10 @@ def test_weights_are_kept_once_and_narrow(rounded, fmt):
                 width = value.width
                 assert value.nbytes == pytest.approx(-(-N // width) * width * blocks * per)
                 assert value.source is None
-    assert model.embed_tokens.nbytes == pytest.approx(model.embed_tokens.shape[0] * -(
+    table = model.embed_tokens                      # tied: the LM head is its packing
+    assert table.packed() is model._lm_head()
+    W = table.packed().width
+    assert table.nbytes == pytest.approx(-(-table.shape[0] // W) * W * -(
         -model.d_model // 32) * 32 * per)
 
 

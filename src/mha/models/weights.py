@@ -141,37 +141,24 @@ class Packed:
 
 
 class NarrowTable:
-    """A token table (vocab, d) kept in a narrow format: bfloat16 or float16 bits (vocab, d),
-    or ggml's Q8_0 blocks (vocab, ceil(d / 32) * 34) bytes; :meth:`take` widens the rows a
-    batch reads."""
-    __slots__ = ("format", "data", "d", "__weakref__")
+    """A token table (vocab, d) kept narrow, once: packed as the GEMM reads its transpose (the
+    tied LM head, :meth:`packed`), the rows a batch reads gathered from that packing and
+    widened by :meth:`take`."""
+    __slots__ = ("head", "__weakref__")
 
     def __init__(self, table: np.ndarray, format: str):
-        table = np.asarray(table, dtype=np.float32)
-        self.format, self.d = format, table.shape[1]
-        if format == "q8_0":
-            # ggml's blocks of each row: the same bytes a GGUF file holds (and pack_weight reads)
-            from mha.reference.narrow import quantize_q8_0
-
-            data = np.empty((len(table), -(-self.d // 32), 34), np.uint8)
-            for start in range(0, len(table), 4096):             # the temporaries kept small
-                q, d = quantize_q8_0(table[start:start + 4096])  # (rows, b, 32), (rows, b)
-                data[start:start + 4096, :, :2] = d[..., None].view(np.uint8)
-                data[start:start + 4096, :, 2:] = q.view(np.uint8)
-            self.data = data.reshape(len(table), -1)
-        elif format == "bfloat16":
-            from mha.reference.narrow import to_bfloat16
-
-            self.data = to_bfloat16(table)
-        elif format == "float16":
-            self.data = table.astype(np.float16).view(np.uint16)
-        else:
+        if format not in NARROW:
             raise ValueError(f"format must be one of {NARROW}, got {format!r}")
-        self.data.flags.writeable = False
+        self.head = Packed(np.asarray(table, dtype=np.float32), trans=True, format=format,
+                           keep=False)
+
+    @property
+    def format(self) -> str:
+        return str(self.head.format)
 
     @property
     def shape(self) -> tuple[int, int]:
-        return (self.data.shape[0], self.d)
+        return (self.head.columns, self.head.rows)
 
     @property
     def dtype(self) -> np.dtype:
@@ -179,27 +166,30 @@ class NarrowTable:
 
     @property
     def nbytes(self) -> int:
-        return self.data.nbytes
+        return self.head.nbytes
 
     def take(self, ids: np.ndarray) -> np.ndarray:
-        """The float32 rows (ids.size, d) of ``ids``."""
-        rows = self.data[np.asarray(ids).reshape(-1)]
+        """The float32 rows (ids.size, d) of ``ids``: column id % W of panel id // W."""
+        ids = np.asarray(ids).reshape(-1)
+        data, W, d = self.head.data, self.head.width, self.head.rows
+        panel, col = ids // W, ids % W
         if self.format != "q8_0":
-            return _widen_bits(rows, self.format)
-        blocks = rows.reshape(len(rows), -1, 34)
-        d = blocks[..., :2].copy().view(np.float16).astype(np.float32)      # (r, b, 1)
-        values = blocks[..., 2:].view(np.int8).astype(np.float32) * d
-        return np.ascontiguousarray(values.reshape(len(rows), -1)[:, :self.d])
+            return _widen_bits(data[panel, :, col], self.format)         # (n, d)
+        blocks = data.shape[1]
+        at = np.arange(blocks)[None, :, None]
+        scales = data[panel[:, None, None], at, 2 * col[:, None, None] + np.arange(2)]
+        q = data[panel[:, None, None], at, (2 * W + col)[:, None, None] + W * np.arange(32)]
+        values = q.view(np.int8).astype(np.float32) * scales.copy().view(np.float16).astype(
+            np.float32)                                                  # (n, blocks, 32)
+        return np.ascontiguousarray(values.reshape(len(ids), -1)[:, :d])
 
     def unpack(self) -> np.ndarray:
         """The whole table (vocab, d) in float32, new."""
-        return self.take(np.arange(self.data.shape[0]))
+        return np.ascontiguousarray(self.head.unpack().T)
 
     def packed(self) -> Packed:
-        """The table read as its transpose (d, vocab) by the GEMM (a tied LM head), in the
-        same format: the rows' bits or blocks kept as they are."""
-        return Packed(self.data.view(np.uint16) if self.format == "float16" else self.data,
-                      trans=True, format=self.format, keep=False)
+        """The table read as its transpose (d, vocab) by the GEMM (a tied LM head)."""
+        return self.head
 
 
 def narrow_table(table: np.ndarray, format: str | None) -> np.ndarray | NarrowTable:
