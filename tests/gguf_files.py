@@ -31,19 +31,16 @@ from pathlib import Path
 
 import numpy as np
 
+import tiny_models
+
 #: the llama-cpp-python release whose vendored llama.cpp writes the test files
 LLAMA_CPP_PYTHON = "0.3.36"
 OUTTYPES = ("f32", "f16", "bf16", "q8_0")
 
-CORPUS = [
-    "The doctor said that she would help the patient.",
-    "The man saw the astronomer with a telescope.",
-    "Unbelievably, the tokenizer splits hyphenated-words and numbers like 1234567!",
-    "The cat sat on the mat because it was tired.",
-    "Time flies like an arrow; fruit flies like a banana.",
-    "I've been told he's there, you'll see. We'd like 33 teas.\n\nNew  lines\tand tabs.",
-    "Attention heads look at the previous token, the next one, or the first.",
-]
+#: tiny_models' sentences, one of them traded for contractions, digits and whitespace runs
+CORPUS = [*tiny_models.CORPUS[:5],
+          "I've been told he's there, you'll see. We'd like 33 teas.\n\nNew  lines\tand tabs.",
+          tiny_models.CORPUS[6]]
 #: what the tokenizer tests encode (unseen words, digits, runs of spaces, newlines, accents)
 TEXTS = [CORPUS[0], "Time flies like an arrow!", CORPUS[2], "  indented 2024 text\n\nand 3.14",
          "héllo wörld, it's 12345 o'clock", ""]
