@@ -906,7 +906,8 @@ def _check_saes(model: Any, saes: SAE | Sequence[SAE], valid: Sequence[str]) -> 
 def _split_hooks(fwd_hooks: Sequence[tuple[Any, Any]], sae_names: set[str]
                  ) -> tuple[list[tuple[Any, Any]], dict[str, list[Any]]]:
     """User hooks -> (those at the model's points, {SAE name: [fn]})."""
-    model_hooks, ours = [], {}
+    model_hooks: list[tuple[Any, Any]] = []
+    ours: dict[str, list[Any]] = {}
     for selector, fn in fwd_hooks:
         if isinstance(selector, str) and selector in sae_names:
             if not callable(fn):
@@ -1007,7 +1008,7 @@ def run(model: Any, text_or_ids: Any, saes: SAE | Sequence[SAE], use_error_term:
     for name in model.hook_names():
         if name in activations:
             ordered[name] = activations[name]
-        s = by_point.get(name)
-        if s is not None:
-            ordered.update((n, s.cache[n]) for n in s.names if n in s.cache)
+        at = by_point.get(name)
+        if at is not None:
+            ordered.update((n, at.cache[n]) for n in at.names if n in at.cache)
     return enc, ActivationCache(ordered, model)

@@ -308,11 +308,13 @@ class Hooked:
         ...                      reshape_activations="hook_z")
         >>> enc, cache = model.run_with_cache_with_saes("The cat sat", saes=[sae],
         ...                                             names=lambda n: "hook_sae" in n)
-        >>> [(n.split(".")[-1], cache[n].shape) for n in cache]
-        [('hook_sae_input', (1, 5, 384)), ('hook_sae_acts_pre', (1, 5, 1024)), ('hook_sae_acts_post', (1, 5, 1024)), ('hook_sae_recons', (1, 5, 384)), ('hook_sae_output', (1, 5, 12, 32))]
+        >>> list(cache)[2]
+        'blocks.0.attn.hook_z.hook_sae_acts_post'
+        >>> [cache[n].shape for n in cache]       # input, pre, post, recons, output
+        [(1, 5, 384), (1, 5, 1024), (1, 5, 1024), (1, 5, 384), (1, 5, 12, 32)]
         """
         from mha import sae as sae_module
-        return sae_module.run(self, text_or_ids, saes, use_error_term,  # type: ignore[no-any-return]
+        return sae_module.run(self, text_or_ids, saes, use_error_term,
                               names=names, fwd_hooks=fwd_hooks, backward=backward, **kwargs)
 
     def _run(self, text_or_ids: str | Sequence[str] | ArrayLike, hooks: HookPoints,
