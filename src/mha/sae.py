@@ -403,8 +403,10 @@ class SAE:
         return self._decode_rows(rows).reshape(*f.shape[:-1], self.d_out)
 
     def forward(self, x: ArrayLike) -> np.ndarray:
-        """The reconstruction of x: ``decode(encode(x))`` in x's shape (SAELens's
-        ``forward`` without the error term).
+        """Reconstruct x: ``decode(encode(x))`` in x's shape.
+
+        SAELens's ``forward`` without the error term; a normalising SAE's reconstruction is
+        taken back to x's scale with x's own statistics.
 
         Parameters
         ----------
@@ -414,7 +416,7 @@ class SAE:
         Returns
         -------
         ndarray
-            x's shape (a transcoder: (..., d_out)), x's dtype.
+            The reconstruction, of x's shape (a transcoder's: (..., d_out)) and dtype.
 
         Raises
         ------
@@ -602,6 +604,7 @@ def random(hook_name: str, d_in: int, d_sae: int, *, architecture: str = "standa
     Returns
     -------
     SAE
+        Its ``cfg`` as SAELens would write it (:meth:`SAE.save`).
 
     Raises
     ------

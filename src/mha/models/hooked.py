@@ -180,10 +180,11 @@ class Hooked:
                       saes: Any = (), use_error_term: bool = False,
                       fwd_hooks: Sequence[tuple[NameFilter, HookFn]] = (),
                       backward: bool = False, **kwargs: Any) -> Encoding:
-        """Run the model with SAEs spliced in: each SAE's reconstruction replaces the
-        activation at its hook point (TransformerLens 3's ``HookedSAETransformer``).
+        """Run the model with SAEs spliced in at their hook points.
 
-        One forward on the C kernels, on the model's own hooks: at ``sae.hook_name`` the SAE
+        Each SAE's reconstruction replaces the activation at its hook point, as TransformerLens
+        3's ``HookedSAETransformer`` does. One forward on the C kernels, on the model's own
+        hooks: at ``sae.hook_name`` the SAE
         encodes the activation and its reconstruction goes on in the forward (a transcoder
         reads ``hook_name`` and writes ``hook_name_out``). Several SAEs splice into one
         forward, at different points. ``fwd_hooks`` may also name the SAEs' own points
