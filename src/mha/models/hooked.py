@@ -175,6 +175,149 @@ class Hooked:
         return self._run(text_or_ids, hooks, pair, attention_mask, token_type_ids, head_mask,
                          need_weights, truncation, logits)
 
+    # --- sparse autoencoders spliced in (mha.sae) ------------------------------------------------
+    def run_with_saes(self, text_or_ids: str | Sequence[str] | ArrayLike, *,
+                      saes: Any = (), use_error_term: bool = False,
+                      fwd_hooks: Sequence[tuple[NameFilter, HookFn]] = (),
+                      backward: bool = False, **kwargs: Any) -> Encoding:
+        """Run the model with SAEs spliced in at their hook points.
+
+        Each SAE's reconstruction replaces the activation at its hook point, as TransformerLens
+        3's ``HookedSAETransformer`` does. One forward on the C kernels, on the model's own
+        hooks: at ``sae.hook_name`` the SAE
+        encodes the activation and its reconstruction goes on in the forward (a transcoder
+        reads ``hook_name`` and writes ``hook_name_out``). Several SAEs splice into one
+        forward, at different points. ``fwd_hooks`` may also name the SAEs' own points
+        (``"blocks.0.attn.hook_z.hook_sae_acts_post"``: ablating or steering features).
+
+        Parameters
+        ----------
+        text_or_ids : str, list of str, or array_like of int, shape (n,) or (B, n)
+            A text, a batch of texts, or token ids.
+        saes : SAE or list of SAE
+            From :func:`mha.sae.load`; at most one per output point.
+        use_error_term : bool, default False
+            Add the SAE's error (what it fails to reconstruct, without the hooks at its
+            points) to its output: the forward is then the plain one (bit for bit that of a
+            forward with a hook at the SAE's point, which may round differently from the
+            unhooked path), unless a hook changes a feature.
+        fwd_hooks : list of (str or callable, callable), optional
+            As for :meth:`run_with_hooks`, at the model's points and the SAEs' (the model's
+            point holds the SAE's output, after its hooks).
+        backward : bool, default False
+            Keep the forward's tape (``enc.backward(d_logits=..., wrt=[...])``, or
+            ``model.backward``): the gradient runs back through each SAE, and ``wrt`` and
+            ``bwd_hooks`` take the SAEs' names (``{hook}.hook_sae_acts_post``: the
+            gradient reaching each feature). As in SAELens, the error term is a constant
+            and a transcoder's output replaces the model's there, which gets no gradient.
+            Ids or one text.
+        **kwargs
+            ``attention_mask``, ``token_type_ids``, ``head_mask``, ``need_weights``, and
+            without ``backward`` ``pair``, ``truncation``, ``logits`` (as for
+            :meth:`run_with_hooks`).
+
+        Returns
+        -------
+        Encoding
+            What the model's forward returns, with ``logits`` for causal models (and ``tape``
+            with ``backward``).
+
+        Raises
+        ------
+        KeyError
+            An SAE's hook point that the model lacks (the message names the nearest), or a
+            name of an SAE point that is not spliced.
+        ValueError
+            An SAE whose width is not the activation's (the message gives both), or two SAEs
+            that write one point.
+        NotImplementedError
+            ``backward`` with an SAE that normalises its input per row.
+
+        See Also
+        --------
+        run_with_cache_with_saes : The same forward, with the SAEs' activations kept.
+
+        Examples
+        --------
+        >>> model = mha.models.load("minilm")
+        >>> sae = mha.sae.random("blocks.0.attn.hook_z", d_in=384, d_sae=1024, seed=0,
+        ...                      reshape_activations="hook_z")
+        >>> enc = model.run_with_saes("The cat sat", saes=[sae])
+        >>> plain = model.encode("The cat sat")
+        >>> bool(np.abs(enc.last_hidden_state - plain.last_hidden_state).max() > 0.01)
+        True
+        >>> same = model.run_with_saes("The cat sat", saes=[sae], use_error_term=True)
+        >>> bool(np.abs(same.last_hidden_state - plain.last_hidden_state).max() < 1e-5)
+        True
+        """
+        from mha import sae as sae_module
+        return sae_module.run(self, text_or_ids, saes, use_error_term, fwd_hooks=fwd_hooks,
+                              backward=backward, **kwargs)
+
+    def run_with_cache_with_saes(self, text_or_ids: str | Sequence[str] | ArrayLike, *,
+                                 saes: Any = (), use_error_term: bool = False,
+                                 names: Names = None,
+                                 fwd_hooks: Sequence[tuple[NameFilter, HookFn]] = (),
+                                 backward: bool = False, **kwargs: Any
+                                 ) -> tuple[Encoding, ActivationCache]:
+        """Run the model with SAEs spliced in and keep the activations, the SAEs' included.
+
+        The forward of :meth:`run_with_saes`; the cache holds the model's names (the point an
+        SAE writes holds its output) and SAELens's names after each SAE's point:
+        ``{hook}.hook_sae_input`` (B, n, d_in), ``.hook_sae_acts_pre`` and
+        ``.hook_sae_acts_post`` (B, n, d_sae), ``.hook_sae_recons`` (B, n, d_in),
+        ``.hook_sae_output`` and, with ``use_error_term``, ``.hook_sae_error`` (the
+        activation's shape). A ``hook_z`` SAE's input and reconstruction are flat
+        (B, n, n_heads * d_head); its output and error (B, n, n_heads, d_head). A
+        transcoder's names sit at its output point.
+
+        Parameters
+        ----------
+        text_or_ids : str, list of str, or array_like of int, shape (n,) or (B, n)
+            A text, a batch of texts, or token ids.
+        saes : SAE or list of SAE
+            From :func:`mha.sae.load`.
+        use_error_term : bool, default False
+            As for :meth:`run_with_saes`.
+        names : None, str, list of str or callable, optional
+            What to keep: None everything (but ``attn.hook_result``), or names / a predicate
+            over the model's and the SAEs' names.
+        fwd_hooks : list of (str or callable, callable), optional
+            As for :meth:`run_with_saes`; the cache holds the activations after them.
+        backward : bool, default False
+            As for :meth:`run_with_saes` (the model's names then those a backward passes).
+        **kwargs
+            As for :meth:`run_with_saes`.
+
+        Returns
+        -------
+        enc : Encoding
+            As :meth:`run_with_saes` returns it.
+        cache : ActivationCache
+            The activations kept, batch first, in forward order.
+
+        Raises
+        ------
+        KeyError, ValueError, NotImplementedError
+            As for :meth:`run_with_saes`; a name that is neither the model's nor a spliced
+            SAE's (KeyError).
+
+        Examples
+        --------
+        >>> model = mha.models.load("minilm")
+        >>> sae = mha.sae.random("blocks.0.attn.hook_z", d_in=384, d_sae=1024, seed=0,
+        ...                      reshape_activations="hook_z")
+        >>> enc, cache = model.run_with_cache_with_saes("The cat sat", saes=[sae],
+        ...                                             names=lambda n: "hook_sae" in n)
+        >>> list(cache)[2]
+        'blocks.0.attn.hook_z.hook_sae_acts_post'
+        >>> [cache[n].shape for n in cache]       # input, pre, post, recons, output
+        [(1, 5, 384), (1, 5, 1024), (1, 5, 1024), (1, 5, 384), (1, 5, 12, 32)]
+        """
+        from mha import sae as sae_module
+        return sae_module.run(self, text_or_ids, saes, use_error_term,
+                              names=names, fwd_hooks=fwd_hooks, backward=backward, **kwargs)
+
     def _run(self, text_or_ids: str | Sequence[str] | ArrayLike, hooks: HookPoints,
              pair: str | Sequence[str] | None, attention_mask: ArrayLike | None,
              token_type_ids: ArrayLike | None, head_mask: ArrayLike | None,

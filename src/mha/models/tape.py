@@ -65,7 +65,7 @@ def last_tape(model: Any) -> Tape | None:
 class _TapeState:
     """What a tape keeps, but the model: the thread's last tape of a model is held by a weak
     dictionary keyed by the model, whose values must not keep the model alive."""
-    __slots__ = ("record", "changed", "hook_gradient", "stamp", "lock")
+    __slots__ = ("record", "changed", "hook_gradient", "stamp", "lock", "splices")
 
     def __init__(self, record: Record, changed: dict[str, np.ndarray], hook_gradient: str,
                  stamp: WeightsStamp) -> None:
@@ -74,6 +74,7 @@ class _TapeState:
         self.hook_gradient = hook_gradient
         self.stamp = stamp
         self.lock = threading.Lock()
+        self.splices: Any = None        # mha.sae.Splices: SAEs spliced into the forward
 
 
 class Tape:
@@ -141,8 +142,14 @@ class Tape:
             if not retain:
                 state.record = None
         try:
-            return _walk_back(model, record, d_logits, d_hidden, wrt, parameters, bwd_hooks,
-                              None if state.hook_gradient == "identity" else state.changed)
+            finish = None
+            if state.splices is not None:   # the SAEs' names, and the gradient through them
+                wrt, bwd_hooks, finish = state.splices.plan(wrt, bwd_hooks)
+            grads = _walk_back(model, record, d_logits, d_hidden, wrt, parameters, bwd_hooks,
+                               None if state.hook_gradient == "identity" else state.changed)
+            if finish is not None:
+                finish(grads)
+            return grads
         except BaseException:
             if not retain:                  # a refused call leaves the record as it was
                 with state.lock:
