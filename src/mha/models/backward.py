@@ -541,7 +541,8 @@ def workspace_size(model: Any) -> int:
     borrows one from the model's pool (:class:`mha.models.memory.Workspaces`)."""
     width = _core.pack_weight(np.zeros((1, 1), model.dtype)).shape[2]
     return max((-(-w.shape[0] // width) * width * w.shape[1]
-                for p in model.layers for k, w in p.items() if k.startswith("W_")), default=0)
+                for p in model.layers for k, w in p.stored().items() if k.startswith("W_")),
+               default=0)
 
 
 def _post_norm_backward(d_y: np.ndarray, x: np.ndarray | None, p: Mapping[str, np.ndarray],
