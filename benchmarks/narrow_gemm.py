@@ -9,8 +9,8 @@ threads, on one SIMD path per process.
 
 The set of weights (--set): `smollm2` is the products of SmolLM2-360M's layers (d = 960,
 d_ff = 2560: q and o 960 -> 960, k and v 960 -> 320, the gated MLP's gate+up 960 -> 5120 with
-its SwiGLU epilogue, down 2560 -> 960), `--layers` of them (default 8: 314 MB of float32,
-83 MB of Q8_0); `llama8b` is one Llama-3.1-8B layer's 4096 -> 4096 and 4096 -> 14336 x 2 and
+its SwiGLU epilogue, down 2560 -> 960), `--layers` of them (default 12: 472 MB of float32,
+125 MB of Q8_0); `llama8b` is one Llama-3.1-8B layer's 4096 -> 4096 and 4096 -> 14336 x 2 and
 14336 -> 4096 products, `--layers` times. One pass runs every product of the set once, in
 order, so that each weight is read from DRAM, not from a cache: the set's narrowest packing
 should be several times the last-level cache (this script warns when it is not).
@@ -138,7 +138,7 @@ def run_path(args):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--set", default="smollm2", choices=("smollm2", "llama8b"))
-    ap.add_argument("--layers", type=int, default=None, help="default: 8 (smollm2), 1 (llama8b)")
+    ap.add_argument("--layers", type=int, default=None, help="default: 12 (smollm2), 1 (llama8b)")
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--rows", default="1,4,16,64,256")
@@ -147,7 +147,7 @@ def main():
     ap.add_argument("--json")
     args = ap.parse_args()
     if args.layers is None:
-        args.layers = 8 if args.set == "smollm2" else 1
+        args.layers = 12 if args.set == "smollm2" else 1
     args.threads = [int(t) for t in args.threads.split(",")]
     args.rows = [int(m) for m in args.rows.split(",")]
     if args.paths:

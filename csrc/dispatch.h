@@ -59,6 +59,9 @@
     X(mha_pack_weight_bf16_bits_##SFX,                                                         \
       (void *packed, const uint16_t *B, int64_t ldb, int trans_b, int64_t K, int64_t N),       \
       (packed, B, ldb, trans_b, K, N))                                                         \
+    X(mha_pack_weight_f16_bits_##SFX,                                                          \
+      (void *packed, const uint16_t *B, int64_t ldb, int trans_b, int64_t K, int64_t N),       \
+      (packed, B, ldb, trans_b, K, N))                                                         \
     X(mha_pack_weight_q8_0_blocks_##SFX,                                                       \
       (void *packed, const void *blocks, int64_t K, int64_t N), (packed, blocks, K, N))        \
     X(mha_linear_packed_fmt_##SFX,                                                             \

@@ -1369,11 +1369,11 @@ static PyObject *py_linear(PyObject *self, PyObject *const *args, Py_ssize_t nar
 /* ---- narrow packed weights (mha.h: mha_weight_format) -------------------------------------- */
 
 /* The shape of op(b) (K, N) packed in format (float32 compute, this process's SIMD path):
- * bfloat16 (P, K, W) uint16; Q8_0 (P, ceil(K / 32), 34 W) uint8. */
+ * bfloat16 and float16 (P, K, W) uint16; Q8_0 (P, ceil(K / 32), 34 W) uint8. */
 static void narrow_shape(int format, npy_intp K, npy_intp N, npy_intp shape[3], int *typenum) {
     const npy_intp W = pack_width(NPY_FLOAT32);
     shape[0] = (N + W - 1) / W;
-    if (format == MHA_WEIGHTS_BF16) {
+    if (format != MHA_WEIGHTS_Q8_0) {
         shape[1] = K, shape[2] = W, *typenum = NPY_UINT16;
     } else {
         shape[1] = (K + 31) / 32, shape[2] = 34 * W, *typenum = NPY_UINT8;
@@ -1383,9 +1383,9 @@ static void narrow_shape(int format, npy_intp K, npy_intp N, npy_intp shape[3], 
 static int get_format(PyObject *obj, int *format) {
     Py_ssize_t f = -1;
     if (get_ssize(obj, "format", &f)) return -1;
-    if (f != MHA_WEIGHTS_BF16 && f != MHA_WEIGHTS_Q8_0) {
-        PyErr_Format(PyExc_ValueError, "format must be %d (bfloat16) or %d (q8_0), got %zd",
-                     MHA_WEIGHTS_BF16, MHA_WEIGHTS_Q8_0, f);
+    if (f != MHA_WEIGHTS_BF16 && f != MHA_WEIGHTS_Q8_0 && f != MHA_WEIGHTS_F16) {
+        PyErr_Format(PyExc_ValueError, "format must be %d (bfloat16), %d (q8_0) or %d (float16), got %zd",
+                     MHA_WEIGHTS_BF16, MHA_WEIGHTS_Q8_0, MHA_WEIGHTS_F16, f);
         return -1;
     }
     *format = (int)f;
@@ -1396,10 +1396,11 @@ static const char *const pack_weight_narrow_kw[] = {"b", "format", "trans_b", NU
 static call_spec pack_weight_narrow_spec = {"pack_weight_narrow", pack_weight_narrow_kw, 2, {NULL}};
 
 /* pack_weight_narrow(b, format, trans_b=False) -> op(b) (K, N) packed for linear_narrow in
- * format 1 (bfloat16: (P, K, W) uint16) or 2 (q8_0: (P, ceil(K / 32), 34 W) uint8), W the
- * float32 panel width. b: float32 (K, N), or (N, K) with trans_b; for bfloat16 also uint16 raw
- * bfloat16 bits (kept as they are); for q8_0 also uint8 ggml blocks (N, ceil(K / 32) * 34)
- * with trans_b=True (a GGUF tensor's rows: K = 32 * blocks). */
+ * format 1 (bfloat16: (P, K, W) uint16), 2 (q8_0: (P, ceil(K / 32), 34 W) uint8) or 3
+ * (float16: (P, K, W) uint16), W the float32 panel width. b: float32 (K, N), or (N, K) with
+ * trans_b; for bfloat16 and float16 also uint16 raw bits of the format (kept as they are);
+ * for q8_0 also uint8 ggml blocks (N, ceil(K / 32) * 34) with trans_b=True (a GGUF tensor's
+ * rows: K = 32 * blocks). */
 static PyObject *py_pack_weight_narrow(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     (void)self;
     PyObject *arg[MAX_PARAMS];
@@ -1413,11 +1414,12 @@ static PyObject *py_pack_weight_narrow(PyObject *self, PyObject *const *args, Py
         return NULL;
     }
     const int bt = PyArray_TYPE((PyArrayObject *)b_obj);
-    const int src = bt == NPY_FLOAT32 ? 0 : format == MHA_WEIGHTS_BF16 && bt == NPY_UINT16 ? 1
+    const int src = bt == NPY_FLOAT32 ? 0 : format != MHA_WEIGHTS_Q8_0 && bt == NPY_UINT16 ? 1
                   : format == MHA_WEIGHTS_Q8_0 && bt == NPY_UINT8 ? 2 : -1;
     if (src < 0) {
         PyErr_Format(PyExc_TypeError, "b must be float32%s, not %S", format == MHA_WEIGHTS_BF16 ?
-                     " or uint16 (bfloat16 bits)" : " or uint8 (ggml's Q8_0 blocks)",
+                     " or uint16 (bfloat16 bits)" : format == MHA_WEIGHTS_F16 ? " or uint16 (float16 bits)"
+                     : " or uint8 (ggml's Q8_0 blocks)",
                      (PyObject *)PyArray_DESCR((PyArrayObject *)b_obj));
         return NULL;
     }
@@ -1442,8 +1444,10 @@ static PyObject *py_pack_weight_narrow(PyObject *self, PyObject *const *args, Py
     Py_BEGIN_ALLOW_THREADS
     if (src == 0)
         err = mha_pack_weight_fmt_f32(PyArray_DATA(p), format, PyArray_DATA(b), PyArray_DIM(b, 1), tb, K, N);
-    else if (src == 1)
+    else if (src == 1 && format == MHA_WEIGHTS_BF16)
         err = mha_pack_weight_bf16_bits_f32(PyArray_DATA(p), PyArray_DATA(b), PyArray_DIM(b, 1), tb, K, N);
+    else if (src == 1)
+        err = mha_pack_weight_f16_bits_f32(PyArray_DATA(p), PyArray_DATA(b), PyArray_DIM(b, 1), tb, K, N);
     else
         err = mha_pack_weight_q8_0_blocks_f32(PyArray_DATA(p), PyArray_DATA(b), K, N);
     Py_END_ALLOW_THREADS
@@ -2195,7 +2199,7 @@ static PyMethodDef methods[] = {
     {"pack_weight", (PyCFunction)(void (*)(void))py_pack_weight, METH_FASTCALL | METH_KEYWORDS,
      "pack_weight(b, trans_b=False) -> op(b) (K, N) packed whole for linear: (ceil(N / W), K, W)"},
     {"pack_weight_narrow", (PyCFunction)(void (*)(void))py_pack_weight_narrow, METH_FASTCALL | METH_KEYWORDS,
-     "pack_weight_narrow(b, format, trans_b=False) -> op(b) packed in format 1 (bfloat16) or 2 (q8_0)"},
+     "pack_weight_narrow(b, format, trans_b=False) -> op(b) packed in format 1 (bfloat16), 2 (q8_0) or 3 (float16)"},
     {"linear_narrow", (PyCFunction)(void (*)(void))py_linear_narrow, METH_FASTCALL | METH_KEYWORDS,
      "linear_narrow(a, packed, format, columns, bias=None, act=0, out=None, accumulate=True)"},
     {"activation", (PyCFunction)(void (*)(void))py_activation, METH_FASTCALL | METH_KEYWORDS,

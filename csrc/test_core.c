@@ -1035,16 +1035,16 @@ static void test_narrow_conversions(void) {
 /* op(B) (K, NB) as the packing holds it, decoded from mha.h's layout in plain loops. */
 static void decode_packed(float *W, int fmt, const unsigned char *packed, int64_t K, int64_t NB,
                           int64_t width) {
-    const size_t ps = fmt == MHA_WEIGHTS_BF16 ? (size_t)(K * width * 2)
+    const size_t ps = fmt != MHA_WEIGHTS_Q8_0 ? (size_t)(K * width * 2)
                                               : (size_t)((K + 31) / 32 * 34 * width);
     for (int64_t j = 0; j < NB; j++) {
         const unsigned char *panel = packed + (size_t)(j / width) * ps;
         const int64_t c = j % width;
         for (int64_t p = 0; p < K; p++) {
             uint16_t h;
-            if (fmt == MHA_WEIGHTS_BF16) {
+            if (fmt != MHA_WEIGHTS_Q8_0) {
                 memcpy(&h, panel + 2 * (size_t)(p * width + c), 2);
-                W[p * NB + j] = mha_bf16_to_float(h);
+                W[p * NB + j] = fmt == MHA_WEIGHTS_BF16 ? mha_bf16_to_float(h) : mha_half_to_float(h);
             } else {
                 const unsigned char *blk = panel + (size_t)(p / 32 * 34 * width);
                 memcpy(&h, blk + 2 * c, 2);
@@ -1054,7 +1054,11 @@ static void decode_packed(float *W, int fmt, const unsigned char *packed, int64_
     }
 }
 
-/* mha_linear_packed_fmt: bfloat16 and Q8_0 packings of op(B) as it is and transposed, plain,
+static const char *format_name(int fmt) {
+    return fmt == MHA_WEIGHTS_BF16 ? "bf16" : fmt == MHA_WEIGHTS_F16 ? "f16" : "q8_0";
+}
+
+/* mha_linear_packed_fmt: bfloat16, half and Q8_0 packings of op(B) as it is and transposed, plain,
  * gated, residual, with bias; M = 1 (decode) to several blocks; K not a multiple of 32, one
  * slice and three (K = 700). Each product bitwise equal to mha_linear_packed on the weights
  * decoded from the packing, and within float rounding of a double loop on them; the packing
@@ -1062,10 +1066,10 @@ static void decode_packed(float *W, int fmt, const unsigned char *packed, int64_
  * block's d = half(max |x| / 127), its padding zero. */
 static void test_linear_packed_narrow(void) {
     char what[128];
-    const int64_t Ms[] = {1, 2, 7, 300}, Ks[] = {70, 64, 700}, N = 45;
+    const int64_t Ms[] = {1, 2, 4, 7, 16, 17, 300}, Ks[] = {70, 64, 700}, N = 45;
     int64_t width = 0;
     mha_pack_width_f32(&width);
-    for (int fmt = MHA_WEIGHTS_BF16; fmt <= MHA_WEIGHTS_Q8_0; fmt++)
+    for (int fmt = MHA_WEIGHTS_BF16; fmt <= MHA_WEIGHTS_F16; fmt++)
         for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++)
             for (int mode = 0; mode < 4; mode++) { /* B, B transposed, gated, residual */
                 const int64_t K = Ks[ki], NB = mode == 2 ? 2 * N : N;
@@ -1091,6 +1095,9 @@ static void test_linear_packed_narrow(void) {
                         if (fmt == MHA_WEIGHTS_BF16) {
                             bad += w != mha_bf16_to_float(mha_float_to_bf16(b));
                             bad += fabsf(w - b) > fabsf(b) * 0x1.0p-8f;
+                        } else if (fmt == MHA_WEIGHTS_F16) {
+                            bad += w != mha_half_to_float(mha_float_to_half(b));
+                            bad += fabsf(w - b) > fabsf(b) * 0x1.0p-11f + 0x1.0p-25f;
                         } else {
                             float amax = 0;
                             for (int64_t r = p / 32 * 32; r < MHA_MIN(K, p / 32 * 32 + 32); r++)
@@ -1102,21 +1109,22 @@ static void test_linear_packed_narrow(void) {
                             bad += fabsf(w - b) > (0.5f + 127 * 0x1.0p-11f) * d * (1 + 1e-3f);
                         }
                     }
-                const size_t ps = fmt == MHA_WEIGHTS_BF16 ? (size_t)(K * width * 2) : (size_t)((K + 31) / 32 * 34 * width);
+                const size_t ps = fmt != MHA_WEIGHTS_Q8_0 ? (size_t)(K * width * 2) : (size_t)((K + 31) / 32 * 34 * width);
                 if (fmt == MHA_WEIGHTS_Q8_0 && K % 32) /* the last block's padded rows */
                     for (int64_t pn = 0; pn < panels; pn++)
                         for (int64_t r = K % 32; r < 32; r++)
                             for (int64_t c = 0; c < width; c++)
                                 bad += packed[(size_t)pn * ps + (size_t)(K / 32 * 34 * width) + (size_t)(2 * width + r * width + c)] != 0;
-                snprintf(what, sizeof what, "pack %s K=%lld mode=%d (values off)",
-                         fmt == MHA_WEIGHTS_BF16 ? "bf16" : "q8_0", (long long)K, mode);
+                snprintf(what, sizeof what, "pack %s K=%lld mode=%d (values off)", format_name(fmt), (long long)K, mode);
                 expect(!err && bad == 0 && bytes == ps * (size_t)panels, what, (double)bad, 0);
                 /* raw bits / ggml blocks give the same bytes */
-                if (fmt == MHA_WEIGHTS_BF16) {
+                if (fmt != MHA_WEIGHTS_Q8_0) {
                     uint16_t *bits = malloc(sizeof(uint16_t) * (size_t)(K * NB));
-                    for (int64_t i = 0; i < K * NB; i++) bits[i] = mha_float_to_bf16(B[i]);
+                    for (int64_t i = 0; i < K * NB; i++)
+                        bits[i] = fmt == MHA_WEIGHTS_BF16 ? mha_float_to_bf16(B[i]) : mha_float_to_half(B[i]);
                     memset(again, 0xAB, bytes);
-                    err = mha_pack_weight_bf16_bits_f32(again, bits, ldb, tb, K, NB);
+                    err = fmt == MHA_WEIGHTS_BF16 ? mha_pack_weight_bf16_bits_f32(again, bits, ldb, tb, K, NB)
+                                                  : mha_pack_weight_f16_bits_f32(again, bits, ldb, tb, K, NB);
                     free(bits);
                 } else {
                     const int64_t nblk = (K + 31) / 32;
@@ -1132,9 +1140,8 @@ static void test_linear_packed_narrow(void) {
                     err = mha_pack_weight_q8_0_blocks_f32(again, blocks, K, NB);
                     free(blocks);
                 }
-                snprintf(what, sizeof what, "pack %s from %s K=%lld mode=%d: same bytes",
-                         fmt == MHA_WEIGHTS_BF16 ? "bf16" : "q8_0",
-                         fmt == MHA_WEIGHTS_BF16 ? "raw bits" : "ggml blocks", (long long)K, mode);
+                snprintf(what, sizeof what, "pack %s from %s K=%lld mode=%d: same bytes", format_name(fmt),
+                         fmt != MHA_WEIGHTS_Q8_0 ? "raw bits" : "ggml blocks", (long long)K, mode);
                 expect(!err && memcmp(again, packed, bytes) == 0, what, 1, 0);
                 err = mha_pack_weight_f32(Wp, W, NB, 0, K, NB);
                 for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
@@ -1164,37 +1171,93 @@ static void test_linear_packed_narrow(void) {
                         differ += memcmp(C + i, want + i, sizeof(float)) != 0;
                         e = MHA_MAX(e, fabs(C[i] - naive[i]) / scale);
                     }
-                    snprintf(what, sizeof what, "linear packed %s M=%lld K=%lld mode=%d (elements differing from f32 packed)",
-                             fmt == MHA_WEIGHTS_BF16 ? "bf16" : "q8_0", (long long)M, (long long)K, mode);
-                    expect(!err && differ == 0, what, (double)differ, 0);
+                    /* Q8_0 on up to 16 rows sums each block's a * q before its scale (mha.h): within
+                     * float rounding of the float32 product, not bitwise */
+                    if (fmt == MHA_WEIGHTS_Q8_0 && M <= 16) {
+                        double ef = 0;
+                        for (int64_t i = 0; i < M * N; i++) ef = MHA_MAX(ef, fabs((double)C[i] - want[i]) / scale);
+                        snprintf(what, sizeof what, "linear packed %s M=%lld K=%lld mode=%d vs f32 packed",
+                                 format_name(fmt), (long long)M, (long long)K, mode);
+                        expect(!err && ef <= 4e-6, what, ef, 4e-6);
+                    } else {
+                        snprintf(what, sizeof what, "linear packed %s M=%lld K=%lld mode=%d (elements differing from f32 packed)",
+                                 format_name(fmt), (long long)M, (long long)K, mode);
+                        expect(!err && differ == 0, what, (double)differ, 0);
+                    }
                     snprintf(what, sizeof what, "linear packed %s M=%lld K=%lld mode=%d vs double loop",
-                             fmt == MHA_WEIGHTS_BF16 ? "bf16" : "q8_0", (long long)M, (long long)K, mode);
-                    expect(!err && e <= 2e-5, what, e, 2e-5);
+                             format_name(fmt), (long long)M, (long long)K, mode);
+                    expect(!err && e <= 5e-6, what, e, 5e-6);
                     free(A), free(want), free(C), free(naive);
                 }
                 free(B), free(bias), free(W), free(Wp), free(packed), free(again);
             }
-    /* double compute from a Q8_0 packing of the f64 path, against a double loop */
-    const int64_t M = 5, K = 97, Nd = 21;
-    double *A = random_array((size_t)(M * K)), *B = random_array((size_t)(K * Nd));
-    double *C = malloc(sizeof(double) * (size_t)(M * Nd));
+    /* every half (K = 1, N = 65536, A = 1: C = 0 + 1 * w) through both widenings, float and
+     * double: each exactly mha_half_to_float, infinities and subnormals included, NaN a NaN */
+    {
+        const int64_t Nh = 65536;
+        uint16_t *bits = malloc(sizeof(uint16_t) * (size_t)Nh);
+        for (int64_t j = 0; j < Nh; j++) bits[j] = (uint16_t)j;
+        for (int mi = 0; mi < 2; mi++) {
+            const int64_t Mh = mi ? 20 : 1; /* registers, then the buffer */
+            size_t hb = 0, bad = 0;
+            int herr = mha_packed_bytes_f32(MHA_WEIGHTS_F16, 1, Nh, &hb);
+            unsigned char *hp = malloc(hb);
+            float *ones = malloc(sizeof(float) * (size_t)Mh), *Ch = malloc(sizeof(float) * (size_t)(Mh * Nh));
+            double *ones_d = malloc(sizeof(double) * (size_t)Mh), *Cd = malloc(sizeof(double) * (size_t)(Mh * Nh));
+            for (int64_t i = 0; i < Mh; i++) ones[i] = 1, ones_d[i] = 1;
+            herr |= mha_pack_weight_f16_bits_f32(hp, bits, Nh, 0, 1, Nh);
+            herr |= mha_linear_packed_fmt_f32(Mh, Nh, 1, ones, 1, MHA_WEIGHTS_F16, hp, NULL, 0, 0, Ch, Nh);
+            free(hp);
+            herr |= mha_packed_bytes_f64(MHA_WEIGHTS_F16, 1, Nh, &hb);
+            hp = malloc(hb);
+            herr |= mha_pack_weight_f16_bits_f64(hp, bits, Nh, 0, 1, Nh);
+            herr |= mha_linear_packed_fmt_f64(Mh, Nh, 1, ones_d, 1, MHA_WEIGHTS_F16, hp, NULL, 0, 0, Cd, Nh);
+            for (int64_t i = 0; i < Mh; i++)
+                for (int64_t j = 0; j < Nh; j++) {
+                    const float w = mha_half_to_float((uint16_t)j) + 0.0f;
+                    const float got = Ch[i * Nh + j];
+                    const double got_d = Cd[i * Nh + j];
+                    if (isnan(w)) bad += !isnan(got) + !isnan(got_d);
+                    else bad += memcmp(&got, &w, sizeof w) != 0 || got_d != (double)w;
+                }
+            snprintf(what, sizeof what, "every half widened exactly, M=%lld (float and double)", (long long)Mh);
+            expect(!herr && bad == 0, what, (double)bad, 0);
+            free(hp), free(ones), free(Ch), free(ones_d), free(Cd);
+        }
+        free(bits);
+    }
+    /* double compute from every narrow packing of the f64 path, against a double loop; M = 5
+     * in registers, M = 40 through the buffer */
+    const int64_t K = 97, Nd = 21;
+    double *A = random_array((size_t)(40 * K)), *B = random_array((size_t)(K * Nd));
+    double *C = malloc(sizeof(double) * (size_t)(40 * Nd));
     float *W = malloc(sizeof(float) * (size_t)(K * Nd));
     size_t bytes = 0;
     int64_t wd = 0;
     mha_pack_width_f64(&wd);
-    int err = mha_packed_bytes_f64(MHA_WEIGHTS_Q8_0, K, Nd, &bytes);
+    int err = 0;
+    for (int fmt = MHA_WEIGHTS_BF16; fmt <= MHA_WEIGHTS_F16; fmt++) { /* room for the largest */
+        size_t b = 0;
+        err |= mha_packed_bytes_f64(fmt, K, Nd, &b);
+        bytes = MHA_MAX(bytes, b);
+    }
     unsigned char *packed = malloc(bytes);
-    err |= mha_pack_weight_fmt_f64(packed, MHA_WEIGHTS_Q8_0, B, Nd, 0, K, Nd);
-    decode_packed(W, MHA_WEIGHTS_Q8_0, packed, K, Nd, wd);
-    err |= mha_linear_packed_fmt_f64(M, Nd, K, A, K, MHA_WEIGHTS_Q8_0, packed, NULL, MHA_ACT_GELU, 0, C, Nd);
-    double e = 0;
-    for (int64_t i = 0; i < M; i++)
-        for (int64_t j = 0; j < Nd; j++) {
-            double g = 0;
-            for (int64_t p = 0; p < K; p++) g += A[i * K + p] * W[p * Nd + j];
-            e = MHA_MAX(e, fabs(C[i * Nd + j] - act_naive(MHA_ACT_GELU, g)));
+    for (int fmt = MHA_WEIGHTS_BF16; fmt <= MHA_WEIGHTS_F16; fmt++)
+        for (int64_t M = 5; M <= 40; M += 35) {
+            err |= mha_pack_weight_fmt_f64(packed, fmt, B, Nd, 0, K, Nd);
+            decode_packed(W, fmt, packed, K, Nd, wd);
+            err |= mha_linear_packed_fmt_f64(M, Nd, K, A, K, fmt, packed, NULL, MHA_ACT_GELU, 0, C, Nd);
+            double e = 0;
+            for (int64_t i = 0; i < M; i++)
+                for (int64_t j = 0; j < Nd; j++) {
+                    double g = 0;
+                    for (int64_t p = 0; p < K; p++) g += A[i * K + p] * W[p * Nd + j];
+                    e = MHA_MAX(e, fabs(C[i * Nd + j] - act_naive(MHA_ACT_GELU, g)));
+                }
+            snprintf(what, sizeof what, "linear packed %s f64, GELU, M=%lld", format_name(fmt), (long long)M);
+            expect(!err && e <= 1e-12, what, e, 1e-12);
         }
-    expect(!err && e <= 1e-12, "linear packed q8_0 f64, GELU", e, 1e-12);
+    const int64_t M = 5;
     /* refusals */
     expect(mha_packed_bytes_f32(7, K, Nd, &bytes) == MHA_EINVAL, "packed_bytes: unknown format refused", 0, 0);
     expect(mha_pack_weight_fmt_f64(packed, 7, B, Nd, 0, K, Nd) == MHA_EINVAL, "pack_weight_fmt: unknown format refused", 0, 0);

@@ -99,8 +99,9 @@ def linear(
 ) -> _Array: ...
 # op(b) (K, N) packed whole for linear: (ceil(N / W), K, W), W the SIMD path's panel width
 def pack_weight(b: ArrayLike, trans_b: bool = False) -> _Array: ...
-# op(b) packed in format 1 (bfloat16: (P, K, W) uint16) or 2 (q8_0: (P, ceil(K / 32), 34 W)
-# uint8) for linear_narrow; b float32, or uint16 bfloat16 bits, or uint8 ggml Q8_0 blocks
+# op(b) packed in format 1 (bfloat16: (P, K, W) uint16), 2 (q8_0: (P, ceil(K / 32), 34 W)
+# uint8) or 3 (float16: (P, K, W) uint16) for linear_narrow; b float32, or uint16 bfloat16 /
+# float16 bits, or uint8 ggml Q8_0 blocks
 def pack_weight_narrow(b: ArrayLike, format: int, trans_b: bool = False) -> _Array: ...
 def linear_narrow(
     a: ArrayLike, packed: ArrayLike, format: int, columns: int, bias: ArrayLike | None = None,

@@ -135,22 +135,22 @@ def matmul(a, b, *, trans_a=False, trans_b=False) -> np.ndarray:
 
 # Packed weight formats (mha.h: mha_weight_format): None is the compute dtype itself
 # (pack_weight's (P, K, W) of float32/float64); the narrow ones are read by the float32 GEMM.
-WEIGHT_FORMATS = {"bfloat16": 1, "q8_0": 2}
+WEIGHT_FORMATS = {"bfloat16": 1, "q8_0": 2, "float16": 3}
 
 
 def _format_code(format) -> int:
     try:
         return WEIGHT_FORMATS[format]
     except (KeyError, TypeError):
-        raise ValueError(f'format must be None, "bfloat16" or "q8_0", got {format!r}') from None
+        raise ValueError(f'format must be None, "bfloat16", "float16" or "q8_0", got {format!r}') from None
 
 
 def linear(a, b, *, bias=None, act=0, trans_b=False, out=None, columns=None,
            accumulate=True, format=None) -> np.ndarray:
     """act(a @ op(b) + bias), or ``out += a @ op(b) + bias`` in place with out (act 0), or
     written into out with ``accumulate=False``; b (K, N) or (N, K) with trans_b, or
-    `pack_weight`'s (P, K, W) with columns = N; with format ("bfloat16", "q8_0"), b is
-    `pack_weight(..., format=format)`'s packing, a float32, columns = N."""
+    `pack_weight`'s (P, K, W) with columns = N; with format ("bfloat16", "float16", "q8_0"),
+    b is `pack_weight(..., format=format)`'s packing, a float32, columns = N."""
     if format is not None:
         if trans_b:
             raise ValueError("a packed b (format=...) takes trans_b=False: the packing absorbed it")
@@ -163,12 +163,18 @@ def linear(a, b, *, bias=None, act=0, trans_b=False, out=None, columns=None,
 def pack_weight(b, *, trans_b=False, format=None) -> np.ndarray:
     """op(b) (K, N) packed whole for `linear`: (ceil(N / W), K, W), W the SIMD path's width.
     format="bfloat16": (P, K, W) uint16 (b float32, rounded to nearest even, or uint16 raw
-    bfloat16 bits, kept); format="q8_0": (P, ceil(K / 32), 34 W) uint8, ggml's Q8_0 blocks per
-    column (b float32, quantised as ggml's quantize_row_q8_0_ref, or uint8 ggml blocks (N,
-    blocks * 34) with trans_b=True, kept). W: `pack_width()`, float32's."""
+    bfloat16 bits, kept); format="float16": (P, K, W) uint16 of IEEE half bits (b float32 or
+    float64, rounded to nearest even, or float16 / uint16 half bits, kept); format="q8_0":
+    (P, ceil(K / 32), 34 W) uint8, ggml's Q8_0 blocks per column (b float32, quantised as
+    ggml's quantize_row_q8_0_ref, or uint8 ggml blocks (N, blocks * 34) with trans_b=True,
+    kept). W: `pack_width()`, float32's."""
     if format is not None:
         code = _format_code(format)
-        if isinstance(b, np.ndarray) and b.dtype == np.float64:
+        if format == "float16" and isinstance(b, np.ndarray) and b.dtype in (np.float64, np.float16):
+            # float64 rounded once, straight to half (through float32 would round twice)
+            with np.errstate(over="ignore"):        # beyond float16's range: infinity
+                b = np.ascontiguousarray(b.astype(np.float16, copy=False)).view(np.uint16)
+        elif isinstance(b, np.ndarray) and b.dtype == np.float64:
             b = b.astype(np.float32)
         return _C.pack_weight_narrow(b=b, format=code, trans_b=trans_b)
     return _C.pack_weight(b=b, trans_b=trans_b)
