@@ -771,8 +771,20 @@ static void FN(gemm_block_task)(void *ctx, int64_t task, int thread) {
 
 /* Task: the epilogue of a block of EPILOGUE_ROWS finished rows. */
 #define EPILOGUE_ROWS 8
-#define NARROW_WORK_PER_WEIGHT 16.0 /* flops a weight's streaming is worth (gemm_auto_nw) */
-#define NARROW_REG_ROWS 16          /* up to this many rows, narrow weights widen in registers */
+/* What streaming one weight from memory is worth in flops, for the thread rule (gemm_auto_nw):
+ * one thread's decode step (M = 1, from DRAM, widened in registers) reads about 11 G bfloat16
+ * or float16 weights a second and 16 G Q8_0 weights (benchmarks/narrow_gemm.py, AVX-512), where
+ * the same thread's GEMM runs about 90 Gflop/s: 8 and 6 flops a weight, the product's own
+ * 2 among them. */
+#define NARROW_WORK_PER_WEIGHT_16 6.0 /* bfloat16, float16 */
+#define NARROW_WORK_PER_WEIGHT_Q8 4.0 /* Q8_0 */
+/* Up to this many rows, narrow weights widen in registers (micro_tile_nw); beyond, through
+ * the buffer, which widens each panel slice once for all the rows instead of once per MR rows.
+ * Measured crossovers (benchmarks/narrow_gemm.py, SmolLM2's shapes): with 32 vector registers
+ * (AVX-512) the registers win up to 256 rows; with 16 (AVX2) the buffer wins from 17. */
+#ifndef NARROW_REG_ROWS
+#define NARROW_REG_ROWS (MHA_VEC_REGS >= 32 ? 64 : 16)
+#endif
 static void FN(gemm_epilogue_task)(void *ctx, int64_t task, int thread) {
     const FN(gemm_job) *g = ctx;
     (void)thread;
@@ -1063,8 +1075,12 @@ static int FN(gemm_auto_nw)(int trans_a, int trans_b, int64_t M, int64_t K, real
     double work = 2.0 * (double)M * cols * (double)FN(gemm_kc)(K);
     /* A narrow weight is packed whole (no barrier between slices) and its product reads it
      * once per row block: a decode step's few rows are bound by those bytes, not by the
-     * flops, so its threads are chosen by the whole product plus a cost per weight. */
-    if (nw) work = 2.0 * (double)M * cols * (double)K + NARROW_WORK_PER_WEIGHT * cols * (double)K;
+     * flops, so its threads are chosen by the whole product plus a cost per weight. A
+     * second thread then comes with some 2 x 4e6 flops of one thread's work (about 90 us):
+     * a decode step's 960 x 960 product stays on one thread, 2560 x 960 takes two. */
+    if (nw)
+        work = 2.0 * (double)M * cols * (double)K +
+               (nw->fmt == MHA_WEIGHTS_Q8_0 ? NARROW_WORK_PER_WEIGHT_Q8 : NARROW_WORK_PER_WEIGHT_16) * cols * (double)K;
     return FN(gemm_run)(trans_a, trans_b, M, K, alpha, A, lda, beta, outs, n_out, NULL,
                         mha_threads_for(work), ep, nw);
 }
@@ -1113,6 +1129,7 @@ static int FN(mha_gemm_shared_a)(int64_t M, int64_t K, const real *A, int64_t ld
 #undef GEMM_MAX_OUTS
 #undef ACT_CHUNK
 #undef EPILOGUE_ROWS
-#undef NARROW_WORK_PER_WEIGHT
+#undef NARROW_WORK_PER_WEIGHT_16
+#undef NARROW_WORK_PER_WEIGHT_Q8
 #undef NARROW_REG_ROWS
 #undef NW_VECTORS

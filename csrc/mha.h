@@ -259,14 +259,15 @@ enum mha_activation {
  *                       quantisation sees only the K - 32 floor(K / 32) real values, its padded
  *                       q are 0). 34/32 = 1.0625 bytes a weight. Quantised from T (via float)
  *                       as ggml's quantize_row_q8_0_ref (narrow.h), or taken from ggml's blocks.
- * With up to 16 rows of A (decode steps) the micro-kernel widens (dequantises) each row of a
- * panel in registers as it reads it, each panel read front to back; with more, one panel
+ * With few rows of A (up to 16, or 64 on a path with 32 vector registers: decode steps and
+ * short prompts) the micro-kernel widens (dequantises) each row of a panel in registers as it
+ * reads it, each panel read front to back; with more, one panel
  * slice of at most 256 x W (K <= 640: the whole axis) at a time is widened into a per-thread
  * buffer of T that the micro-kernel then reads once per block of rows. Either way the product
  * equals, bit for bit, mha_linear_packed on the widened weights (every widening is exact),
- * except Q8_0 on up to 16 rows: there each block's 32 products a * q are summed before the
- * block's scale multiplies them (one multiplication a block instead of one a weight), which
- * rounds differently, within float rounding of the same product. */
+ * except Q8_0 with few rows: there a micro-tile of up to 3 rows sums each block's 32 products
+ * a * q before the block's scale multiplies them (one multiplication a block instead of one a
+ * weight), which rounds differently, within float rounding of the same product. */
 enum mha_weight_format {
     MHA_WEIGHTS_NATIVE = 0,
     MHA_WEIGHTS_BF16 = 1,
