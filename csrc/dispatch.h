@@ -68,6 +68,10 @@
       (int64_t M, int64_t N, int64_t K, const T *A, int64_t lda, int format,                   \
        const void *packed, const T *bias, int act, T beta, T *C, int64_t ldc),                 \
       (M, N, K, A, lda, format, packed, bias, act, beta, C, ldc))                              \
+    X(mha_linear_transposed_fmt_##SFX,                                                         \
+      (int64_t M, int64_t N, int64_t K, const T *A, int64_t lda, int format,                   \
+       const void *packed, T beta, T *C, int64_t ldc),                                         \
+      (M, N, K, A, lda, format, packed, beta, C, ldc))                                         \
     X(mha_activation_##SFX,                                                                    \
       (T *y, int64_t ldy, const T *x, int64_t ldx, int64_t rows, int64_t n, int act),          \
       (y, ldy, x, ldx, rows, n, act))                                                          \

@@ -1112,6 +1112,71 @@ static int FN(mha_gemm_shared_a)(int64_t M, int64_t K, const real *A, int64_t ld
     return FN(gemm_auto)(0, 0, M, K, 1, A, lda, 0, outs, n_out, NULL);
 }
 
+/* Task: rows [pc, pc + kc) of one panel of a packing, widened, into the chunk buffer's
+ * columns of that panel: wc[p - pc][j] = op(B)[p][j] (kc x N). */
+typedef struct {
+    int fmt;
+    const unsigned char *packed;
+    size_t panel_bytes;
+    int64_t K, N, pc, kc;
+    real *wc, *tmp; /* tmp: kc x NR per thread */
+} FN(unpack_job);
+
+static void FN(unpack_task)(void *ctx, int64_t panel, int thread) {
+    const FN(unpack_job) *j = ctx;
+    const int64_t j0 = panel * NR, n = MHA_MIN(NR, j->N - j0);
+    const unsigned char *src = j->packed + (size_t)panel * j->panel_bytes;
+    const real *rows;
+    if (j->fmt == MHA_WEIGHTS_NATIVE) {
+        rows = (const real *)(const void *)src + j->pc * NR;
+    } else {
+        real *tmp = j->tmp + (size_t)thread * (size_t)(j->kc * NR);
+        FN(widen_slice)(tmp, j->fmt, src, j->pc, j->kc);
+        rows = tmp;
+    }
+    for (int64_t p = 0; p < j->kc; p++) memcpy(j->wc + p * j->N + j0, rows + p * NR, (size_t)n * sizeof(real));
+}
+
+/* mha.h: mha_linear_transposed_fmt. op(B) (K, N) packed in format; C (M, K) = A (M, N) @
+ * op(B)^T + beta * C. Chunks of the packing's rows (op(B)'s rows p, a multiple of 32 each
+ * but the last) are widened into a buffer of kc x N, then C[:, chunk] comes from the GEMM on
+ * it (B transposed); chunks of about 1 MiB, so that the buffer stays in the caches. */
+static int FN(mha_linear_transposed_fmt)(int64_t M, int64_t N, int64_t K, const real *A, int64_t lda,
+                                         int format, const void *packed, real beta, real *C,
+                                         int64_t ldc) {
+    if (M < 0 || N < 0 || K < 0 || (format != MHA_WEIGHTS_NATIVE && !FN(narrow_fmt)(format)) ||
+        (M > 0 && K > 0 && (!A || !C || ldc < K || lda < N || (N > 0 && !packed))))
+        return MHA_EINVAL;
+    if (M == 0 || K == 0) return MHA_OK;
+    if (N == 0) {
+        FN(scale_c)(M, K, beta, NULL, C, ldc);
+        return MHA_OK;
+    }
+    const int64_t panels = (N + NR - 1) / NR;
+    int64_t kc = (int64_t)(((size_t)1 << 20) / sizeof(real)) / N / MHA_Q8_0_BLOCK * MHA_Q8_0_BLOCK;
+    kc = MHA_MIN(MHA_MAX(kc, MHA_Q8_0_BLOCK), (K + MHA_Q8_0_BLOCK - 1) / MHA_Q8_0_BLOCK * MHA_Q8_0_BLOCK);
+    const int threads = mha_threads_for(4.0 * (double)kc * (double)N);
+    int ok = 1;
+    size_t elems = mha_mul_size((size_t)kc, (size_t)N, &ok);
+    elems += mha_mul_size(mha_mul_size((size_t)kc, NR, &ok), (size_t)threads, &ok);
+    size_t bytes = mha_mul_size(elems, sizeof(real), &ok);
+    real *buf = ok ? mha_alloc(bytes) : NULL;
+    if (!buf) return MHA_ENOMEM;
+    FN(unpack_job) job = {format, packed, format == MHA_WEIGHTS_NATIVE ? (size_t)K * NR * sizeof(real)
+                                                                       : FN(narrow_panel_bytes)(format, K),
+                          K, N, 0, 0, buf, buf + (size_t)kc * (size_t)N};
+    int err = MHA_OK;
+    for (int64_t pc = 0; pc < K && !err; pc += kc) {
+        job.pc = pc;
+        job.kc = MHA_MIN(kc, K - pc);
+        mha_parallel_for(threads, panels, 1, FN(unpack_task), &job);
+        const TY(mha_gemm_out) out = {buf, N, NULL, C + pc, ldc, job.kc, NULL};
+        err = FN(gemm_auto)(0, 1, M, N, 1, A, lda, beta, &out, 1, NULL);
+    }
+    mha_free(buf);
+    return err;
+}
+
 #if MHA_GNU_C
 #undef vreal
 #endif

@@ -334,6 +334,14 @@ enum mha_weight_format {
     int mha_linear_packed_fmt_##SFX(int64_t M, int64_t N, int64_t K, const T *A, int64_t lda, \
                                     int format, const void *packed, const T *bias, int act,   \
                                     T beta, T *C, int64_t ldc);                                \
+    /* The product with the transpose of such a packing (any format, MHA_WEIGHTS_NATIVE too): \
+     * C (M, K) = A (M, N) @ op(B)^T + beta * C, op(B) (K, N) as packed by mha_pack_weight_fmt \
+     * (N columns; the gradient of mha_linear_packed_fmt's input, dA = dC @ op(B)^T). The      \
+     * packing is widened a chunk of its rows at a time (about 1 MiB of T), each chunk then    \
+     * the GEMM's B; within float rounding of the product on the widened weights. */           \
+    int mha_linear_transposed_fmt_##SFX(int64_t M, int64_t N, int64_t K, const T *A,           \
+                                        int64_t lda, int format, const void *packed, T beta,   \
+                                        T *C, int64_t ldc);                                    \
     /* y = act(x) on rows of n (gated: x rows of 2n, y = act(gate) * up). y may be x (same    \
      * leading dimension); otherwise they must not overlap. */                                 \
     int mha_activation_##SFX(T *y, int64_t ldy, const T *x, int64_t ldx, int64_t rows,        \

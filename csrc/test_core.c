@@ -1267,6 +1267,68 @@ static void test_linear_packed_narrow(void) {
     free(A), free(B), free(C), free(W), free(packed);
 }
 
+/* mha_linear_transposed_fmt: C (M, K) = A (M, N) @ op(B)^T + beta C from every packing, float
+ * and double, against a double loop on the weights decoded from the packing (op(B) itself for
+ * the native packing); K across several chunks (K = 3000 at N = 130: chunks of 2016 floats).
+ * Measured: float 5.4e-7, double 1.3e-15 of the largest output. */
+static void test_linear_transposed(void) {
+    char what[128];
+    const int64_t Ms[] = {1, 5, 40}, Ks[] = {70, 3000}, Ns[] = {45, 130};
+    int64_t width = 0, wd = 0;
+    mha_pack_width_f32(&width);
+    mha_pack_width_f64(&wd);
+    for (int fmt = MHA_WEIGHTS_NATIVE; fmt <= MHA_WEIGHTS_F16; fmt++)
+        for (size_t ki = 0; ki < 2; ki++)
+            for (size_t ni = 0; ni < 2; ni++)
+                for (size_t mi = 0; mi < 3; mi++) {
+                    const int64_t K = Ks[ki], N = Ns[ni], M = Ms[mi];
+                    float *B = malloc(sizeof(float) * (size_t)(K * N)), *W = malloc(sizeof(float) * (size_t)(K * N));
+                    float *A = malloc(sizeof(float) * (size_t)(M * N)), *C = malloc(sizeof(float) * (size_t)(M * K));
+                    double *Bd = malloc(sizeof(double) * (size_t)(K * N)), *Ad = malloc(sizeof(double) * (size_t)(M * N));
+                    double *Cd = malloc(sizeof(double) * (size_t)(M * K)), *C0 = malloc(sizeof(double) * (size_t)(M * K));
+                    float *Wd = malloc(sizeof(float) * (size_t)(K * N));
+                    for (int64_t i = 0; i < K * N; i++) Bd[i] = randn() / sqrt((double)N), B[i] = (float)Bd[i];
+                    for (int64_t i = 0; i < M * N; i++) Ad[i] = randn(), A[i] = (float)Ad[i];
+                    for (int64_t i = 0; i < M * K; i++) C0[i] = randn(), C[i] = (float)C0[i], Cd[i] = C0[i];
+                    size_t bytes = 0, bytes_d = 0;
+                    int err = mha_packed_bytes_f32(fmt, K, N, &bytes) | mha_packed_bytes_f64(fmt, K, N, &bytes_d);
+                    unsigned char *packed = malloc(bytes), *packed_d = malloc(bytes_d);
+                    err |= mha_pack_weight_fmt_f32(packed, fmt, B, N, 0, K, N);
+                    err |= mha_pack_weight_fmt_f64(packed_d, fmt, Bd, N, 0, K, N);
+                    if (fmt == MHA_WEIGHTS_NATIVE) {
+                        memcpy(W, B, sizeof(float) * (size_t)(K * N));
+                    } else {
+                        decode_packed(W, fmt, packed, K, N, width);
+                        decode_packed(Wd, fmt, packed_d, K, N, wd);
+                    }
+                    const float beta = mi == 1 ? 1.0f : 0.0f;
+                    err |= mha_linear_transposed_fmt_f32(M, N, K, A, N, fmt, packed, beta, C, K);
+                    err |= mha_linear_transposed_fmt_f64(M, N, K, Ad, N, fmt, packed_d, beta, Cd, K);
+                    double e = 0, ed = 0, scale = 1;
+                    for (int64_t i = 0; i < M; i++)
+                        for (int64_t p = 0; p < K; p++) {
+                            double want = beta * C0[i * K + p], want_d = want;
+                            for (int64_t j = 0; j < N; j++) {
+                                want += (double)A[i * N + j] * W[p * N + j];
+                                want_d += Ad[i * N + j] * (fmt == MHA_WEIGHTS_NATIVE ? Bd[p * N + j] : (double)Wd[p * N + j]);
+                            }
+                            scale = MHA_MAX(scale, fabs(want));
+                            e = MHA_MAX(e, fabs(C[i * K + p] - want));
+                            ed = MHA_MAX(ed, fabs(Cd[i * K + p] - want_d));
+                        }
+                    snprintf(what, sizeof what, "linear_transposed %s M=%lld N=%lld K=%lld (float, double)",
+                             fmt == MHA_WEIGHTS_NATIVE ? "native" : format_name(fmt), (long long)M, (long long)N, (long long)K);
+                    expect(!err && e <= 5e-6 * scale && ed <= 1e-14 * scale, what, MHA_MAX(e, ed) / scale, 5e-6);
+                    free(B), free(W), free(A), free(C), free(Bd), free(Ad), free(Cd), free(C0), free(Wd);
+                    free(packed), free(packed_d);
+                }
+    float a = 1, c = 0;
+    expect(mha_linear_transposed_fmt_f32(1, 1, 1, &a, 1, 7, &a, 0, &c, 1) == MHA_EINVAL,
+           "linear_transposed: unknown format refused", 0, 0);
+    expect(mha_linear_transposed_fmt_f32(1, 1, 2, &a, 1, MHA_WEIGHTS_BF16, &a, 0, &c, 1) == MHA_EINVAL,
+           "linear_transposed: short ldc refused", 0, 0);
+}
+
 /* a residual added in place (beta = 1), B read transposed; act with beta != 0 refused */
 static void test_linear_residual(void) {
     const int64_t M = 50, Kr = 64, Nr = 33;
@@ -1942,6 +2004,7 @@ int main(int argc, char **argv) {
     test_linear_packed();
     test_narrow_conversions();
     test_linear_packed_narrow();
+    test_linear_transposed();
     test_linear_residual();
     test_activation_in_place();
     test_norms();

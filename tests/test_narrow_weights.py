@@ -232,3 +232,54 @@ def test_bad_input_raises_and_writes_nothing():
         R.dequantize_q8_0(np.zeros((2, 32), np.int8), np.zeros(3, np.float16))
     with pytest.raises(ValueError):
         RN.pack_weight(b, "int4", 16)
+
+
+# ---- the product with the packing's transpose (input gradients) --------------------------------
+
+@pytest.mark.parametrize("fmt", [None, "float64"] + FORMATS)
+@pytest.mark.parametrize("M,K,N", [(1, 70, 45), (5, 960, 320), (40, 3000, 130), (3, 33, 1)])
+def test_linear_transposed_against_float64(fmt, M, K, N):
+    """a @ op(b)^T from the packing, against the twin's float64 product on the widened weights
+    (measured: float32 <= 5.4e-7, float64 <= 1.3e-15 of the largest output, C tests)."""
+    rng = np.random.default_rng(M * K + N)
+    dtype = np.float64 if fmt == "float64" else np.float32
+    f = None if fmt in (None, "float64") else fmt
+    b = (rng.standard_normal((N, K)) / np.sqrt(N)).astype(dtype)
+    a = rng.standard_normal((M, N)).astype(dtype)
+    p = _core.pack_weight(b, trans_b=True, format=f)
+    width = p.shape[2] if f != "q8_0" else p.shape[2] // 34
+    want = RN.linear_transposed(a, p, f, N, rows=K)
+    got = _core.linear_transposed(a, p, columns=N, format=f, rows=K)
+    assert got.dtype == dtype and got.shape == (M, K)
+    tol = 1e-14 if dtype == np.float64 else 5e-6
+    assert np.max(np.abs(got - want)) <= tol * np.max(np.abs(want))
+    # the twin's unpacking is the weights the forward product reads
+    w = RN.unpack_weight(p, f, N, rows=K)
+    assert w.shape == (K, N) and width == _core.pack_width(dtype)
+    x = rng.standard_normal((2, K)).astype(dtype)
+    fwd = _core.linear(x, p, columns=N, format=f)
+    assert np.max(np.abs(fwd - x.astype(np.float64) @ w)) <= tol * np.max(np.abs(fwd)) * 10
+    # accumulate into out, or overwrite it
+    out = rng.standard_normal((M, K)).astype(dtype)
+    res = _core.linear_transposed(a, p, columns=N, format=f, rows=K, out=out.copy())
+    assert np.max(np.abs(res - (want + out))) <= tol * np.max(np.abs(want + out))
+    res = _core.linear_transposed(a, p, columns=N, format=f, rows=K, out=out.copy(), accumulate=False)
+    assert np.max(np.abs(res - want)) <= tol * np.max(np.abs(want))
+
+
+def test_linear_transposed_q8_0_padded_rows_and_bad_input():
+    rng = np.random.default_rng(9)
+    b = rng.standard_normal((20, 40)).astype(np.float32)          # op(b): K = 20 rows, N = 40
+    p = _core.pack_weight(b, format="q8_0")
+    a = rng.standard_normal((2, 40)).astype(np.float32)
+    full = _core.linear_transposed(a, p, columns=40, format="q8_0")  # K padded to 32: zeros after 20
+    assert full.shape == (2, 32) and np.all(full[:, 20:] == 0)
+    assert np.array_equal(_core.linear_transposed(a, p, columns=40, format="q8_0", rows=20), full[:, :20])
+    with pytest.raises(ValueError):
+        _core.linear_transposed(a, p, columns=41, format="q8_0")     # columns must be a's
+    with pytest.raises(TypeError, match="uint16 was expected"):
+        _core.linear_transposed(a, p, columns=40, format="bfloat16")  # another format's packing
+    with pytest.raises(ValueError):
+        _core.linear_transposed(a, p, columns=40, format="q8_0", rows=40)  # more rows than blocks
+    with pytest.raises(ValueError):
+        _core.linear_transposed(a, _core.pack_weight(b), columns=40, rows=21)   # native: K is 20

@@ -107,6 +107,11 @@ def linear_narrow(
     a: ArrayLike, packed: ArrayLike, format: int, columns: int, bias: ArrayLike | None = None,
     act: int = 0, out: _Array | None = None, accumulate: bool = True,
 ) -> _Array: ...
+# a @ op(b)^T (M, K) from a packing (format 0: pack_weight's, 1-3: pack_weight_narrow's)
+def linear_transposed(
+    a: ArrayLike, packed: ArrayLike, format: int, columns: int, rows: int | None = None,
+    out: _Array | None = None, accumulate: bool = True,
+) -> _Array: ...
 def activation(x: ArrayLike, act: int, out: _Array | None = None) -> _Array: ...
 def layer_norm(
     x: ArrayLike, gain: ArrayLike, bias: ArrayLike, eps: float, out: _Array | None = None,

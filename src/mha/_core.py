@@ -18,7 +18,7 @@ from . import _C
 
 __all__ = [
     "attention_forward", "attention_backward", "LayerContext", "layer_forward", "layer_backward", "matmul",
-    "linear", "pack_weight", "pack_width", "WEIGHT_FORMATS", "activation", "layer_norm", "rms_norm", "rope", "embedding",
+    "linear", "linear_transposed", "pack_weight", "pack_width", "WEIGHT_FORMATS", "activation", "layer_norm", "rms_norm", "rope", "embedding",
     "attention_flow",
     "linear_backward", "activation_backward", "layer_norm_backward", "rms_norm_backward",
     "rope_backward", "embedding_backward", "cross_entropy", "adam_step",
@@ -178,6 +178,20 @@ def pack_weight(b, *, trans_b=False, format=None) -> np.ndarray:
             b = b.astype(np.float32)
         return _C.pack_weight_narrow(b=b, format=code, trans_b=trans_b)
     return _C.pack_weight(b=b, trans_b=trans_b)
+
+
+def linear_transposed(a, packed, *, columns, format=None, rows=None, out=None,
+                      accumulate=True) -> np.ndarray:
+    """a @ op(b)^T: a (M, N) and op(b) (K, N) as `pack_weight` packed it (format None: a's
+    dtype, float32 or float64; "bfloat16", "float16", "q8_0": a float32), columns = N; gives
+    (M, K), the input gradient of `linear` (dx = dy @ W^T) read from the one packed copy.
+    rows: K (default: the packing's, for q8_0 ceil(K / 32) * 32, its padded rows giving
+    zeros). out: added into (accumulate) or overwritten."""
+    code = 0 if format is None else _format_code(format)
+    if code:
+        a = np.ascontiguousarray(a, dtype=np.float32)
+    return _C.linear_transposed(a=a, packed=packed, format=code, columns=columns,
+                                rows=-1 if rows is None else rows, out=out, accumulate=accumulate)
 
 
 def pack_width(dtype=np.float32) -> int:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = ["to_bfloat16", "from_bfloat16", "to_float16", "from_float16", "quantize_q8_0",
-           "dequantize_q8_0", "pack_weight", "Q8_0_BLOCK"]
+           "dequantize_q8_0", "pack_weight", "unpack_weight", "linear_transposed", "Q8_0_BLOCK"]
 
 Q8_0_BLOCK = 32
 
@@ -264,3 +264,97 @@ def pack_weight(b, format: str, width: int, *, trans_b: bool = False) -> np.ndar
         out[..., 2 * width:] = np.ascontiguousarray(q).view(np.uint8).reshape(panels, blocks, Q8_0_BLOCK * width)
         return out
     raise ValueError(f'format must be "bfloat16", "float16" or "q8_0", got {format!r}')
+
+
+def unpack_weight(packed, format: str | None, columns: int, rows: int | None = None) -> np.ndarray:
+    """op(b) (K, N) from its packing: the weights the C core's products read, widened.
+
+    Parameters
+    ----------
+    packed : ndarray
+        `pack_weight`'s bytes: (P, K, W) uint16 for "bfloat16" and "float16", (P, ceil(K / 32),
+        34 W) uint8 for "q8_0", or (P, K, W) float32/float64 for None (the native packing,
+        ``mha._core.pack_weight(b)``).
+    format : {"bfloat16", "float16", "q8_0", None}
+        The packing's format.
+    columns : int
+        N, op(b)'s columns.
+    rows : int, optional
+        K (default: the packing's; for "q8_0" the padded ceil(K / 32) * 32).
+
+    Returns
+    -------
+    ndarray, shape (K, N)
+        float32 (float64 for a native float64 packing).
+
+    Raises
+    ------
+    ValueError
+        An unknown format, or a packing of another shape.
+
+    Examples
+    --------
+    >>> b = np.arange(6, dtype=np.float32).reshape(2, 3)
+    >>> unpack_weight(pack_weight(b, "bfloat16", 4), "bfloat16", 3)
+    array([[0., 1., 2.],
+           [3., 4., 5.]], dtype=float32)
+    """
+    packed = np.asarray(packed)
+    if packed.ndim != 3:
+        raise ValueError(f"a packing is 3-D, got shape {packed.shape}")
+    panels = packed.shape[0]
+    if format is None or format in ("bfloat16", "float16"):
+        width = packed.shape[2]
+        if format == "bfloat16":
+            w = from_bfloat16(packed)
+        elif format == "float16":
+            w = from_float16(packed)
+        else:
+            w = packed
+        w = w.transpose(1, 0, 2).reshape(packed.shape[1], panels * width)     # (K, P W)
+    elif format == "q8_0":
+        width = packed.shape[2] // (2 + Q8_0_BLOCK)
+        blocks = packed.shape[1]
+        d = np.ascontiguousarray(packed[..., :2 * width]).view(np.float16)      # (P, blocks, W)
+        q = np.ascontiguousarray(packed[..., 2 * width:]).view(np.int8).reshape(panels, blocks, Q8_0_BLOCK, width)
+        w = d.astype(np.float32)[:, :, None, :] * q.astype(np.float32)          # (P, blocks, 32, W)
+        w = w.reshape(panels, blocks * Q8_0_BLOCK, width).transpose(1, 0, 2).reshape(blocks * Q8_0_BLOCK, panels * width)
+    else:
+        raise ValueError(f'format must be "bfloat16", "float16", "q8_0" or None, got {format!r}')
+    if not 0 <= columns <= panels * width or panels != -(-columns // max(width, 1)):
+        raise ValueError(f"{panels} panels of {width} columns do not hold {columns} columns")
+    k = w.shape[0] if rows is None else rows
+    if k > w.shape[0]:
+        raise ValueError(f"the packing holds {w.shape[0]} rows, not {k}")
+    return np.ascontiguousarray(w[:k, :columns])
+
+
+def linear_transposed(a, packed, format: str | None, columns: int, rows: int | None = None) -> np.ndarray:
+    """a @ op(b)^T from op(b)'s packing, in float64: the twin of ``mha._core.linear_transposed``.
+
+    Parameters
+    ----------
+    a : array_like, shape (M, N)
+        The left factor (the output gradient of a product with op(b)).
+    packed : ndarray
+        op(b) (K, N) packed (see `unpack_weight`).
+    format : {"bfloat16", "float16", "q8_0", None}
+        The packing's format.
+    columns : int
+        N.
+    rows : int, optional
+        K (see `unpack_weight`).
+
+    Returns
+    -------
+    ndarray of float64, shape (M, K)
+        The product on the widened weights.
+
+    Examples
+    --------
+    >>> b = np.arange(6, dtype=np.float32).reshape(2, 3)          # op(b): K = 2, N = 3
+    >>> linear_transposed(np.ones((1, 3)), pack_weight(b, "float16", 4), "float16", 3)
+    array([[ 3., 12.]])
+    """
+    w = unpack_weight(packed, format, columns, rows).astype(np.float64)
+    return np.asarray(a, np.float64) @ w.T
