@@ -135,8 +135,8 @@ def from_float16(bits) -> np.ndarray:
 
     Examples
     --------
-    >>> from_float16(np.array([0x3C00, 0xC200, 0x0001], np.uint16))
-    array([ 1.000000e+00, -3.000000e+00,  5.960464e-08], dtype=float32)
+    >>> from_float16(np.array([0x3C00, 0xC200, 0x7C00], np.uint16))
+    array([ 1., -3., inf], dtype=float32)
     """
     bits = np.asarray(bits)
     if bits.dtype != np.uint16:
