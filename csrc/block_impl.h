@@ -257,7 +257,7 @@ static int FN(mha_linear_packed_fmt)(int64_t M, int64_t N, int64_t K, const real
                                      real beta, real *C, int64_t ldc) {
     if (format == MHA_WEIGHTS_NATIVE)
         return FN(linear)(M, N, K, A, lda, NULL, 0, 0, (const real *)packed, bias, act, beta, C, ldc);
-    if (format != MHA_WEIGHTS_BF16 && format != MHA_WEIGHTS_Q8_0) return MHA_EINVAL;
+    if (!FN(narrow_fmt)(format)) return MHA_EINVAL;
     const FN(gemm_narrow) nw = {format, packed};
     return FN(linear_nw)(M, N, K, A, lda, NULL, 0, 0, NULL, &nw, bias, act, beta, C, ldc);
 }

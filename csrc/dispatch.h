@@ -59,12 +59,19 @@
     X(mha_pack_weight_bf16_bits_##SFX,                                                         \
       (void *packed, const uint16_t *B, int64_t ldb, int trans_b, int64_t K, int64_t N),       \
       (packed, B, ldb, trans_b, K, N))                                                         \
+    X(mha_pack_weight_f16_bits_##SFX,                                                          \
+      (void *packed, const uint16_t *B, int64_t ldb, int trans_b, int64_t K, int64_t N),       \
+      (packed, B, ldb, trans_b, K, N))                                                         \
     X(mha_pack_weight_q8_0_blocks_##SFX,                                                       \
       (void *packed, const void *blocks, int64_t K, int64_t N), (packed, blocks, K, N))        \
     X(mha_linear_packed_fmt_##SFX,                                                             \
       (int64_t M, int64_t N, int64_t K, const T *A, int64_t lda, int format,                   \
        const void *packed, const T *bias, int act, T beta, T *C, int64_t ldc),                 \
       (M, N, K, A, lda, format, packed, bias, act, beta, C, ldc))                              \
+    X(mha_linear_transposed_fmt_##SFX,                                                         \
+      (int64_t M, int64_t N, int64_t K, const T *A, int64_t lda, int format,                   \
+       const void *packed, T beta, T *C, int64_t ldc),                                         \
+      (M, N, K, A, lda, format, packed, beta, C, ldc))                                         \
     X(mha_activation_##SFX,                                                                    \
       (T *y, int64_t ldy, const T *x, int64_t ldx, int64_t rows, int64_t n, int act),          \
       (y, ldy, x, ldx, rows, n, act))                                                          \

@@ -116,6 +116,50 @@ static void FN(pack_b)(real *buf, const real *b, int64_t ldb, int trans, int64_t
     }
 }
 
+/* The end of a micro-tile: c[0:m, 0:n] = alpha * tile + beta * c (c not read when beta == 0),
+ * plus bias[0:n] on every row when bias is not NULL. */
+MHA_INLINE void FN(tile_finish)(real tile[MR][NR], real *c, int64_t ldc, int64_t m, int64_t n,
+                                real alpha, real beta, const real *bias) {
+    for (int64_t r = 0; r < m; r++)
+        for (int64_t col = 0; col < n; col++) {
+            real *cij = c + r * ldc + col;
+            real x = alpha * tile[r][col] + (bias ? bias[col] : 0);
+            *cij = beta == 0 ? x : x + beta * *cij;
+        }
+}
+
+#if MHA_GNU_C
+/* The same from the accumulators in registers: whole vectors when the tile is whole. */
+MHA_INLINE void FN(tile_store)(const int rows, vreal acc[MR][NV], real *c, int64_t ldc, int64_t m,
+                               int64_t n, real alpha, real beta, const real *bias) {
+    if (m == rows && n == NR) {
+        MHA_UNROLL(6)
+        for (int r = 0; r < rows; r++)
+            MHA_UNROLL(4)
+            for (int v = 0; v < NV; v++) {
+                real *c_rv = c + r * ldc + v * VL;
+                vreal x = alpha * acc[r][v], y;
+                if (bias) {
+                    MHA_VLOAD(y, bias + v * VL);
+                    x += y;
+                }
+                if (beta != 0) {
+                    MHA_VLOAD(y, c_rv);
+                    x += beta * y;
+                }
+                MHA_VSTORE(c_rv, x);
+            }
+        return;
+    }
+    real tile[MR][NR];
+    MHA_UNROLL(6)
+    for (int r = 0; r < rows; r++)
+        MHA_UNROLL(4)
+        for (int v = 0; v < NV; v++) MHA_VSTORE(tile[r] + v * VL, acc[r][v]);
+    FN(tile_finish)(tile, c, ldc, m, n, alpha, beta, bias);
+}
+#endif
+
 /* The micro-kernel: acc (rows x NR) = A rows (rows x kc) @ b_panel (kc x NR), then
  * c[0:m, 0:n] = alpha * acc + beta * c (c not read when beta == 0), plus bias[0:n] on every
  * row when bias is not NULL (the layer's projections: no second pass over C).
@@ -152,30 +196,7 @@ MHA_INLINE void FN(micro_tile)(const int rows, int64_t kc, const real *a, int64_
             for (int v = 0; v < NV; v++) acc[r][v] += a_r * bv[v];
         }
     }
-    if (m == rows && n == NR) {
-        MHA_UNROLL(6)
-        for (int r = 0; r < rows; r++)
-            MHA_UNROLL(4)
-            for (int v = 0; v < NV; v++) {
-                real *c_rv = c + r * ldc + v * VL;
-                vreal x = alpha * acc[r][v], y;
-                if (bias) {
-                    MHA_VLOAD(y, bias + v * VL);
-                    x += y;
-                }
-                if (beta != 0) {
-                    MHA_VLOAD(y, c_rv);
-                    x += beta * y;
-                }
-                MHA_VSTORE(c_rv, x);
-            }
-        return;
-    }
-    real tile[MR][NR];
-    MHA_UNROLL(6)
-    for (int r = 0; r < rows; r++)
-        MHA_UNROLL(4)
-        for (int v = 0; v < NV; v++) MHA_VSTORE(tile[r] + v * VL, acc[r][v]);
+    FN(tile_store)(rows, acc, c, ldc, m, n, alpha, beta, bias);
 #else
     real tile[MR][NR] = {{0}};
     for (int64_t p = 0; p < kc; p++) {
@@ -185,13 +206,266 @@ MHA_INLINE void FN(micro_tile)(const int rows, int64_t kc, const real *a, int64_
             for (int col = 0; col < NR; col++) tile[r][col] += a_r * b_p[col];
         }
     }
+    FN(tile_finish)(tile, c, ldc, m, n, alpha, beta, bias);
 #endif
-    for (int64_t r = 0; r < m; r++)
-        for (int64_t col = 0; col < n; col++) {
-            real *cij = c + r * ldc + col;
-            real x = alpha * tile[r][col] + (bias ? bias[col] : 0);
-            *cij = beta == 0 ? x : x + beta * *cij;
+}
+
+/* ---- the micro-kernel on a narrow panel (mha.h: mha_weight_format), widened in registers --- */
+
+/* Where the compiler converts vectors element-wise (GCC >= 9, clang), the narrow weights are
+ * widened a vector at a time: bfloat16 by a shift of 16 (exact), IEEE half by its bits
+ * (exact, subnormals and NaNs included; AVX-512's vcvtph2ps where the unit has it), Q8_0's
+ * int8 by a conversion and a product with the block's scale (exact: 8 by 11 bits). */
+#if MHA_GNU_C && defined(__has_builtin)
+#if __has_builtin(__builtin_convertvector)
+#define NW_VECTORS 1
+#endif
+#endif
+#ifndef NW_VECTORS
+#define NW_VECTORS 0
+#endif
+#ifndef NW_Q8_BLOCK_SUMS
+#define NW_Q8_BLOCK_SUMS 1
+#endif
+
+#if NW_VECTORS
+typedef uint16_t FN(vu16) __attribute__((vector_size(VL * 2)));
+typedef uint32_t FN(vu32) __attribute__((vector_size(VL * 4)));
+typedef int32_t FN(vi32) __attribute__((vector_size(VL * 4)));
+typedef int8_t FN(vi8) __attribute__((vector_size(VL)));
+typedef float FN(vf32) __attribute__((vector_size(VL * 4)));
+
+/* VL bfloat16 at src -> *out */
+MHA_INLINE void FN(widen_bf16)(vreal *out, const unsigned char *src) {
+    FN(vu16) h;
+    memcpy(&h, src, sizeof h);
+    const FN(vu32) u = __builtin_convertvector(h, FN(vu32)) << 16;
+    FN(vf32) f;
+    memcpy(&f, &u, sizeof f);
+    *out = __builtin_convertvector(f, vreal);
+}
+
+/* VL IEEE halves at src -> *out, as mha_half_to_float lane by lane */
+MHA_INLINE void FN(widen_half)(vreal *out, const unsigned char *src) {
+#if defined(__AVX512F__)
+    if (sizeof(real) == sizeof(float)) { /* 16 halves: vcvtph2ps (AVX512F) */
+        __m256i h;
+        memcpy(&h, src, sizeof h);
+        const __m512 f = _mm512_cvtph_ps(h);
+        memcpy(out, &f, sizeof f);
+        return;
+    }
+#endif
+    FN(vu16) h;
+    memcpy(&h, src, sizeof h);
+    const FN(vu32) u = __builtin_convertvector(h, FN(vu32));
+    const FN(vu32) sign = (u & 0x8000u) << 16, em = u & 0x7FFFu;
+    const FN(vu32) inf_nan = (FN(vu32))(em >= 0x7C00u), sub = (FN(vu32))(em < 0x400u);
+    /* normal: rebias 15 -> 127; exponent 31 (infinity, NaN): 255 */
+    const FN(vu32) normal = (em << 13) + (112u << 23) + (inf_nan & (112u << 23));
+    /* zero or subnormal: m * 2^-24, exact in float */
+    const FN(vf32) tiny = __builtin_convertvector((FN(vi32))em, FN(vf32)) * 5.9604644775390625e-8f;
+    FN(vu32) tiny_bits;
+    memcpy(&tiny_bits, &tiny, sizeof tiny_bits);
+    const FN(vu32) bits = sign | (sub & tiny_bits) | (~sub & normal);
+    FN(vf32) f;
+    memcpy(&f, &bits, sizeof f);
+    *out = __builtin_convertvector(f, vreal);
+}
+
+/* VL int8 at src times the scales d -> *out. The sign extension to int32 is x86's pmovsxbd
+ * where the unit has it: GCC 12 turns a vector conversion from int8 into scalar code. */
+MHA_INLINE void FN(widen_q8)(vreal *out, const int8_t *src, vreal d) {
+    FN(vi32) q32;
+#if defined(__AVX512F__)
+    if (VL == 16) {
+        const __m512i x = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)src));
+        memcpy(&q32, &x, sizeof q32);
+        *out = d * __builtin_convertvector(q32, vreal);
+        return;
+    }
+#endif
+#if defined(__AVX2__)
+    if (VL == 8) {
+        const __m256i x = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)src));
+        memcpy(&q32, &x, sizeof q32);
+        *out = d * __builtin_convertvector(q32, vreal);
+        return;
+    }
+    if (VL == 4) {
+        int32_t w;
+        memcpy(&w, src, sizeof w);
+        const __m128i x = _mm_cvtepi8_epi32(_mm_cvtsi32_si128(w));
+        memcpy(&q32, &x, sizeof q32);
+        *out = d * __builtin_convertvector(q32, vreal);
+        return;
+    }
+#endif
+    FN(vi8) q;
+    memcpy(&q, src, sizeof q);
+    q32 = __builtin_convertvector(q, FN(vi32));
+    *out = d * __builtin_convertvector(q32, vreal);
+}
+#endif /* NW_VECTORS */
+
+/* Row p of a bfloat16 or half panel widened, NR values: the scalar form */
+MHA_INLINE void FN(widen_row16)(real *dst, int fmt, const unsigned char *src) {
+    uint16_t h[NR];
+    memcpy(h, src, sizeof h);
+    if (fmt == MHA_WEIGHTS_BF16)
+        for (int c = 0; c < NR; c++) dst[c] = (real)mha_bf16_to_float(h[c]);
+    else
+        for (int c = 0; c < NR; c++) dst[c] = (real)mha_half_to_float(h[c]);
+}
+
+/* micro_tile with B rows [pc, pc + kc) of a narrow panel (NR columns, the whole shared axis,
+ * format fmt: a constant where this is inlined; pc a multiple of 32), each row widened in
+ * registers as the micro-kernel reads it: no buffer between the packed weights and the
+ * products. The arithmetic of each element of C is micro_tile's on the widened panel, except
+ * Q8_0 on tiles of up to 3 rows (NW_Q8_BLOCK_SUMS): there each block's products a * q
+ * accumulate apart and the block's scale multiplies their sum once (acc += d * sum), one
+ * multiplication a block instead of one a weight, which decode's Q8_0 spends its time on;
+ * the extra accumulators fit in the registers for 3 rows, not for MR. */
+MHA_INLINE void FN(micro_tile_nw)(const int rows, const int fmt, int64_t kc, const real *a,
+                                  int64_t a_rs, int64_t a_cs, const unsigned char *panel,
+                                  int64_t pc, real *c, int64_t ldc, int64_t m, int64_t n,
+                                  real alpha, real beta, const real *bias) {
+    const real *row[MR];
+    MHA_UNROLL(6)
+    for (int r = 0; r < rows; r++) row[r] = a + MHA_MIN(r, m - 1) * a_rs;
+#if NW_VECTORS
+    vreal acc[MR][NV];
+    MHA_UNROLL(6)
+    for (int r = 0; r < rows; r++)
+        MHA_UNROLL(4)
+        for (int v = 0; v < NV; v++) acc[r][v] = (vreal){0};
+    if (fmt == MHA_WEIGHTS_Q8_0) {
+        for (int64_t p0 = 0; p0 < kc; p0 += MHA_Q8_0_BLOCK) {
+            const unsigned char *blk = panel + (size_t)((pc + p0) / MHA_Q8_0_BLOCK) * (NR * (2 + MHA_Q8_0_BLOCK));
+            const int8_t *q = (const int8_t *)(blk + 2 * NR);
+            const int64_t block_rows = MHA_MIN(MHA_Q8_0_BLOCK, kc - p0);
+            vreal d[NV];
+            MHA_UNROLL(4)
+            for (int v = 0; v < NV; v++) FN(widen_half)(&d[v], blk + v * VL * 2);
+            if (NW_Q8_BLOCK_SUMS && rows <= 3) {
+                vreal bs[3][NV];
+                MHA_UNROLL(3)
+                for (int r = 0; r < rows; r++)
+                    MHA_UNROLL(4)
+                    for (int v = 0; v < NV; v++) bs[r][v] = (vreal){0};
+                const vreal one = (vreal){0} + 1;
+                for (int64_t i = 0; i < block_rows; i++) {
+                    vreal bv[NV];
+                    MHA_UNROLL(4)
+                    for (int v = 0; v < NV; v++) FN(widen_q8)(&bv[v], q + i * NR + v * VL, one);
+                    MHA_UNROLL(3)
+                    for (int r = 0; r < rows; r++) {
+                        const real a_r = row[r][(p0 + i) * a_cs];
+                        MHA_UNROLL(4)
+                        for (int v = 0; v < NV; v++) bs[r][v] += a_r * bv[v];
+                    }
+                }
+                MHA_UNROLL(3)
+                for (int r = 0; r < rows; r++)
+                    MHA_UNROLL(4)
+                    for (int v = 0; v < NV; v++) acc[r][v] += d[v] * bs[r][v];
+                continue;
+            }
+            for (int64_t i = 0; i < block_rows; i++) {
+                vreal bv[NV];
+                MHA_UNROLL(4)
+                for (int v = 0; v < NV; v++) FN(widen_q8)(&bv[v], q + i * NR + v * VL, d[v]);
+                MHA_UNROLL(6)
+                for (int r = 0; r < rows; r++) {
+                    const real a_r = row[r][(p0 + i) * a_cs];
+                    MHA_UNROLL(4)
+                    for (int v = 0; v < NV; v++) acc[r][v] += a_r * bv[v];
+                }
+            }
         }
+    } else {
+        const unsigned char *src = panel + (size_t)pc * NR * 2;
+        for (int64_t p = 0; p < kc; p++) {
+            vreal bv[NV];
+            MHA_UNROLL(4)
+            for (int v = 0; v < NV; v++) {
+                if (fmt == MHA_WEIGHTS_BF16) FN(widen_bf16)(&bv[v], src + (size_t)(p * NR + v * VL) * 2);
+                else FN(widen_half)(&bv[v], src + (size_t)(p * NR + v * VL) * 2);
+            }
+            MHA_UNROLL(6)
+            for (int r = 0; r < rows; r++) {
+                const real a_r = row[r][p * a_cs];
+                MHA_UNROLL(4)
+                for (int v = 0; v < NV; v++) acc[r][v] += a_r * bv[v];
+            }
+        }
+    }
+    FN(tile_store)(rows, acc, c, ldc, m, n, alpha, beta, bias);
+#else
+    real tile[MR][NR] = {{0}}, b_p[NR];
+    if (fmt == MHA_WEIGHTS_Q8_0) {
+        for (int64_t p0 = 0; p0 < kc; p0 += MHA_Q8_0_BLOCK) {
+            const unsigned char *blk = panel + (size_t)((pc + p0) / MHA_Q8_0_BLOCK) * (NR * (2 + MHA_Q8_0_BLOCK));
+            const int8_t *q = (const int8_t *)(blk + 2 * NR);
+            const int64_t block_rows = MHA_MIN(MHA_Q8_0_BLOCK, kc - p0);
+            real d[NR];
+            FN(widen_row16)(d, MHA_WEIGHTS_F16, blk);
+            for (int64_t i = 0; i < block_rows; i++) {
+                for (int col = 0; col < NR; col++) b_p[col] = d[col] * (real)q[i * NR + col];
+                for (int r = 0; r < rows; r++) {
+                    const real a_r = row[r][(p0 + i) * a_cs];
+                    for (int col = 0; col < NR; col++) tile[r][col] += a_r * b_p[col];
+                }
+            }
+        }
+    } else {
+        for (int64_t p = 0; p < kc; p++) {
+            FN(widen_row16)(b_p, fmt, panel + (size_t)(pc + p) * NR * 2);
+            for (int r = 0; r < rows; r++) {
+                const real a_r = row[r][p * a_cs];
+                for (int col = 0; col < NR; col++) tile[r][col] += a_r * b_p[col];
+            }
+        }
+    }
+    FN(tile_finish)(tile, c, ldc, m, n, alpha, beta, bias);
+#endif
+}
+
+/* mc rows of C (n <= NR columns) from one narrow panel in format fmt (a constant where this
+ * is inlined), over rows [pc, pc + kc) of its shared axis; op(A)[i][p] = a[i * a_rs + p * a_cs]. */
+MHA_INLINE void FN(macro_kernel_nw_fmt)(const int fmt, int64_t mc, int64_t n, int64_t kc,
+                                        const real *a, int64_t a_rs, int64_t a_cs,
+                                        const unsigned char *panel, int64_t pc, real *c,
+                                        int64_t ldc, real alpha, real beta, const real *bias) {
+    for (int64_t ir = 0; ir < mc; ir += MR) {
+        const int64_t m = MHA_MIN(MR, mc - ir);
+        const real *a_i = a + ir * a_rs;
+        real *c_i = c + ir * ldc;
+        switch (m) {
+        case 1: FN(micro_tile_nw)(1, fmt, kc, a_i, a_rs, a_cs, panel, pc, c_i, ldc, m, n, alpha, beta, bias); break;
+        case 2: FN(micro_tile_nw)(2, fmt, kc, a_i, a_rs, a_cs, panel, pc, c_i, ldc, m, n, alpha, beta, bias); break;
+        case 3: FN(micro_tile_nw)(3, fmt, kc, a_i, a_rs, a_cs, panel, pc, c_i, ldc, m, n, alpha, beta, bias); break;
+        default: FN(micro_tile_nw)(MR, fmt, kc, a_i, a_rs, a_cs, panel, pc, c_i, ldc, m, n, alpha, beta, bias); break;
+        }
+    }
+}
+
+static void FN(macro_kernel_bf16)(int64_t mc, int64_t n, int64_t kc, const real *a, int64_t a_rs,
+                                  int64_t a_cs, const unsigned char *panel, int64_t pc, real *c,
+                                  int64_t ldc, real alpha, real beta, const real *bias) {
+    FN(macro_kernel_nw_fmt)(MHA_WEIGHTS_BF16, mc, n, kc, a, a_rs, a_cs, panel, pc, c, ldc, alpha, beta, bias);
+}
+
+static void FN(macro_kernel_f16)(int64_t mc, int64_t n, int64_t kc, const real *a, int64_t a_rs,
+                                 int64_t a_cs, const unsigned char *panel, int64_t pc, real *c,
+                                 int64_t ldc, real alpha, real beta, const real *bias) {
+    FN(macro_kernel_nw_fmt)(MHA_WEIGHTS_F16, mc, n, kc, a, a_rs, a_cs, panel, pc, c, ldc, alpha, beta, bias);
+}
+
+static void FN(macro_kernel_q8_0)(int64_t mc, int64_t n, int64_t kc, const real *a, int64_t a_rs,
+                                  int64_t a_cs, const unsigned char *panel, int64_t pc, real *c,
+                                  int64_t ldc, real alpha, real beta, const real *bias) {
+    FN(macro_kernel_nw_fmt)(MHA_WEIGHTS_Q8_0, mc, n, kc, a, a_rs, a_cs, panel, pc, c, ldc, alpha, beta, bias);
 }
 
 /* A tile of m <= MR rows: a full one, or the ragged last rows of a block (or a decode step's
@@ -332,9 +606,10 @@ typedef struct {
     const FN(gemm_epilogue) *ep;
     real *b_pack, *a_packs;
     int64_t q0, panels, pc, kc;
-    /* a narrow weight (one output, packed whole in a format of mha.h's mha_weight_format),
-     * widened a panel slice at a time into the thread's buffer of w_elems (kc_block x NR) */
-    int fmt;
+    /* a narrow weight (one output, packed whole in a format of mha.h's mha_weight_format):
+     * with few rows (nw_regs) widened in registers by the micro-kernel, else a panel slice at
+     * a time into the thread's buffer of w_elems (kc_block x NR) */
+    int fmt, nw_regs;
     const unsigned char *narrow;
     size_t narrow_ps;                 /* bytes per panel */
     real *w_bufs;
@@ -342,9 +617,10 @@ typedef struct {
 } FN(gemm_job);
 
 /* Bytes of one panel (NR columns, the whole shared axis) of a weight packed in format fmt:
- * bfloat16, K x NR uint16; Q8_0, ceil(K / 32) blocks of NR half scales then 32 x NR int8. */
+ * bfloat16 and half, K x NR uint16; Q8_0, ceil(K / 32) blocks of NR half scales then
+ * 32 x NR int8. */
 static size_t FN(narrow_panel_bytes)(int fmt, int64_t K) {
-    if (fmt == MHA_WEIGHTS_BF16) return (size_t)K * NR * 2;
+    if (fmt == MHA_WEIGHTS_BF16 || fmt == MHA_WEIGHTS_F16) return (size_t)K * NR * 2;
     return (size_t)((K + MHA_Q8_0_BLOCK - 1) / MHA_Q8_0_BLOCK) * (size_t)(NR * (2 + MHA_Q8_0_BLOCK));
 }
 
@@ -352,13 +628,19 @@ static size_t FN(narrow_panel_bytes)(int fmt, int64_t K) {
  * (a bfloat16 is float's top half; a Q8_0 value d * q is an 11-bit by 8-bit product). pc is
  * a multiple of 32 (slices of KC, or 0). The inner loops run over NR, a constant. */
 static void FN(widen_slice)(real *buf, int fmt, const unsigned char *panel, int64_t pc, int64_t kc) {
-    if (fmt == MHA_WEIGHTS_BF16) {
+    if (fmt != MHA_WEIGHTS_Q8_0) {
         const unsigned char *src = panel + (size_t)pc * NR * 2;
-        for (int64_t p = 0; p < kc; p++) {
-            uint16_t h[NR];
-            memcpy(h, src + (size_t)p * NR * 2, sizeof h);
-            for (int c = 0; c < NR; c++) buf[p * NR + c] = (real)mha_bf16_to_float(h[c]);
-        }
+#if NW_VECTORS
+        for (int64_t p = 0; p < kc; p++)
+            for (int v = 0; v < NV; v++) {
+                vreal w;
+                if (fmt == MHA_WEIGHTS_BF16) FN(widen_bf16)(&w, src + (size_t)(p * NR + v * VL) * 2);
+                else FN(widen_half)(&w, src + (size_t)(p * NR + v * VL) * 2);
+                MHA_VSTORE(buf + p * NR + v * VL, w);
+            }
+#else
+        for (int64_t p = 0; p < kc; p++) FN(widen_row16)(buf + p * NR, fmt, src + (size_t)p * NR * 2);
+#endif
         return;
     }
     for (int64_t p0 = pc; p0 < pc + kc; p0 += MHA_Q8_0_BLOCK) {
@@ -441,6 +723,34 @@ static void FN(gemm_block_slice)(const FN(gemm_job) *g, int64_t blk, int64_t chu
 
 /* Task: one (row block, panel chunk) of C, over the current slice, or over every slice and
  * then its rows' epilogue when the job is `whole`. */
+/* gemm_block_slice's work for a narrow weight and few rows (nw_regs), every slice: A read in
+ * place, each panel widened in registers by the micro-kernel, the panels outermost so that
+ * each is read from memory front to back (one stream, whatever the slices), each element of
+ * C summing its slices in order as gemm_block_slice does. */
+static void FN(gemm_block_nw)(const FN(gemm_job) *g, int64_t blk, int64_t chunk) {
+    const int64_t ic = blk * g->mc_block, mc = MHA_MIN(g->mc_block, g->M - ic);
+    const int64_t p0 = g->panels * chunk / g->n_chunks, p1 = g->panels * (chunk + 1) / g->n_chunks;
+    const TY(mha_gemm_out) *u = &g->outs[0]; /* a narrow weight is the one output */
+    const int64_t a_rs = g->trans_a ? 1 : g->lda, a_cs = g->trans_a ? g->lda : 1;
+    for (int64_t s = p0; s < p1; s++) {
+        const int64_t js = s * NR, n = MHA_MIN(NR, u->N - js);
+        const unsigned char *panel = g->narrow + (size_t)s * g->narrow_ps;
+        real *c = u->C + ic * u->ldc + js;
+        for (int64_t pc = 0; pc < g->K; pc += g->kc_block) {
+            const int64_t kc = MHA_MIN(g->kc_block, g->K - pc);
+            const real *a = g->trans_a ? g->A + pc * g->lda + ic : g->A + ic * g->lda + pc;
+            const real beta = pc == 0 ? g->beta : 1;
+            const real *bias = pc == 0 && u->bias ? u->bias + js : NULL;
+            if (g->fmt == MHA_WEIGHTS_BF16)
+                FN(macro_kernel_bf16)(mc, n, kc, a, a_rs, a_cs, panel, pc, c, u->ldc, g->alpha, beta, bias);
+            else if (g->fmt == MHA_WEIGHTS_F16)
+                FN(macro_kernel_f16)(mc, n, kc, a, a_rs, a_cs, panel, pc, c, u->ldc, g->alpha, beta, bias);
+            else
+                FN(macro_kernel_q8_0)(mc, n, kc, a, a_rs, a_cs, panel, pc, c, u->ldc, g->alpha, beta, bias);
+        }
+    }
+}
+
 static void FN(gemm_block_task)(void *ctx, int64_t task, int thread) {
     const FN(gemm_job) *g = ctx;
     const int64_t blk = task / g->n_chunks, chunk = task % g->n_chunks;
@@ -448,8 +758,11 @@ static void FN(gemm_block_task)(void *ctx, int64_t task, int thread) {
         FN(gemm_block_slice)(g, blk, chunk, thread, g->pc, g->kc);
         return;
     }
-    for (int64_t pc = 0; pc < g->K; pc += g->kc_block)
-        FN(gemm_block_slice)(g, blk, chunk, thread, pc, MHA_MIN(g->kc_block, g->K - pc));
+    if (g->nw_regs)
+        FN(gemm_block_nw)(g, blk, chunk);
+    else
+        for (int64_t pc = 0; pc < g->K; pc += g->kc_block)
+            FN(gemm_block_slice)(g, blk, chunk, thread, pc, MHA_MIN(g->kc_block, g->K - pc));
     if (g->fused_ep) {
         const int64_t ic = blk * g->mc_block;
         FN(epilogue_rows)(g->ep, g->outs, ic, MHA_MIN(g->M, ic + g->mc_block));
@@ -458,7 +771,20 @@ static void FN(gemm_block_task)(void *ctx, int64_t task, int thread) {
 
 /* Task: the epilogue of a block of EPILOGUE_ROWS finished rows. */
 #define EPILOGUE_ROWS 8
-#define NARROW_WORK_PER_WEIGHT 16.0 /* flops a weight's streaming is worth (gemm_auto_nw) */
+/* What streaming one weight from memory is worth in flops, for the thread rule (gemm_auto_nw):
+ * one thread's decode step (M = 1, from DRAM, widened in registers) reads about 11 G bfloat16
+ * or float16 weights a second and 16 G Q8_0 weights (benchmarks/narrow_gemm.py, AVX-512), where
+ * the same thread's GEMM runs about 90 Gflop/s: 8 and 6 flops a weight, the product's own
+ * 2 among them. */
+#define NARROW_WORK_PER_WEIGHT_16 6.0 /* bfloat16, float16 */
+#define NARROW_WORK_PER_WEIGHT_Q8 4.0 /* Q8_0 */
+/* Up to this many rows, narrow weights widen in registers (micro_tile_nw); beyond, through
+ * the buffer, which widens each panel slice once for all the rows instead of once per MR rows.
+ * Measured crossovers (benchmarks/narrow_gemm.py, SmolLM2's shapes): with 32 vector registers
+ * (AVX-512) the registers win up to 256 rows; with 16 (AVX2) the buffer wins from 17. */
+#ifndef NARROW_REG_ROWS
+#define NARROW_REG_ROWS (MHA_VEC_REGS >= 32 ? 64 : 16)
+#endif
 static void FN(gemm_epilogue_task)(void *ctx, int64_t task, int thread) {
     const FN(gemm_job) *g = ctx;
     (void)thread;
@@ -535,9 +861,10 @@ static int FN(gemm_run)(int trans_a, int trans_b, int64_t M, int64_t K, real alp
     const int fused_ep = whole && ep && n_chunks == 1;
     FN(gemm_job) g = {trans_a, trans_b, n_out, whole, fused_ep, M, K, lda, mc_block, n_chunks,
                       (int64_t)a_elems, kc_block, alpha, beta, A, outs, first, ep, workspace,
-                      workspace + b_elems, 0, 0, 0, 0, 0, NULL, 0, NULL, 0};
+                      workspace + b_elems, 0, 0, 0, 0, 0, 0, NULL, 0, NULL, 0};
     if (nw) {
         g.fmt = nw->fmt;
+        g.nw_regs = M <= NARROW_REG_ROWS;
         g.narrow = nw->packed;
         g.narrow_ps = FN(narrow_panel_bytes)(nw->fmt, K);
         g.w_bufs = workspace + b_elems + (size_t)threads * a_elems;
@@ -605,10 +932,14 @@ static int FN(mha_pack_width)(int64_t *width) {
 
 /* ---- narrow packed weights (mha.h: mha_weight_format) ---------------------------------- */
 
+static int FN(narrow_fmt)(int fmt) {
+    return fmt == MHA_WEIGHTS_BF16 || fmt == MHA_WEIGHTS_F16 || fmt == MHA_WEIGHTS_Q8_0;
+}
+
 /* Bytes of op(B) (K, N) packed in format fmt: 0 when the format is unknown or the size
  * overflows (*ok cleared). */
 static size_t FN(packed_bytes)(int fmt, int64_t K, int64_t N, int *ok) {
-    if (K < 0 || N < 0 || (fmt != MHA_WEIGHTS_NATIVE && fmt != MHA_WEIGHTS_BF16 && fmt != MHA_WEIGHTS_Q8_0)) {
+    if (K < 0 || N < 0 || (fmt != MHA_WEIGHTS_NATIVE && !FN(narrow_fmt)(fmt))) {
         *ok = 0;
         return 0;
     }
@@ -633,10 +964,9 @@ typedef struct {
     size_t panel_bytes;
 } FN(narrow_pack_job);
 
-/* op(B)[p][j] of the source, as float (bf16 bits widened) */
+/* op(B)[p][j] of a source of T, as float */
 MHA_INLINE float FN(narrow_src_at)(const FN(narrow_pack_job) *j, int64_t p, int64_t col) {
     const int64_t at = j->trans_b ? col * j->ldb + p : p * j->ldb + col;
-    if (j->src == NARROW_SRC_BF16_BITS) return mha_bf16_to_float(((const uint16_t *)j->B)[at]);
     return (float)((const real *)j->B)[at];
 }
 
@@ -645,15 +975,17 @@ static void FN(narrow_pack_task)(void *ctx, int64_t panel, int thread) {
     (void)thread;
     unsigned char *dst = j->packed + (size_t)panel * j->panel_bytes;
     const int64_t j0 = panel * NR, cols = MHA_MIN(NR, j->N - j0);
-    if (j->fmt == MHA_WEIGHTS_BF16) {
+    if (j->fmt == MHA_WEIGHTS_BF16 || j->fmt == MHA_WEIGHTS_F16) {
         for (int64_t p = 0; p < j->K; p++) {
             uint16_t h[NR];
             for (int64_t c = 0; c < NR; c++) {
                 if (c >= cols) h[c] = 0;
-                else if (j->src == NARROW_SRC_BF16_BITS) /* the bits kept as they are */
+                else if (j->src == NARROW_SRC_BITS16) /* the bits kept as they are */
                     h[c] = ((const uint16_t *)j->B)[j->trans_b ? (j0 + c) * j->ldb + p : p * j->ldb + j0 + c];
-                else
+                else if (j->fmt == MHA_WEIGHTS_BF16)
                     h[c] = mha_float_to_bf16(FN(narrow_src_at)(j, p, j0 + c));
+                else
+                    h[c] = mha_float_to_half(FN(narrow_src_at)(j, p, j0 + c));
             }
             memcpy(dst + (size_t)p * NR * 2, h, sizeof h);
         }
@@ -685,7 +1017,7 @@ static void FN(narrow_pack_task)(void *ctx, int64_t panel, int thread) {
 
 static int FN(narrow_pack)(void *packed, int fmt, int src, const void *B, int64_t ldb, int trans_b,
                            int64_t K, int64_t N) {
-    if (K < 0 || N < 0 || (fmt != MHA_WEIGHTS_BF16 && fmt != MHA_WEIGHTS_Q8_0) ||
+    if (K < 0 || N < 0 || !FN(narrow_fmt)(fmt) || (src == NARROW_SRC_BITS16 && fmt == MHA_WEIGHTS_Q8_0) ||
         (K > 0 && N > 0 && (!packed || !B || ldb < (trans_b ? K : N))))
         return MHA_EINVAL;
     if (K == 0 || N == 0) return MHA_OK;
@@ -709,7 +1041,12 @@ static int FN(mha_pack_weight_fmt)(void *packed, int format, const real *B, int6
 
 static int FN(mha_pack_weight_bf16_bits)(void *packed, const uint16_t *B, int64_t ldb, int trans_b,
                                          int64_t K, int64_t N) {
-    return FN(narrow_pack)(packed, MHA_WEIGHTS_BF16, NARROW_SRC_BF16_BITS, B, ldb, trans_b, K, N);
+    return FN(narrow_pack)(packed, MHA_WEIGHTS_BF16, NARROW_SRC_BITS16, B, ldb, trans_b, K, N);
+}
+
+static int FN(mha_pack_weight_f16_bits)(void *packed, const uint16_t *B, int64_t ldb, int trans_b,
+                                        int64_t K, int64_t N) {
+    return FN(narrow_pack)(packed, MHA_WEIGHTS_F16, NARROW_SRC_BITS16, B, ldb, trans_b, K, N);
 }
 
 static int FN(mha_pack_weight_q8_0_blocks)(void *packed, const void *blocks, int64_t K, int64_t N) {
@@ -738,8 +1075,12 @@ static int FN(gemm_auto_nw)(int trans_a, int trans_b, int64_t M, int64_t K, real
     double work = 2.0 * (double)M * cols * (double)FN(gemm_kc)(K);
     /* A narrow weight is packed whole (no barrier between slices) and its product reads it
      * once per row block: a decode step's few rows are bound by those bytes, not by the
-     * flops, so its threads are chosen by the whole product plus a cost per weight. */
-    if (nw) work = 2.0 * (double)M * cols * (double)K + NARROW_WORK_PER_WEIGHT * cols * (double)K;
+     * flops, so its threads are chosen by the whole product plus a cost per weight. A
+     * second thread then comes with some 2 x 4e6 flops of one thread's work (about 90 us):
+     * a decode step's 960 x 960 product stays on one thread, 2560 x 960 takes two. */
+    if (nw)
+        work = 2.0 * (double)M * cols * (double)K +
+               (nw->fmt == MHA_WEIGHTS_Q8_0 ? NARROW_WORK_PER_WEIGHT_Q8 : NARROW_WORK_PER_WEIGHT_16) * cols * (double)K;
     return FN(gemm_run)(trans_a, trans_b, M, K, alpha, A, lda, beta, outs, n_out, NULL,
                         mha_threads_for(work), ep, nw);
 }
@@ -771,6 +1112,71 @@ static int FN(mha_gemm_shared_a)(int64_t M, int64_t K, const real *A, int64_t ld
     return FN(gemm_auto)(0, 0, M, K, 1, A, lda, 0, outs, n_out, NULL);
 }
 
+/* Task: rows [pc, pc + kc) of one panel of a packing, widened, into the chunk buffer's
+ * columns of that panel: wc[p - pc][j] = op(B)[p][j] (kc x N). */
+typedef struct {
+    int fmt;
+    const unsigned char *packed;
+    size_t panel_bytes;
+    int64_t K, N, pc, kc;
+    real *wc, *tmp; /* tmp: kc x NR per thread */
+} FN(unpack_job);
+
+static void FN(unpack_task)(void *ctx, int64_t panel, int thread) {
+    const FN(unpack_job) *j = ctx;
+    const int64_t j0 = panel * NR, n = MHA_MIN(NR, j->N - j0);
+    const unsigned char *src = j->packed + (size_t)panel * j->panel_bytes;
+    const real *rows;
+    if (j->fmt == MHA_WEIGHTS_NATIVE) {
+        rows = (const real *)(const void *)src + j->pc * NR;
+    } else {
+        real *tmp = j->tmp + (size_t)thread * (size_t)(j->kc * NR);
+        FN(widen_slice)(tmp, j->fmt, src, j->pc, j->kc);
+        rows = tmp;
+    }
+    for (int64_t p = 0; p < j->kc; p++) memcpy(j->wc + p * j->N + j0, rows + p * NR, (size_t)n * sizeof(real));
+}
+
+/* mha.h: mha_linear_transposed_fmt. op(B) (K, N) packed in format; C (M, K) = A (M, N) @
+ * op(B)^T + beta * C. Chunks of the packing's rows (op(B)'s rows p, a multiple of 32 each
+ * but the last) are widened into a buffer of kc x N, then C[:, chunk] comes from the GEMM on
+ * it (B transposed); chunks of about 1 MiB, so that the buffer stays in the caches. */
+static int FN(mha_linear_transposed_fmt)(int64_t M, int64_t N, int64_t K, const real *A, int64_t lda,
+                                         int format, const void *packed, real beta, real *C,
+                                         int64_t ldc) {
+    if (M < 0 || N < 0 || K < 0 || (format != MHA_WEIGHTS_NATIVE && !FN(narrow_fmt)(format)) ||
+        (M > 0 && K > 0 && (!A || !C || ldc < K || lda < N || (N > 0 && !packed))))
+        return MHA_EINVAL;
+    if (M == 0 || K == 0) return MHA_OK;
+    if (N == 0) {
+        FN(scale_c)(M, K, beta, NULL, C, ldc);
+        return MHA_OK;
+    }
+    const int64_t panels = (N + NR - 1) / NR;
+    int64_t kc = (int64_t)(((size_t)1 << 20) / sizeof(real)) / N / MHA_Q8_0_BLOCK * MHA_Q8_0_BLOCK;
+    kc = MHA_MIN(MHA_MAX(kc, MHA_Q8_0_BLOCK), (K + MHA_Q8_0_BLOCK - 1) / MHA_Q8_0_BLOCK * MHA_Q8_0_BLOCK);
+    const int threads = mha_threads_for(4.0 * (double)kc * (double)N);
+    int ok = 1;
+    size_t elems = mha_mul_size((size_t)kc, (size_t)N, &ok);
+    elems += mha_mul_size(mha_mul_size((size_t)kc, NR, &ok), (size_t)threads, &ok);
+    size_t bytes = mha_mul_size(elems, sizeof(real), &ok);
+    real *buf = ok ? mha_alloc(bytes) : NULL;
+    if (!buf) return MHA_ENOMEM;
+    FN(unpack_job) job = {format, packed, format == MHA_WEIGHTS_NATIVE ? (size_t)K * NR * sizeof(real)
+                                                                       : FN(narrow_panel_bytes)(format, K),
+                          K, N, 0, 0, buf, buf + (size_t)kc * (size_t)N};
+    int err = MHA_OK;
+    for (int64_t pc = 0; pc < K && !err; pc += kc) {
+        job.pc = pc;
+        job.kc = MHA_MIN(kc, K - pc);
+        mha_parallel_for(threads, panels, 1, FN(unpack_task), &job);
+        const TY(mha_gemm_out) out = {buf, N, NULL, C + pc, ldc, job.kc, NULL};
+        err = FN(gemm_auto)(0, 1, M, N, 1, A, lda, beta, &out, 1, NULL);
+    }
+    mha_free(buf);
+    return err;
+}
+
 #if MHA_GNU_C
 #undef vreal
 #endif
@@ -788,4 +1194,7 @@ static int FN(mha_gemm_shared_a)(int64_t M, int64_t K, const real *A, int64_t ld
 #undef GEMM_MAX_OUTS
 #undef ACT_CHUNK
 #undef EPILOGUE_ROWS
-#undef NARROW_WORK_PER_WEIGHT
+#undef NARROW_WORK_PER_WEIGHT_16
+#undef NARROW_WORK_PER_WEIGHT_Q8
+#undef NARROW_REG_ROWS
+#undef NW_VECTORS

@@ -247,6 +247,9 @@ enum mha_activation {
  *                       [p * W + c]; widening to float is exact (bits << 16). Packed from T
  *                       (via float) with rounding to nearest even, NaN -> 0x7FC0, as torch's
  *                       .to(torch.bfloat16); or from raw bfloat16 bits, kept as they are.
+ *   MHA_WEIGHTS_F16     K x W uint16 IEEE half per panel (GGUF's F16), laid out as bfloat16;
+ *                       widening is exact. Packed from T (via float) with rounding to nearest
+ *                       even (narrow.h: mha_float_to_half), or from raw half bits, kept.
  *   MHA_WEIGHTS_Q8_0    ggml's Q8_0 (blocks of 32 consecutive values along K, one IEEE half
  *                       scale d each, value = d * q, q int8), kept in blocks for each column:
  *                       per panel ceil(K / 32) blocks of 34 W bytes, block b = W half scales
@@ -256,10 +259,21 @@ enum mha_activation {
  *                       quantisation sees only the K - 32 floor(K / 32) real values, its padded
  *                       q are 0). 34/32 = 1.0625 bytes a weight. Quantised from T (via float)
  *                       as ggml's quantize_row_q8_0_ref (narrow.h), or taken from ggml's blocks.
- * The product widens (dequantises) one panel slice of at most 256 x W (K <= 640: the whole
- * axis) at a time into a per-thread buffer of T and runs the GEMM's micro-kernel on it, so it
- * equals, bit for bit, mha_linear_packed on the widened weights (both widenings are exact). */
-enum mha_weight_format { MHA_WEIGHTS_NATIVE = 0, MHA_WEIGHTS_BF16 = 1, MHA_WEIGHTS_Q8_0 = 2 };
+ * With few rows of A (up to 16, or 64 on a path with 32 vector registers: decode steps and
+ * short prompts) the micro-kernel widens (dequantises) each row of a panel in registers as it
+ * reads it, each panel read front to back; with more, one panel
+ * slice of at most 256 x W (K <= 640: the whole axis) at a time is widened into a per-thread
+ * buffer of T that the micro-kernel then reads once per block of rows. Either way the product
+ * equals, bit for bit, mha_linear_packed on the widened weights (every widening is exact),
+ * except Q8_0 with few rows: there a micro-tile of up to 3 rows sums each block's 32 products
+ * a * q before the block's scale multiplies them (one multiplication a block instead of one a
+ * weight), which rounds differently, within float rounding of the same product. */
+enum mha_weight_format {
+    MHA_WEIGHTS_NATIVE = 0,
+    MHA_WEIGHTS_BF16 = 1,
+    MHA_WEIGHTS_Q8_0 = 2,
+    MHA_WEIGHTS_F16 = 3
+};
 
 #define MHA_DECLARE_BLOCK(T, SFX)                                                              \
     /* C = act(A @ op(B) + bias) + beta * C: A (M, K), op(B) (K, N') where N' = N, or 2N      \
@@ -301,7 +315,8 @@ enum mha_weight_format { MHA_WEIGHTS_NATIVE = 0, MHA_WEIGHTS_BF16 = 1, MHA_WEIGH
     /* Packed weights of any format (enum mha_weight_format, layouts above): *bytes of op(B)   \
      * (K, N) packed in format (EINVAL for an unknown format or an overflowing size);          \
      * mha_pack_weight_fmt packs op(B) from T; mha_pack_weight_bf16_bits packs raw bfloat16    \
-     * bits (a checkpoint's tensor, MHA_WEIGHTS_BF16 kept bit for bit); _q8_0_blocks re-lays   \
+     * bits (a checkpoint's tensor, MHA_WEIGHTS_BF16 kept bit for bit), _f16_bits raw IEEE     \
+     * half bits (MHA_WEIGHTS_F16, kept; B, ldb, trans_b as there); _q8_0_blocks re-lays       \
      * out ggml's Q8_0 blocks of a weight stored (N, K) (GGUF's ne0 = K: N rows of             \
      * ceil(K / 32) blocks of 34 bytes, a half d then 32 int8) into MHA_WEIGHTS_Q8_0 panels.   \
      * mha_linear_packed_fmt is mha_linear_packed on such a packing (N' columns, as there).    \
@@ -312,11 +327,21 @@ enum mha_weight_format { MHA_WEIGHTS_NATIVE = 0, MHA_WEIGHTS_BF16 = 1, MHA_WEIGH
                                   int trans_b, int64_t K, int64_t N);                          \
     int mha_pack_weight_bf16_bits_##SFX(void *packed, const uint16_t *B, int64_t ldb,          \
                                         int trans_b, int64_t K, int64_t N);                    \
+    int mha_pack_weight_f16_bits_##SFX(void *packed, const uint16_t *B, int64_t ldb,           \
+                                       int trans_b, int64_t K, int64_t N);                     \
     int mha_pack_weight_q8_0_blocks_##SFX(void *packed, const void *blocks, int64_t K,         \
                                           int64_t N);                                          \
     int mha_linear_packed_fmt_##SFX(int64_t M, int64_t N, int64_t K, const T *A, int64_t lda, \
                                     int format, const void *packed, const T *bias, int act,   \
                                     T beta, T *C, int64_t ldc);                                \
+    /* The product with the transpose of such a packing (any format, MHA_WEIGHTS_NATIVE too): \
+     * C (M, K) = A (M, N) @ op(B)^T + beta * C, op(B) (K, N) as packed by mha_pack_weight_fmt \
+     * (N columns; the gradient of mha_linear_packed_fmt's input, dA = dC @ op(B)^T). The      \
+     * packing is widened a chunk of its rows at a time (about 1 MiB of T), each chunk then    \
+     * the GEMM's B; within float rounding of the product on the widened weights. */           \
+    int mha_linear_transposed_fmt_##SFX(int64_t M, int64_t N, int64_t K, const T *A,           \
+                                        int64_t lda, int format, const void *packed, T beta,   \
+                                        T *C, int64_t ldc);                                    \
     /* y = act(x) on rows of n (gated: x rows of 2n, y = act(gate) * up). y may be x (same    \
      * leading dimension); otherwise they must not overlap. */                                 \
     int mha_activation_##SFX(T *y, int64_t ldy, const T *x, int64_t ldx, int64_t rows,        \

@@ -147,7 +147,8 @@ static int get_double(PyObject *obj, const char *name, double *value) {
 }
 
 static const char *type_name(int typenum) {
-    return typenum == NPY_FLOAT32 ? "float32" : typenum == NPY_FLOAT64 ? "float64" : typenum == NPY_BOOL ? "bool" : "int64";
+    return typenum == NPY_FLOAT32 ? "float32" : typenum == NPY_FLOAT64 ? "float64" : typenum == NPY_BOOL ? "bool"
+         : typenum == NPY_UINT16 ? "uint16" : typenum == NPY_UINT8 ? "uint8" : "int64";
 }
 
 /* obj must be an ndarray of dtype typenum and rank ndim (any rank for ndim < 0). */
@@ -1369,11 +1370,11 @@ static PyObject *py_linear(PyObject *self, PyObject *const *args, Py_ssize_t nar
 /* ---- narrow packed weights (mha.h: mha_weight_format) -------------------------------------- */
 
 /* The shape of op(b) (K, N) packed in format (float32 compute, this process's SIMD path):
- * bfloat16 (P, K, W) uint16; Q8_0 (P, ceil(K / 32), 34 W) uint8. */
+ * bfloat16 and float16 (P, K, W) uint16; Q8_0 (P, ceil(K / 32), 34 W) uint8. */
 static void narrow_shape(int format, npy_intp K, npy_intp N, npy_intp shape[3], int *typenum) {
     const npy_intp W = pack_width(NPY_FLOAT32);
     shape[0] = (N + W - 1) / W;
-    if (format == MHA_WEIGHTS_BF16) {
+    if (format != MHA_WEIGHTS_Q8_0) {
         shape[1] = K, shape[2] = W, *typenum = NPY_UINT16;
     } else {
         shape[1] = (K + 31) / 32, shape[2] = 34 * W, *typenum = NPY_UINT8;
@@ -1383,9 +1384,9 @@ static void narrow_shape(int format, npy_intp K, npy_intp N, npy_intp shape[3], 
 static int get_format(PyObject *obj, int *format) {
     Py_ssize_t f = -1;
     if (get_ssize(obj, "format", &f)) return -1;
-    if (f != MHA_WEIGHTS_BF16 && f != MHA_WEIGHTS_Q8_0) {
-        PyErr_Format(PyExc_ValueError, "format must be %d (bfloat16) or %d (q8_0), got %zd",
-                     MHA_WEIGHTS_BF16, MHA_WEIGHTS_Q8_0, f);
+    if (f != MHA_WEIGHTS_BF16 && f != MHA_WEIGHTS_Q8_0 && f != MHA_WEIGHTS_F16) {
+        PyErr_Format(PyExc_ValueError, "format must be %d (bfloat16), %d (q8_0) or %d (float16), got %zd",
+                     MHA_WEIGHTS_BF16, MHA_WEIGHTS_Q8_0, MHA_WEIGHTS_F16, f);
         return -1;
     }
     *format = (int)f;
@@ -1396,10 +1397,11 @@ static const char *const pack_weight_narrow_kw[] = {"b", "format", "trans_b", NU
 static call_spec pack_weight_narrow_spec = {"pack_weight_narrow", pack_weight_narrow_kw, 2, {NULL}};
 
 /* pack_weight_narrow(b, format, trans_b=False) -> op(b) (K, N) packed for linear_narrow in
- * format 1 (bfloat16: (P, K, W) uint16) or 2 (q8_0: (P, ceil(K / 32), 34 W) uint8), W the
- * float32 panel width. b: float32 (K, N), or (N, K) with trans_b; for bfloat16 also uint16 raw
- * bfloat16 bits (kept as they are); for q8_0 also uint8 ggml blocks (N, ceil(K / 32) * 34)
- * with trans_b=True (a GGUF tensor's rows: K = 32 * blocks). */
+ * format 1 (bfloat16: (P, K, W) uint16), 2 (q8_0: (P, ceil(K / 32), 34 W) uint8) or 3
+ * (float16: (P, K, W) uint16), W the float32 panel width. b: float32 (K, N), or (N, K) with
+ * trans_b; for bfloat16 and float16 also uint16 raw bits of the format (kept as they are);
+ * for q8_0 also uint8 ggml blocks (N, ceil(K / 32) * 34) with trans_b=True (a GGUF tensor's
+ * rows: K = 32 * blocks). */
 static PyObject *py_pack_weight_narrow(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     (void)self;
     PyObject *arg[MAX_PARAMS];
@@ -1413,11 +1415,12 @@ static PyObject *py_pack_weight_narrow(PyObject *self, PyObject *const *args, Py
         return NULL;
     }
     const int bt = PyArray_TYPE((PyArrayObject *)b_obj);
-    const int src = bt == NPY_FLOAT32 ? 0 : format == MHA_WEIGHTS_BF16 && bt == NPY_UINT16 ? 1
+    const int src = bt == NPY_FLOAT32 ? 0 : format != MHA_WEIGHTS_Q8_0 && bt == NPY_UINT16 ? 1
                   : format == MHA_WEIGHTS_Q8_0 && bt == NPY_UINT8 ? 2 : -1;
     if (src < 0) {
         PyErr_Format(PyExc_TypeError, "b must be float32%s, not %S", format == MHA_WEIGHTS_BF16 ?
-                     " or uint16 (bfloat16 bits)" : " or uint8 (ggml's Q8_0 blocks)",
+                     " or uint16 (bfloat16 bits)" : format == MHA_WEIGHTS_F16 ? " or uint16 (float16 bits)"
+                     : " or uint8 (ggml's Q8_0 blocks)",
                      (PyObject *)PyArray_DESCR((PyArrayObject *)b_obj));
         return NULL;
     }
@@ -1442,8 +1445,10 @@ static PyObject *py_pack_weight_narrow(PyObject *self, PyObject *const *args, Py
     Py_BEGIN_ALLOW_THREADS
     if (src == 0)
         err = mha_pack_weight_fmt_f32(PyArray_DATA(p), format, PyArray_DATA(b), PyArray_DIM(b, 1), tb, K, N);
-    else if (src == 1)
+    else if (src == 1 && format == MHA_WEIGHTS_BF16)
         err = mha_pack_weight_bf16_bits_f32(PyArray_DATA(p), PyArray_DATA(b), PyArray_DIM(b, 1), tb, K, N);
+    else if (src == 1)
+        err = mha_pack_weight_f16_bits_f32(PyArray_DATA(p), PyArray_DATA(b), PyArray_DIM(b, 1), tb, K, N);
     else
         err = mha_pack_weight_q8_0_blocks_f32(PyArray_DATA(p), PyArray_DATA(b), K, N);
     Py_END_ALLOW_THREADS
@@ -1502,6 +1507,73 @@ static PyObject *py_linear_narrow(PyObject *self, PyObject *const *args, Py_ssiz
     Py_BEGIN_ALLOW_THREADS
     err = mha_linear_packed_fmt_f32(M, shape[1], K, PyArray_DATA(a), K, format, PyArray_DATA(p), DPTR(bias),
                                     act, accumulate ? 1.0f : 0.0f, PyArray_DATA(c), shape[1]);
+    Py_END_ALLOW_THREADS
+    if (raise_core_error(err)) {
+        Py_DECREF(c);
+        return NULL;
+    }
+    return (PyObject *)c;
+}
+
+static const char *const linear_transposed_kw[] = {"a", "packed", "format", "columns", "rows", "out",
+                                                    "accumulate", NULL};
+static call_spec linear_transposed_spec = {"linear_transposed", linear_transposed_kw, 4, {NULL}};
+
+/* linear_transposed(a (M, N), packed, format, columns=N, rows=-1, out=None, accumulate=True)
+ * -> a @ op(b)^T (M, K), op(b) (K, N) packed by pack_weight (format 0: a's dtype) or by
+ * pack_weight_narrow (1 bfloat16, 2 q8_0, 3 float16: a float32); K = rows, or from the
+ * packing's shape (q8_0: 32 a block); out (M, K): added into (accumulate) or overwritten. */
+static PyObject *py_linear_transposed(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    (void)self;
+    PyObject *arg[MAX_PARAMS];
+    Py_ssize_t f = 0, cols = -1, rows = -1;
+    int accumulate = 1;
+    if (parse_call(&linear_transposed_spec, args, nargs, kwnames, arg) || get_ssize(arg[2], "format", &f) ||
+        get_ssize(arg[3], "columns", &cols) || (arg[4] && get_ssize(arg[4], "rows", &rows)) ||
+        get_flag(arg[6], "accumulate", &accumulate))
+        return NULL;
+    PyObject *a_obj = arg[0], *p_obj = arg[1], *out_obj = OR_NONE(arg[5]);
+    if (f != 0) {
+        int format;
+        if (get_format(arg[2], &format)) return NULL;
+    }
+    const int typenum = f == 0 ? float_type(a_obj, "a") : NPY_FLOAT32;
+    if (typenum < 0) return NULL;
+    PyArrayObject *a = get_array(a_obj, "a", typenum, 2), *p;
+    if (!a) return NULL;
+    const npy_intp M = PyArray_DIM(a, 0), N = PyArray_DIM(a, 1);
+    if (cols != N) {
+        PyErr_Format(PyExc_ValueError, "columns must be a's second axis (%zd), got %zd", (Py_ssize_t)N, cols);
+        return NULL;
+    }
+    if (!PyArray_Check(p_obj) || PyArray_NDIM((PyArrayObject *)p_obj) != 3) {
+        PyErr_SetString(PyExc_ValueError, "packed must be a 3-D array from pack_weight");
+        return NULL;
+    }
+    /* K: rows, or the packing's rows (bfloat16, float16, native) or its blocks' (q8_0) */
+    npy_intp shape3[3];
+    int ptype = typenum;
+    const npy_intp K = rows >= 0 ? rows : PyArray_DIM((PyArrayObject *)p_obj, 1) * (f == MHA_WEIGHTS_Q8_0 ? 32 : 1);
+    if (f == 0) {
+        const npy_intp W = pack_width(typenum);
+        shape3[0] = (N + W - 1) / W, shape3[1] = K, shape3[2] = W;
+    } else {
+        narrow_shape((int)f, K, N, shape3, &ptype);
+    }
+    if (!(p = get_array(p_obj, "packed", ptype, 3))) return NULL;
+    if (check_shape(p, "packed (for a's columns, on this SIMD path)", 3, shape3)) return NULL;
+    accumulate = accumulate && out_obj != Py_None;
+    npy_intp shape[2] = {M, K};
+    PyArrayObject *c = get_or_new(out_obj, 2, shape, typenum);
+    if (!c) return NULL;
+    int err;
+    Py_BEGIN_ALLOW_THREADS
+    if (typenum == NPY_FLOAT32)
+        err = mha_linear_transposed_fmt_f32(M, N, K, PyArray_DATA(a), N, (int)f, PyArray_DATA(p),
+                                            accumulate ? 1.0f : 0.0f, PyArray_DATA(c), K);
+    else
+        err = mha_linear_transposed_fmt_f64(M, N, K, PyArray_DATA(a), N, (int)f, PyArray_DATA(p),
+                                            accumulate ? 1.0 : 0.0, PyArray_DATA(c), K);
     Py_END_ALLOW_THREADS
     if (raise_core_error(err)) {
         Py_DECREF(c);
@@ -2195,9 +2267,11 @@ static PyMethodDef methods[] = {
     {"pack_weight", (PyCFunction)(void (*)(void))py_pack_weight, METH_FASTCALL | METH_KEYWORDS,
      "pack_weight(b, trans_b=False) -> op(b) (K, N) packed whole for linear: (ceil(N / W), K, W)"},
     {"pack_weight_narrow", (PyCFunction)(void (*)(void))py_pack_weight_narrow, METH_FASTCALL | METH_KEYWORDS,
-     "pack_weight_narrow(b, format, trans_b=False) -> op(b) packed in format 1 (bfloat16) or 2 (q8_0)"},
+     "pack_weight_narrow(b, format, trans_b=False) -> op(b) packed in format 1 (bfloat16), 2 (q8_0) or 3 (float16)"},
     {"linear_narrow", (PyCFunction)(void (*)(void))py_linear_narrow, METH_FASTCALL | METH_KEYWORDS,
      "linear_narrow(a, packed, format, columns, bias=None, act=0, out=None, accumulate=True)"},
+    {"linear_transposed", (PyCFunction)(void (*)(void))py_linear_transposed, METH_FASTCALL | METH_KEYWORDS,
+     "linear_transposed(a, packed, format, columns, out=None, accumulate=True) -> a @ op(b)^T"},
     {"activation", (PyCFunction)(void (*)(void))py_activation, METH_FASTCALL | METH_KEYWORDS,
      "activation(x, act, out=None) -> act(x) (gated: act(x[:, :n]) * x[:, n:])"},
     {"layer_norm", (PyCFunction)(void (*)(void))py_layer_norm, METH_FASTCALL | METH_KEYWORDS,

@@ -1,5 +1,5 @@
 /* narrow.h: the scalar conversions of the narrow weight formats (mha.h: MHA_WEIGHTS_BF16,
- * MHA_WEIGHTS_Q8_0), shared by every kernel unit (internal). The packing and the widening
+ * MHA_WEIGHTS_F16, MHA_WEIGHTS_Q8_0), shared by every kernel unit (internal). The packing and the widening
  * that the GEMM does per panel are in gemm_impl.h; their NumPy twins are in
  * src/mha/reference/narrow.py, bit for bit. */
 #ifndef MHA_NARROW_H
@@ -8,11 +8,16 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#if (defined(__AVX512F__) || defined(__AVX2__)) && (defined(__GNUC__) || defined(__clang__)) && \
+    !defined(MHA_PORTABLE)
+#include <immintrin.h> /* gemm_impl.h: _mm512_cvtph_ps, pmovsxbd */
+#endif
 
 #define MHA_Q8_0_BLOCK 32 /* values of a Q8_0 block along the shared axis (ggml's QK8_0) */
 
 /* What a narrow packing reads (gemm_impl.h: narrow_pack). */
-enum { NARROW_SRC_REAL = 0, NARROW_SRC_BF16_BITS = 1, NARROW_SRC_Q8_0_BLOCKS = 2 };
+enum { NARROW_SRC_REAL = 0, NARROW_SRC_BITS16 = 1, NARROW_SRC_Q8_0_BLOCKS = 2 }; /* BITS16: the
+    format's own 16-bit values (bfloat16 or half bits), kept */
 
 /* bfloat16 -> float: exact (the bits are float's top half). */
 static inline float mha_bf16_to_float(uint16_t h) {

@@ -1035,16 +1035,16 @@ static void test_narrow_conversions(void) {
 /* op(B) (K, NB) as the packing holds it, decoded from mha.h's layout in plain loops. */
 static void decode_packed(float *W, int fmt, const unsigned char *packed, int64_t K, int64_t NB,
                           int64_t width) {
-    const size_t ps = fmt == MHA_WEIGHTS_BF16 ? (size_t)(K * width * 2)
+    const size_t ps = fmt != MHA_WEIGHTS_Q8_0 ? (size_t)(K * width * 2)
                                               : (size_t)((K + 31) / 32 * 34 * width);
     for (int64_t j = 0; j < NB; j++) {
         const unsigned char *panel = packed + (size_t)(j / width) * ps;
         const int64_t c = j % width;
         for (int64_t p = 0; p < K; p++) {
             uint16_t h;
-            if (fmt == MHA_WEIGHTS_BF16) {
+            if (fmt != MHA_WEIGHTS_Q8_0) {
                 memcpy(&h, panel + 2 * (size_t)(p * width + c), 2);
-                W[p * NB + j] = mha_bf16_to_float(h);
+                W[p * NB + j] = fmt == MHA_WEIGHTS_BF16 ? mha_bf16_to_float(h) : mha_half_to_float(h);
             } else {
                 const unsigned char *blk = panel + (size_t)(p / 32 * 34 * width);
                 memcpy(&h, blk + 2 * c, 2);
@@ -1054,7 +1054,11 @@ static void decode_packed(float *W, int fmt, const unsigned char *packed, int64_
     }
 }
 
-/* mha_linear_packed_fmt: bfloat16 and Q8_0 packings of op(B) as it is and transposed, plain,
+static const char *format_name(int fmt) {
+    return fmt == MHA_WEIGHTS_BF16 ? "bf16" : fmt == MHA_WEIGHTS_F16 ? "f16" : "q8_0";
+}
+
+/* mha_linear_packed_fmt: bfloat16, half and Q8_0 packings of op(B) as it is and transposed, plain,
  * gated, residual, with bias; M = 1 (decode) to several blocks; K not a multiple of 32, one
  * slice and three (K = 700). Each product bitwise equal to mha_linear_packed on the weights
  * decoded from the packing, and within float rounding of a double loop on them; the packing
@@ -1062,10 +1066,10 @@ static void decode_packed(float *W, int fmt, const unsigned char *packed, int64_
  * block's d = half(max |x| / 127), its padding zero. */
 static void test_linear_packed_narrow(void) {
     char what[128];
-    const int64_t Ms[] = {1, 2, 7, 300}, Ks[] = {70, 64, 700}, N = 45;
+    const int64_t Ms[] = {1, 2, 4, 7, 16, 17, 300}, Ks[] = {70, 64, 700}, N = 45;
     int64_t width = 0;
     mha_pack_width_f32(&width);
-    for (int fmt = MHA_WEIGHTS_BF16; fmt <= MHA_WEIGHTS_Q8_0; fmt++)
+    for (int fmt = MHA_WEIGHTS_BF16; fmt <= MHA_WEIGHTS_F16; fmt++)
         for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++)
             for (int mode = 0; mode < 4; mode++) { /* B, B transposed, gated, residual */
                 const int64_t K = Ks[ki], NB = mode == 2 ? 2 * N : N;
@@ -1091,6 +1095,9 @@ static void test_linear_packed_narrow(void) {
                         if (fmt == MHA_WEIGHTS_BF16) {
                             bad += w != mha_bf16_to_float(mha_float_to_bf16(b));
                             bad += fabsf(w - b) > fabsf(b) * 0x1.0p-8f;
+                        } else if (fmt == MHA_WEIGHTS_F16) {
+                            bad += w != mha_half_to_float(mha_float_to_half(b));
+                            bad += fabsf(w - b) > fabsf(b) * 0x1.0p-11f + 0x1.0p-25f;
                         } else {
                             float amax = 0;
                             for (int64_t r = p / 32 * 32; r < MHA_MIN(K, p / 32 * 32 + 32); r++)
@@ -1102,21 +1109,22 @@ static void test_linear_packed_narrow(void) {
                             bad += fabsf(w - b) > (0.5f + 127 * 0x1.0p-11f) * d * (1 + 1e-3f);
                         }
                     }
-                const size_t ps = fmt == MHA_WEIGHTS_BF16 ? (size_t)(K * width * 2) : (size_t)((K + 31) / 32 * 34 * width);
+                const size_t ps = fmt != MHA_WEIGHTS_Q8_0 ? (size_t)(K * width * 2) : (size_t)((K + 31) / 32 * 34 * width);
                 if (fmt == MHA_WEIGHTS_Q8_0 && K % 32) /* the last block's padded rows */
                     for (int64_t pn = 0; pn < panels; pn++)
                         for (int64_t r = K % 32; r < 32; r++)
                             for (int64_t c = 0; c < width; c++)
                                 bad += packed[(size_t)pn * ps + (size_t)(K / 32 * 34 * width) + (size_t)(2 * width + r * width + c)] != 0;
-                snprintf(what, sizeof what, "pack %s K=%lld mode=%d (values off)",
-                         fmt == MHA_WEIGHTS_BF16 ? "bf16" : "q8_0", (long long)K, mode);
+                snprintf(what, sizeof what, "pack %s K=%lld mode=%d (values off)", format_name(fmt), (long long)K, mode);
                 expect(!err && bad == 0 && bytes == ps * (size_t)panels, what, (double)bad, 0);
                 /* raw bits / ggml blocks give the same bytes */
-                if (fmt == MHA_WEIGHTS_BF16) {
+                if (fmt != MHA_WEIGHTS_Q8_0) {
                     uint16_t *bits = malloc(sizeof(uint16_t) * (size_t)(K * NB));
-                    for (int64_t i = 0; i < K * NB; i++) bits[i] = mha_float_to_bf16(B[i]);
+                    for (int64_t i = 0; i < K * NB; i++)
+                        bits[i] = fmt == MHA_WEIGHTS_BF16 ? mha_float_to_bf16(B[i]) : mha_float_to_half(B[i]);
                     memset(again, 0xAB, bytes);
-                    err = mha_pack_weight_bf16_bits_f32(again, bits, ldb, tb, K, NB);
+                    err = fmt == MHA_WEIGHTS_BF16 ? mha_pack_weight_bf16_bits_f32(again, bits, ldb, tb, K, NB)
+                                                  : mha_pack_weight_f16_bits_f32(again, bits, ldb, tb, K, NB);
                     free(bits);
                 } else {
                     const int64_t nblk = (K + 31) / 32;
@@ -1132,9 +1140,8 @@ static void test_linear_packed_narrow(void) {
                     err = mha_pack_weight_q8_0_blocks_f32(again, blocks, K, NB);
                     free(blocks);
                 }
-                snprintf(what, sizeof what, "pack %s from %s K=%lld mode=%d: same bytes",
-                         fmt == MHA_WEIGHTS_BF16 ? "bf16" : "q8_0",
-                         fmt == MHA_WEIGHTS_BF16 ? "raw bits" : "ggml blocks", (long long)K, mode);
+                snprintf(what, sizeof what, "pack %s from %s K=%lld mode=%d: same bytes", format_name(fmt),
+                         fmt != MHA_WEIGHTS_Q8_0 ? "raw bits" : "ggml blocks", (long long)K, mode);
                 expect(!err && memcmp(again, packed, bytes) == 0, what, 1, 0);
                 err = mha_pack_weight_f32(Wp, W, NB, 0, K, NB);
                 for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
@@ -1164,37 +1171,93 @@ static void test_linear_packed_narrow(void) {
                         differ += memcmp(C + i, want + i, sizeof(float)) != 0;
                         e = MHA_MAX(e, fabs(C[i] - naive[i]) / scale);
                     }
-                    snprintf(what, sizeof what, "linear packed %s M=%lld K=%lld mode=%d (elements differing from f32 packed)",
-                             fmt == MHA_WEIGHTS_BF16 ? "bf16" : "q8_0", (long long)M, (long long)K, mode);
-                    expect(!err && differ == 0, what, (double)differ, 0);
+                    /* Q8_0 on few rows (in registers: up to 16, or 64) sums each block's a * q
+                     * before its scale (mha.h): within float rounding of the float32 product */
+                    if (fmt == MHA_WEIGHTS_Q8_0 && M <= 64) {
+                        double ef = 0;
+                        for (int64_t i = 0; i < M * N; i++) ef = MHA_MAX(ef, fabs((double)C[i] - want[i]) / scale);
+                        snprintf(what, sizeof what, "linear packed %s M=%lld K=%lld mode=%d vs f32 packed",
+                                 format_name(fmt), (long long)M, (long long)K, mode);
+                        expect(!err && ef <= 4e-6, what, ef, 4e-6);
+                    } else {
+                        snprintf(what, sizeof what, "linear packed %s M=%lld K=%lld mode=%d (elements differing from f32 packed)",
+                                 format_name(fmt), (long long)M, (long long)K, mode);
+                        expect(!err && differ == 0, what, (double)differ, 0);
+                    }
                     snprintf(what, sizeof what, "linear packed %s M=%lld K=%lld mode=%d vs double loop",
-                             fmt == MHA_WEIGHTS_BF16 ? "bf16" : "q8_0", (long long)M, (long long)K, mode);
-                    expect(!err && e <= 2e-5, what, e, 2e-5);
+                             format_name(fmt), (long long)M, (long long)K, mode);
+                    expect(!err && e <= 5e-6, what, e, 5e-6);
                     free(A), free(want), free(C), free(naive);
                 }
                 free(B), free(bias), free(W), free(Wp), free(packed), free(again);
             }
-    /* double compute from a Q8_0 packing of the f64 path, against a double loop */
-    const int64_t M = 5, K = 97, Nd = 21;
-    double *A = random_array((size_t)(M * K)), *B = random_array((size_t)(K * Nd));
-    double *C = malloc(sizeof(double) * (size_t)(M * Nd));
+    /* every half (K = 1, N = 65536, A = 1: C = 0 + 1 * w) through both widenings, float and
+     * double: each exactly mha_half_to_float, infinities and subnormals included, NaN a NaN */
+    {
+        const int64_t Nh = 65536;
+        uint16_t *bits = malloc(sizeof(uint16_t) * (size_t)Nh);
+        for (int64_t j = 0; j < Nh; j++) bits[j] = (uint16_t)j;
+        for (int mi = 0; mi < 2; mi++) {
+            const int64_t Mh = mi ? 20 : 1; /* registers, then the buffer */
+            size_t hb = 0, bad = 0;
+            int herr = mha_packed_bytes_f32(MHA_WEIGHTS_F16, 1, Nh, &hb);
+            unsigned char *hp = malloc(hb);
+            float *ones = malloc(sizeof(float) * (size_t)Mh), *Ch = malloc(sizeof(float) * (size_t)(Mh * Nh));
+            double *ones_d = malloc(sizeof(double) * (size_t)Mh), *Cd = malloc(sizeof(double) * (size_t)(Mh * Nh));
+            for (int64_t i = 0; i < Mh; i++) ones[i] = 1, ones_d[i] = 1;
+            herr |= mha_pack_weight_f16_bits_f32(hp, bits, Nh, 0, 1, Nh);
+            herr |= mha_linear_packed_fmt_f32(Mh, Nh, 1, ones, 1, MHA_WEIGHTS_F16, hp, NULL, 0, 0, Ch, Nh);
+            free(hp);
+            herr |= mha_packed_bytes_f64(MHA_WEIGHTS_F16, 1, Nh, &hb);
+            hp = malloc(hb);
+            herr |= mha_pack_weight_f16_bits_f64(hp, bits, Nh, 0, 1, Nh);
+            herr |= mha_linear_packed_fmt_f64(Mh, Nh, 1, ones_d, 1, MHA_WEIGHTS_F16, hp, NULL, 0, 0, Cd, Nh);
+            for (int64_t i = 0; i < Mh; i++)
+                for (int64_t j = 0; j < Nh; j++) {
+                    const float w = mha_half_to_float((uint16_t)j) + 0.0f;
+                    const float got = Ch[i * Nh + j];
+                    const double got_d = Cd[i * Nh + j];
+                    if (isnan(w)) bad += !isnan(got) + !isnan(got_d);
+                    else bad += memcmp(&got, &w, sizeof w) != 0 || got_d != (double)w;
+                }
+            snprintf(what, sizeof what, "every half widened exactly, M=%lld (float and double)", (long long)Mh);
+            expect(!herr && bad == 0, what, (double)bad, 0);
+            free(hp), free(ones), free(Ch), free(ones_d), free(Cd);
+        }
+        free(bits);
+    }
+    /* double compute from every narrow packing of the f64 path, against a double loop; M = 5
+     * in registers, M = 40 through the buffer */
+    const int64_t K = 97, Nd = 21;
+    double *A = random_array((size_t)(40 * K)), *B = random_array((size_t)(K * Nd));
+    double *C = malloc(sizeof(double) * (size_t)(40 * Nd));
     float *W = malloc(sizeof(float) * (size_t)(K * Nd));
     size_t bytes = 0;
     int64_t wd = 0;
     mha_pack_width_f64(&wd);
-    int err = mha_packed_bytes_f64(MHA_WEIGHTS_Q8_0, K, Nd, &bytes);
+    int err = 0;
+    for (int fmt = MHA_WEIGHTS_BF16; fmt <= MHA_WEIGHTS_F16; fmt++) { /* room for the largest */
+        size_t b = 0;
+        err |= mha_packed_bytes_f64(fmt, K, Nd, &b);
+        bytes = MHA_MAX(bytes, b);
+    }
     unsigned char *packed = malloc(bytes);
-    err |= mha_pack_weight_fmt_f64(packed, MHA_WEIGHTS_Q8_0, B, Nd, 0, K, Nd);
-    decode_packed(W, MHA_WEIGHTS_Q8_0, packed, K, Nd, wd);
-    err |= mha_linear_packed_fmt_f64(M, Nd, K, A, K, MHA_WEIGHTS_Q8_0, packed, NULL, MHA_ACT_GELU, 0, C, Nd);
-    double e = 0;
-    for (int64_t i = 0; i < M; i++)
-        for (int64_t j = 0; j < Nd; j++) {
-            double g = 0;
-            for (int64_t p = 0; p < K; p++) g += A[i * K + p] * W[p * Nd + j];
-            e = MHA_MAX(e, fabs(C[i * Nd + j] - act_naive(MHA_ACT_GELU, g)));
+    for (int fmt = MHA_WEIGHTS_BF16; fmt <= MHA_WEIGHTS_F16; fmt++)
+        for (int64_t M = 5; M <= 40; M += 35) {
+            err |= mha_pack_weight_fmt_f64(packed, fmt, B, Nd, 0, K, Nd);
+            decode_packed(W, fmt, packed, K, Nd, wd);
+            err |= mha_linear_packed_fmt_f64(M, Nd, K, A, K, fmt, packed, NULL, MHA_ACT_GELU, 0, C, Nd);
+            double e = 0;
+            for (int64_t i = 0; i < M; i++)
+                for (int64_t j = 0; j < Nd; j++) {
+                    double g = 0;
+                    for (int64_t p = 0; p < K; p++) g += A[i * K + p] * W[p * Nd + j];
+                    e = MHA_MAX(e, fabs(C[i * Nd + j] - act_naive(MHA_ACT_GELU, g)));
+                }
+            snprintf(what, sizeof what, "linear packed %s f64, GELU, M=%lld", format_name(fmt), (long long)M);
+            expect(!err && e <= 1e-12, what, e, 1e-12);
         }
-    expect(!err && e <= 1e-12, "linear packed q8_0 f64, GELU", e, 1e-12);
+    const int64_t M = 5;
     /* refusals */
     expect(mha_packed_bytes_f32(7, K, Nd, &bytes) == MHA_EINVAL, "packed_bytes: unknown format refused", 0, 0);
     expect(mha_pack_weight_fmt_f64(packed, 7, B, Nd, 0, K, Nd) == MHA_EINVAL, "pack_weight_fmt: unknown format refused", 0, 0);
@@ -1202,6 +1265,68 @@ static void test_linear_packed_narrow(void) {
     expect(mha_pack_weight_fmt_f64(packed, MHA_WEIGHTS_Q8_0, B, Nd - 1, 0, K, Nd) == MHA_EINVAL, "pack_weight_fmt: short ldb refused", 0, 0);
     expect(mha_linear_packed_fmt_f64(M, Nd, K, A, K, 7, packed, NULL, 0, 0, C, Nd) == MHA_EINVAL, "linear_packed_fmt: unknown format refused", 0, 0);
     free(A), free(B), free(C), free(W), free(packed);
+}
+
+/* mha_linear_transposed_fmt: C (M, K) = A (M, N) @ op(B)^T + beta C from every packing, float
+ * and double, against a double loop on the weights decoded from the packing (op(B) itself for
+ * the native packing); K across several chunks (K = 3000 at N = 130: chunks of 2016 floats).
+ * Measured: float 5.4e-7, double 1.3e-15 of the largest output. */
+static void test_linear_transposed(void) {
+    char what[128];
+    const int64_t Ms[] = {1, 5, 40}, Ks[] = {70, 3000}, Ns[] = {45, 130};
+    int64_t width = 0, wd = 0;
+    mha_pack_width_f32(&width);
+    mha_pack_width_f64(&wd);
+    for (int fmt = MHA_WEIGHTS_NATIVE; fmt <= MHA_WEIGHTS_F16; fmt++)
+        for (size_t ki = 0; ki < 2; ki++)
+            for (size_t ni = 0; ni < 2; ni++)
+                for (size_t mi = 0; mi < 3; mi++) {
+                    const int64_t K = Ks[ki], N = Ns[ni], M = Ms[mi];
+                    float *B = malloc(sizeof(float) * (size_t)(K * N)), *W = malloc(sizeof(float) * (size_t)(K * N));
+                    float *A = malloc(sizeof(float) * (size_t)(M * N)), *C = malloc(sizeof(float) * (size_t)(M * K));
+                    double *Bd = malloc(sizeof(double) * (size_t)(K * N)), *Ad = malloc(sizeof(double) * (size_t)(M * N));
+                    double *Cd = malloc(sizeof(double) * (size_t)(M * K)), *C0 = malloc(sizeof(double) * (size_t)(M * K));
+                    float *Wd = malloc(sizeof(float) * (size_t)(K * N));
+                    for (int64_t i = 0; i < K * N; i++) Bd[i] = randn() / sqrt((double)N), B[i] = (float)Bd[i];
+                    for (int64_t i = 0; i < M * N; i++) Ad[i] = randn(), A[i] = (float)Ad[i];
+                    for (int64_t i = 0; i < M * K; i++) C0[i] = randn(), C[i] = (float)C0[i], Cd[i] = C0[i];
+                    size_t bytes = 0, bytes_d = 0;
+                    int err = mha_packed_bytes_f32(fmt, K, N, &bytes) | mha_packed_bytes_f64(fmt, K, N, &bytes_d);
+                    unsigned char *packed = malloc(bytes), *packed_d = malloc(bytes_d);
+                    err |= mha_pack_weight_fmt_f32(packed, fmt, B, N, 0, K, N);
+                    err |= mha_pack_weight_fmt_f64(packed_d, fmt, Bd, N, 0, K, N);
+                    if (fmt == MHA_WEIGHTS_NATIVE) {
+                        memcpy(W, B, sizeof(float) * (size_t)(K * N));
+                    } else {
+                        decode_packed(W, fmt, packed, K, N, width);
+                        decode_packed(Wd, fmt, packed_d, K, N, wd);
+                    }
+                    const float beta = mi == 1 ? 1.0f : 0.0f;
+                    err |= mha_linear_transposed_fmt_f32(M, N, K, A, N, fmt, packed, beta, C, K);
+                    err |= mha_linear_transposed_fmt_f64(M, N, K, Ad, N, fmt, packed_d, beta, Cd, K);
+                    double e = 0, ed = 0, scale = 1;
+                    for (int64_t i = 0; i < M; i++)
+                        for (int64_t p = 0; p < K; p++) {
+                            double want = beta * C0[i * K + p], want_d = want;
+                            for (int64_t j = 0; j < N; j++) {
+                                want += (double)A[i * N + j] * W[p * N + j];
+                                want_d += Ad[i * N + j] * (fmt == MHA_WEIGHTS_NATIVE ? Bd[p * N + j] : (double)Wd[p * N + j]);
+                            }
+                            scale = MHA_MAX(scale, fabs(want));
+                            e = MHA_MAX(e, fabs(C[i * K + p] - want));
+                            ed = MHA_MAX(ed, fabs(Cd[i * K + p] - want_d));
+                        }
+                    snprintf(what, sizeof what, "linear_transposed %s M=%lld N=%lld K=%lld (float, double)",
+                             fmt == MHA_WEIGHTS_NATIVE ? "native" : format_name(fmt), (long long)M, (long long)N, (long long)K);
+                    expect(!err && e <= 5e-6 * scale && ed <= 1e-14 * scale, what, MHA_MAX(e, ed) / scale, 5e-6);
+                    free(B), free(W), free(A), free(C), free(Bd), free(Ad), free(Cd), free(C0), free(Wd);
+                    free(packed), free(packed_d);
+                }
+    float a = 1, c = 0;
+    expect(mha_linear_transposed_fmt_f32(1, 1, 1, &a, 1, 7, &a, 0, &c, 1) == MHA_EINVAL,
+           "linear_transposed: unknown format refused", 0, 0);
+    expect(mha_linear_transposed_fmt_f32(1, 1, 2, &a, 1, MHA_WEIGHTS_BF16, &a, 0, &c, 1) == MHA_EINVAL,
+           "linear_transposed: short ldc refused", 0, 0);
 }
 
 /* a residual added in place (beta = 1), B read transposed; act with beta != 0 refused */
@@ -1879,6 +2004,7 @@ int main(int argc, char **argv) {
     test_linear_packed();
     test_narrow_conversions();
     test_linear_packed_narrow();
+    test_linear_transposed();
     test_linear_residual();
     test_activation_in_place();
     test_norms();

@@ -99,12 +99,18 @@ def linear(
 ) -> _Array: ...
 # op(b) (K, N) packed whole for linear: (ceil(N / W), K, W), W the SIMD path's panel width
 def pack_weight(b: ArrayLike, trans_b: bool = False) -> _Array: ...
-# op(b) packed in format 1 (bfloat16: (P, K, W) uint16) or 2 (q8_0: (P, ceil(K / 32), 34 W)
-# uint8) for linear_narrow; b float32, or uint16 bfloat16 bits, or uint8 ggml Q8_0 blocks
+# op(b) packed in format 1 (bfloat16: (P, K, W) uint16), 2 (q8_0: (P, ceil(K / 32), 34 W)
+# uint8) or 3 (float16: (P, K, W) uint16) for linear_narrow; b float32, or uint16 bfloat16 /
+# float16 bits, or uint8 ggml Q8_0 blocks
 def pack_weight_narrow(b: ArrayLike, format: int, trans_b: bool = False) -> _Array: ...
 def linear_narrow(
     a: ArrayLike, packed: ArrayLike, format: int, columns: int, bias: ArrayLike | None = None,
     act: int = 0, out: _Array | None = None, accumulate: bool = True,
+) -> _Array: ...
+# a @ op(b)^T (M, K) from a packing (format 0: pack_weight's, 1-3: pack_weight_narrow's)
+def linear_transposed(
+    a: ArrayLike, packed: ArrayLike, format: int, columns: int, rows: int | None = None,
+    out: _Array | None = None, accumulate: bool = True,
 ) -> _Array: ...
 def activation(x: ArrayLike, act: int, out: _Array | None = None) -> _Array: ...
 def layer_norm(

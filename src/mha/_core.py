@@ -18,7 +18,7 @@ from . import _C
 
 __all__ = [
     "attention_forward", "attention_backward", "LayerContext", "layer_forward", "layer_backward", "matmul",
-    "linear", "pack_weight", "pack_width", "WEIGHT_FORMATS", "activation", "layer_norm", "rms_norm", "rope", "embedding",
+    "linear", "linear_transposed", "pack_weight", "pack_width", "WEIGHT_FORMATS", "activation", "layer_norm", "rms_norm", "rope", "embedding",
     "attention_flow",
     "linear_backward", "activation_backward", "layer_norm_backward", "rms_norm_backward",
     "rope_backward", "embedding_backward", "cross_entropy", "adam_step",
@@ -135,22 +135,22 @@ def matmul(a, b, *, trans_a=False, trans_b=False) -> np.ndarray:
 
 # Packed weight formats (mha.h: mha_weight_format): None is the compute dtype itself
 # (pack_weight's (P, K, W) of float32/float64); the narrow ones are read by the float32 GEMM.
-WEIGHT_FORMATS = {"bfloat16": 1, "q8_0": 2}
+WEIGHT_FORMATS = {"bfloat16": 1, "q8_0": 2, "float16": 3}
 
 
 def _format_code(format) -> int:
     try:
         return WEIGHT_FORMATS[format]
     except (KeyError, TypeError):
-        raise ValueError(f'format must be None, "bfloat16" or "q8_0", got {format!r}') from None
+        raise ValueError(f'format must be None, "bfloat16", "float16" or "q8_0", got {format!r}') from None
 
 
 def linear(a, b, *, bias=None, act=0, trans_b=False, out=None, columns=None,
            accumulate=True, format=None) -> np.ndarray:
     """act(a @ op(b) + bias), or ``out += a @ op(b) + bias`` in place with out (act 0), or
     written into out with ``accumulate=False``; b (K, N) or (N, K) with trans_b, or
-    `pack_weight`'s (P, K, W) with columns = N; with format ("bfloat16", "q8_0"), b is
-    `pack_weight(..., format=format)`'s packing, a float32, columns = N."""
+    `pack_weight`'s (P, K, W) with columns = N; with format ("bfloat16", "float16", "q8_0"),
+    b is `pack_weight(..., format=format)`'s packing, a float32, columns = N."""
     if format is not None:
         if trans_b:
             raise ValueError("a packed b (format=...) takes trans_b=False: the packing absorbed it")
@@ -163,15 +163,35 @@ def linear(a, b, *, bias=None, act=0, trans_b=False, out=None, columns=None,
 def pack_weight(b, *, trans_b=False, format=None) -> np.ndarray:
     """op(b) (K, N) packed whole for `linear`: (ceil(N / W), K, W), W the SIMD path's width.
     format="bfloat16": (P, K, W) uint16 (b float32, rounded to nearest even, or uint16 raw
-    bfloat16 bits, kept); format="q8_0": (P, ceil(K / 32), 34 W) uint8, ggml's Q8_0 blocks per
-    column (b float32, quantised as ggml's quantize_row_q8_0_ref, or uint8 ggml blocks (N,
-    blocks * 34) with trans_b=True, kept). W: `pack_width()`, float32's."""
+    bfloat16 bits, kept); format="float16": (P, K, W) uint16 of IEEE half bits (b float32 or
+    float64, rounded to nearest even, or float16 / uint16 half bits, kept); format="q8_0":
+    (P, ceil(K / 32), 34 W) uint8, ggml's Q8_0 blocks per column (b float32, quantised as
+    ggml's quantize_row_q8_0_ref, or uint8 ggml blocks (N, blocks * 34) with trans_b=True,
+    kept). W: `pack_width()`, float32's."""
     if format is not None:
         code = _format_code(format)
-        if isinstance(b, np.ndarray) and b.dtype == np.float64:
+        if format == "float16" and isinstance(b, np.ndarray) and b.dtype in (np.float64, np.float16):
+            # float64 rounded once, straight to half (through float32 would round twice)
+            with np.errstate(over="ignore"):        # beyond float16's range: infinity
+                b = np.ascontiguousarray(b.astype(np.float16, copy=False)).view(np.uint16)
+        elif isinstance(b, np.ndarray) and b.dtype == np.float64:
             b = b.astype(np.float32)
         return _C.pack_weight_narrow(b=b, format=code, trans_b=trans_b)
     return _C.pack_weight(b=b, trans_b=trans_b)
+
+
+def linear_transposed(a, packed, *, columns, format=None, rows=None, out=None,
+                      accumulate=True) -> np.ndarray:
+    """a @ op(b)^T: a (M, N) and op(b) (K, N) as `pack_weight` packed it (format None: a's
+    dtype, float32 or float64; "bfloat16", "float16", "q8_0": a float32), columns = N; gives
+    (M, K), the input gradient of `linear` (dx = dy @ W^T) read from the one packed copy.
+    rows: K (default: the packing's, for q8_0 ceil(K / 32) * 32, its padded rows giving
+    zeros). out: added into (accumulate) or overwritten."""
+    code = 0 if format is None else _format_code(format)
+    if code:
+        a = np.ascontiguousarray(a, dtype=np.float32)
+    return _C.linear_transposed(a=a, packed=packed, format=code, columns=columns,
+                                rows=-1 if rows is None else rows, out=out, accumulate=accumulate)
 
 
 def pack_width(dtype=np.float32) -> int:
