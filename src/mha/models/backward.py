@@ -33,6 +33,7 @@ import numpy as np
 from mha import _core
 
 from . import ops
+from .weights import LayerWeights
 from .blocks import _grouped_products
 from .hooks import HookPoints, run_hook_fns
 from .memory import carve
@@ -399,7 +400,7 @@ def _pattern_gradients(model: Any, i: int, r: Any, record: Record, d_att: np.nda
 
 
 def _output_backward(keep: Any, i: int, shape: tuple[int, int, int, int],
-                     d_attn_out: np.ndarray, heads: np.ndarray, W_o: np.ndarray,
+                     d_attn_out: np.ndarray, heads: np.ndarray, W_o: np.ndarray | ops.Packed,
                      b_o: np.ndarray | None, dW_o: np.ndarray | None,
                      db_o: np.ndarray | None, workspace: np.ndarray | None = None
                      ) -> np.ndarray:
@@ -422,7 +423,7 @@ def _output_backward(keep: Any, i: int, shape: tuple[int, int, int, int],
                                                     (B, n, H, d)))
     keep(i, "attn.hook_result", d_result, (B, n, H, d))
     # forward: result_h = z_h W_o^(h);  attn_out = sum_h result_h + b_o
-    W_heads = W_o.reshape(H, dh, d)
+    W_heads = ops.as_array(W_o).reshape(H, dh, d)
     d_heads = np.einsum("bnhe,hde->bnhd", d_result, W_heads).reshape(B * n, H * dh)
     if dW_o is not None:
         dW_o += np.einsum("bnhd,bnhe->hde", heads.reshape(B, n, H, dh),
@@ -516,18 +517,25 @@ def layer_grads(grads: dict[str, np.ndarray], i: int) -> dict[str, np.ndarray]:
     return {k[len(prefix):]: v for k, v in grads.items() if k.startswith(prefix)}
 
 
-def linear_backward(d_out: np.ndarray, a: np.ndarray, w: np.ndarray, bias: np.ndarray | None,
+def linear_backward(d_out: np.ndarray, a: np.ndarray, w: np.ndarray | ops.Packed,
+                    bias: np.ndarray | None,
                     dw: np.ndarray | None, dbias: np.ndarray | None,
                     da: np.ndarray | None = None, trans_b: bool = False,
                     workspace: np.ndarray | None = None) -> np.ndarray:
     """The gradient of ``a @ op(w) + bias``'s input a (added into da when given), and of w and
-    the bias added into dw and dbias; with dw None only a's, one product instead of two, on
-    op(w) read transposed (the GEMM packs it a slice of the shared axis at a time). With dw,
+    the bias added into dw and dbias; w may be a model's packed weight (:class:`ops.Packed`,
+    any format), read transposed from its packing when only a's gradient is asked. With dw
+    None only a's, one product instead of two, on op(w) read transposed (the GEMM packs it a slice of the shared axis at a time). With dw,
     ``_core.linear_backward`` packs op(w)'s transpose whole first, into ``workspace`` when
     given (see :func:`workspace_size`). On a quiet machine the two ran a's product equally
     fast (2 threads, MiniLM's and GPT-2's weights, 128 to 2,048 rows, AVX-512 and AVX2), and
     the separate packing pass of the dw=None case cost gradient_relevance a sixth of its
     time; the whole packing is the core's choice for a loaded machine (block_impl.h)."""
+    if isinstance(w, ops.Packed):
+        if dw is None:                      # dx = dy W^T read from the packing itself
+            return _core.linear_transposed(d_out, w.data, columns=w.columns, format=w.format,
+                                           rows=w.rows, out=da)
+        w = w.array()
     if dw is not None:
         return _core.linear_backward(d_out, a, w, bias=bias, trans_b=trans_b, da=da, db=dw,
                                      dbias=dbias, workspace=workspace)[0]
@@ -558,17 +566,18 @@ def _post_norm_backward(d_y: np.ndarray, x: np.ndarray | None, p: Mapping[str, n
 
 
 def _input_backward(d_out: np.ndarray, x: np.ndarray, normed: np.ndarray | None,
-                    p: Mapping[str, np.ndarray], w: str, b: str | None,
+                    p: LayerWeights, w: str, b: str | None,
                     norm: tuple[str, str | None] | None, eps: float, dx: np.ndarray,
                     lg: dict[str, np.ndarray], ws: np.ndarray) -> None:
     """dx += the gradient of a branch's input x (rows, d) from that of its first product
     ``out = norm(x) W + b`` (``normed``: the norm's recorded output; no norm: x itself), W's,
     b's and the norm's gradients added into lg."""
     if norm is None or normed is None:          # forward: out = x W + b
-        linear_backward(d_out, x, p[w], p.get(b or ""), lg[w], lg.get(b or ""), da=dx,
+        linear_backward(d_out, x, p.packed(w), p.get(b or ""), lg[w], lg.get(b or ""), da=dx,
                         workspace=ws)
         return
-    d_normed = linear_backward(d_out, normed, p[w], p.get(b or ""), lg[w], lg.get(b or ""),
+    d_normed = linear_backward(d_out, normed, p.packed(w), p.get(b or ""), lg[w],
+                               lg.get(b or ""),
                                workspace=ws)
     _norm_backward(d_normed, x, p[norm[0]], eps, dx, lg, norm)
 
@@ -607,7 +616,7 @@ def decoder_backward(model: Any, layout: DecoderLayout, record: Record, top: np.
             keep.branch(i, "hook_mlp_out", dx, (B, n, d)), r.mlp_out, p, layout.post_mlp,
             eps, lg)
         # forward: mlp_out = post W_out + b_out      (the residual adds it, or its post-norm)
-        d_post = linear_backward(d_mlp_out, r.post, p[w_out], p.get(b_out), lg[w_out],
+        d_post = linear_backward(d_mlp_out, r.post, p.packed(w_out), p.get(b_out), lg[w_out],
                                  lg.get(b_out), workspace=ws)
         keep(i, "mlp.hook_post", d_post, (B, n, -1))
         # forward: post = act(pre)   (act(gate) * up when gated)
@@ -625,7 +634,7 @@ def decoder_backward(model: Any, layout: DecoderLayout, record: Record, top: np.
                                          eps, lg)
         # forward: attn_out = heads W_o + b_o
         d_heads = _output_backward(keep, i, (B, n, H, model.d_head), d_attn_out, r.heads,
-                                   p[W_o], p.get(b_o), lg[W_o], lg.get(b_o), ws)
+                                   p.packed(W_o), p.get(b_o), lg[W_o], lg.get(b_o), ws)
         d_qkv = _attend_backward(model, i, r, record, d_heads, d_head_mask, keep, layout, lg)
         # forward: q, k, v = split(ln1 W_qkv + b_qkv);  ln1 = norm_1(resid_pre)
         _input_backward(d_qkv, r.resid_pre, r.ln1, p, W_qkv, b_qkv, layout.ln1, eps, dx, lg,

@@ -52,7 +52,7 @@ def encoder_backward(model: Any, layout: EncoderLayout, record: Record, top: np.
         keep(i, "hook_resid_post", dc, (B, n, d))
         d_mlp_out = keep.branch(i, "hook_mlp_out", dc, (B, n, d))
         # forward: c = y + post W_2 + b_2
-        d_post = linear_backward(d_mlp_out, r.post, p["W_2"], p["b_2"], lg["W_2"], lg["b_2"],
+        d_post = linear_backward(d_mlp_out, r.post, p.packed("W_2"), p["b_2"], lg["W_2"], lg["b_2"],
                                  workspace=ws)
         keep(i, "mlp.hook_post", d_post, (B, n, -1))
         # forward: post = act(pre)
@@ -60,7 +60,7 @@ def encoder_backward(model: Any, layout: EncoderLayout, record: Record, top: np.
         keep(i, "mlp.hook_pre", d_pre, (B, n, -1))
         # forward: pre = y W_1 + b_1   (dy: the residual's dc plus the MLP's)
         dy = dc
-        linear_backward(d_pre, r.ln1, p["W_1"], p["b_1"], lg["W_1"], lg["b_1"], da=dy,
+        linear_backward(d_pre, r.ln1, p.packed("W_1"), p["b_1"], lg["W_1"], lg["b_1"], da=dy,
                         workspace=ws)
         # forward: y = LN_1(a)
         da = _core.layer_norm_backward(dy, r.resid_mid, gain=p["ln_1_weight"], eps=eps,
@@ -69,11 +69,11 @@ def encoder_backward(model: Any, layout: EncoderLayout, record: Record, top: np.
         d_attn_out = keep.branch(i, "hook_attn_out", da, (B, n, d))
         # forward: a = x + heads W_o + b_o
         d_heads = _output_backward(keep, i, (B, n, H, model.d_head), d_attn_out, r.heads,
-                                   p["W_o"], p["b_o"], lg["W_o"], lg["b_o"], ws)
+                                   p.packed("W_o"), p["b_o"], lg["W_o"], lg["b_o"], ws)
         d_qkv = _attend_backward(model, i, r, record, d_heads, d_head_mask, keep)
         # forward: q, k, v = split(x W_qkv + b_qkv)   (dx: the residual's da plus these)
         dx = da
-        linear_backward(d_qkv, r.resid_pre, p["W_qkv"], p["b_qkv"], lg["W_qkv"], lg["b_qkv"],
+        linear_backward(d_qkv, r.resid_pre, p.packed("W_qkv"), p["b_qkv"], lg["W_qkv"], lg["b_qkv"],
                         da=dx, workspace=ws)
         keep(i, "hook_resid_pre", dx, (B, n, d))
     keep(None, "hook_full_embed", dx, (B, n, d))

@@ -10,7 +10,7 @@ import numpy as np
 
 from mha import _core
 
-from .weights import NarrowTable, Packed
+from .weights import NarrowTable, Packed, as_array
 
 # --- activations --------------------------------------------------------------------------------
 
