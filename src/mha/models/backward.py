@@ -587,17 +587,22 @@ def linear_backward(d_out: np.ndarray, a: np.ndarray, w: np.ndarray, bias: np.nd
                     da: np.ndarray | None = None, trans_b: bool = False,
                     workspace: np.ndarray | None = None) -> np.ndarray:
     """The gradient of ``a @ op(w) + bias``'s input a (added into da when given), and of w and
-    the bias added into dw and dbias; with dw None only a's, one product instead of two, on
-    op(w) read transposed (the GEMM packs it a slice of the shared axis at a time). With dw,
-    ``_core.linear_backward`` packs op(w)'s transpose whole first, into ``workspace`` when
-    given (see :func:`workspace_size`). On a quiet machine the two ran a's product equally
-    fast (2 threads, MiniLM's and GPT-2's weights, 128 to 2,048 rows, AVX-512 and AVX2), and
-    the separate packing pass of the dw=None case cost gradient_relevance a sixth of its
-    time; the whole packing is the core's choice for a loaded machine (block_impl.h)."""
+    the bias added into dw and dbias; with dw None only a's, one product instead of two.
+    With dw, ``_core.linear_backward`` packs op(w)'s transpose whole first, into
+    ``workspace`` when given (see :func:`workspace_size`). Without dw, with a workspace (a
+    layer's weight: the LM head's is read as it is), op(w)'s transpose is packed whole too
+    (a new array: one pass over w, 0.09 ms for MiniLM's largest weight), then multiplied as
+    a forward product: read transposed a slice of the shared axis at a time instead, the
+    product ran as fast on one thread but 3.5x slower on two threads of a loaded machine
+    (MiniLM's W_1, 128 rows: 7.2 ms against 2.2 ms, packing included), and attn_lrp and
+    gradient_relevance took 10-15% longer."""
     if dw is not None:
         return _core.linear_backward(d_out, a, w, bias=bias, trans_b=trans_b, da=da, db=dw,
                                      dbias=dbias, workspace=workspace)[0]
-    return _core.linear(d_out, w, trans_b=not trans_b, out=da)
+    if workspace is None:
+        return _core.linear(d_out, w, trans_b=not trans_b, out=da)
+    packed = _core.pack_weight(w, trans_b=not trans_b)
+    return _core.linear(d_out, packed, columns=w.shape[1] if trans_b else w.shape[0], out=da)
 
 
 def workspace_size(model: Any) -> int:
