@@ -50,7 +50,7 @@ def test_every_name_is_importable_from_mha_analysis():
              "head_detection_pattern", "HEAD_NAMES", "head_importance",
              "pruning_against_random", "gradient_relevance", "attention_x_gradient",
              "AttentionGradient", "integrated_gradients", "IntegratedGradients", "IG_METHODS",
-             "attribution_patching"]
+             "attribution_patching", "attn_lrp", "AttnLRP"]
     assert sorted(analysis.__all__) == sorted(names)
     for name in names:
         assert getattr(analysis, name) is not None

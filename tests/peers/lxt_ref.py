@@ -135,7 +135,8 @@ def relevance(model, family, ids, target):
         value = out.last_hidden_state[0, 0, target]
     else:
         logits = out.logits[0, -1]
-        value = logits[target] if isinstance(target, int) else logits[target[0]] - logits[target[1]]
+        value = (logits[target] if isinstance(target, int)
+                 else logits[target[0]] - logits[target[1]])
     value.backward()
     for h in handles:
         h.remove()
