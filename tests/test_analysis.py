@@ -57,7 +57,7 @@ def test_every_name_is_importable_from_mha_analysis():
     # each concern's module lists its own names, and the package lists them all once
     modules = [analysis.similarity, analysis.per_head, analysis.importance, analysis.pruning,
                analysis.beyond, analysis.clark, analysis.headmap, analysis.detectors,
-               analysis.attribution]
+               analysis.attribution, analysis.lrp]
     listed = [n for m in modules for n in m.__all__]
     assert sorted(listed + ["CONVENTIONS"]) == sorted(names)
 
