@@ -1,4 +1,4 @@
-"""The cost of gradient-weighted relevance against a forward with weights, and the
+"""The cost of gradient-weighted relevance and AttnLRP against a forward with weights, and the
 head-pruning procedure on MiniLM by gradient importance against random orders.
 
     python benchmarks/attribution.py [--threads 2] [--rounds 7] [--tokens 128] [--json FILE]
@@ -9,8 +9,10 @@ when the package is not installed), float32, one text of ``--tokens`` token ids.
 times ``model(ids)`` (the forward with the attention weights) and
 ``gradient_relevance(model, ids, target)`` (the recorded forward, the backward of a
 direction on [CLS]'s last hidden state with the gradient of every pattern, and the
-relevance recursion), in alternating order after one untimed call of each; reported: the
-median over the rounds and the spread (lowest and highest) and the ratio of the medians.
+relevance recursion) and ``attn_lrp(model, ids, target)`` (the recorded forward and one
+backward with AttnLRP's rules, to the token embeddings), in rotating order after one untimed
+call of each; reported: the median over the rounds and the spread (lowest and highest) and
+the ratio of each median to the forward's.
 
 ``--pruning``: the loss of sentence-pair training (in-batch cross-entropy over scaled
 cosine similarities of mean-pooled states, first half anchors, second half positives) on
@@ -103,19 +105,21 @@ def _random_bert(raw, rng):
 
 def speed(args):
     import mha
-    from mha.analysis import gradient_relevance
+    from mha.analysis import attn_lrp, gradient_relevance
     mha.set_num_threads(args.threads)
     model, what = load_minilm()
     ids = np.random.default_rng(1).integers(1000, 29000, size=args.tokens)
     ids[0], ids[-1] = 101, 102
     target = np.random.default_rng(2).standard_normal(model.d_model)
     runs = {"forward with weights": lambda: model(ids),
-            "gradient_relevance": lambda: gradient_relevance(model, ids, target)}
+            "gradient_relevance": lambda: gradient_relevance(model, ids, target),
+            "attn_lrp": lambda: attn_lrp(model, ids, target)}
     for run in runs.values():
         run()
     times = {name: [] for name in runs}
     for r in range(args.rounds):
-        for name in (list(runs) if r % 2 == 0 else list(runs)[::-1]):
+        names = list(runs)
+        for name in names[r % len(names):] + names[:r % len(names)]:
             start = time.perf_counter()
             runs[name]()
             times[name].append(time.perf_counter() - start)
@@ -127,10 +131,11 @@ def speed(args):
                         "max_ms": float(ms.max())}
         print(f"{name:22s} median {np.median(ms):8.1f} ms  (spread {ms.min():.1f}-"
               f"{ms.max():.1f})")
-    ratio = result["gradient_relevance"]["median_ms"] / result["forward with weights"]["median_ms"]
-    result["ratio"] = ratio
+    forward = result["forward with weights"]["median_ms"]
+    result["ratio"] = result["gradient_relevance"]["median_ms"] / forward
+    result["attn_lrp_ratio"] = result["attn_lrp"]["median_ms"] / forward
     print(f"{what}, {args.tokens} tokens, {args.threads} threads: relevance / forward = "
-          f"{ratio:.2f}x")
+          f"{result['ratio']:.2f}x, attn_lrp / forward = {result['attn_lrp_ratio']:.2f}x")
     return result
 
 

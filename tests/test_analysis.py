@@ -50,14 +50,14 @@ def test_every_name_is_importable_from_mha_analysis():
              "head_detection_pattern", "HEAD_NAMES", "head_importance",
              "pruning_against_random", "gradient_relevance", "attention_x_gradient",
              "AttentionGradient", "integrated_gradients", "IntegratedGradients", "IG_METHODS",
-             "attribution_patching"]
+             "attribution_patching", "attn_lrp", "AttnLRP"]
     assert sorted(analysis.__all__) == sorted(names)
     for name in names:
         assert getattr(analysis, name) is not None
     # each concern's module lists its own names, and the package lists them all once
     modules = [analysis.similarity, analysis.per_head, analysis.importance, analysis.pruning,
                analysis.beyond, analysis.clark, analysis.headmap, analysis.detectors,
-               analysis.attribution]
+               analysis.attribution, analysis.lrp]
     listed = [n for m in modules for n in m.__all__]
     assert sorted(listed + ["CONVENTIONS"]) == sorted(names)
 

@@ -34,7 +34,7 @@ EXPECTED_TEXT = {
     "06": ["The sweep over head counts", "The head-pruning procedure", "prunable"],
     "07": ["262,144", "ms"],
     "08": ["maximum flows in", "share of weight", "Kobayashi's finding reproduced", "broad heads",
-           "head map"],
+           "head map", "Pearson r (AttnLRP, integrated gradients)"],
     "09": ["next-token accuracy on the repeat: 1.00",
            "zero-ablate head 1.0: accuracy on the repeat 0.00", "patching each head's output"],
     "10": ["passes 0.5: True", "below half its first value: True", "pairs ordered rightly"],

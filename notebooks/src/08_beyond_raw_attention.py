@@ -12,7 +12,10 @@
 # - **value norms** $\|\alpha_{ij} f_h(x_j)\|$ (Kobayashi et al., EMNLP 2020), the length of
 #   what key $j$ actually adds to query $i$ through head $h$;
 # - **Clark et al.'s (2019) head statistics**: where each head looks, on average, and a map of
-#   all 72 heads placed by how alike they attend.
+#   all 72 heads placed by how alike they attend;
+#
+# and, for comparison, three gradient methods that follow a target back through the whole
+# model: gradient-weighted relevance, integrated gradients and AttnLRP.
 
 # %%
 # %matplotlib inline
@@ -151,6 +154,50 @@ viz.clark_metrics_figure(model, metrics=metrics)
 points, distances = analysis.head_map(enc.attentions, attention_mask=enc.attention_mask)
 print("head map:", points.shape, "coordinates; distances", distances.shape)
 viz.head_map(points=points, color=metrics["entropy"], color_label="mean entropy (nats)")
+
+# %% [markdown]
+# ## What the output needs: gradients and AttnLRP
+#
+# The lenses above read the attention alone. Gradient methods follow a target back through
+# the whole model. Here the target is how close the sentence's embedding (MiniLM's mean-pooled
+# last hidden state) lies to that of a paraphrase: its dot product with the paraphrase's unit
+# vector, `position="mean"`. Side by side, per token:
+#
+# - the raw weights of the last layer, averaged over heads and queries;
+# - **gradient-weighted relevance** (Chefer et al. 2021), its rows averaged as the pooling does;
+# - **integrated gradients** on the token embeddings, from zero embeddings;
+# - **AttnLRP** (Achtibat et al., ICML 2024): one backward in which the norms' scales are held
+#   constant, the activation passes `act(x) / x` of the gradient, and q, k and v take a
+#   quarter, a quarter and a half of theirs; the token's relevance is embedding x gradient.
+
+# %%
+paraphrase = model.encode(["A kind physician promised to help."], need_weights=False)
+mask = paraphrase.attention_mask[0]
+direction = (paraphrase.last_hidden_state[0] * mask[:, None]).sum(axis=0) / mask.sum()
+direction /= np.linalg.norm(direction)
+lrp = analysis.attn_lrp(model, text, direction, position="mean")
+ig = analysis.integrated_gradients(model, text, direction, position="mean", steps=32)
+chefer = analysis.gradient_relevance(model, text, direction, position="mean").mean(axis=0)
+raw = attentions[-1].mean(axis=(0, 1))
+print(f"target {lrp.value:.3f}: AttnLRP gives the tokens {lrp.tokens.sum():.3f} of it (the "
+      f"rest to positions, biases and the softmax); integrated gradients' delta {ig.delta:.1e}")
+print(f"{'token':>10} {'raw':>6} {'Chefer':>7} {'IG':>7} {'AttnLRP':>8}")
+for i, tok in enumerate(tokens):
+    print(f"{tok:>10} {raw[i]:6.3f} {chefer[i]:7.3f} {ig.attributions[i]:7.3f} "
+          f"{lrp.tokens[i]:8.3f}")
+r = np.corrcoef(lrp.tokens, ig.attributions)[0, 1]
+print(f"Pearson r (AttnLRP, integrated gradients): {r:.2f}; (AttnLRP, raw weights): "
+      f"{np.corrcoef(lrp.tokens, raw)[0, 1]:.2f}")
+l, h = np.unravel_index(np.argmax(np.abs(lrp.heads)), lrp.heads.shape)
+print(f"most relevant head: {l}-{h} ({lrp.heads[l, h]:.3f}; all heads {lrp.heads.sum():.3f})")
+
+# %% [markdown]
+# AttnLRP and integrated gradients point at the same words, *doctor*, *help*, *patient*
+# and *kind*, the ones the paraphrase shares in meaning; AttnLRP costs one backward where
+# integrated gradients took 32. The raw weights of the last layer go mostly to `[CLS]` and do
+# not track either; the averaged rows of Chefer's relevance are nearly flat here, their
+# identity term dominating. These are a real model's numbers; mha's own tests hold AttnLRP to
+# lxt 2.1, the authors' package, on tiny random models (docs/beyond_attention.md).
 
 # %% [markdown]
 # ## The interactive views

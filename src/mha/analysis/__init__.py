@@ -44,6 +44,8 @@ One module per concern, every name importable from ``mha.analysis``:
   :func:`gradient_relevance` (Chefer et al. 2021), :func:`attention_x_gradient`,
   :func:`integrated_gradients` on the input embeddings (as captum) and
   :func:`attribution_patching` (the gradient estimate of :mod:`mha.patching`);
+- ``lrp``: :func:`attn_lrp`, AttnLRP's relevance of tokens, heads and layers (Achtibat et
+  al. 2024) in one backward with its rules;
   :func:`head_importance` is Michel et al.'s gradient importance of a model's heads.
 
 The probes of a pretrained model's heads (pattern classification, coreference, ambiguous
@@ -59,6 +61,7 @@ from ._inputs import CONVENTIONS
 from .attribution import (IG_METHODS, AttentionGradient, IntegratedGradients,
                           attention_x_gradient, attribution_patching, gradient_relevance,
                           integrated_gradients)
+from .lrp import AttnLRP, attn_lrp
 from .beyond import HEAD_FUSIONS, attention_flow, attention_rollout, value_norms
 from .clark import (CLARK_METRICS, broad_heads, clark_metrics, head_statistic_sums,
                     model_head_statistic_sums, row_statistic_sums, token_classes)
@@ -82,5 +85,5 @@ __all__ = [
     "broad_heads", "classical_mds", "metric_mds", "head_map",
     "HEAD_NAMES", "detect_head", "head_detection_pattern",
     "gradient_relevance", "attention_x_gradient", "AttentionGradient", "integrated_gradients",
-    "IntegratedGradients", "IG_METHODS", "attribution_patching",
+    "IntegratedGradients", "IG_METHODS", "attribution_patching", "attn_lrp", "AttnLRP",
 ]

@@ -161,11 +161,60 @@ class Record:
 
 
 
+#: the epsilon of AttnLRP's identity rule on an activation: act(x) / (x + LRP_EPS), as lxt's
+#: ``identity_rule_implicit`` has it
+LRP_EPS = 1e-10
+
+
+def lrp_norm_backward(d_y: np.ndarray, x: np.ndarray, gain: np.ndarray, eps: float,
+                      dx: np.ndarray, centred: bool) -> None:
+    """dx += the gradient of a norm of x (rows, width) with its scale held constant
+    (AttnLRP's identity rule on the normalisation, as lxt stops the gradient of LayerNorm's
+    std and RMSNorm's rsqrt): LayerNorm (``centred``) ``y = gain (x - mean(x)) / s + bias``,
+    s = sqrt(var(x) + eps), gives ``dx = g - mean(g)`` with ``g = d_y gain / s``; RMSNorm
+    ``y = gain x / s``, s = sqrt(mean(x^2) + eps), gives ``dx = d_y gain / s``."""
+    if centred:
+        xc = x - x.mean(axis=1, keepdims=True)
+        s = np.sqrt(np.mean(xc * xc, axis=1, keepdims=True) + eps)
+    else:
+        s = np.sqrt(np.mean(x * x, axis=1, keepdims=True) + eps)
+    g = d_y * gain
+    g /= s
+    if centred:
+        g -= g.mean(axis=1, keepdims=True)
+    dx += g
+
+
+def activation_backward(d_post: np.ndarray, pre: np.ndarray, post: np.ndarray, act: int,
+                        lrp: bool = False) -> np.ndarray:
+    """d_pre (rows, f or 2f) of ``post = act(pre)`` (``act(gate) * up`` over pre's halves when
+    ``act`` has ops.GATED) from d_post (rows, f). With ``lrp``, AttnLRP's rules (lxt's
+    ``identity_rule_implicit`` and ``divide_gradient``): the activation's derivative is
+    replaced by act(x) / (x + LRP_EPS), and a gated product passes half its gradient to
+    each factor: ``d_up = d_post / 2 * act(gate)``, ``d_gate = d_post / 2 * up * act(gate) /
+    (gate + LRP_EPS)``."""
+    if not lrp:
+        return _core.activation_backward(d_post, pre, act=act)
+    if not act & ops.GATED:
+        return post / (pre + LRP_EPS) * d_post
+    f = post.shape[1]
+    gate, up = pre[:, :f], pre[:, f:]
+    a = _core.activation(np.ascontiguousarray(gate), act=act & ~ops.GATED)
+    half = d_post * 0.5
+    d_pre = np.empty_like(pre)
+    np.multiply(half, a, out=d_pre[:, f:])
+    np.multiply(half * up, a / (gate + LRP_EPS), out=d_pre[:, :f])
+    return d_pre
+
+
 def _norm_backward(d_y: np.ndarray, x: np.ndarray, gain: np.ndarray, eps: float,
-                   dx: np.ndarray, grads: dict[str, np.ndarray], names: tuple[str, str | None]
-                   ) -> None:
-    """dx += the norm's input gradient; the gain's (and bias') gradients added into grads."""
-    if names[1] is None:
+                   dx: np.ndarray, grads: dict[str, np.ndarray], names: tuple[str, str | None],
+                   lrp: bool = False) -> None:
+    """dx += the norm's input gradient; the gain's (and bias') gradients added into grads;
+    with ``lrp`` the identity rule (:func:`lrp_norm_backward`) and no parameter gradient."""
+    if lrp:
+        lrp_norm_backward(d_y, x, gain, eps, dx, centred=names[1] is not None)
+    elif names[1] is None:
         _core.rms_norm_backward(d_y, x, gain=gain, eps=eps, dx=dx, dgain=grads[names[0]])
     else:
         _core.layer_norm_backward(d_y, x, gain=gain, eps=eps, dx=dx, dgain=grads[names[0]],
@@ -317,13 +366,20 @@ class Recorder(HookPoints):
 
 def _attend_backward(model: Any, i: int, r: Any, record: Record, d_heads: np.ndarray,
                      d_head_mask: np.ndarray, keep: Any, layout: Any = None,
-                     lg: Mapping[str, Any] | None = None) -> np.ndarray:
+                     lg: Mapping[str, Any] | None = None, lrp: bool = False) -> np.ndarray:
     """The backward of a layer's attention (as the forward recorded it: ``heads =
     merge(att) * head_mask``) and of the rotary embedding and QK-norm before it: d_heads
     (rows, H * d_head) -> d_qkv (rows, (H + 2 H_kv) d_head), the gradient of the fused q/k/v
     product's output; d_head_mask[i] set; the QK-norm's gain gradients added into lg (the
     layer's); keep(layer, point, value, shape) offered the activation gradients on the
-    way."""
+    way.
+
+    With ``lrp``, AttnLRP's rules as lxt applies them (its ``divide_gradient`` on the
+    attention's inputs): the uniform rule on ``P v`` halves the gradient that reaches P and v,
+    and on ``q k^T`` halves again the gradient that reaches q and k, the softmax between them
+    keeping its ordinary gradient: dq and dk are the ordinary ones / 4, dv / 2 (the pattern's
+    and scores' gradients offered to keep are the halved ones); the rotary embedding's
+    backward is linear and the QK-norm's takes the identity rule."""
     B, H, n, dh = r.q.shape
     H_kv = r.k.shape[1]
     keep(i, "attn.hook_z", d_heads, (B, n, H, dh))
@@ -334,16 +390,23 @@ def _attend_backward(model: Any, i: int, r: Any, record: Record, d_heads: np.nda
         d_att *= record.head_mask[i][None, :, None, None]
     d_scores = None
     if keep.wants(i, "attn.hook_pattern") or keep.wants(i, "attn.hook_attn_scores"):
-        d_scores = _pattern_gradients(model, i, r, record, d_att, keep)
+        d_scores = _pattern_gradients(model, i, r, record, d_att * 0.5 if lrp else d_att,
+                                      keep)
     # forward: att = attention(q, k, v)
     dq, dk, dv = _core.attention_backward(
         d_att, r.q, r.k, r.v, key_padding_mask=record.pad_mask, out=r.att, lse=r.lse,
         **_attention_options(model, i, B, H, n))
-    if d_scores is not None:
+    factors = (0.25, 0.25, 0.5) if lrp else (1.0, 1.0, 1.0)
+    if d_scores is not None:        # from dS (already halved by P v's rule under lrp)
         dq, dk = _score_input_gradients(model.attention_scale(i), r.q, r.k, d_scores)
+        factors = (0.5, 0.5, 0.5) if lrp else factors
     d_qkv = np.empty((B * n, (H + 2 * H_kv) * dh), dtype=model.dtype)
-    for dst, src in zip(ops.split_heads(d_qkv, B, n, (H, H_kv, H_kv), dh), (dq, dk, dv)):
-        np.copyto(dst, src)
+    for dst, src, factor in zip(ops.split_heads(d_qkv, B, n, (H, H_kv, H_kv), dh),
+                                (dq, dk, dv), factors):
+        if factor == 1.0:
+            np.copyto(dst, src)
+        else:
+            np.multiply(src, model.dtype(factor), out=dst)
     parts = d_qkv.reshape(B, n, H + 2 * H_kv, dh)
     if model.rotary:
         keep(i, "attn.hook_rot_q", parts[:, :, :H], (B, n, H, dh))
@@ -359,8 +422,11 @@ def _attend_backward(model: Any, i: int, r: Any, record: Record, d_heads: np.nda
             width = dh if layout.qk_norm_heads else h * dh
             d_y = np.ascontiguousarray(d_qkv[:, start:start + h * dh]).reshape(-1, width)
             d_x = np.zeros_like(d_y)
-            _core.rms_norm_backward(d_y, x.reshape(-1, width), gain=p[gain], eps=eps, dx=d_x,
-                                    dgain=None if lg is None else lg[gain])
+            if lrp:
+                lrp_norm_backward(d_y, x.reshape(-1, width), p[gain], eps, d_x, centred=False)
+            else:
+                _core.rms_norm_backward(d_y, x.reshape(-1, width), gain=p[gain], eps=eps,
+                                        dx=d_x, dgain=None if lg is None else lg[gain])
             d_qkv[:, start:start + h * dh] = d_x.reshape(-1, h * dh)
     keep(i, "attn.hook_q", parts[:, :, :H], (B, n, H, dh))
     keep(i, "attn.hook_k", parts[:, :, H:H + H_kv], (B, n, H_kv, dh))
@@ -523,17 +589,19 @@ def linear_backward(d_out: np.ndarray, a: np.ndarray, w: np.ndarray | ops.Packed
                     da: np.ndarray | None = None, trans_b: bool = False,
                     workspace: np.ndarray | None = None) -> np.ndarray:
     """The gradient of ``a @ op(w) + bias``'s input a (added into da when given), and of w and
-    the bias added into dw and dbias; w may be a model's packed weight (:class:`ops.Packed`,
-    any format): for a's gradient alone of up to 16 rows read transposed from its packing
-    (``_core.linear_transposed``: 1.2-1.4 ms against 3.7-4.6 ms for a 960 x 2560 bfloat16 or
-    Q8_0 weight at one row), else unpacked into a copy (at 122-256 rows the copy's GEMM took
-    0.6-0.9x the time of linear_transposed, measured on a loaded machine). With dw
-    None only a's, one product instead of two, on op(w) read transposed (the GEMM packs it a slice of the shared axis at a time). With dw,
-    ``_core.linear_backward`` packs op(w)'s transpose whole first, into ``workspace`` when
-    given (see :func:`workspace_size`). On a quiet machine the two ran a's product equally
-    fast (2 threads, MiniLM's and GPT-2's weights, 128 to 2,048 rows, AVX-512 and AVX2), and
-    the separate packing pass of the dw=None case cost gradient_relevance a sixth of its
-    time; the whole packing is the core's choice for a loaded machine (block_impl.h)."""
+    the bias added into dw and dbias; with dw None only a's, one product instead of two.
+    w may be a model's packed weight (:class:`ops.Packed`, any format): for a's gradient alone
+    of up to 16 rows it is read transposed from its packing (``_core.linear_transposed``:
+    1.2-1.4 ms against 3.7-4.6 ms for a 960 x 2560 bfloat16 or Q8_0 weight at one row), else
+    unpacked into a copy (at 122-256 rows the copy's GEMM took 0.6-0.9x linear_transposed's
+    time on a loaded machine). With dw, ``_core.linear_backward`` packs op(w)'s transpose
+    whole first, into ``workspace`` when given (see :func:`workspace_size`). Without dw, with
+    a workspace (a layer's weight: the LM head's is read as it is), op(w)'s transpose is
+    packed whole too (a new array: one pass over w, 0.09 ms for MiniLM's largest weight),
+    then multiplied as a forward product: read transposed a slice of the shared axis at a
+    time instead, the product ran as fast on one thread but 3.5x slower on two threads of a
+    loaded machine (MiniLM's W_1, 128 rows: 7.2 ms against 2.2 ms, packing included), and
+    attn_lrp and gradient_relevance took 10-15% longer."""
     if isinstance(w, ops.Packed):
         if dw is None and len(d_out) <= 16:     # dx = dy W^T read from the packing itself
             return _core.linear_transposed(d_out, w.data, columns=w.columns, format=w.format,
@@ -542,7 +610,10 @@ def linear_backward(d_out: np.ndarray, a: np.ndarray, w: np.ndarray | ops.Packed
     if dw is not None:
         return _core.linear_backward(d_out, a, w, bias=bias, trans_b=trans_b, da=da, db=dw,
                                      dbias=dbias, workspace=workspace)[0]
-    return _core.linear(d_out, w, trans_b=not trans_b, out=da)
+    if workspace is None:
+        return _core.linear(d_out, w, trans_b=not trans_b, out=da)
+    packed = _core.pack_weight(w, trans_b=not trans_b)
+    return _core.linear(d_out, packed, columns=w.shape[1] if trans_b else w.shape[0], out=da)
 
 
 def workspace_size(model: Any) -> int:
@@ -558,20 +629,20 @@ def workspace_size(model: Any) -> int:
 
 def _post_norm_backward(d_y: np.ndarray, x: np.ndarray | None, p: Mapping[str, np.ndarray],
                         names: tuple[str, str | None] | None, eps: float,
-                        lg: dict[str, np.ndarray]) -> np.ndarray:
+                        lg: dict[str, np.ndarray], lrp: bool = False) -> np.ndarray:
     """The gradient of a branch's output x (rows, d) from that of its post-norm's output d_y
     (the norm's gain gradient added into lg), or d_y itself when there is no post-norm."""
     if names is None or x is None:
         return d_y
     d_x = np.zeros_like(d_y)
-    _norm_backward(d_y, x, p[names[0]], eps, d_x, lg, names)
+    _norm_backward(d_y, x, p[names[0]], eps, d_x, lg, names, lrp)
     return d_x
 
 
 def _input_backward(d_out: np.ndarray, x: np.ndarray, normed: np.ndarray | None,
                     p: LayerWeights, w: str, b: str | None,
                     norm: tuple[str, str | None] | None, eps: float, dx: np.ndarray,
-                    lg: dict[str, np.ndarray], ws: np.ndarray) -> None:
+                    lg: dict[str, np.ndarray], ws: np.ndarray, lrp: bool = False) -> None:
     """dx += the gradient of a branch's input x (rows, d) from that of its first product
     ``out = norm(x) W + b`` (``normed``: the norm's recorded output; no norm: x itself), W's,
     b's and the norm's gradients added into lg."""
@@ -582,18 +653,21 @@ def _input_backward(d_out: np.ndarray, x: np.ndarray, normed: np.ndarray | None,
     d_normed = linear_backward(d_out, normed, p.packed(w), p.get(b or ""), lg[w],
                                lg.get(b or ""),
                                workspace=ws)
-    _norm_backward(d_normed, x, p[norm[0]], eps, dx, lg, norm)
+    _norm_backward(d_normed, x, p[norm[0]], eps, dx, lg, norm, lrp)
 
 
 def decoder_backward(model: Any, layout: DecoderLayout, record: Record, top: np.ndarray,
                      wanted: list[str], grads: dict[str, np.ndarray],
                      hooks: Mapping[str, list[Callable[[np.ndarray, str], Any]]] | None,
-                     changed: Mapping[str, np.ndarray] | None, ws: np.ndarray) -> None:
+                     changed: Mapping[str, np.ndarray] | None, ws: np.ndarray,
+                     lrp: bool = False) -> None:
     """Add every parameter's gradient into ``grads`` (which holds the LM head's already) and
     put those of ``wanted`` there, from the gradient ``top`` (rows, d) of the final norm's
     output; ``hooks`` {point: [fn]} run on the gradients on the way, ``changed`` zeroes them
     where the forward's hooks replaced an activation (:class:`Keeper`); ``ws``: the packing
-    workspace (:func:`workspace_size`)."""
+    workspace (:func:`workspace_size`). ``lrp``: AttnLRP's rules (every norm's identity
+    rule, :func:`activation_backward`'s and :func:`_attend_backward`'s), for activation
+    gradients only (``grads`` a :class:`NoGrads`)."""
     B, n = record.ids.shape
     rows = B * n
     L, H, d = model.n_layers, model.n_heads, model.d_model
@@ -604,7 +678,7 @@ def decoder_backward(model: Any, layout: DecoderLayout, record: Record, top: np.
     # forward: hidden = norm_f(norm_input)
     dx = np.zeros((rows, d), dtype=model.dtype)
     gain, bias = layout.final
-    _norm_backward(top, record.norm_input, params[gain], eps, dx, grads, layout.final)
+    _norm_backward(top, record.norm_input, params[gain], eps, dx, grads, layout.final, lrp)
     w_in, b_in, w_out, b_out = layout.mlp
     W_qkv, b_qkv, W_o, b_o = layout.attention
     act = model._act | (ops.GATED if layout.gated else 0)
@@ -617,31 +691,33 @@ def decoder_backward(model: Any, layout: DecoderLayout, record: Record, top: np.
             keep(i, "hook_attn_out", d_attn_branch, (B, n, d))
         d_mlp_out = _post_norm_backward(
             keep.branch(i, "hook_mlp_out", dx, (B, n, d)), r.mlp_out, p, layout.post_mlp,
-            eps, lg)
+            eps, lg, lrp)
         # forward: mlp_out = post W_out + b_out      (the residual adds it, or its post-norm)
         d_post = linear_backward(d_mlp_out, r.post, p.packed(w_out), p.get(b_out), lg[w_out],
                                  lg.get(b_out), workspace=ws)
         keep(i, "mlp.hook_post", d_post, (B, n, -1))
         # forward: post = act(pre)   (act(gate) * up when gated)
-        d_pre = _core.activation_backward(d_post, r.pre, act=act)
+        d_pre = activation_backward(d_post, r.pre, r.post, act, lrp)
         f = d_post.shape[1]
         keep(i, "mlp.hook_pre", d_pre[:, :f], (B, n, f))
         keep(i, "mlp.hook_pre_linear", d_pre[:, f:], (B, n, f))
         # forward: pre = ln2 W_in + b_in;  ln2 = norm_2(resid_mid)  (resid_pre when parallel)
         mlp_input = r.resid_pre if layout.parallel else r.resid_mid
-        _input_backward(d_pre, mlp_input, r.ln2, p, w_in, b_in, layout.ln2, eps, dx, lg, ws)
+        _input_backward(d_pre, mlp_input, r.ln2, p, w_in, b_in, layout.ln2, eps, dx, lg, ws,
+                        lrp)
         if not layout.parallel:         # dx already held the residual branch
             keep(i, "hook_resid_mid", dx, (B, n, d))
             d_attn_branch = keep.branch(i, "hook_attn_out", dx, (B, n, d))
         d_attn_out = _post_norm_backward(d_attn_branch, r.attn_out, p, layout.post_attention,
-                                         eps, lg)
+                                         eps, lg, lrp)
         # forward: attn_out = heads W_o + b_o
         d_heads = _output_backward(keep, i, (B, n, H, model.d_head), d_attn_out, r.heads,
                                    p.packed(W_o), p.get(b_o), lg[W_o], lg.get(b_o), ws)
-        d_qkv = _attend_backward(model, i, r, record, d_heads, d_head_mask, keep, layout, lg)
+        d_qkv = _attend_backward(model, i, r, record, d_heads, d_head_mask, keep, layout, lg,
+                                 lrp)
         # forward: q, k, v = split(ln1 W_qkv + b_qkv);  ln1 = norm_1(resid_pre)
         _input_backward(d_qkv, r.resid_pre, r.ln1, p, W_qkv, b_qkv, layout.ln1, eps, dx, lg,
-                        ws)
+                        ws, lrp)
         keep(i, "hook_resid_pre", dx, (B, n, d))
     # forward: x = tok_emb[ids] (+ pos_emb[0..n))
     d_embed = keep.branch(None, "hook_embed", dx, (B, n, d))

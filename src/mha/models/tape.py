@@ -160,28 +160,30 @@ class Tape:
 def _walk_back(model: Any, record: Record, d_logits: ArrayLike | None,
                d_hidden: ArrayLike | None, wrt: Sequence[str], parameters: bool,
                bwd_hooks: Sequence[tuple[NameFilter, HookFn]],
-               changed: Mapping[str, np.ndarray] | None) -> dict[str, np.ndarray]:
-    """The backward of one record: the arguments checked before anything is computed."""
+               changed: Mapping[str, np.ndarray] | None, lrp: bool = False
+               ) -> dict[str, np.ndarray]:
+    """The backward of one record: the arguments checked before anything is computed;
+    ``lrp``: AttnLRP's rules (``mha.analysis.attn_lrp``), without parameter gradients."""
     layout = model._need_layout()
     wanted = _check_wrt(model, wrt)
     hooks = _check_hooks(model, bwd_hooks)
     arrays = _check_top(model, record, d_logits, d_hidden)
     grads = _zero_grads(model, "d_logits" in arrays) if parameters else NoGrads()
     top = _top_gradient(model, layout, record, arrays, grads)
-    _run_backward(model, layout, record, top, wanted, grads, hooks, changed)
+    _run_backward(model, layout, record, top, wanted, grads, hooks, changed, lrp)
     return dict(grads)
 
 
 def _run_backward(model: Any, layout: DecoderLayout | EncoderLayout, record: Record,
                   top: np.ndarray, wanted: list[str], grads: dict[str, np.ndarray],
-                  hooks: Mapping[str, list[HookFn]], changed: Mapping[str, np.ndarray] | None
-                  ) -> None:
+                  hooks: Mapping[str, list[HookFn]], changed: Mapping[str, np.ndarray] | None,
+                  lrp: bool = False) -> None:
     """The family's backward on a workspace borrowed from the model's pool."""
     pool = model._memory.workspaces
     ws = pool.take(model.dtype, workspace_size(model))
     try:
         walk: Any = encoder_backward if isinstance(layout, EncoderLayout) else decoder_backward
-        walk(model, layout, record, top, wanted, grads, hooks, changed, ws)
+        walk(model, layout, record, top, wanted, grads, hooks, changed, ws, lrp=lrp)
     finally:
         pool.give_back(ws)
 
