@@ -630,6 +630,21 @@ def decoder_backward(model: Any, layout: DecoderLayout, record: Record, top: np.
         _input_backward(d_qkv, r.resid_pre, r.ln1, p, W_qkv, b_qkv, layout.ln1, eps, dx, lg,
                         ws)
         keep(i, "hook_resid_pre", dx, (B, n, d))
+    embeddings_backward = getattr(model, "_embeddings_backward", None)
+    if embeddings_backward is not None:     # an image model's patches, tokens and positions
+        embeddings_backward(record, dx, keep, grads)
+    else:
+        _token_backward(model, layout, record, dx, keep, grads)
+    keep(None, "head_mask", d_head_mask, (L, H))
+    grads.update((name, keep.out[name]) for name in wanted)
+
+
+def _token_backward(model: Any, layout: DecoderLayout, record: Record, dx: np.ndarray,
+                    keep: Keeper, grads: dict[str, np.ndarray]) -> None:
+    """The token (and position) tables' gradients added into grads from dx (rows, d), the
+    gradient of the first block's input."""
+    B, n = record.ids.shape
+    d = model.d_model
     # forward: x = tok_emb[ids] (+ pos_emb[0..n))
     d_embed = keep.branch(None, "hook_embed", dx, (B, n, d))
     if model._embed_scale is not None:      # forward: hook_embed = tok_emb[ids] * embed_scale
@@ -641,5 +656,3 @@ def decoder_backward(model: Any, layout: DecoderLayout, record: Record, top: np.
         d_pos = keep.branch(None, "hook_pos_embed", dx, (B, n, d))
         if grads[layout.positions] is not None:
             grads[layout.positions][:n] += d_pos.reshape(B, n, d).sum(axis=0)
-    keep(None, "head_mask", d_head_mask, (L, H))
-    grads.update((name, keep.out[name]) for name in wanted)

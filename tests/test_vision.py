@@ -1,0 +1,347 @@
+"""Vision transformers (issue 39): ViT (and its classifier), DeiT (with teacher), DINOv2
+(SwiGLU, layer scale) and DINOv2 with registers, against transformers' own classes on tiny
+random models saved with save_pretrained; preprocess against transformers' PIL image
+processors; gradients against torch autograd. Nothing is downloaded.
+
+float64 references run transformers with its float32 steps (ViT's softmax, DINOv2's position
+interpolation) made float64 (``float64_steps``), so the comparison is of two float64 paths.
+Measured gaps (this machine): float64 forward <= 7e-15, attentions <= 2e-15, hidden states
+<= 7e-15; float32 <= 4e-7; gradients <= 3e-14 relative to the largest entry; the
+preprocessing is equal (0.0).
+"""
+import contextlib
+import importlib
+
+import numpy as np
+import pytest
+
+import mha
+import mha.models
+from mha.analysis import attention_rollout
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+PIL = pytest.importorskip("PIL.Image")
+
+F64 = dict(rtol=0, atol=1e-13)          # measured <= 7e-15
+F32 = dict(rtol=0, atol=1e-5)           # measured <= 4e-7
+GRAD = 3e-13                            # relative to the largest entry; measured <= 3e-14
+
+
+class _Float64Torch:
+    """torch, but ``torch.float32`` is float64: what a module reads as ``torch.float32``
+    (ViT's eager softmax dtype, DINOv2's interpolation dtype) computes in float64."""
+
+    def __getattr__(self, name):
+        return torch.float64 if name == "float32" else getattr(torch, name)
+
+
+@contextlib.contextmanager
+def float64_steps():
+    modules = [importlib.import_module(f"transformers.models.{n}.modeling_{n}")
+               for n in ("vit", "deit", "dinov2", "dinov2_with_registers")]
+    saved = [m.torch for m in modules]
+    for m in modules:
+        m.torch = _Float64Torch()
+    try:
+        yield
+    finally:
+        for m, t in zip(modules, saved):
+            m.torch = t
+
+
+SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, image_size=32,
+             patch_size=8)
+FAMILIES = {
+    "vit": ("ViTConfig", "ViTModel", dict(intermediate_size=64)),
+    "vit_classifier": ("ViTConfig", "ViTForImageClassification",
+                       dict(intermediate_size=64, num_labels=5)),
+    "deit": ("DeiTConfig", "DeiTForImageClassificationWithTeacher",
+             dict(intermediate_size=64, num_labels=3)),
+    "dinov2_swiglu": ("Dinov2Config", "Dinov2Model", dict(mlp_ratio=2, use_swiglu_ffn=True)),
+    "dinov2_classifier": ("Dinov2Config", "Dinov2ForImageClassification",
+                          dict(mlp_ratio=2, num_labels=4)),
+    "registers": ("Dinov2WithRegistersConfig", "Dinov2WithRegistersForImageClassification",
+                  dict(mlp_ratio=2, num_register_tokens=4, num_labels=3)),
+}
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    """Each family saved by transformers, weights = init + N(0, 0.2) noise (peaked heads,
+    layer scales and norm gains away from 1), with its processor's config."""
+    root = tmp_path_factory.mktemp("vision")
+    out = {}
+    torch.manual_seed(0)
+    for name, (config, cls, extra) in FAMILIES.items():
+        cfg = getattr(transformers, config)(**SMALL, **extra)
+        model = getattr(transformers, cls)(cfg)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.2 * torch.randn_like(p))
+        model.save_pretrained(root / name)
+        processor = ("DeiTImageProcessorPil" if name == "deit" else "BitImageProcessorPil"
+                     if "dino" in name or name == "registers" else "ViTImageProcessorPil")
+        sizes = (dict(size={"height": 32, "width": 32}) if "vit" in name else
+                 dict(size={"shortest_edge": 36}, crop_size={"height": 32, "width": 32}))
+        getattr(transformers, processor)(**sizes).save_pretrained(root / name)
+        out[name] = (root / name, getattr(transformers, cls))
+    return out
+
+
+def _reference(folders, name, dtype=torch.float64):
+    folder, cls = folders[name]
+    return cls.from_pretrained(folder, attn_implementation="eager").eval().to(dtype)
+
+
+def _pixels(shape=(2, 3, 32, 32), seed=0):
+    return np.random.default_rng(seed).standard_normal(shape)
+
+
+def _sizes(name):
+    if name.startswith("dino") or name == "registers":
+        return [(32, 32), (40, 48), (16, 16), (32, 24)]     # always interpolated
+    return [(32, 32), (48, 40)]
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_forward_float64_equals_transformers(folders, name):
+    model = mha.models.load(folders[name][0], dtype=np.float64)
+    ref = _reference(folders, name)
+    for h, w in _sizes(name):
+        x = _pixels((2, 3, h, w))
+        interpolate = (h, w) != (32, 32)
+        kw = {} if model._always_interpolate else dict(interpolate_pos_encoding=interpolate)
+        with torch.no_grad(), float64_steps():
+            out = ref(torch.from_numpy(x), output_attentions=True, output_hidden_states=True,
+                      **kw)
+        enc = model(x, **kw)
+        attentions = np.stack([a.numpy() for a in out.attentions], axis=1)
+        np.testing.assert_allclose(enc.attentions, attentions, **F64)
+        hidden = np.stack([a.numpy() for a in out.hidden_states], axis=1)
+        np.testing.assert_allclose(enc.hidden_states[:, :-1], hidden[:, :-1], **F64)
+        if hasattr(out, "last_hidden_state"):
+            np.testing.assert_allclose(enc.last_hidden_state, out.last_hidden_state.numpy(),
+                                       **F64)
+            if getattr(out, "pooler_output", None) is not None:
+                np.testing.assert_allclose(enc.pooler_output, out.pooler_output.numpy(), **F64)
+        else:
+            np.testing.assert_allclose(enc.logits, out.logits.numpy(), **F64)
+
+
+@pytest.mark.parametrize("name", ["vit_classifier", "deit", "registers"])
+def test_forward_float32_equals_transformers(folders, name):
+    model = mha.models.load(folders[name][0])
+    ref = _reference(folders, name, torch.float32)
+    x = _pixels().astype(np.float32)
+    with torch.no_grad():
+        out = ref(torch.from_numpy(x), output_attentions=True)
+    enc = model(x)
+    assert enc.attentions.dtype == np.float32
+    np.testing.assert_allclose(enc.logits, out.logits.numpy(), **F32)
+    np.testing.assert_allclose(enc.attentions, np.stack([a.numpy() for a in out.attentions], 1),
+                               **F32)
+
+
+def test_token_order_and_names(folders):
+    deit = mha.models.load(folders["deit"][0])
+    registers = mha.models.load(folders["registers"][0])
+    assert deit(_pixels()).tokens[0][:3] == ["[CLS]", "[DIST]", "patch(0,0)"]
+    enc = registers(_pixels((1, 3, 32, 40)))
+    assert enc.tokens[0][:6] == ["[CLS]", "[REG0]", "[REG1]", "[REG2]", "[REG3]", "patch(0,0)"]
+    assert enc.grid == (4, 5) and enc.n_prefix == 5 and enc.attentions.shape[-1] == 25
+
+
+@pytest.mark.parametrize("processor", ["ViTImageProcessorPil", "DeiTImageProcessorPil",
+                                       "BitImageProcessorPil", "CLIPImageProcessorPil"])
+def test_preprocess_equals_transformers_pil_processor(tmp_path, processor):
+    reference = getattr(transformers, processor)()
+    reference.save_pretrained(tmp_path)
+    import json
+    ours = mha.models.ImageProcessor(json.loads((tmp_path / "preprocessor_config.json")
+                                                .read_text()))
+    rng = np.random.default_rng(1)
+    for shape in [(50, 70, 3), (90, 40, 3), (224, 224, 3)]:
+        image = rng.integers(0, 256, shape, dtype=np.uint8)
+        expected = reference(PIL.fromarray(image), return_tensors="np")["pixel_values"]
+        np.testing.assert_allclose(ours(image), expected, rtol=0, atol=1e-6)
+        np.testing.assert_allclose(ours(PIL.fromarray(image)), expected, rtol=0, atol=1e-6)
+
+
+def test_preprocess_old_config_forms():
+    rng = np.random.default_rng(2)
+    image = rng.integers(0, 256, (50, 70, 3), dtype=np.uint8)
+    vit = {"feature_extractor_type": "ViTFeatureExtractor", "size": 30, "resample": 2,
+           "image_mean": [0.5] * 3, "image_std": [0.5] * 3}
+    expected = transformers.ViTImageProcessorPil(size=30, resample=2)(
+        PIL.fromarray(image), return_tensors="np")["pixel_values"]
+    np.testing.assert_allclose(mha.models.ImageProcessor(vit)(image), expected, atol=1e-6)
+    clip = {"feature_extractor_type": "CLIPFeatureExtractor", "size": 30, "crop_size": 28,
+            "do_center_crop": True, "resample": 3}
+    expected = transformers.CLIPImageProcessorPil(size={"shortest_edge": 30}, crop_size=28)(
+        PIL.fromarray(image), return_tensors="np")["pixel_values"]
+    np.testing.assert_allclose(mha.models.ImageProcessor(clip)(image), expected, atol=1e-6)
+
+
+def test_model_preprocess_reads_the_folder(folders):
+    model = mha.models.load(folders["registers"][0])
+    image = np.random.default_rng(3).integers(0, 256, (40, 50, 3), dtype=np.uint8)
+    expected = transformers.BitImageProcessorPil.from_pretrained(folders["registers"][0])(
+        PIL.fromarray(image), return_tensors="np")["pixel_values"]
+    np.testing.assert_allclose(model.preprocess([image]), expected, atol=1e-6)
+
+
+def test_hooks_cache_and_statistics(folders):
+    model = mha.models.load(folders["registers"][0], dtype=np.float64)
+    x = _pixels()
+    enc = model(x)
+    _, cache = model.run_with_cache(x)
+    for l in range(model.n_layers):
+        np.testing.assert_allclose(cache["pattern", l], enc.attentions[:, l], rtol=0,
+                                   atol=1e-14)
+        np.testing.assert_allclose(cache["resid_pre", l], enc.hidden_states[:, l], rtol=0,
+                                   atol=1e-14)
+    assert cache["hook_embed"].shape == (2, 21, 32)
+    # zero-ablating a head: the same as head_mask
+    mask = np.ones((model.n_layers, model.n_heads))
+    mask[1, 2] = 0
+    hooked = model.run_with_hooks(x, fwd_hooks=[("blocks.1.attn.hook_z",
+                                                 lambda z, name: z[:, :, 2].fill(0))])
+    np.testing.assert_allclose(hooked.logits, model(x, head_mask=mask).logits, rtol=0,
+                               atol=1e-14)
+    stats = model.head_statistics(x, key_sets=["first", "registers"])
+    weights = enc.attentions
+    np.testing.assert_allclose(stats["mass:first"], weights[..., 0], rtol=0, atol=1e-13)
+    np.testing.assert_allclose(stats["mass:registers"], weights[..., 1:5].sum(-1), rtol=0,
+                               atol=1e-13)
+    np.testing.assert_allclose(stats["max"], weights.max(-1), rtol=0, atol=1e-13)
+
+
+def _torch_grads(ref, name, lambdas):
+    """torch's parameter gradients under mha's names (DINOv2's layer scale folded: mha's
+    W_o = W_o^torch lambda_1, so d(W_o^torch) = dW_o lambda_1)."""
+    base = getattr(ref, "base_model", ref)
+    emb = base.embeddings
+    g = {"patch_weight": emb.patch_embeddings.projection.weight.grad.reshape(32, -1).T,
+         "patch_bias": emb.patch_embeddings.projection.bias.grad,
+         "cls_token": emb.cls_token.grad[0],
+         "position_embeddings": emb.position_embeddings.grad[0],
+         "ln_f_weight": base.layernorm.weight.grad, "ln_f_bias": base.layernorm.bias.grad}
+    if getattr(emb, "register_tokens", None) is not None:
+        g["register_tokens"] = emb.register_tokens.grad[0]
+    layers = base.layers if hasattr(base, "layers") else base.encoder.layer
+    for i, layer in enumerate(layers):
+        a = layer.attention
+        ln_1 = getattr(layer, "layernorm_before", None) or layer.norm1
+        ln_2 = getattr(layer, "layernorm_after", None) or layer.norm2
+        p = f"layers.{i}."
+        g[p + "W_qkv"] = torch.cat([a.q_proj.weight.grad, a.k_proj.weight.grad,
+                                    a.v_proj.weight.grad]).T
+        g[p + "b_qkv"] = torch.cat([a.q_proj.bias.grad, a.k_proj.bias.grad, a.v_proj.bias.grad])
+        s_1, s_2 = lambdas[i] if lambdas else (1.0, 1.0)
+        g[p + "W_o"], g[p + "b_o"] = a.o_proj.weight.grad.T / s_1, a.o_proj.bias.grad / s_1
+        g[p + "W_1"], g[p + "b_1"] = layer.mlp.fc1.weight.grad.T, layer.mlp.fc1.bias.grad
+        g[p + "W_2"] = layer.mlp.fc2.weight.grad.T / s_2
+        g[p + "b_2"] = layer.mlp.fc2.bias.grad / s_2
+        g[p + "ln_1_weight"], g[p + "ln_1_bias"] = ln_1.weight.grad, ln_1.bias.grad
+        g[p + "ln_2_weight"], g[p + "ln_2_bias"] = ln_2.weight.grad, ln_2.bias.grad
+    g["classifier_weight"], g["classifier_bias"] = (ref.classifier.weight.grad.T,
+                                                     ref.classifier.bias.grad)
+    return {k: v.numpy() for k, v in g.items()}
+
+
+@pytest.mark.parametrize("name", ["vit_classifier", "registers"])
+def test_parameter_gradients_equal_torch_autograd(folders, name):
+    model = mha.models.load(folders[name][0], dtype=np.float64)
+    ref = _reference(folders, name)
+    x = _pixels()
+    labels = np.array([1, 2])
+    with float64_steps():
+        out = ref(torch.from_numpy(x), labels=torch.from_numpy(labels))
+        out.loss.backward()
+    lambdas = None
+    if name == "registers":
+        lambdas = [(l.layer_scale1.lambda1.detach(), l.layer_scale2.lambda1.detach())
+                   for l in ref.base_model.encoder.layer]
+    expected = _torch_grads(ref, name, lambdas)
+    loss, grads = model.loss_and_grads(x, labels)
+    assert abs(loss - out.loss.item()) < 1e-13
+    assert set(expected) == set(model.parameters())
+    for key, value in expected.items():
+        scale = max(np.abs(value).max(), 1e-30)
+        assert np.abs(grads[key] - value).max() / scale < GRAD, key
+
+
+def test_backward_d_logits_and_activation_gradients(folders):
+    model = mha.models.load(folders["vit_classifier"][0], dtype=np.float64)
+    x = _pixels()
+    d_logits = np.random.default_rng(4).standard_normal((2, 5))
+    enc = model(x, backward=True)
+    grads = enc.backward(d_logits=d_logits, wrt=["hook_embed", "blocks.0.attn.hook_pattern"])
+    assert grads["hook_embed"].shape == (2, 17, 32)
+    # the directional derivative along a change of the patch bias, by finite differences
+    direction = np.random.default_rng(5).standard_normal(32)
+    step = 1e-6
+
+    def value(sign):
+        with model.writable_parameters() as params:
+            params["patch_bias"] += sign * step * direction
+        out = float((model(x, need_weights=False).logits * d_logits).sum())
+        with model.writable_parameters() as params:
+            params["patch_bias"] -= sign * step * direction
+        return out
+    numeric = (value(1) - value(-1)) / (2 * step)
+    assert abs(numeric - grads["patch_bias"] @ direction) < 1e-7 * max(1, abs(numeric))
+
+
+def test_rollout_and_gradient_relevance(folders):
+    from mha.analysis import gradient_relevance
+
+    model = mha.models.load(folders["vit_classifier"][0], dtype=np.float64)
+    x = _pixels((1, 3, 32, 32))
+    enc = model(x)
+    rollout = attention_rollout(enc.attentions[0])[-1]          # Abnar & Zuidema's
+    expected = np.eye(17)
+    for a in enc.attentions[0]:
+        fused = 0.5 * a.mean(axis=0) + 0.5 * np.eye(17)
+        expected = fused / fused.sum(-1, keepdims=True) @ expected
+    np.testing.assert_allclose(rollout, expected, rtol=0, atol=1e-12)
+    relevance = gradient_relevance(model, x, target=3)
+    assert relevance.shape == (1, 17, 17)
+    # Chefer et al.'s recursion on the attentions and their gradients from torch
+    ref = _reference(folders, "vit_classifier")
+    with float64_steps():
+        out = ref(torch.from_numpy(x), output_attentions=True)
+        for a in out.attentions:
+            a.retain_grad()
+        out.logits[0, 3].backward()
+    R = np.eye(17)
+    for a in out.attentions:
+        cam = np.maximum((a.grad * a).detach().numpy()[0], 0).mean(axis=0)
+        R = R + cam @ R
+    np.testing.assert_allclose(relevance[0], R, rtol=0, atol=1e-12)
+
+
+def test_from_config_and_errors(folders):
+    model = mha.models.from_config({"model_type": "dinov2_with_registers", "hidden_size": 32,
+                                    "num_hidden_layers": 1, "num_attention_heads": 4,
+                                    "image_size": 32, "patch_size": 8, "mlp_ratio": 2,
+                                    "num_register_tokens": 2}, seed=0)
+    assert model(_pixels((1, 3, 32, 32))).attentions.shape == (1, 1, 4, 19, 19)
+    vit = mha.models.load(folders["vit"][0])
+    with pytest.raises(ValueError, match="interpolate_pos_encoding"):
+        vit(_pixels((1, 3, 48, 32)))
+    with pytest.raises(ValueError, match="shape"):
+        vit(_pixels((1, 4, 32, 32)))
+    with pytest.raises(TypeError, match="floating"):
+        vit(np.zeros((1, 3, 32, 32), np.uint8))
+    with pytest.raises(TypeError, match="pixel_values"):
+        vit(input_ids=np.zeros((1, 4), np.int64))
+    with pytest.raises(TypeError, match="pixel_values"):
+        vit()
+    with pytest.raises(TypeError, match="classifier"):
+        vit.loss_and_grads(_pixels((1, 3, 32, 32)), [0])
+    with pytest.raises(ValueError, match="registers"):
+        vit.head_statistics(_pixels((1, 3, 32, 32)), key_sets="registers")
+    with pytest.raises(ValueError, match=r"\(H, W, 3\)"):
+        vit.preprocess(np.zeros((10, 10, 4), np.uint8))
