@@ -93,6 +93,7 @@ WITHOUT_EXAMPLES = {
     "mha.models.Gemma3Model", "mha.models.Qwen3Model", "mha.models.Olmo2Model",
     "mha.models.Phi3Model", "mha.models.DeiTModel", "mha.models.Dinov2Model",
     "mha.models.Dinov2WithRegistersModel", "mha.models.ImageEncoding",
+    "mha.models.CLIPOutput", "mha.models.CLIPTextTower", "mha.models.CLIPVisionTower",
     "mha.corpus.CorpusError",
 }
 

@@ -345,3 +345,146 @@ def test_from_config_and_errors(folders):
         vit.head_statistics(_pixels((1, 3, 32, 32)), key_sets="registers")
     with pytest.raises(ValueError, match=r"\(H, W, 3\)"):
         vit.preprocess(np.zeros((10, 10, 4), np.uint8))
+
+
+# --- CLIP ------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def clip_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("clip") / "clip"
+    torch.manual_seed(1)
+    config = transformers.CLIPConfig(
+        text_config=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                         intermediate_size=64, vocab_size=99, max_position_embeddings=16,
+                         eos_token_id=98, bos_token_id=97, pad_token_id=1),
+        vision_config=dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=4,
+                           intermediate_size=96, image_size=32, patch_size=8),
+        projection_dim=24)
+    model = transformers.CLIPModel(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    model.save_pretrained(folder)
+    transformers.CLIPImageProcessorPil(size={"shortest_edge": 32},
+                                       crop_size={"height": 32, "width": 32}
+                                       ).save_pretrained(folder)
+    return folder
+
+
+CLIP_IDS = np.array([[97, 5, 7, 9, 98, 1, 1], [97, 4, 98, 1, 1, 1, 1]])
+CLIP_MASK = np.array([[1, 1, 1, 1, 1, 0, 0], [1, 1, 1, 0, 0, 0, 0]], bool)
+
+
+def _clip_reference(folder):
+    return transformers.CLIPModel.from_pretrained(
+        folder, attn_implementation="eager").eval().double()
+
+
+@contextlib.contextmanager
+def clip_float64():
+    module = importlib.import_module("transformers.models.clip.modeling_clip")
+    saved, module.torch = module.torch, _Float64Torch()
+    try:
+        yield
+    finally:
+        module.torch = saved
+
+
+def test_clip_forward_equals_transformers(clip_folder):
+    model = mha.models.load(clip_folder, dtype=np.float64)
+    ref = _clip_reference(clip_folder)
+    x = _pixels()
+    with torch.no_grad(), clip_float64():
+        out = ref(input_ids=torch.from_numpy(CLIP_IDS), pixel_values=torch.from_numpy(x),
+                  attention_mask=torch.from_numpy(CLIP_MASK.astype(np.int64)),
+                  output_attentions=True)
+    ours = model(CLIP_IDS, CLIP_MASK, x)
+    for key in ("image_embeds", "text_embeds", "logits_per_image", "logits_per_text"):
+        np.testing.assert_allclose(getattr(ours, key), getattr(out, key).numpy(), **F64)
+    vision = out.vision_model_output
+    np.testing.assert_allclose(ours.vision.last_hidden_state,
+                               vision.last_hidden_state.numpy(), **F64)
+    # transformers 5's CLIPModel output holds the projected pooled output
+    np.testing.assert_allclose(ours.vision.pooler_output @ model.visual_projection,
+                               vision.pooler_output.numpy(), **F64)
+    np.testing.assert_allclose(ours.vision.attentions,
+                               np.stack([a.numpy() for a in vision.attentions], 1), **F64)
+    text = out.text_model_output
+    real = CLIP_MASK[:, None, None, :, None]            # rows of real queries
+    np.testing.assert_allclose(ours.text.attentions * real, np.stack(
+        [a.numpy() for a in text.attentions], 1) * real, **F64)
+    np.testing.assert_allclose(ours.text.last_hidden_state * CLIP_MASK[..., None],
+                               text.last_hidden_state.numpy() * CLIP_MASK[..., None], **F64)
+    image = np.random.default_rng(6).integers(0, 256, (40, 50, 3), dtype=np.uint8)
+    expected = transformers.CLIPImageProcessorPil.from_pretrained(clip_folder)(
+        PIL.fromarray(image), return_tensors="np")["pixel_values"]
+    np.testing.assert_allclose(model.preprocess(image), expected, atol=1e-6)
+
+
+def test_clip_vision_gradients_equal_torch_autograd(clip_folder):
+    model = mha.models.load(clip_folder, dtype=np.float64).vision_model
+    ref = _clip_reference(clip_folder).vision_model
+    x = _pixels()
+    g = np.random.default_rng(7).standard_normal((2, 17, 48))
+    with clip_float64():
+        out = ref(pixel_values=torch.from_numpy(x))
+        (out.last_hidden_state * torch.from_numpy(g)).sum().backward()
+    grads = model(x, backward=True).backward(d_hidden=g)
+    emb = ref.embeddings
+    expected = {"patch_weight": emb.patch_embedding.weight.grad.reshape(48, -1).T,
+                "class_embedding": emb.class_embedding.grad[None],
+                "position_embeddings": emb.position_embedding.weight.grad,
+                "ln_pre_weight": ref.pre_layrnorm.weight.grad,
+                "ln_pre_bias": ref.pre_layrnorm.bias.grad}
+    for i, layer in enumerate(ref.encoder.layers):
+        a, p = layer.self_attn, f"layers.{i}."
+        expected[p + "W_qkv"] = torch.cat([a.q_proj.weight.grad, a.k_proj.weight.grad,
+                                           a.v_proj.weight.grad]).T
+        expected[p + "W_o"] = a.out_proj.weight.grad.T
+        expected[p + "W_2"] = layer.mlp.fc2.weight.grad.T
+        expected[p + "ln_1_weight"] = layer.layer_norm1.weight.grad
+        expected[p + "b_1"] = layer.mlp.fc1.bias.grad
+    for key, value in expected.items():
+        value = value.numpy()
+        assert np.abs(grads[key] - value).max() / np.abs(value).max() < GRAD, key
+    assert not grads["ln_post_weight"].any()        # the pooled output is not in this loss
+
+
+def test_clip_score_relevance_equals_chefer_on_transformers(clip_folder):
+    from mha.analysis import gradient_relevance
+
+    model = mha.models.load(clip_folder, dtype=np.float64)
+    x = _pixels()
+    relevance = gradient_relevance(model, x, target=CLIP_IDS[:1, :5])
+    ref = _clip_reference(clip_folder)
+    with clip_float64():
+        out = ref(input_ids=torch.from_numpy(CLIP_IDS[:1, :5]),
+                  pixel_values=torch.from_numpy(x), output_attentions=True)
+        attentions = out.vision_model_output.attentions
+        for a in attentions:
+            a.retain_grad()
+        out.logits_per_image[:, 0].sum().backward()
+    for b in range(2):
+        R = np.eye(17)
+        for a in attentions:
+            cam = np.maximum((a.grad * a).detach().numpy()[b], 0).mean(axis=0)
+            R = R + cam @ R
+        np.testing.assert_allclose(relevance[b], R, rtol=0, atol=1e-12)
+
+
+def test_clip_from_config_and_errors():
+    model = mha.models.from_config({
+        "model_type": "clip", "projection_dim": 8,
+        "text_config": dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                            intermediate_size=32, vocab_size=50, max_position_embeddings=8,
+                            eos_token_id=49),
+        "vision_config": dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                              intermediate_size=32, image_size=16, patch_size=8)}, seed=0)
+    out = model(np.array([[1, 2, 49]]), None, np.zeros((2, 3, 16, 16)))
+    assert out.logits_per_image.shape == (2, 1) and out.text_embeds.shape == (1, 8)
+    np.testing.assert_allclose(np.linalg.norm(out.image_embeds, axis=1), 1, atol=1e-6)
+    assert model.vision_model.hook_names()[2] == "ln_pre.hook_scale"
+    with pytest.raises(TypeError, match="input_ids, pixel_values"):
+        model()
+    with pytest.raises(TypeError, match="pixel_values"):
+        model.vision_model(np.zeros((1, 4), np.int64))

@@ -216,7 +216,9 @@ def gradient_relevance(model: Any, tokens: Tokens, target: Target, *,
         The scalar explained (see :mod:`mha.analysis.attribution`); for a vision model an
         int is a classifier's class (a model without one: a unit of CLS's last hidden
         state), an array a direction over the logits or CLS's hidden state, a callable
-        ``target(output) -> gradient`` of the logits (B, labels) or last hidden state.
+        ``target(output) -> gradient`` of the logits (B, labels) or last hidden state. For
+        a CLIPModel, ``tokens`` are the pixel values and ``target`` one text's ids: each
+        image's ``logits_per_image`` with that text (``attention_mask``: the text's).
     position : int or "mean", optional
         Where an int, pair or array target reads the output: the index among each text's
         real tokens (default -1 for causal models, 0 for encoders), or "mean".
@@ -257,6 +259,8 @@ def gradient_relevance(model: Any, tokens: Tokens, target: Target, *,
     >>> R.shape, bool((R >= 0).all())
     ((8, 8), True)
     """
+    if getattr(model, "modality", "text") == "image-text":     # CLIP: an image-text score
+        model, target = model.vision_model, model.score_target(target, attention_mask)
     names = _pattern_names(model)
     if getattr(model, "modality", "text") == "image":
         enc, grads = _image_gradients(model, tokens, target, names)

@@ -48,7 +48,8 @@ class DecoderLayout:
     know of a family.
 
     ln1, ln2, final: (gain, bias or None) of the norms (bias None: RMSNorm); ln1 or ln2 None:
-    no norm before the attention or the MLP (OLMo-2); attention: the layer's (W_qkv, b_qkv,
+    no norm before the attention or the MLP (OLMo-2); final None: none after the last block
+    (CLIP's vision tower); attention: the layer's (W_qkv, b_qkv,
     W_o, b_o); mlp: (W_in, b_in, W_out, b_out); gated: W_in holds [W_gate | W_up]; embed:
     the token table; positions: the learned position table or None. post_attention,
     post_mlp: the norm of the attention's and the MLP's output before the residual adds it
@@ -59,7 +60,7 @@ class DecoderLayout:
     """
     ln1: tuple[str, str | None] | None
     ln2: tuple[str, str | None] | None
-    final: tuple[str, str | None]
+    final: tuple[str, str | None] | None
     attention: tuple[str, str, str, str]
     mlp: tuple[str, str, str, str]
     gated: bool
@@ -590,8 +591,11 @@ def decoder_backward(model: Any, layout: DecoderLayout, record: Record, top: np.
     d_head_mask = np.zeros((L, H), dtype=model.dtype)
     # forward: hidden = norm_f(norm_input)
     dx = np.zeros((rows, d), dtype=model.dtype)
-    gain, bias = layout.final
-    _norm_backward(top, record.norm_input, params[gain], eps, dx, grads, layout.final)
+    if layout.final is None:                # no final norm: hidden = norm_input
+        dx += top
+    else:
+        _norm_backward(top, record.norm_input, params[layout.final[0]], eps, dx, grads,
+                       layout.final)
     w_in, b_in, w_out, b_out = layout.mlp
     W_qkv, b_qkv, W_o, b_o = layout.attention
     act = model._act | (ops.GATED if layout.gated else 0)

@@ -443,15 +443,21 @@ class ViTModel(Differentiable, TransformerModel):
         self._interp_cache = {}
 
     def _stored(self):
-        params = {"patch_weight": self.patch_weight, "patch_bias": self.patch_bias}
+        params = {"patch_weight": self.patch_weight}
+        if self.patch_bias is not None:
+            params["patch_bias"] = self.patch_bias
         params.update(self.tokens_prefix)
         params["position_embeddings"] = self.position_embeddings
-        params.update({"ln_f_weight": self.ln_f[0], "ln_f_bias": self.ln_f[1]})
+        params.update(self._norm_params())
         for i, layer in enumerate(self.layers):
             params.update({f"layers.{i}.{k}": v for k, v in layer.stored().items()})
         for name, (w, b) in self.classifiers.items():
             params[f"{name}_weight"], params[f"{name}_bias"] = w, b
         return params
+
+    def _norm_params(self) -> dict[str, np.ndarray]:
+        """The norms outside the blocks, by parameter name."""
+        return {"ln_f_weight": self.ln_f[0], "ln_f_bias": self.ln_f[1]}
 
     # --- what the tokens are --------------------------------------------------------------------
     @property
@@ -478,7 +484,8 @@ class ViTModel(Differentiable, TransformerModel):
             "[CLS]", "[DIST]", "[REG0]", ..., then "patch(r,c)" row by row.
         """
         rows, cols = self.grid if grid is None else grid
-        names = {"cls_token": "[CLS]", "distillation_token": "[DIST]"}
+        names = {"cls_token": "[CLS]", "class_embedding": "[CLS]",
+                 "distillation_token": "[DIST]"}
         prefix = [names[t] for t in self._prefix_tokens]
         prefix += [f"[REG{i}]" for i in range(self.n_registers)]
         return prefix + [f"patch({r},{c})" for r in range(rows) for c in range(cols)]
@@ -784,7 +791,8 @@ class ViTModel(Differentiable, TransformerModel):
             start += len(table)
         d_rows = np.ascontiguousarray(d_tokens[:, m:]).reshape(-1, d)
         grads["patch_weight"] += _core.matmul(info["patches"], d_rows, trans_a=True)
-        grads["patch_bias"] += d_rows.sum(axis=0)
+        if self.patch_bias is not None:
+            grads["patch_bias"] += d_rows.sum(axis=0)
         # forward: pos = [table[:k], 0 (registers), M table[k:]]
         k = self._prefix_positions
         table_grad = grads["position_embeddings"]
