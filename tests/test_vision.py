@@ -488,3 +488,33 @@ def test_clip_from_config_and_errors():
         model()
     with pytest.raises(TypeError, match="pixel_values"):
         model.vision_model(np.zeros((1, 4), np.int64))
+
+
+def test_image_attention_and_patch_map(folders):
+    import matplotlib
+    matplotlib.use("Agg")
+    from mha.viz import image_attention, patch_map
+
+    model = mha.models.load(folders["registers"][0])
+    image = np.random.default_rng(8).integers(0, 256, (40, 50, 3), dtype=np.uint8)
+    x = model.preprocess(image)
+    enc = model(x)
+    relevance = mha.analysis.gradient_relevance(model, x, target=1)[0]
+    grid = patch_map(relevance, n_prefix=5)
+    np.testing.assert_array_equal(grid, relevance[0, 5:].reshape(4, 4))
+    assert patch_map(relevance).shape == (4, 4)              # 5 prefix tokens inferred
+    fig = image_attention(x[0], {"relevance": relevance,
+                                 "head 0": enc.attentions[0, -1, 0]}, n_prefix=5)
+    assert len(fig.axes) == 5                                # image, 2 maps, 2 colorbars
+    fig = image_attention(image, relevance[0], grid=(4, 4))
+    assert len(fig.axes) == 3
+    with pytest.raises(ValueError, match="grid"):
+        patch_map(np.ones(20), grid=(5, 5))
+    with pytest.raises(ValueError, match="image"):
+        image_attention(np.ones((5, 5)), relevance)
+
+
+def test_attention_flow_on_image_tokens(folders):
+    model = mha.models.load(folders["vit_classifier"][0], dtype=np.float64)
+    flow = mha.analysis.attention_flow(model(_pixels((1, 3, 32, 32))).attentions[0])
+    assert flow.shape == (17, 17) and np.all(flow >= -1e-12)
