@@ -170,8 +170,8 @@ def image_attention(image: Any, relevance_or_maps: Any, *,
     >>> image = np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8)
     >>> relevance = np.random.default_rng(1).random((17, 17))     # CLS + 4 x 4 patches
     >>> fig = image_attention(image, {"relevance": relevance, "rollout": relevance.T})
-    >>> len(fig.axes)
-    3
+    >>> len(fig.axes)                   # the image, two maps and their colorbars
+    5
     """
     picture = _as_picture(image)
     height, width = picture.shape[:2]
