@@ -339,6 +339,13 @@ def test_from_config_and_errors(folders):
         vit(input_ids=np.zeros((1, 4), np.int64))
     with pytest.raises(TypeError, match="pixel_values"):
         vit()
+    with pytest.raises(TypeError, match="images"):
+        vit.encode("a text")
+    with pytest.raises(TypeError, match="pixel_values"):
+        vit.run_with_cache(_pixels((1, 3, 32, 32)), attention_mask=[1])
+    _, cache = vit.run_with_cache(pixel_values=_pixels((1, 3, 48, 40)), names="hook_pos_embed",
+                                  interpolate_pos_encoding=True)
+    assert cache["hook_pos_embed"].shape == (1, 31, 32)
     with pytest.raises(TypeError, match="classifier"):
         vit.loss_and_grads(_pixels((1, 3, 32, 32)), [0])
     with pytest.raises(ValueError, match="registers"):

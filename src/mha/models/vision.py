@@ -947,6 +947,126 @@ class ViTModel(Differentiable, TransformerModel):
         return loss, grads
 
     # --- hooks, caches and statistics on images ---------------------------------------------------
+    def run_with_cache(self, pixel_values: ArrayLike, *, names: Any = None,
+                       fwd_hooks: Sequence[tuple[NameFilter, HookFn]] = (),
+                       head_mask: ArrayLike | None = None, need_weights: bool = False,
+                       interpolate_pos_encoding: bool = False, **unexpected: Any
+                       ) -> tuple[ImageEncoding, Any]:
+        """Run the model once on images and keep the activations named by ``names``.
+
+        As :meth:`mha.models.TransformerModel.run_with_cache`, on image tokens.
+
+        Parameters
+        ----------
+        pixel_values : array_like of float, shape (B, 3, H, W)
+            The images.
+        names : None, str, list of str or callable, optional
+            What to keep (None: every hook point but ``attn.hook_result``).
+        fwd_hooks : list of (str or callable, callable), optional
+            Hooks that run during the same forward.
+        head_mask : array_like, shape (n_layers, n_heads), optional
+            Multipliers on each head's output.
+        need_weights : bool, default False
+            Also fill the Encoding's ``attentions``.
+        interpolate_pos_encoding : bool, default False
+            Interpolate the positions to another image size.
+        **unexpected
+            Text arguments raise a TypeError.
+
+        Returns
+        -------
+        enc : ImageEncoding
+            The forward's result.
+        cache : ActivationCache
+            The activations kept, batch first.
+
+        Raises
+        ------
+        KeyError
+            A name that is no hook point of the model.
+        TypeError
+            Text arguments.
+        """
+        from .hooks import ActivationCache
+
+        self._no_text(unexpected)
+        keep = (lambda name: True) if names is None else names
+        hooks = HookPoints(self.hook_names(), keep, fwd_hooks, self._memory.cache_blocks)
+        enc = self._run(pixel_values, hooks, head_mask=head_mask, need_weights=need_weights,
+                        interpolate_pos_encoding=interpolate_pos_encoding)
+        return enc, ActivationCache(hooks.cache, self)
+
+    def run_with_hooks(self, pixel_values: ArrayLike, *,
+                       fwd_hooks: Sequence[tuple[NameFilter, HookFn]],
+                       head_mask: ArrayLike | None = None, need_weights: bool = False,
+                       interpolate_pos_encoding: bool = False, **unexpected: Any
+                       ) -> ImageEncoding:
+        """Run the model on images with functions that read or replace activations.
+
+        As :meth:`mha.models.TransformerModel.run_with_hooks`, on image tokens.
+
+        Parameters
+        ----------
+        pixel_values : array_like of float, shape (B, 3, H, W)
+            The images.
+        fwd_hooks : list of (str or callable, callable)
+            ``(name_or_predicate, fn)`` pairs.
+        head_mask : array_like, shape (n_layers, n_heads), optional
+            Multipliers on each head's output.
+        need_weights : bool, default False
+            Also fill the Encoding's ``attentions``.
+        interpolate_pos_encoding : bool, default False
+            Interpolate the positions to another image size.
+        **unexpected
+            Text arguments raise a TypeError.
+
+        Returns
+        -------
+        ImageEncoding
+            The forward's result, with ``logits`` for a classifier.
+
+        Raises
+        ------
+        KeyError
+            A name that is no hook point of the model.
+        ValueError
+            A hook that returns an array of another shape or dtype.
+        TypeError
+            Text arguments.
+        """
+        self._no_text(unexpected)
+        hooks = HookPoints(self.hook_names(), None, fwd_hooks)
+        return self._run(pixel_values, hooks, head_mask=head_mask, need_weights=need_weights,
+                         interpolate_pos_encoding=interpolate_pos_encoding)
+
+    def _no_text(self, unexpected: Mapping[str, Any]) -> None:
+        if unexpected:
+            raise TypeError(f"{type(self).__name__} runs on pixel_values, not "
+                            f"{', '.join(sorted(unexpected))} (a vision model has no text)")
+
+    def encode(self, *args: Any, **kwargs: Any) -> Any:
+        """Raise: a vision model has no text (call it on ``pixel_values``).
+
+        Parameters
+        ----------
+        *args, **kwargs
+            Anything.
+
+        Returns
+        -------
+        None
+            Never returns.
+
+        Raises
+        ------
+        TypeError
+            Always.
+        """
+        raise TypeError(f"{type(self).__name__} runs on images: call "
+                        f"model(model.preprocess(images)), not encode(text)")
+
+    tokenize = encode
+
     def _run(self, pixel_values, hooks, pair=None, attention_mask=None, token_type_ids=None,
              head_mask=None, need_weights=False, truncation=False, logits=True,
              interpolate_pos_encoding=False):
