@@ -328,6 +328,13 @@ def test_from_config_and_errors(folders):
                                     "image_size": 32, "patch_size": 8, "mlp_ratio": 2,
                                     "num_register_tokens": 2}, seed=0)
     assert model(_pixels((1, 3, 32, 32))).attentions.shape == (1, 1, 4, 19, 19)
+    small = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, image_size=32,
+                 patch_size=8, intermediate_size=64, num_labels=3)
+    teacher = mha.models.from_config(dict(small, model_type="deit", architectures=[
+        "DeiTForImageClassificationWithTeacher"]), seed=0)
+    assert sorted(teacher.classifiers) == ["cls_classifier", "distillation_classifier"]
+    plain = mha.models.from_config(dict(small, model_type="vit", architectures=["ViTModel"]))
+    assert plain.classifiers == {} and plain.pooler is not None
     vit = mha.models.load(folders["vit"][0])
     with pytest.raises(ValueError, match="interpolate_pos_encoding"):
         vit(_pixels((1, 3, 48, 32)))

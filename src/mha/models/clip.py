@@ -71,8 +71,9 @@ def _tower_layers(model: TransformerModel, read: Any) -> None:
 
 @family_doc
 class CLIPVisionTower(ViTModel):
-    """Run CLIP's vision tower (model_type "clip_vision_model", or ``CLIPModel.vision_model``):
-    a LayerNorm on the embeddings, none on the last hidden state, ``pooler_output`` =
+    """Run CLIP's vision tower (model_type "clip_vision_model", or CLIPModel.vision_model).
+
+    A LayerNorm on the embeddings, none on the last hidden state; ``pooler_output`` is the
     post-LayerNorm of CLS.
     """
     anchor = "embeddings.patch_embedding.weight"
@@ -156,8 +157,10 @@ class CLIPVisionTower(ViTModel):
 
 @family_doc
 class CLIPTextTower(CausalLM, Differentiable, TransformerModel):
-    """Run CLIP's text tower (model_type "clip_text_model", or ``CLIPModel.text_model``): a
-    causal pre-LayerNorm encoder with a final LayerNorm; no LM head.
+    """Run CLIP's text tower (model_type "clip_text_model", or CLIPModel.text_model).
+
+    A causal pre-LayerNorm encoder with a final LayerNorm and no LM head; its pooled output
+    is the last hidden state at the end-of-text token (:meth:`eos_positions`).
     """
     anchor = "embeddings.token_embedding.weight"
     has_lm_head = False
@@ -214,7 +217,7 @@ class CLIPOutput:
     Parameters
     ----------
     logits_per_image : ndarray, shape (B_images, B_texts), optional
-        exp(logit_scale) times the cosine similarity of each image with each text.
+        The cosine similarity of each image with each text, times exp(logit_scale).
     logits_per_text : ndarray, shape (B_texts, B_images), optional
         Its transpose.
     image_embeds : ndarray, shape (B_images, projection_dim), optional
@@ -323,6 +326,7 @@ class CLIPModel:
 
     @property
     def tokenizer(self):
+        """The text tower's tokenizer (None without one)."""
         return self.text_model.tokenizer
 
     def __repr__(self):
@@ -444,8 +448,10 @@ class CLIPModel:
         return out
 
     def score_target(self, input_ids: ArrayLike, attention_mask: ArrayLike | None = None):
-        """A target for :func:`mha.analysis.gradient_relevance` on ``model.vision_model``:
-        each image's score (``logits_per_image``) with one text.
+        """Make a gradient_relevance target of the vision tower: each image's score with a text.
+
+        The score is ``logits_per_image`` of the image with the one text given; the target
+        is for :func:`mha.analysis.gradient_relevance` on ``model.vision_model``.
 
         Parameters
         ----------

@@ -99,8 +99,9 @@ _PROCESSOR_DEFAULTS = {
 
 
 class ImageProcessor:
-    """transformers' PIL image processor for a vision model: resize (PIL), centre crop,
-    rescale, normalise, from a preprocessor_config.json.
+    """Preprocess images as transformers' PIL image processor does.
+
+    Resize (PIL), centre crop, rescale and normalise, as a preprocessor_config.json says.
 
     Parameters
     ----------
@@ -278,8 +279,16 @@ class ImageEncoding(Encoding):
         (transformers' ``last_hidden_state``; its ``hidden_states[-1]`` is before it).
     attentions : ndarray, shape (B, L, H, n, n), optional
         The softmax weights, or None with ``need_weights=False``.
+    tokenized : None
+        Images have no words.
+    token_type_ids : ndarray of int64, shape (B, n)
+        All 0.
     logits : ndarray, shape (B, num_labels), optional
         A classifier's logits.
+    kept_weights : None
+        Not offered on images.
+    tape : Tape, optional
+        With ``model(pixel_values, backward=True)``: what :meth:`backward` walks back.
     grid : tuple of int
         (rows, columns) of the patch grid.
     n_prefix : int
@@ -302,8 +311,14 @@ class ImageEncoding(Encoding):
             The gradient with respect to a classifier's logits.
         d_hidden : array_like, shape (B, n, d_model), optional
             The gradient with respect to the last hidden state.
-        wrt, retain, parameters, bwd_hooks
-            As for :meth:`mha.models.TransformerModel.backward`.
+        wrt : sequence of str, optional
+            Activations to return the gradient of, by hook name, and ``head_mask``.
+        retain : bool, default False
+            Keep the record for another backward.
+        parameters : bool, default True
+            Compute the parameters' gradients.
+        bwd_hooks : sequence of (str or callable, callable), optional
+            Hooks on the gradients on the way back.
 
         Returns
         -------
@@ -430,7 +445,7 @@ class ViTModel(Differentiable, TransformerModel):
         archs = " ".join(raw.get("architectures") or [])
         if "ImageClassification" in archs:
             labels = int(raw.get("num_labels") or len(raw.get("id2label") or {}) or 2)
-            for name, pooling in self._heads:
+            for name, pooling in self._classifier_heads(archs):
                 if not read.has(name + ".weight", prefixed=False):
                     continue
                 width = 2 * d if pooling == "cls+mean" else d
@@ -438,7 +453,7 @@ class ViTModel(Differentiable, TransformerModel):
                 self.classifiers[name] = (np.ascontiguousarray(w.T),
                                           read(name + ".bias", (labels,), prefixed=False))
         self.pooler = None
-        if read.has("pooler.dense.weight"):
+        if "ImageClassification" not in archs and read.has("pooler.dense.weight"):
             self.pooler = dense("pooler.dense", d, int(raw.get("pooler_output_size", d)))
         self._interp_cache = {}
 
@@ -454,6 +469,10 @@ class ViTModel(Differentiable, TransformerModel):
         for name, (w, b) in self.classifiers.items():
             params[f"{name}_weight"], params[f"{name}_bias"] = w, b
         return params
+
+    def _classifier_heads(self, architectures: str) -> tuple[tuple[str, str], ...]:
+        """The classifier heads an architecture has (checkpoint name, pooling)."""
+        return self._heads
 
     def _norm_params(self) -> dict[str, np.ndarray]:
         """The norms outside the blocks, by parameter name."""
@@ -913,7 +932,7 @@ class ViTModel(Differentiable, TransformerModel):
         Returns
         -------
         loss : float
-            transformers' ``ImageClassifierOutput.loss`` (single-label cross-entropy).
+            The single-label cross-entropy (transformers' ``ImageClassifierOutput.loss``).
         grads : dict of str to ndarray
             Every parameter's gradient (the classifier's included) and those of ``wrt``.
 
@@ -1174,8 +1193,9 @@ class ViTModel(Differentiable, TransformerModel):
 
 @family_doc
 class DeiTModel(ViTModel):
-    """Run DeiT (model_type "deit"): ViT with a distillation token after CLS; the
-    classifier with teacher averages the CLS and distillation heads.
+    """Run DeiT (model_type "deit"): ViT with a distillation token after CLS.
+
+    DeiTForImageClassificationWithTeacher's logits average its CLS and distillation heads.
     """
     _prefix_tokens = ("cls_token", "distillation_token")
     _prefix_positions = 2
@@ -1183,12 +1203,18 @@ class DeiTModel(ViTModel):
     _heads = (("classifier", "cls"), ("cls_classifier", "cls"),
               ("distillation_classifier", "dist"))
 
+    def _classifier_heads(self, architectures):
+        if "WithTeacher" in architectures:
+            return self._heads[1:]
+        return self._heads[:1]
+
 
 @family_doc
 class Dinov2Model(ViTModel):
-    """Run DINOv2 (model_type "dinov2"): layer scale (folded into W_o, b_o, W_2, b_2 at
-    load), the SwiGLU MLP option, positions always interpolated to the image size; the
-    classifier reads CLS beside the mean of the patch tokens.
+    """Run DINOv2 (model_type "dinov2"): layer scale, SwiGLU option, interpolated positions.
+
+    The layer scale is folded into W_o, b_o, W_2, b_2 at load; the positions are always
+    interpolated to the image size; the classifier reads CLS beside the mean of the patches.
     """
     _always_interpolate = True
     _processor_kind = "bit"
@@ -1204,7 +1230,9 @@ class Dinov2Model(ViTModel):
 
 @family_doc
 class Dinov2WithRegistersModel(Dinov2Model):
-    """Run DINOv2 with registers (model_type "dinov2_with_registers"): register tokens after
-    CLS (no positions), positions interpolated with antialiasing.
+    """Run DINOv2 with registers (model_type "dinov2_with_registers").
+
+    Register tokens sit after CLS (without positions); the positions are interpolated with
+    antialiasing.
     """
     _antialias = True

@@ -67,7 +67,7 @@ def patch_map(values: Any, *, grid: tuple[int, int] | None = None,
     query : int, default 0
         The row of a matrix to show (0: CLS).
     aspect : float, default 1.0
-        rows / cols of the image, to infer a grid.
+        The image's height / width, to infer a grid.
 
     Returns
     -------
