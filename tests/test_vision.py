@@ -532,3 +532,34 @@ def test_attention_flow_on_image_tokens(folders):
     model = mha.models.load(folders["vit_classifier"][0], dtype=np.float64)
     flow = mha.analysis.attention_flow(model(_pixels((1, 3, 32, 32))).attentions[0])
     assert flow.shape == (17, 17) and np.all(flow >= -1e-12)
+
+
+def test_clip_float32_and_recorded_hooks(clip_folder, folders):
+    model = mha.models.load(clip_folder)
+    ref = transformers.CLIPModel.from_pretrained(clip_folder, attn_implementation="eager").eval()
+    x = _pixels().astype(np.float32)
+    with torch.no_grad():
+        out = ref(input_ids=torch.from_numpy(CLIP_IDS), pixel_values=torch.from_numpy(x),
+                  attention_mask=torch.from_numpy(CLIP_MASK.astype(np.int64)))
+    ours = model(CLIP_IDS, CLIP_MASK, x)
+    np.testing.assert_allclose(ours.logits_per_image, out.logits_per_image.numpy(), **F32)
+    # a forward hook on a recorded forward: the same forward as run_with_hooks, and its
+    # backward takes the replaced token as a constant: no gradient reaches the pixels of
+    # that patch (token 3 = patch (0, 2): the patch weight's gradient ignores them)
+    vit = mha.models.load(folders["vit_classifier"][0], dtype=np.float64)
+    x = _pixels()
+
+    def ablate(embed, name):
+        embed[:, 3] = 0
+    hooked = vit.run_with_hooks(x, fwd_hooks=[("hook_embed", ablate)])
+    enc = vit(x, backward=True, fwd_hooks=[("hook_embed", ablate)])
+    np.testing.assert_allclose(enc.logits, hooked.logits, rtol=0, atol=1e-14)
+    grads = enc.backward(d_logits=np.ones((2, 5)))
+    other = x.copy()
+    other[:, :, 0:8, 16:24] = 5.0
+    again = vit(other, backward=True, fwd_hooks=[("hook_embed", ablate)]).backward(
+        d_logits=np.ones((2, 5)))
+    np.testing.assert_allclose(again["patch_weight"], grads["patch_weight"], rtol=0,
+                               atol=1e-14)
+    plain = vit(other, backward=True).backward(d_logits=np.ones((2, 5)))
+    assert np.abs(plain["patch_weight"] - grads["patch_weight"]).max() > 1e-6
