@@ -202,6 +202,9 @@ def test_hooks_cache_and_statistics(folders):
         np.testing.assert_allclose(cache["resid_pre", l], enc.hidden_states[:, l], rtol=0,
                                    atol=1e-14)
     assert cache["hook_embed"].shape == (2, 21, 32)
+    resid, _ = cache.accumulated_resid(return_labels=True)
+    normed = cache.apply_ln_to_stack(resid, recompute_ln=True)
+    np.testing.assert_allclose(normed[-1], enc.last_hidden_state, rtol=0, atol=1e-13)
     # zero-ablating a head: the same as head_mask
     mask = np.ones((model.n_layers, model.n_heads))
     mask[1, 2] = 0

@@ -111,6 +111,11 @@ class CLIPVisionTower(ViTModel):
         return {"ln_pre_weight": self.ln_pre[0], "ln_pre_bias": self.ln_pre[1],
                 "ln_post_weight": self.ln_post[0], "ln_post_bias": self.ln_post[1]}
 
+    def _final_norm(self, x):
+        """The post-LayerNorm (what CLIP applies to CLS) over the last axis of x (..., d)."""
+        rows = np.ascontiguousarray(x, dtype=self.dtype).reshape(-1, x.shape[-1])
+        return ops.layer_norm(rows, *self.ln_post, self.config.norm_eps).reshape(x.shape)
+
     def _hook_layout(self):
         before, block, _ = super()._hook_layout()
         return before + ["ln_pre.hook_scale", "ln_pre.hook_normalized"], block, []

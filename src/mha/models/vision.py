@@ -478,6 +478,11 @@ class ViTModel(Differentiable, TransformerModel):
         """The norms outside the blocks, by parameter name."""
         return {"ln_f_weight": self.ln_f[0], "ln_f_bias": self.ln_f[1]}
 
+    def _final_norm(self, x: np.ndarray) -> np.ndarray:
+        """The final LayerNorm over the last axis of x (..., d) (the cache's analyses)."""
+        rows = np.ascontiguousarray(x, dtype=self.dtype).reshape(-1, x.shape[-1])
+        return ops.layer_norm(rows, *self.ln_f, self.config.norm_eps).reshape(x.shape)
+
     # --- what the tokens are --------------------------------------------------------------------
     @property
     def n_prefix(self) -> int:
