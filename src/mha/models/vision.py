@@ -775,6 +775,8 @@ class ViTModel(Differentiable, TransformerModel):
 
     def _run_pixels_recorded(self, pixels, head_mask, need_weights, interpolate,
                              fwd_hooks=(), hook_gradient="constant"):
+        """The forward of checked pixels that keeps its record -> an ImageEncoding with its
+        ``tape`` (the record also holds the embedding's patches, grid and interpolation)."""
         from .tape import HOOK_GRADIENTS, Tape, _record_points
 
         if hook_gradient not in HOOK_GRADIENTS:
@@ -782,9 +784,8 @@ class ViTModel(Differentiable, TransformerModel):
                              f"{hook_gradient!r}")
         valid = _record_points(self, fwd_hooks)
         B = pixels.shape[0]
-        _, grid = self._unfold(pixels[:, :, :self.patch_size[0], :self.patch_size[1]])
-        rows = (pixels.shape[2] // self.patch_size[0]) * (pixels.shape[3] // self.patch_size[1])
-        n = self.n_prefix + rows
+        rows, cols = self.patch_grid(pixels)
+        n = self.n_prefix + rows * cols
         ids = np.broadcast_to(np.arange(n), (B, n))
         recorder = Recorder(self, ids, np.ones((B, n), bool), head_mask, None, valid,
                             fwd_hooks, track_changes=hook_gradient == "constant")
