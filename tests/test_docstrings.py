@@ -91,7 +91,9 @@ WITHOUT_EXAMPLES = {
     "mha.models.LlamaModel", "mha.models.Generation", "mha.models.CheckpointError",
     "mha.models.GPTNeoXModel", "mha.models.GemmaModel", "mha.models.Gemma2Model",
     "mha.models.Gemma3Model", "mha.models.Qwen3Model", "mha.models.Olmo2Model",
-    "mha.models.Phi3Model",
+    "mha.models.Phi3Model", "mha.models.DeiTModel", "mha.models.Dinov2Model",
+    "mha.models.Dinov2WithRegistersModel", "mha.models.ImageEncoding",
+    "mha.models.CLIPOutput", "mha.models.CLIPTextTower", "mha.models.CLIPVisionTower",
     "mha.corpus.CorpusError",
 }
 

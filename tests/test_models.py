@@ -494,9 +494,10 @@ def test_missing_minilm_package_says_how_to_install(monkeypatch):
 
 def test_unsupported_architecture(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "t5"}')
-    with pytest.raises(NotImplementedError, match="'t5'.* runs bert, distilbert, gemma, gemma2, "
-                       "gemma3_text, gpt2, gpt_neox, llama, mistral, olmo2, phi3, qwen2, qwen3, "
-                       "roberta"):
+    with pytest.raises(NotImplementedError, match="'t5'.* runs bert, clip, clip_text_model, "
+                       "clip_vision_model, deit, dinov2, dinov2_with_registers, distilbert, "
+                       "gemma, gemma2, gemma3_text, gpt2, gpt_neox, llama, mistral, olmo2, "
+                       "phi3, qwen2, qwen3, roberta, vit"):
         mha.models.load(tmp_path)
 
 

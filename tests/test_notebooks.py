@@ -38,6 +38,8 @@ EXPECTED_TEXT = {
     "09": ["next-token accuracy on the repeat: 1.00",
            "zero-ablate head 1.0: accuracy on the repeat 0.00", "patching each head's output"],
     "10": ["passes 0.5: True", "below half its first value: True", "pairs ordered rightly"],
+    "11": ["rollout rows sum to 1: True", "relevance >= 0 with a diagonal >= 1: True",
+           "CLS's attention mass on registers", "logits_per_image"],
 }
 #: Notebooks that must also display something other than a PNG (HTML head view, GIF).
 EXPECTED_HTML = {"03", "08"}

@@ -210,9 +210,15 @@ def gradient_relevance(model: Any, tokens: Tokens, target: Target, *,
     model : TransformerModel
         A model of :mod:`mha.models` with gradients (GPT-2, the LLaMA and the BERT families).
     tokens : str, list of str, or array_like of int, shape (n,) or (B, n)
-        A text, texts (right-padded to the longest) or token ids.
+        A text, texts (right-padded to the longest) or token ids; for a vision model
+        (:class:`mha.models.ViTModel`...), ``pixel_values`` (B, 3, H, W).
     target : int, (int, int), array_like or callable
-        The scalar explained (see :mod:`mha.analysis.attribution`).
+        The scalar explained (see :mod:`mha.analysis.attribution`); for a vision model an
+        int is a classifier's class (a model without one: a unit of CLS's last hidden
+        state), an array a direction over the logits or CLS's hidden state, a callable
+        ``target(output) -> gradient`` of the logits (B, labels) or last hidden state. For
+        a CLIPModel, ``tokens`` are the pixel values and ``target`` one text's ids: each
+        image's ``logits_per_image`` with that text (``attention_mask``: the text's).
     position : int or "mean", optional
         Where an int, pair or array target reads the output: the index among each text's
         real tokens (default -1 for causal models, 0 for encoders), or "mean".
@@ -253,18 +259,65 @@ def gradient_relevance(model: Any, tokens: Tokens, target: Target, *,
     >>> R.shape, bool((R >= 0).all())
     ((8, 8), True)
     """
-    inputs = _inputs(model, tokens, attention_mask, token_type_ids)
+    if getattr(model, "modality", "text") == "image-text":     # CLIP: an image-text score
+        model, target = model.vision_model, model.score_target(target, attention_mask)
     names = _pattern_names(model)
-    enc, _, grads = _run(model, inputs, _Top(model, target, inputs, position), names,
-                         need_weights=True)
+    if getattr(model, "modality", "text") == "image":
+        enc, grads = _image_gradients(model, tokens, target, names)
+        single = False
+    else:
+        inputs = _inputs(model, tokens, attention_mask, token_type_ids)
+        enc, _, grads = _run(model, inputs, _Top(model, target, inputs, position), names,
+                             need_weights=True)
+        single = inputs.single
     weights = enc.attentions                                      # (B, L, H, n, n)
-    B, n = inputs.ids.shape
+    B, n = weights.shape[0], weights.shape[-1]
     relevance = np.tile(np.eye(n), (B, 1, 1))
     for l, name in enumerate(names):
         cam = np.maximum(grads[name] * weights[:, l], 0).mean(axis=1, dtype=np.float64)
         for b in range(B):                  # the core's GEMM: NumPy's BLAS threads would
             relevance[b] += _core.matmul(cam[b], relevance[b])    # contend with the model's
-    return relevance[0] if inputs.single else relevance
+    return relevance[0] if single else relevance
+
+
+def _image_gradients(model: Any, pixel_values: Any, target: Target, wrt: Sequence[str]
+                     ) -> tuple[Any, dict[str, np.ndarray]]:
+    """A vision model's recorded forward of ``pixel_values`` (B, 3, H, W) with its
+    attentions, and the gradients of ``wrt`` of the target: an int is a classifier's class
+    (a model without one: a unit of CLS's last hidden state), an array a direction over
+    the logits (num_labels,) or over CLS's hidden state (d_model,), a callable
+    ``target(output) -> gradient`` (or ``(value, gradient)``) of the logits (B, labels) or
+    of the last hidden state (B, n, d)."""
+    pixels = model._check_pixels(pixel_values)
+    enc = model._run_pixels_recorded(pixels, None, True, False)
+    classifier = model.num_labels > 0
+    output = enc.logits if classifier else enc.last_hidden_state
+    if callable(target):
+        result = target(output)
+        gradient = np.asarray(result[1] if isinstance(result, tuple) else result)
+        if gradient.shape != output.shape:
+            raise ValueError(f"the target's gradient has shape {gradient.shape}, the output "
+                             f"{output.shape}")
+    else:
+        width = model.num_labels if classifier else model.d_model
+        if isinstance(target, (int, np.integer)):
+            if not 0 <= target < width:
+                raise IndexError(f"target must lie in [0, {width})")
+            direction = np.eye(1, width, int(target))[0]
+        else:
+            direction = np.asarray(target, dtype=np.float64)
+            if direction.shape != (width,):
+                what = "num_labels" if classifier else "d_model"
+                raise ValueError(f"a target array must have shape ({what},) = ({width},), "
+                                 f"got {direction.shape}")
+        if classifier:
+            gradient = np.tile(direction, (len(pixels), 1))
+        else:
+            gradient = np.zeros(output.shape)
+            gradient[:, 0] = direction
+    key = "d_logits" if classifier else "d_hidden"
+    grads = enc.backward(wrt=wrt, parameters=False, **{key: gradient})
+    return enc, grads
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,12 @@ Supported, by config.json's ``model_type``:
   branches, QK-norm over the projection), "phi3" (fused projections, partial rotary),
   "gemma", "gemma2", "gemma3_text" (1 + w norms, scaled embeddings, GeGLU; four norms a
   block, soft-capped scores and logits, alternating windows; QK-norm and a local rotary base);
-- "gpt_neox" (Pythia: LayerNorm, partial rotary, parallel residual).
+- "gpt_neox" (Pythia: LayerNorm, partial rotary, parallel residual);
+- vision transformers: "vit" (and its classifier), "deit", "dinov2",
+  "dinov2_with_registers", on images: ``model.preprocess(images)`` then
+  ``model(pixel_values)`` (:mod:`mha.models.vision`); "clip" (``model.vision_model``,
+  ``model.text_model``, ``model(input_ids, attention_mask, pixel_values)``:
+  :mod:`mha.models.clip`).
 
 Causal models also give ``logits`` and ``generate`` (on a KV cache, with the attention of every
 generated token). A model is a local Hugging Face folder with config.json, model.safetensors
@@ -63,6 +68,9 @@ from .qwen3 import Qwen3Model
 from .loading import _CLASSES, SUPPORTED_TYPES, load
 from .random_init import from_config
 from .tokenizer import TokenizedText, Tokenizer
+from .clip import CLIPModel, CLIPOutput, CLIPTextTower, CLIPVisionTower
+from .vision import (DeiTModel, Dinov2Model, Dinov2WithRegistersModel, ImageEncoding,
+                     ImageProcessor, ViTModel)
 from .words import aggregate_to_words, group_words
 
 __all__ = ["load", "from_config", "minilm_path", "resolve", "TransformerModel", "BertModel", "RobertaModel",
@@ -71,7 +79,9 @@ __all__ = ["load", "from_config", "minilm_path", "resolve", "TransformerModel", 
            "Generation",
            "ModelConfig", "CheckpointError", "Tokenizer", "TokenizedText", "aggregate_to_words",
            "group_words", "MINILM_INSTALL", "SUPPORTED_TYPES", "ActivationCache",
-           "get_act_name"]
+           "get_act_name", "ViTModel", "DeiTModel", "Dinov2Model", "Dinov2WithRegistersModel",
+           "ImageEncoding", "ImageProcessor", "CLIPModel", "CLIPOutput", "CLIPTextTower",
+           "CLIPVisionTower"]
 
 
 def __getattr__(name: str) -> types.ModuleType:

@@ -49,7 +49,8 @@ class DecoderLayout:
     know of a family.
 
     ln1, ln2, final: (gain, bias or None) of the norms (bias None: RMSNorm); ln1 or ln2 None:
-    no norm before the attention or the MLP (OLMo-2); attention: the layer's (W_qkv, b_qkv,
+    no norm before the attention or the MLP (OLMo-2); final None: none after the last block
+    (CLIP's vision tower); attention: the layer's (W_qkv, b_qkv,
     W_o, b_o); mlp: (W_in, b_in, W_out, b_out); gated: W_in holds [W_gate | W_up]; embed:
     the token table; positions: the learned position table or None. post_attention,
     post_mlp: the norm of the attention's and the MLP's output before the residual adds it
@@ -60,7 +61,7 @@ class DecoderLayout:
     """
     ln1: tuple[str, str | None] | None
     ln2: tuple[str, str | None] | None
-    final: tuple[str, str | None]
+    final: tuple[str, str | None] | None
     attention: tuple[str, str, str, str]
     mlp: tuple[str, str, str, str]
     gated: bool
@@ -677,8 +678,11 @@ def decoder_backward(model: Any, layout: DecoderLayout, record: Record, top: np.
     d_head_mask = np.zeros((L, H), dtype=model.dtype)
     # forward: hidden = norm_f(norm_input)
     dx = np.zeros((rows, d), dtype=model.dtype)
-    gain, bias = layout.final
-    _norm_backward(top, record.norm_input, params[gain], eps, dx, grads, layout.final, lrp)
+    if layout.final is None:                # no final norm: hidden = norm_input
+        dx += top
+    else:
+        _norm_backward(top, record.norm_input, params[layout.final[0]], eps, dx, grads,
+                       layout.final, lrp)
     w_in, b_in, w_out, b_out = layout.mlp
     W_qkv, b_qkv, W_o, b_o = layout.attention
     act = model._act | (ops.GATED if layout.gated else 0)
@@ -719,6 +723,21 @@ def decoder_backward(model: Any, layout: DecoderLayout, record: Record, top: np.
         _input_backward(d_qkv, r.resid_pre, r.ln1, p, W_qkv, b_qkv, layout.ln1, eps, dx, lg,
                         ws, lrp)
         keep(i, "hook_resid_pre", dx, (B, n, d))
+    embeddings_backward = getattr(model, "_embeddings_backward", None)
+    if embeddings_backward is not None:     # an image model's patches, tokens and positions
+        embeddings_backward(record, dx, keep, grads)
+    else:
+        _token_backward(model, layout, record, dx, keep, grads)
+    keep(None, "head_mask", d_head_mask, (L, H))
+    grads.update((name, keep.out[name]) for name in wanted)
+
+
+def _token_backward(model: Any, layout: DecoderLayout, record: Record, dx: np.ndarray,
+                    keep: Keeper, grads: dict[str, np.ndarray]) -> None:
+    """The token (and position) tables' gradients added into grads from dx (rows, d), the
+    gradient of the first block's input."""
+    B, n = record.ids.shape
+    d = model.d_model
     # forward: x = tok_emb[ids] (+ pos_emb[0..n))
     d_embed = keep.branch(None, "hook_embed", dx, (B, n, d))
     if model._embed_scale is not None:      # forward: hook_embed = tok_emb[ids] * embed_scale
@@ -730,5 +749,3 @@ def decoder_backward(model: Any, layout: DecoderLayout, record: Record, top: np.
         d_pos = keep.branch(None, "hook_pos_embed", dx, (B, n, d))
         if grads[layout.positions] is not None:
             grads[layout.positions][:n] += d_pos.reshape(B, n, d).sum(axis=0)
-    keep(None, "head_mask", d_head_mask, (L, H))
-    grads.update((name, keep.out[name]) for name in wanted)

@@ -208,9 +208,13 @@ class CausalLM(_Model):
             self._mlp(i, h_mlp, p, B, n, hooks, x, layout.mlp, gated=layout.gated,
                       post_norm=layout.post_mlp)                 # x += MLP
             hooks(i, "hook_resid_post", x, (B, n, d))
-        gain, bias = layout.final
-        x = self._norm(None, "ln_final", x, params[gain], params.get(bias or ""), B, n, hooks,
-                       inplace=True)
+        if layout.final is None:            # no final norm (CLIP's vision tower)
+            hooks.note(None, "ln_final.in", x)
+            hooks.note(None, "ln_final.out", x)
+        else:
+            gain, bias = layout.final
+            x = self._norm(None, "ln_final", x, params[gain], params.get(bias or ""), B, n,
+                           hooks, inplace=True)
         hidden[:, L] = x.reshape(B, n, d)
         return hidden, attn
 

@@ -387,10 +387,73 @@ def _gpt_neox(need, raw):
         parallel_residual=bool(raw.get("use_parallel_residual", True)))
 
 
+def _pair(value):
+    """An image or patch size: an int (square) or [height, width] -> (height, width)."""
+    if isinstance(value, (list, tuple)):
+        return int(value[0]), int(value[1])
+    return int(value), int(value)
+
+
+def _vision(need, raw):
+    """ViT, DeiT, DINOv2 (with registers): max_positions is the tokens at the native image
+    size (prefix tokens + patches); no vocabulary."""
+    d_model = int(need("hidden_size"))
+    if raw.get("intermediate_size") is not None:
+        d_ff = int(raw["intermediate_size"])
+    else:
+        d_ff = int(d_model * float(raw.get("mlp_ratio", 4)))
+        if raw.get("use_swiglu_ffn"):          # two thirds, rounded up to a multiple of 8
+            d_ff = (int(d_ff * 2 / 3) + 7) // 8 * 8
+    image, patch = _pair(raw.get("image_size", 224)), _pair(raw.get("patch_size", 16))
+    prefix = (2 if raw.get("model_type") == "deit" else 1) + int(
+        raw.get("num_register_tokens", 0))
+    dinov2 = str(raw.get("model_type", "")).startswith("dinov2")
+    return dict(
+        n_layers=int(need("num_hidden_layers")), n_heads=int(need("num_attention_heads")),
+        d_model=d_model, d_ff=d_ff, vocab_size=0,
+        max_positions=prefix + (image[0] // patch[0]) * (image[1] // patch[1]),
+        norm_eps=float(raw.get("layer_norm_eps", 1e-6 if dinov2 else 1e-12)),
+        activation=str(raw.get("hidden_act", "gelu")))
+
+
+def _clip_text(need, raw):
+    """CLIP's text tower, with CLIPTextConfig's defaults."""
+    return dict(
+        n_layers=int(raw.get("num_hidden_layers", 12)),
+        n_heads=int(raw.get("num_attention_heads", 8)),
+        d_model=int(raw.get("hidden_size", 512)), d_ff=int(raw.get("intermediate_size", 2048)),
+        vocab_size=int(raw.get("vocab_size", 49408)),
+        max_positions=int(raw.get("max_position_embeddings", 77)),
+        norm_eps=float(raw.get("layer_norm_eps", 1e-5)),
+        activation=str(raw.get("hidden_act", "quick_gelu")),
+        pad_token_id=int(raw.get("pad_token_id", 1) or 0),
+        eos_token_ids=_eos(dict(eos_token_id=raw.get("eos_token_id", 49407))))
+
+
+def _clip_vision(need, raw):
+    """CLIP's vision tower, with CLIPVisionConfig's defaults."""
+    image, patch = _pair(raw.get("image_size", 224)), _pair(raw.get("patch_size", 32))
+    return dict(
+        n_layers=int(raw.get("num_hidden_layers", 12)),
+        n_heads=int(raw.get("num_attention_heads", 12)),
+        d_model=int(raw.get("hidden_size", 768)), d_ff=int(raw.get("intermediate_size", 3072)),
+        vocab_size=0, max_positions=1 + (image[0] // patch[0]) * (image[1] // patch[1]),
+        norm_eps=float(raw.get("layer_norm_eps", 1e-5)),
+        activation=str(raw.get("hidden_act", "quick_gelu")))
+
+
+def _clip(need, raw):
+    """A CLIPModel: its text tower's sizes (the towers' own configs are built by
+    mha.models.clip.CLIPModel from text_config and vision_config)."""
+    return _clip_text(need, raw.get("text_config") or {})
+
+
 READERS = {"bert": _bert, "roberta": _roberta, "distilbert": _distilbert, "gpt2": _gpt2,
            "llama": _llama, "qwen2": _llama, "mistral": _llama, "qwen3": _llama,
            "olmo2": _llama, "phi3": _llama, "gemma": _llama, "gemma2": _llama,
-           "gemma3_text": _llama, "gpt_neox": _gpt_neox}
+           "gemma3_text": _llama, "gpt_neox": _gpt_neox, "vit": _vision, "deit": _vision,
+           "dinov2": _vision, "dinov2_with_registers": _vision, "clip": _clip,
+           "clip_text_model": _clip_text, "clip_vision_model": _clip_vision}
 # old configs without model_type: the first name found in their architectures (longest first,
 # since "robertaformaskedlm" also contains "bert")
 _GUESS_ORDER = ("distilbert", "roberta", "mistral", "qwen2", "llama", "gpt2", "bert")

@@ -10,6 +10,7 @@ import dataclasses
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from numpy.typing import DTypeLike
@@ -26,13 +27,18 @@ from .olmo2 import Olmo2Model
 from .phi3 import Phi3Model
 from .qwen3 import Qwen3Model
 from .tokenizer import Tokenizer
+from .clip import CLIPModel, CLIPTextTower, CLIPVisionTower
+from .vision import DeiTModel, Dinov2Model, Dinov2WithRegistersModel, ViTModel
 
 __all__ = ["load", "SUPPORTED_TYPES"]
 
-_CLASSES: dict[str, type[TransformerModel]] = {"bert": BertModel, "roberta": RobertaModel, "distilbert": DistilBertModel,
+_CLASSES: dict[str, type[Any]] = {"bert": BertModel, "roberta": RobertaModel, "distilbert": DistilBertModel,
             "gpt2": GPT2Model, "llama": LlamaModel, "qwen2": LlamaModel, "mistral": LlamaModel,
             "qwen3": Qwen3Model, "olmo2": Olmo2Model, "phi3": Phi3Model, "gemma": GemmaModel,
-            "gemma2": Gemma2Model, "gemma3_text": Gemma3Model, "gpt_neox": GPTNeoXModel}
+            "gemma2": Gemma2Model, "gemma3_text": Gemma3Model, "gpt_neox": GPTNeoXModel,
+            "vit": ViTModel, "deit": DeiTModel, "dinov2": Dinov2Model,
+            "dinov2_with_registers": Dinov2WithRegistersModel, "clip": CLIPModel,
+            "clip_text_model": CLIPTextTower, "clip_vision_model": CLIPVisionTower}
 assert set(_CLASSES) == set(READERS)
 #: the config.json model_type values that :func:`load` runs
 SUPPORTED_TYPES = tuple(sorted(_CLASSES))

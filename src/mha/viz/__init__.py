@@ -22,8 +22,10 @@ converted), rows = queries ("attending from"), columns = keys ("attending to").
   :func:`head_map_figure` -- one figure each from a model (the tour's)
 - :func:`long_context_figure` -- per head, the sink mass and the entropy along the position of a
   long text, one row per layer (from ``model.head_statistics``); :func:`smooth_positions`
+- :func:`image_attention` -- a vision transformer's relevance, rollout or attention over an
+  image's patches, on the picture; :func:`patch_map` the map on the patch grid
 
-Layout: matrices.py, training.py, animation.py, beyond.py and long_context.py draw from arrays;
+Layout: matrices.py, training.py, animation.py, beyond.py, long_context.py and images.py draw from arrays;
 model_figures.py is the one place a figure runs a model; the HTML views are
 :mod:`mha.headview` (whose neuron view reads its model in one function too). seaborn is not
 needed.
@@ -33,6 +35,7 @@ from __future__ import annotations
 from ..headview import HeadView, ModelView, NeuronView, head_view, model_view, neuron_view
 from .animation import AnimatedGIF, attention_gif
 from .beyond import head_map
+from .images import image_attention, patch_map
 from .long_context import long_context_figure, smooth_positions
 from .matrices import concat_projection, head_grid, heatmap, mask_heatmap, similarity_matrices
 from .model_figures import (BEYOND_TEXT, CLARK_TEXTS, beyond_attention_figure,
@@ -46,5 +49,5 @@ __all__ = [
     "attention_gif", "AnimatedGIF", "head_view", "HeadView", "model_view", "ModelView",
     "neuron_view", "NeuronView", "head_map", "beyond_attention_figure", "special_token_shares",
     "kobayashi_figure", "clark_metrics_figure", "head_map_figure", "long_context_figure",
-    "smooth_positions",
+    "smooth_positions", "image_attention", "patch_map",
 ]
