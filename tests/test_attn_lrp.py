@@ -113,8 +113,20 @@ def _bias_free(model_type, dtype=np.float64):
     return model
 
 
-#: Gemma 2's soft-capped scores pass through a tanh, whose gradient is not conservative
-CONSERVING = [t for t in mha.models.SUPPORTED_TYPES if t != "gemma2"]
+#: the text families (the image ones have no token table to attribute to: attn_lrp refuses
+#: them); Gemma 2's soft-capped scores pass through a tanh, whose gradient is not conservative
+IMAGE_TYPES = ("vit", "deit", "dinov2", "dinov2_with_registers", "clip", "clip_text_model",
+               "clip_vision_model")
+CONSERVING = [t for t in mha.models.SUPPORTED_TYPES if t != "gemma2" and t not in IMAGE_TYPES]
+
+
+def test_image_models_are_refused():
+    model = mha.models.from_config({"model_type": "vit", "hidden_size": 32,
+                                    "num_hidden_layers": 1, "num_attention_heads": 4,
+                                    "intermediate_size": 48, "image_size": 32,
+                                    "patch_size": 16}, seed=0)
+    with pytest.raises(NotImplementedError, match="attributes to token embeddings"):
+        attn_lrp(model, np.zeros((1, 3, 32, 32), np.float32), 0)
 
 
 @pytest.mark.parametrize("model_type", CONSERVING)

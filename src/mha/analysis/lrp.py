@@ -124,7 +124,7 @@ def attn_lrp(model: Any, tokens: Tokens, target: Target, *,
     IndexError
         A target or position out of range.
     NotImplementedError
-        A model without gradients.
+        A model without gradients, or an image model (ViT, DINOv2, CLIP: no token table).
 
     See Also
     --------
@@ -155,6 +155,10 @@ def attn_lrp(model: Any, tokens: Tokens, target: Target, *,
     """
     if not hasattr(model, "_run_recorded"):
         raise TypeError(f"attn_lrp takes a model of mha.models, got {type(model).__name__}")
+    if getattr(model, "modality", "text") != "text":
+        raise NotImplementedError(
+            f"attn_lrp attributes to token embeddings; {type(model).__name__} reads "
+            f"{model.modality}s (gradient_relevance and attention_rollout take them)")
     inputs = _inputs(model, tokens, attention_mask, token_type_ids)
     top = _Top(model, target, inputs, position)
     embed, rows = _embed_point(model)
