@@ -555,3 +555,61 @@ fig
 #
 # The same calls run on any folder mha loads: `docs/interpretability.md` has the workflow
 # and how close each activation is to transformers and TransformerLens.
+
+# %% [markdown]
+# ## A sparse autoencoder spliced into the model
+#
+# Attention-output SAEs (Kissane et al. 2024) read `hook_z`, every head's output side by side,
+# and write it back as a sparse sum of features. `mha.sae.load(folder)` reads the folders
+# SAELens writes; none ships with mha, so this one has **random weights**
+# (`mha.sae.random`), 64 features on layer 1 of the induction model above. Which head a
+# feature reads shows in its decoder row: the share of the row's norm on each head's slice.
+# `run_with_cache_with_saes` runs one forward with the reconstruction spliced in and keeps
+# SAELens's names (`...hook_sae_acts_post`, the features' activations); with
+# `backward=True` one backward gives every feature's attribution to the next word's logit,
+# activation times gradient (the attribution circuit work uses).
+
+# %%
+import mha.sae
+
+sae = mha.sae.random("blocks.1.attn.hook_z", d_in=2 * (d // 2), d_sae=64, seed=0,
+                     reshape_activations="hook_z")
+per_head = np.linalg.norm(sae.weights()["W_dec"].reshape(64, 2, d // 2), axis=-1)   # (64, H)
+head_share = per_head / per_head.sum(axis=1, keepdims=True)
+act_name = "blocks.1.attn.hook_z.hook_sae_acts_post"
+enc_sae, sae_cache = gpt.run_with_cache_with_saes(ids, saes=[sae], names=[act_name],
+                                                  backward=True, use_error_term=True)
+acts = sae_cache[act_name].reshape(n, -1)                                # (n, 64)
+d_logits = np.zeros_like(enc_sae.logits)                                 # (n, vocab): one text
+d_logits[second, ids[second + 1]] = 1             # every repeat position's next-word logit
+grads = enc_sae.backward(d_logits=d_logits, wrt=[act_name], parameters=False)
+attribution = (acts * grads[act_name].reshape(n, -1)).sum(axis=0)        # (64,)
+top = np.argsort(-np.abs(attribution))[:5]
+print("features most attributed to the next words:", top.tolist())
+print("their share of decoder norm on head 1.0:",
+      [round(float(x), 2) for x in head_share[top, 0]])
+print("error term kept: logits equal to the plain forward's:",
+      bool(np.allclose(enc_sae.logits, enc.logits, atol=1e-4)))
+
+# %%
+fig = Figure(figsize=(15, 3.6), layout="constrained")
+ax0, ax1 = fig.subplots(1, 2, width_ratios=[3, 1])
+im = ax0.imshow(acts[:, top].T, cmap="Purples", aspect="auto")
+ax0.set_yticks(range(len(top)), [f"feature {f}" for f in top])
+ax0.set_xticks(range(len(tokens)), tokens, rotation=90)
+ax0.set_title("random SAE on blocks.1.attn.hook_z: activations of the top features",
+              fontsize=11, fontweight="bold")
+fig.colorbar(im, ax=ax0, shrink=0.8)
+ax1.barh(range(len(top)), attribution[top], color="#8172b2")
+ax1.set_yticks(range(len(top)), [f"feature {f}" for f in top])
+ax1.invert_yaxis()
+ax1.set_title("attribution to the next words\n(activation x gradient)", fontsize=11,
+              fontweight="bold")
+fig
+
+# %% [markdown]
+# With random weights the features mean nothing; the mechanics are what a trained SAE's
+# study uses: which features fire where, which head each reads, and which carry the logit.
+# With `use_error_term=True` the forward is the model's own (the SAE's error is added back),
+# so the attribution is of the model as it runs; without it the reconstruction replaces the
+# activation. `docs/sae.md` has the architectures, the names and how close mha is to SAELens.
