@@ -34,7 +34,7 @@ from .vision import ImageEncoding, ViTModel
 
 __all__ = ["CLIPModel", "CLIPVisionTower", "CLIPTextTower", "CLIPOutput"]
 
-_CLIP_NAMES = dict(layer="encoder.layers.{i}.", q="self_attn.q_proj", k="self_attn.k_proj",
+_CLIP_NAMES: dict[str, Any] = dict(layer="encoder.layers.{i}.", q="self_attn.q_proj", k="self_attn.k_proj",
                    v="self_attn.v_proj", o="self_attn.out_proj", ln_1="layer_norm1",
                    ln_2="layer_norm2", ff_1="mlp.fc1", ff_2="mlp.fc2", scale_1=None,
                    scale_2=None)
@@ -438,6 +438,7 @@ class CLIPModel:
         if pixel_values is not None:
             out.vision = self.vision_model(pixel_values, need_weights=need_weights,
                                            interpolate_pos_encoding=interpolate_pos_encoding)
+            assert out.vision.pooler_output is not None     # a vision tower pools
             out.image_embeds = self._normalized(out.vision.pooler_output,
                                                 self.visual_projection)
         if input_ids is not None:
@@ -484,8 +485,8 @@ class CLIPModel:
         vision = self.vision_model
 
         def target(last: np.ndarray):
-            pooled = ops.layer_norm(np.ascontiguousarray(last[:, 0]), *vision.ln_post,
-                                    vision.config.norm_eps)
+            pooled = ops.layer_norm(np.ascontiguousarray(last[:, 0]), vision.ln_post[0],
+                                    vision.ln_post[1], vision.config.norm_eps)
             e = pooled @ self.visual_projection
             norm = np.linalg.norm(e, axis=-1, keepdims=True)
             e_hat = e / norm

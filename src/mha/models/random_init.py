@@ -172,7 +172,7 @@ def from_config(config: Mapping[str, Any] | ModelConfig, *, dtype: DTypeLike = n
     if np_dtype not in (np.float32, np.float64):
         raise TypeError(f"dtype must be float32 or float64, got {np_dtype}")
     recorder = _Recorder(np_dtype.type)
-    dry: Any = cls.__new__(cls)             # the family's _load names the tensors it reads
+    dry: Any = object.__new__(cls)          # the family's _load names the tensors it reads
     dry.config, dry.dtype = cfg, np_dtype.type
     dry._load(recorder)
     del dry

@@ -481,7 +481,8 @@ class ViTModel(Differentiable, TransformerModel):
     def _final_norm(self, x: np.ndarray) -> np.ndarray:
         """The final LayerNorm over the last axis of x (..., d) (the cache's analyses)."""
         rows = np.ascontiguousarray(x, dtype=self.dtype).reshape(-1, x.shape[-1])
-        return ops.layer_norm(rows, *self.ln_f, self.config.norm_eps).reshape(x.shape)
+        return ops.layer_norm(rows, self.ln_f[0], self.ln_f[1],
+                              self.config.norm_eps).reshape(x.shape)
 
     # --- what the tokens are --------------------------------------------------------------------
     @property
@@ -654,8 +655,8 @@ class ViTModel(Differentiable, TransformerModel):
                  resume=None):
         if resume is None:
             raise TypeError(f"{type(self).__name__} runs on images: call it with pixel_values")
-        return CausalLM._forward(self, ids, mask, type_ids,  # type: ignore[arg-type]
-                                 need_weights, head_mask, hooks, resume)
+        return CausalLM._forward(self, ids, mask, type_ids, need_weights, head_mask, hooks,
+                                 resume)
 
     def _forward_pixels(self, pixels: np.ndarray, need_weights: bool,
                         head_mask: np.ndarray | None, hooks: HookPoints, interpolate: bool
@@ -665,8 +666,9 @@ class ViTModel(Differentiable, TransformerModel):
         x, info = self._embed(pixels, interpolate, hooks)
         B, n = pixels.shape[0], info["n"]
         ids = np.broadcast_to(np.arange(n), (B, n))
-        hidden, attn = CausalLM._forward(self, ids, np.ones((B, n), bool),  # type: ignore
-                                         None, need_weights, head_mask, hooks, resume=(0, x))
+        hidden, attn = CausalLM._forward(self, ids, np.ones((B, n), bool),  # type: ignore[arg-type]
+                                         None,  # type: ignore[arg-type]
+                                         need_weights, head_mask, hooks, resume=(0, x))
         return hidden, attn, info
 
     def _classify(self, last: np.ndarray) -> np.ndarray | None:
@@ -717,7 +719,7 @@ class ViTModel(Differentiable, TransformerModel):
         enc.tape = tape
         return enc
 
-    def __call__(self, pixel_values: ArrayLike | None = None, *, need_weights: bool = True,
+    def __call__(self, pixel_values: ArrayLike | None = None, *, need_weights: bool = True,  # type: ignore[override]
                  head_mask: ArrayLike | None = None, interpolate_pos_encoding: bool = False,
                  backward: bool = False, fwd_hooks: Sequence[tuple[NameFilter, HookFn]] = (),
                  hook_gradient: str = "constant", **unexpected: Any) -> ImageEncoding:
@@ -916,7 +918,7 @@ class ViTModel(Differentiable, TransformerModel):
             _last_tapes().pop(self, None)
         return grads
 
-    def loss_and_grads(self, pixel_values: ArrayLike, labels: ArrayLike, *,
+    def loss_and_grads(self, pixel_values: ArrayLike, labels: ArrayLike, *,  # type: ignore[override]
                        wrt: Sequence[str] = (), head_mask: ArrayLike | None = None,
                        interpolate_pos_encoding: bool = False
                        ) -> tuple[float, dict[str, np.ndarray]]:
@@ -972,7 +974,7 @@ class ViTModel(Differentiable, TransformerModel):
         return loss, grads
 
     # --- hooks, caches and statistics on images ---------------------------------------------------
-    def run_with_cache(self, pixel_values: ArrayLike, *, names: Any = None,
+    def run_with_cache(self, pixel_values: ArrayLike, *, names: Any = None,  # type: ignore[override]
                        fwd_hooks: Sequence[tuple[NameFilter, HookFn]] = (),
                        head_mask: ArrayLike | None = None, need_weights: bool = False,
                        interpolate_pos_encoding: bool = False, **unexpected: Any
@@ -1021,7 +1023,7 @@ class ViTModel(Differentiable, TransformerModel):
                         interpolate_pos_encoding=interpolate_pos_encoding)
         return enc, ActivationCache(hooks.cache, self)
 
-    def run_with_hooks(self, pixel_values: ArrayLike, *,
+    def run_with_hooks(self, pixel_values: ArrayLike, *,  # type: ignore[override]
                        fwd_hooks: Sequence[tuple[NameFilter, HookFn]],
                        head_mask: ArrayLike | None = None, need_weights: bool = False,
                        interpolate_pos_encoding: bool = False, **unexpected: Any
@@ -1105,7 +1107,7 @@ class ViTModel(Differentiable, TransformerModel):
         return self._encoding(hidden, attn, info)
 
     def head_statistics(self, pixel_values: ArrayLike, *,
-                        stats: str | Sequence[str] | None = None,
+                        stats: str | Sequence[str] | None = None,  # type: ignore[override]
                         key_sets: str | Sequence[str] | Mapping[str, Any] | None = None,
                         interpolate_pos_encoding: bool = False, **unexpected: Any
                         ) -> dict[str, np.ndarray]:

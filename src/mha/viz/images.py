@@ -124,7 +124,7 @@ def patch_map(values: Any, *, grid: tuple[int, int] | None = None,
 def image_attention(image: Any, relevance_or_maps: Any, *,
                     grid: tuple[int, int] | None = None, n_prefix: int | None = None,
                     query: int = 0, titles: Sequence[str] | None = None, alpha: float = 0.6,
-                    cmap: str = "inferno", figsize: tuple[float, float] | None = None):
+                    cmap: str = "inferno", figsize: tuple[float, float] | None = None) -> Any:
     """Draw a map over an image's patches on top of the image.
 
     The CLS token's row of a relevance matrix (:func:`mha.analysis.gradient_relevance`),
