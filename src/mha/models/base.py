@@ -193,7 +193,7 @@ class TransformerModel(Hooked, Readouts, Blocks):
 
     def _table(self, table: np.ndarray) -> Any:
         """A token table as the model keeps it: the array, or narrow (:class:`NarrowTable`)."""
-        return weights.narrow_table(table, self._format)
+        return table if self._format is None else weights.NarrowTable(table, self._format)
 
     def _head(self, table: np.ndarray) -> Any:
         """An untied LM head's (vocab, d) weight as the model keeps it: the array (packed for

@@ -17,6 +17,8 @@ q, k, v are fused into one (d, 3d) matrix so each layer does one projection prod
 """
 from __future__ import annotations
 
+from typing import Any, Mapping
+
 import numpy as np
 
 from . import ops
@@ -54,13 +56,6 @@ class BertModel(Differentiable, TransformerModel):
         cfg, names = self.config, self.names
         d, f = cfg.d_model, cfg.d_ff
 
-        def dense(name, n_in, n_out):      # torch Linear (out, in) -> (in, out)
-            return (np.ascontiguousarray(read(name + ".weight", (n_out, n_in)).T),
-                    read(name + ".bias", (n_out,)))
-
-        def norm(name: str) -> tuple[np.ndarray, np.ndarray]:
-            return read(name + ".weight", (d,)), read(name + ".bias", (d,))
-
         self.word_embeddings = self._table(read(self.anchor, (cfg.vocab_size, d)))
         self.position_embeddings = read(names["positions"], (
             cfg.max_positions + cfg.position_offset, d))
@@ -68,22 +63,10 @@ class BertModel(Differentiable, TransformerModel):
         if cfg.type_vocab_size:
             self.token_type_embeddings = read.optional(names["token_types"],
                                                        (cfg.type_vocab_size, d))
-        self.ln_emb = norm(names["ln_emb"])
-        self.layers = []
-        for i in range(cfg.n_layers):
-            p = names["layer"].format(i=i)
-            (wq, bq), (wk, bk), (wv, bv) = (dense(p + names[s], d, d) for s in "qkv")
-            w_o, b_o = dense(p + names["o"], d, d)
-            w_1, b_1 = dense(p + names["ff_1"], d, f)
-            w_2, b_2 = dense(p + names["ff_2"], f, d)
-            (g_1, c_1), (g_2, c_2) = norm(p + names["ln_1"]), norm(p + names["ln_2"])
-            self.layers.append(self._keep({
-                "W_qkv": np.ascontiguousarray(np.concatenate([wq, wk, wv], axis=1)),
-                "b_qkv": np.concatenate([bq, bk, bv]),
-                "W_o": w_o, "b_o": b_o, "ln_1_weight": g_1, "ln_1_bias": c_1,
-                "W_1": w_1, "b_1": b_1, "W_2": w_2, "b_2": b_2,
-                "ln_2_weight": g_2, "ln_2_bias": c_2,
-            }))
+        self.ln_emb = (read(names["ln_emb"] + ".weight", (d,)),
+                       read(names["ln_emb"] + ".bias", (d,)))
+        self.layers = [self._keep(encoder_layer(read, names["layer"].format(i=i), names, d, f))
+                       for i in range(cfg.n_layers)]
         self._act = ops.activation(cfg.activation)
 
     def _stored(self):
@@ -196,3 +179,30 @@ class DistilBertModel(BertModel):
         q="attention.q_lin", k="attention.k_lin", v="attention.v_lin", o="attention.out_lin",
         ln_1="sa_layer_norm", ff_1="ffn.lin1", ff_2="ffn.lin2", ln_2="output_layer_norm")
 
+
+def encoder_layer(read: Any, p: str, names: Mapping[str, Any], d: int, f: int,
+                  f_in: int | None = None) -> dict[str, np.ndarray]:
+    """One encoder layer's weights (BERT's, CLIP's and the vision families') under mha's
+    names, from the checkpoint names ``names`` (q, k, v, o, ff_1, ff_2, ln_1, ln_2, and a
+    layer scale scale_1 / scale_2 or None) after the layer's prefix p: q, k and v fused into
+    W_qkv; torch Linear weights (out, in) given as their (in, out) views, which the model
+    packs straight from the checkpoint's layout; a layer scale folded into W_o, b_o, W_2 and
+    b_2 (DINOv2). f_in: W_1's width when it is not f (a SwiGLU's 2 f). Read in the order q,
+    k, v, o, ff_1, ff_2, the scales, ln_1, ln_2 (from_config's seeds follow it)."""
+    def dense(name: str, n_in: int, n_out: int) -> tuple[np.ndarray, np.ndarray]:
+        return read(name + ".weight", (n_out, n_in)).T, read(name + ".bias", (n_out,))
+
+    def norm(name: str) -> tuple[np.ndarray, np.ndarray]:
+        return read(name + ".weight", (d,)), read(name + ".bias", (d,))
+
+    (wq, bq), (wk, bk), (wv, bv) = (dense(p + names[s], d, d) for s in "qkv")
+    w_o, b_o = dense(p + names["o"], d, d)
+    w_1, b_1 = dense(p + names["ff_1"], d, f if f_in is None else f_in)
+    w_2, b_2 = dense(p + names["ff_2"], f, d)
+    if names.get("scale_1") is not None:        # layer scale folded into the products
+        s_1, s_2 = (read(p + names[s], (d,)) for s in ("scale_1", "scale_2"))
+        w_o, b_o, w_2, b_2 = w_o * s_1, b_o * s_1, w_2 * s_2, b_2 * s_2
+    (g_1, c_1), (g_2, c_2) = norm(p + names["ln_1"]), norm(p + names["ln_2"])
+    return {"W_qkv": np.concatenate([wq, wk, wv], axis=1), "b_qkv": np.concatenate([bq, bk, bv]),
+            "W_o": w_o, "b_o": b_o, "ln_1_weight": g_1, "ln_1_bias": c_1,
+            "W_1": w_1, "b_1": b_1, "W_2": w_2, "b_2": b_2, "ln_2_weight": g_2, "ln_2_bias": c_2}

@@ -17,7 +17,7 @@ a final LayerNorm; the pooled output is the hidden state at the first end-of-tex
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -25,6 +25,7 @@ from numpy.typing import ArrayLike
 from . import ops
 from .backward import DecoderLayout
 from .base import TransformerModel, family_doc
+from .bert import encoder_layer
 from .causal import CausalLM
 from .config import ModelConfig, _pair
 from .encoding import Encoding
@@ -45,27 +46,8 @@ def _tower_layers(model: TransformerModel, read: Any) -> None:
     cfg, names = model.config, _CLIP_NAMES
     d, f = cfg.d_model, cfg.d_ff
 
-    def dense(name, n_in, n_out):
-        return (np.ascontiguousarray(read(name + ".weight", (n_out, n_in)).T),
-                read(name + ".bias", (n_out,)))
-
-    def norm(name):
-        return read(name + ".weight", (d,)), read(name + ".bias", (d,))
-
-    model.layers = []
-    for i in range(cfg.n_layers):
-        p = names["layer"].format(i=i)
-        (wq, bq), (wk, bk), (wv, bv) = (dense(p + names[s], d, d) for s in "qkv")
-        w_o, b_o = dense(p + names["o"], d, d)
-        w_1, b_1 = dense(p + names["ff_1"], d, f)
-        w_2, b_2 = dense(p + names["ff_2"], f, d)
-        (g_1, c_1), (g_2, c_2) = norm(p + names["ln_1"]), norm(p + names["ln_2"])
-        model.layers.append(model._keep({
-            "ln_1_weight": g_1, "ln_1_bias": c_1,
-            "W_qkv": np.ascontiguousarray(np.concatenate([wq, wk, wv], axis=1)),
-            "b_qkv": np.concatenate([bq, bk, bv]), "W_o": w_o, "b_o": b_o,
-            "ln_2_weight": g_2, "ln_2_bias": c_2, "W_1": w_1, "b_1": b_1, "W_2": w_2,
-            "b_2": b_2}))
+    model.layers = [model._keep(encoder_layer(read, names["layer"].format(i=i), names, d, f))
+                    for i in range(cfg.n_layers)]
     model._act = ops.activation(cfg.activation)
 
 

@@ -32,6 +32,7 @@ from mha import _core
 from . import ops
 from .backward import DecoderLayout, Recorder
 from .base import TransformerModel, family_doc
+from .bert import encoder_layer
 from .blocks import _AttentionReads
 from .config import _pair
 from .causal import CausalLM
@@ -402,10 +403,6 @@ class ViTModel(Differentiable, TransformerModel):
             mlp=("W_1", "b_1", "W_2", "b_2"), gated=gated, embed="position_embeddings",
             positions=None)
 
-        def dense(name, n_in, n_out):           # torch Linear (out, in) -> (in, out)
-            return (np.ascontiguousarray(read(name + ".weight", (n_out, n_in)).T),
-                    read(name + ".bias", (n_out,)))
-
         def norm(name):
             return read(name + ".weight", (d,)), read(name + ".bias", (d,))
 
@@ -423,23 +420,9 @@ class ViTModel(Differentiable, TransformerModel):
         self.position_embeddings = read("embeddings.position_embeddings", (1, n_pos, d)
                                         ).reshape(n_pos, d)
         self.ln_f = norm(names["final"])
-        self.layers = []
-        for i in range(cfg.n_layers):
-            p = names["layer"].format(i=i)
-            (wq, bq), (wk, bk), (wv, bv) = (dense(p + names[s], d, d) for s in "qkv")
-            w_o, b_o = dense(p + names["o"], d, d)
-            w_1, b_1 = dense(p + names["ff_1"], d, 2 * f if gated else f)
-            w_2, b_2 = dense(p + names["ff_2"], f, d)
-            if names["scale_1"] is not None:        # layer scale folded into the products
-                s_1, s_2 = (read(p + names[s], (d,)) for s in ("scale_1", "scale_2"))
-                w_o, b_o, w_2, b_2 = w_o * s_1, b_o * s_1, w_2 * s_2, b_2 * s_2
-            (g_1, c_1), (g_2, c_2) = norm(p + names["ln_1"]), norm(p + names["ln_2"])
-            self.layers.append(self._keep({
-                "ln_1_weight": g_1, "ln_1_bias": c_1,
-                "W_qkv": np.ascontiguousarray(np.concatenate([wq, wk, wv], axis=1)),
-                "b_qkv": np.concatenate([bq, bk, bv]), "W_o": w_o, "b_o": b_o,
-                "ln_2_weight": g_2, "ln_2_bias": c_2,
-                "W_1": w_1, "b_1": b_1, "W_2": w_2, "b_2": b_2}))
+        self.layers = [self._keep(encoder_layer(read, names["layer"].format(i=i), names, d, f,
+                                                2 * f if gated else f))
+                       for i in range(cfg.n_layers)]
         self._act = ops.activation("silu" if gated else cfg.activation)
         self.classifiers = {}
         archs = " ".join(raw.get("architectures") or [])
@@ -454,7 +437,9 @@ class ViTModel(Differentiable, TransformerModel):
                                           read(name + ".bias", (labels,), prefixed=False))
         self.pooler = None
         if "ImageClassification" not in archs and read.has("pooler.dense.weight"):
-            self.pooler = dense("pooler.dense", d, int(raw.get("pooler_output_size", d)))
+            width = int(raw.get("pooler_output_size", d))      # torch Linear (out, in)
+            self.pooler = (np.ascontiguousarray(read("pooler.dense.weight", (width, d)).T),
+                           read("pooler.dense.bias", (width,)))
         self._interp_cache = {}
 
     def _stored(self):

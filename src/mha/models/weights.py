@@ -29,7 +29,7 @@ import numpy as np
 
 from mha import _core
 
-__all__ = ["Packed", "NarrowTable", "LayerWeights", "as_array", "narrow_table"]
+__all__ = ["Packed", "NarrowTable", "LayerWeights", "as_array"]
 
 #: the narrow formats: what ``_core.pack_weight(format=...)`` takes
 NARROW = ("bfloat16", "float16", "q8_0")
@@ -190,11 +190,6 @@ class NarrowTable:
     def packed(self) -> Packed:
         """The table read as its transpose (d, vocab) by the GEMM (a tied LM head)."""
         return self.head
-
-
-def narrow_table(table: np.ndarray, format: str | None) -> np.ndarray | NarrowTable:
-    """A token table as a model of weight format ``format`` keeps it."""
-    return table if format is None else NarrowTable(table, format)
 
 
 def as_array(value: Any) -> np.ndarray:
