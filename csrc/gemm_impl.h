@@ -18,9 +18,10 @@
 #define NV (MHA_VEC_REGS / 8)                  /* micro-tile columns in vectors (below)   */
 #define NR (NV * VL)                           /* micro-tile columns                      */
 #define KC 256                                 /* shared-axis block (see gemm_kc)          */
-#define KC_ONE_SLICE 640                       /* ... or the whole axis, up to this length  */
+#define KC_ONE_SLICE 4096                      /* ... or the whole axis, up to this length  */
 #define MC_MAX 144                             /* rows of A per block (multiple of MR)    */
-#define NC 2048                                /* columns of B per block                  */
+#define NC 2048                                /* columns of B per block (see gemm_nc)    */
+#define B_BLOCK (KC * NC)                      /* elements of a packed block of B, at most */
 #define DIRECT_A_PANELS 8                      /* read A in place when B has <= 8 panels  */
 
 #if MHA_GNU_C
@@ -37,21 +38,29 @@ static int64_t FN(gemm_mc)(int64_t M, int threads) {
     return MHA_MAX(MR, MHA_MIN((mc + MR - 1) / MR * MR, MC_MAX));
 }
 
-/* Length of the shared-axis slices. KC = 256: an MR x KC panel of A and a KC x NR panel of B
- * (6 + 16 KiB of float with 32-byte vectors) stay in a 32 KiB L1 data cache while the
- * micro-kernel streams them. Up to KC_ONE_SLICE the whole axis is one slice all the same
- * (the K = 576 products of SmolLM-sized models among them): each tile of C is then written
- * once instead of read and written again per slice, which outweighs the panels' L1 fit for
- * axes this short. Longer axes are cut in slices of KC. */
+/* Length of the shared-axis slices: the whole axis up to KC_ONE_SLICE, else slices of KC.
+ * One slice writes each tile of C once; every further slice reads the tile back, adds and
+ * writes it again, and those reads of C, from L2 or L3 at the end of each micro-tile, cost
+ * more than what slices of KC gain by keeping a KC x NR panel of B in L1 (16 KiB of float
+ * with 32-byte vectors). Measured on AMD Zen 4, 2 threads, B packed whole, interleaved
+ * medians: 512 x 2304 x 768 +20% on the AVX2 path and +10% on AVX-512 against slices of 256;
+ * 197 x 768 x 3072 +5-10% and +2-4% (docs/benchmarks.md, "The AVX2 path"). */
 static int64_t FN(gemm_kc)(int64_t K) {
     return K <= KC_ONE_SLICE ? K : KC;
 }
 
-/* Elements of the workspace's parts: packed B (one KC x NC block), then packed A (one
- * mc x KC block) per thread, each starting on a cache line. */
+/* Columns of B per block for slices of kc: NC, or fewer for long slices, so that a packed
+ * block of B (kc x nc) stays within B_BLOCK elements (2 MiB of float) whatever kc. Blocks
+ * of columns do not change any element's arithmetic. */
+static int64_t FN(gemm_nc)(int64_t kc) {
+    return MHA_MAX(NR, MHA_MIN(NC, B_BLOCK / MHA_MAX(kc, 1) / NR * NR));
+}
+
+/* Elements of the workspace's parts: packed B (one kc x nc block), then packed A (one
+ * mc x kc block) per thread, each starting on a cache line. */
 static void FN(gemm_parts)(int64_t N, int64_t K, int64_t mc, size_t *b_elems, size_t *a_elems) {
     size_t kc = (size_t)MHA_MAX(1, FN(gemm_kc)(K));
-    size_t nc = mha_round_up((size_t)MHA_MAX(1, MHA_MIN(N, NC)), NR);
+    size_t nc = mha_round_up((size_t)MHA_MAX(1, MHA_MIN(N, FN(gemm_nc)((int64_t)kc))), NR);
     *b_elems = mha_round_up(kc * nc, MHA_CACHE_LINE);
     *a_elems = mha_round_up(kc * (size_t)mc, MHA_CACHE_LINE);
 }
@@ -842,7 +851,7 @@ static int FN(gemm_run)(int trans_a, int trans_b, int64_t M, int64_t K, real alp
     const int64_t n_chunks = m_blocks >= threads ? 1 : (threads + m_blocks - 1) / m_blocks;
     const int64_t tasks = m_blocks * n_chunks;
     if (threads > tasks) threads = (int)tasks;
-    const int64_t kc_block = FN(gemm_kc)(K), nc_panels = NC / NR;
+    const int64_t kc_block = FN(gemm_kc)(K), nc_panels = FN(gemm_nc)(kc_block) / NR;
     size_t b_elems, a_elems;
     FN(gemm_parts)(P * NR, K, mc_block, &b_elems, &a_elems);
     int whole = 1; /* every B packed whole (mha_pack_weight): no packing, no slice barriers */
@@ -1189,6 +1198,7 @@ static int FN(mha_linear_transposed_fmt)(int64_t M, int64_t N, int64_t K, const 
 #undef KC_ONE_SLICE
 #undef MC_MAX
 #undef NC
+#undef B_BLOCK
 #undef DIRECT_A_PANELS
 #undef SMALL_GEMM_MNK
 #undef GEMM_MAX_OUTS
