@@ -3,6 +3,7 @@
     python benchmarks/models.py [--rounds 3] [--threads 2] [--calls 3] [--cases minilm,llama]
                                 [--tokens 128,512] [--workdir DIR] [--json FILE]
     python benchmarks/models.py --profile [--cases ...]        # mha alone, by operation
+    python benchmarks/models.py --simd avx2 ...                 # every library on AVX2
 
 Cases (float32, one text, every library on ``--threads`` threads: mha.set_num_threads,
 torch.set_num_threads, onnxruntime's intra_op_num_threads; NumPy's BLAS keeps its default):
@@ -30,6 +31,11 @@ torch.set_num_threads, onnxruntime's intra_op_num_threads; NumPy's BLAS keeps it
       folder's base model (AutoModel: no LM head, as mha's ``model(ids)`` has none) in
       transformers' eager attention with output_attentions=True, output_hidden_states=True.
       Preparing a folder checks that both give the same attentions and hidden states.
+
+SIMD path: ``--simd avx2`` (or avx512, baseline) runs the workers with mha, torch (ATen, MKL,
+oneDNN) and NumPy on that path (``mha.apps.simd``): on an AVX-512 machine, what an AVX2 laptop
+runs. onnxruntime has no switch: it picks its kernels by the CPU's features. The header says
+which path each library ran.
 
 Import order: each round runs two worker processes, one that imports torch and transformers
 before mha ("torch first", what most notebooks do) and one that imports mha first; a worker
@@ -210,7 +216,10 @@ def worker(args):
         results += family_case(spec, mha, torch, transformers)
     else:
         results += llama_case(spec, mha, torch, transformers)
+    from mha.apps.simd import describe_paths
+    ran_ort = spec["case"] == "minilm" and "onnxruntime" in sys.modules
     info = {"order": spec["order"], "build_info": mha.build_info(),
+            "simd": describe_paths(torch, onnxruntime=ran_ort),
             "torch_threads": torch.get_num_threads(), "results": results}
     print("RESULT " + json.dumps(info))
 
@@ -537,10 +546,21 @@ def main(argv=None):
                         default=Path(tempfile.gettempdir()) / "mha-models-bench")
     parser.add_argument("--json", type=Path, help="also write the table here")
     parser.add_argument("--profile", action="store_true", help="profile mha by operation")
+    parser.add_argument("--simd", choices=("avx512", "avx2", "baseline"),
+                        help="run mha, torch and NumPy on this SIMD path (default: each one's best)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         return worker(args)
+    if args.simd:    # this script again with the path's environment, which the workers inherit
+        import mha
+        from mha.apps.simd import run_on_path
+        if args.simd not in mha.build_info()["simd_paths"]:
+            parser.error(f"--simd {args.simd}: this build and CPU run "
+                         f"{' '.join(mha.build_info()['simd_paths'])}")
+        status = run_on_path(args.simd, [str(HERE), *(sys.argv[1:] if argv is None else argv)])
+        if status is not None:
+            return status
     tokens = [int(t) for t in args.tokens.split(",")]
     cases = []
     for case in args.cases.split(","):
@@ -555,6 +575,7 @@ def main(argv=None):
     print(f"\n{started}, {args.threads} threads, {args.rounds} rounds x {args.turns} turns x "
           f"{args.calls} calls; load average at the end {os.getloadavg()[0]:.1f}")
     print(f"mha {meta[0]['build_info']}")
+    print(f"SIMD paths: {'; '.join(sorted({m['simd'] for m in meta}))}")
     print_table(table)
     if args.json:
         args.json.write_text(json.dumps({"started": started, "table": table, "meta": meta},

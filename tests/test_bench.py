@@ -109,3 +109,62 @@ def test_encode_case_times_both_measures_at_each_length():
             for what in ("forward +weights", "forward (torch: SDPA)") for impl in ("mha", "torch")}
     assert got == want
     assert all(r["ms"] > 0 and len(r["round_ms"]) == 1 for r in rows)
+
+
+# --- --simd: one SIMD path for mha and its peers (mha.apps.simd) ------------------------------
+
+def test_simd_environment_names_each_librarys_switch():
+    from mha.apps import simd
+    env = simd.simd_environment("avx2")
+    assert env == {"MHA_SIMD": "avx2", "ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+                   "ONEDNN_MAX_CPU_ISA": "AVX2", "OPENBLAS_CORETYPE": "Haswell"}
+    assert simd.simd_environment("baseline")["ATEN_CPU_CAPABILITY"] == "default"
+    assert "OPENBLAS_CORETYPE" not in simd.simd_environment("avx512")
+    with pytest.raises(ValueError, match="avx512, avx2, baseline"):
+        simd.simd_environment("sse9")
+
+
+def test_run_on_path_runs_a_child_only_when_the_environment_differs(monkeypatch):
+    from mha.apps import simd
+    children = []
+    monkeypatch.setattr(simd.subprocess, "call", lambda args, env: children.append((args, env)) or 7)
+    assert simd.run_on_path(None, ["-m", "mha", "bench"]) is None and not children
+    for k, v in simd.simd_environment("avx2").items():
+        monkeypatch.setenv(k, v)
+    assert simd.run_on_path("avx2", ["-m", "mha", "bench"]) is None and not children
+    monkeypatch.setenv("MHA_SIMD", "avx512")
+    assert simd.run_on_path("avx2", ["-m", "mha", "bench", "--simd", "avx2"]) == 7
+    (args, env), = children
+    assert args[1:] == ["-m", "mha", "bench", "--simd", "avx2"] and env["MHA_SIMD"] == "avx2"
+    assert env["ATEN_CPU_CAPABILITY"] == "avx2"
+
+
+def test_describe_paths_says_what_ran():
+    import mha
+    from mha.apps import simd
+    text = simd.describe_paths(None, onnxruntime=True)
+    assert text.startswith(f"mha {mha.build_info()['simd']} (")
+    assert text.endswith("onnxruntime by the CPU's features (no switch)")
+
+    class FakeTorch:
+        class backends:
+            class cpu:
+                @staticmethod
+                def get_cpu_capability():
+                    return "AVX2"
+    assert "; torch ATen AVX2" in simd.describe_paths(FakeTorch)
+
+
+def test_bench_simd_option_refuses_an_unknown_path(capsys):
+    with pytest.raises(SystemExit) as info:
+        bench.main(["--simd", "sse9"])
+    assert info.value.code == 2
+    assert "--simd" in capsys.readouterr().err
+
+
+def test_bench_table_header_names_the_simd_paths():
+    rows = [bench._row("a: demo", "forward", "mha", 0.010, 1e9, 100.0)]
+    meta = dict(date="2026-01-01", cpu="cpu", threads=2, matmul_gflops=100.0, torch="x",
+                simd="mha avx2 (MHA_SIMD=avx2); torch ATen AVX2")
+    head = bench.table(dict(meta=meta, rows=rows)).splitlines()[0]
+    assert "SIMD paths: mha avx2 (MHA_SIMD=avx2); torch ATen AVX2." in head

@@ -9,6 +9,10 @@ and their ratio is not skewed by when each ran. Every time is the median of the 
 rounds; beside each ratio the table gives the range of the ratios of the rounds (each the ratio
 of two medians timed next to each other), the spread a rerun of the same code may show.
 
+``--simd avx2`` (or avx512, baseline) runs mha, torch and NumPy's OpenBLAS on that SIMD path
+(`mha.apps.simd`): on an AVX-512 machine, the figures of a CPU with AVX2 only. The table's header
+says which path each library ran.
+
 Cases (float32):
   a  the speed test of 1/4/8/16 heads: batch 16, seq 128, d_model 256 (the layer)
   b  batch 4, seq 1024, d_model 512, 8 heads, with and without causal (the layer)
@@ -30,6 +34,7 @@ import numpy as np
 
 import mha
 
+from .simd import SIMD_PATHS, describe_paths, run_on_path
 from .timing import median_times, time_in_turns, times_by_round
 
 __all__ = ["median_times", "matmul_gflops", "layer_flops", "attention_flops", "run", "table", "main"]
@@ -318,7 +323,8 @@ def run(cases="abcdef", repeats=5, threads=None, progress=True):
     Returns
     -------
     dict
-        ``meta`` (date, cpu, threads, numpy, torch, build, matmul_gflops) and ``rows``, one
+        ``meta`` (date, cpu, threads, numpy, torch, build, matmul_gflops, simd: the SIMD path of
+        each library, `mha.apps.simd.describe_paths`) and ``rows``, one
         dict per measurement: case, what, impl, ms, gflops, ceiling_frac (the fraction of
         NumPy's float32 matmul rate, the better of a measurement before and one after the
         cases).
@@ -357,7 +363,7 @@ def run(cases="abcdef", repeats=5, threads=None, progress=True):
         r["ceiling_frac"] = r["gflops"] / ceiling
     meta = dict(date=time.strftime("%Y-%m-%d"), cpu=_cpu_model(), threads=threads,
                 numpy=np.__version__, torch=getattr(torch, "__version__", None),
-                build=mha.build_info(), matmul_gflops=ceiling)
+                build=mha.build_info(), matmul_gflops=ceiling, simd=describe_paths(torch))
     return dict(meta=meta, rows=rows)
 
 
@@ -416,7 +422,8 @@ def table(result):
                      f"{rate} | {frac} |")
     meta = result["meta"]
     head = (f"Measured {meta['date']} on {meta['cpu']}, {meta['threads']} threads, float32; "
-            f"NumPy float32 matmul ceiling {meta['matmul_gflops']:.0f} GFLOP/s; torch {meta['torch']}. "
+            f"NumPy float32 matmul ceiling {meta['matmul_gflops']:.0f} GFLOP/s; torch {meta['torch']}; "
+            f"SIMD paths: {meta.get('simd') or meta.get('build', {}).get('simd', 'unknown')}. "
             "Ratios > 1x mean mha is faster; in brackets, the lowest and highest ratio of one round.")
     return head + "\n\n" + "\n".join(lines)
 
@@ -433,9 +440,17 @@ def main(argv=None):
                         help="rounds of turns per measurement (the median of their calls; default 5)")
     parser.add_argument("--threads", type=int, default=None, help="threads for mha and torch (default: mha's)")
     parser.add_argument("--json", metavar="FILE", help="also write the raw rows as JSON")
+    parser.add_argument("--simd", choices=SIMD_PATHS,
+                        help="run mha, torch and NumPy's OpenBLAS on this SIMD path (e.g. avx2 on an "
+                             "AVX-512 machine; default: each library's best)")
     args = parser.parse_args(argv)
     if not set(args.cases) <= set("abcdef"):
         parser.error(f"--cases takes letters from 'abcdef', got {args.cases!r}")
+    if args.simd and args.simd not in mha.build_info()["simd_paths"]:
+        parser.error(f"--simd {args.simd}: this build and CPU run {' '.join(mha.build_info()['simd_paths'])}")
+    status = run_on_path(args.simd, ["-m", "mha", "bench", *(sys.argv[1:] if argv is None else argv)])
+    if status is not None:
+        return status
     result = run(args.cases, args.repeats, args.threads)
     print(table(result))
     if args.json:
