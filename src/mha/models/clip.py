@@ -336,7 +336,7 @@ class CLIPModel:
         return self.vision_model.preprocess(images)
 
     def _normalized(self, pooled: np.ndarray, projection: np.ndarray) -> np.ndarray:
-        embeds = pooled @ projection
+        embeds = ops.linear(pooled, projection)
         return embeds / np.linalg.norm(embeds, axis=-1, keepdims=True)
 
     def image_features(self, pixel_values: ArrayLike, *,
@@ -357,7 +357,7 @@ class CLIPModel:
         """
         enc = self.vision_model(pixel_values, need_weights=False,
                                 interpolate_pos_encoding=interpolate_pos_encoding)
-        return enc.pooler_output @ self.visual_projection
+        return ops.linear(enc.pooler_output, self.visual_projection)
 
     def text_features(self, input_ids: ArrayLike, attention_mask: ArrayLike | None = None
                       ) -> np.ndarray:
@@ -376,7 +376,7 @@ class CLIPModel:
             Not normalised.
         """
         enc = self.text_model(np.atleast_2d(input_ids), attention_mask, need_weights=False)
-        return self._text_pooled(enc, input_ids) @ self.text_projection
+        return ops.linear(self._text_pooled(enc, input_ids), self.text_projection)
 
     def _text_pooled(self, enc: Encoding, input_ids: ArrayLike) -> np.ndarray:
         last = np.atleast_3d(enc.last_hidden_state)
@@ -469,7 +469,7 @@ class CLIPModel:
         def target(last: np.ndarray):
             pooled = ops.layer_norm(np.ascontiguousarray(last[:, 0]), vision.ln_post[0],
                                     vision.ln_post[1], vision.config.norm_eps)
-            e = pooled @ self.visual_projection
+            e = ops.linear(pooled, self.visual_projection)
             norm = np.linalg.norm(e, axis=-1, keepdims=True)
             e_hat = e / norm
             scores = scale * e_hat @ t

@@ -664,7 +664,7 @@ class ViTModel(Differentiable, TransformerModel):
         for name, pooling in self._heads:
             if name in self.classifiers:
                 w, b = self.classifiers[name]
-                logits = logits + self._pool(last, pooling) @ w + b
+                logits = logits + ops.linear(self._pool(last, pooling), w, b)
         return np.asarray(logits / len(self.classifiers), dtype=self.dtype)
 
     def _pool(self, last: np.ndarray, pooling: str) -> np.ndarray:
@@ -698,7 +698,7 @@ class ViTModel(Differentiable, TransformerModel):
         enc.logits = self._classify(last)
         if self.pooler is not None:
             w, b = self.pooler
-            enc.pooler_output = np.tanh(last[:, 0] @ w + b)
+            enc.pooler_output = np.tanh(ops.linear(last[:, 0], w, b))
         elif type(self).__name__.startswith("Dinov2"):
             enc.pooler_output = last[:, 0].copy()
         enc.tape = tape
@@ -834,9 +834,9 @@ class ViTModel(Differentiable, TransformerModel):
             w, _ = self.classifiers[name]
             pooled = self._pool(last, pooling)
             if grads is not None and grads.get(f"{name}_weight") is not None:
-                grads[f"{name}_weight"] += pooled.T @ d_logits
+                grads[f"{name}_weight"] += _core.matmul(np.ascontiguousarray(pooled), d_logits, trans_a=True)
                 grads[f"{name}_bias"] += d_logits.sum(axis=0)
-            self._pool_backward(d_logits @ w.T, d_last, pooling)
+            self._pool_backward(_core.matmul(d_logits, w, trans_b=True), d_last, pooling)
         return d_last
 
     def _image_backward(self, tape, d_logits, d_hidden, wrt, retain, parameters, bwd_hooks):
