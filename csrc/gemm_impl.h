@@ -43,8 +43,8 @@ static int64_t FN(gemm_mc)(int64_t M, int threads) {
  * writes it again, and those reads of C, from L2 or L3 at the end of each micro-tile, cost
  * more than what slices of KC gain by keeping a KC x NR panel of B in L1 (16 KiB of float
  * with 32-byte vectors). Measured on AMD Zen 4, 2 threads, B packed whole, interleaved
- * medians: 512 x 2304 x 768 +20% on the AVX2 path and +10% on AVX-512 against slices of 256;
- * 197 x 768 x 3072 +5-10% and +2-4% (docs/benchmarks.md, "The AVX2 path"). */
+ * medians against slices of 256: 512 x 2304 x 768 +14% on the AVX2 path and +9% on AVX-512,
+ * 197 x 3072 x 768 +9% and +2% (docs/benchmarks.md, "The AVX2 path"). */
 static int64_t FN(gemm_kc)(int64_t K) {
     return K <= KC_ONE_SLICE ? K : KC;
 }
