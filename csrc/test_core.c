@@ -61,7 +61,7 @@ static double *random_array(size_t n) {
 
 static void test_gemm(void) {
     /* the last two are big enough for two threads: split by rows, and by columns */
-    const int64_t sizes[][3] = {{1, 1, 1}, {7, 5, 3}, {37, 53, 301}, {130, 20, 641}, {300, 40, 300}, {12, 700, 400}, {12, 12, 8}, {5, 9, 40}};
+    const int64_t sizes[][3] = {{1, 1, 1}, {7, 5, 3}, {37, 53, 301}, {130, 20, 4100}, {300, 40, 300}, {12, 700, 400}, {12, 12, 8}, {5, 9, 40}};
     for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++)
         for (int ta = 0; ta < 2; ta++)
             for (int tb = 0; tb < 2; tb++) {
@@ -95,12 +95,12 @@ static void test_gemm(void) {
 
 /* Products sharing their left operand (the layer's fused Q, K, V projections): each output
  * bitwise equal to its own mha_gemm_bias call, its row padding (ldc > N) untouched. Shapes
- * cover whole and ragged panels, A packed and read in place, a shared axis in three slices,
+ * cover whole and ragged panels, A packed and read in place, a shared axis in slices (4100),
  * one row block whose panels two threads split inside an output, an empty output, and
  * outputs small enough for the unpacked path. */
 static void test_gemm_shared_a(void) {
     const int64_t shapes[][5] = {/* M, K, N0, N1, N2 */
-                                 {300, 40, 256, 64, 64}, {130, 641, 21, 0, 48}, {6, 300, 24, 70, 50},
+                                 {300, 40, 256, 64, 64}, {130, 4100, 21, 0, 48}, {6, 300, 24, 70, 50},
                                  {2000, 64, 16, 16, 40}, {12, 8, 5, 300, 16}, {7, 3, 2, 2, 2}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         const int64_t M = shapes[s][0], K = shapes[s][1], pad = 3;
@@ -950,10 +950,10 @@ static void test_linear(void) {
 /* weights packed once (mha_pack_weight): mha_linear_packed bitwise equal to mha_linear
  * (to rounding where mha_linear runs a small product unpacked), for B as it is and
  * transposed, plain, gated and residual, one row to several blocks, a shared axis in one
- * slice and in three (K = 700) */
+ * slice and in slices (K = 4100: longer than the GEMM's one-slice limit of 4096) */
 static void test_linear_packed(void) {
     char what[96];
-    const int64_t Ms[] = {1, 3, 37, 300}, Ks[] = {70, 700}, N = 45;
+    const int64_t Ms[] = {1, 3, 37, 300}, Ks[] = {70, 4100}, N = 45;
     int64_t width = 0;
     mha_pack_width_f32(&width);
     expect(width > 0 && width % 4 == 0, "pack width f32 a multiple of 4", (double)width, 0);
@@ -1060,13 +1060,14 @@ static const char *format_name(int fmt) {
 
 /* mha_linear_packed_fmt: bfloat16, half and Q8_0 packings of op(B) as it is and transposed, plain,
  * gated, residual, with bias; M = 1 (decode) to several blocks; K not a multiple of 32, one
- * slice and three (K = 700). Each product bitwise equal to mha_linear_packed on the weights
+ * slice and several (K = 4100, with fewer row counts: 1, 17 and 70 rows cover the micro-kernel
+ * widening in registers and the buffer on both SIMD widths). Each product bitwise equal to mha_linear_packed on the weights
  * decoded from the packing, and within float rounding of a double loop on them; the packing
  * itself: bfloat16 the rounding of B (and raw bits kept), Q8_0 within d / 2 of B, every
  * block's d = half(max |x| / 127), its padding zero. */
 static void test_linear_packed_narrow(void) {
     char what[128];
-    const int64_t Ms[] = {1, 2, 4, 7, 16, 17, 300}, Ks[] = {70, 64, 700}, N = 45;
+    const int64_t Ms[] = {1, 2, 4, 7, 16, 17, 300}, Ms_long[] = {1, 17, 70}, Ks[] = {70, 64, 4100}, N = 45;
     int64_t width = 0;
     mha_pack_width_f32(&width);
     for (int fmt = MHA_WEIGHTS_BF16; fmt <= MHA_WEIGHTS_F16; fmt++)
@@ -1144,8 +1145,10 @@ static void test_linear_packed_narrow(void) {
                          fmt != MHA_WEIGHTS_Q8_0 ? "raw bits" : "ggml blocks", (long long)K, mode);
                 expect(!err && memcmp(again, packed, bytes) == 0, what, 1, 0);
                 err = mha_pack_weight_f32(Wp, W, NB, 0, K, NB);
-                for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
-                    const int64_t M = Ms[mi];
+                const int long_k = K > 1000;
+                const size_t n_ms = long_k ? sizeof Ms_long / sizeof Ms_long[0] : sizeof Ms / sizeof Ms[0];
+                for (size_t mi = 0; mi < n_ms; mi++) {
+                    const int64_t M = long_k ? Ms_long[mi] : Ms[mi];
                     const float beta = mode == 3 ? 1.0f : 0.0f;
                     float *A = malloc(sizeof(float) * (size_t)(M * K));
                     float *want = malloc(sizeof(float) * (size_t)(M * N)), *C = malloc(sizeof(float) * (size_t)(M * N));
@@ -1993,8 +1996,8 @@ int main(int argc, char **argv) {
         {2, 2, 1, 150, 600, 24, 1, 1, 1, 0, 0},   {1, 2, 2, 300, 270, 8, 1, 1, 0, 1, 0.3},
         {2, 2, 2, 130, 300, 16, 0, 0, 1, 0, 0.2}, {1, 3, 1, 40, 1030, 16, 0, 1, 0, 0, 0},
         {1, 1, 1, 3, 0, 4, 0, 0, 0, 0, 0},
-        /* causal blocks of the weights path over 257 to 640 keys of 700: the GEMM's longest
-         * shared-axis slice, more workspace than all 700 keys take */
+        /* causal blocks of the weights path over 1 to 700 keys: each count of visible keys
+         * a shared axis of its own length, whose workspace weights_gemm_bytes measures */
         {1, 1, 1, 700, 700, 64, 1, 0, 0, 0, 0},
     };
     for (size_t i = 0; i < sizeof stats_cases / sizeof stats_cases[0]; i++) test_row_stats_case(stats_cases[i]);
