@@ -21,6 +21,20 @@ __all__ = ["Readouts", "ROW_STATISTICS"]
 ROW_STATISTICS = ("entropy", "max", "argmax", "self", "prev", "next", "distance")
 
 
+def _stacked_rows(reads: _AttentionReads, n_layers: int, names: Sequence[str],
+                  sets: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The per-row statistics a forward's reads kept, each layer's stacked on axis 1:
+    {name: (B, L, H, n)}, "mass:<set>" for each key set, and "columns" when it kept them."""
+    layers = range(n_layers)
+    out = {name: np.stack([reads.rows[l][name] for l in layers], axis=1) for name in names}
+    for s, name in enumerate(sets):
+        out[f"mass:{name}"] = np.stack(
+            [reads.rows[l]["key_set_mass"] if s == 0 else reads.rows[l]["sets"][..., s - 1]
+             for l in layers], axis=1)
+    if n_layers and "columns" in reads.rows[0]:
+        out["columns"] = np.stack([reads.rows[l]["columns"] for l in layers], axis=1)
+    return out
+
 def _statistic_names(stats: str | Collection[str] | None) -> tuple[str, ...]:
     """head_statistics' ``stats`` -> the names, checked (None: ROW_STATISTICS)."""
     if stats is None:
@@ -303,15 +317,7 @@ class Readouts:
         reads = _AttentionReads((), stats=names, sets=sets, n_kv_heads=self.n_kv_heads,
                                 dtype=self.dtype, columns=columns, keep_hidden=False)
         self._forward(ids, mask, type_ids, False, None, reads)
-        layers = range(self.n_layers)
-        out = {name: np.stack([reads.rows[l][name] for l in layers], axis=1) for name in names}
-        for s, name in enumerate(sets):
-            out[f"mass:{name}"] = np.stack(
-                [reads.rows[l]["key_set_mass"] if s == 0 else reads.rows[l]["sets"][..., s - 1]
-                 for l in layers], axis=1)
-        if columns is not None:
-            out["columns"] = np.stack([reads.rows[l]["columns"] for l in layers], axis=1)
-        return out
+        return _stacked_rows(reads, self.n_layers, names, sets)
 
     def _key_sets(self, key_sets: str | Sequence[str] | Mapping[str, Any] | None,
                   ids: np.ndarray, mask: np.ndarray, tokenized: list[Any] | None

@@ -1127,7 +1127,7 @@ class ViTModel(Differentiable, TransformerModel):
         TypeError
             Text arguments.
         """
-        from .readouts import _statistic_names
+        from .readouts import _stacked_rows, _statistic_names
 
         if unexpected:
             raise TypeError(f"head_statistics of an image model takes pixel_values, not "
@@ -1144,13 +1144,7 @@ class ViTModel(Differentiable, TransformerModel):
         reads = _AttentionReads((), stats=names, sets=sets, n_kv_heads=self.n_kv_heads,
                                 dtype=self.dtype, keep_hidden=False)
         self._forward_pixels(pixels, False, None, reads, interpolate_pos_encoding)
-        layers = range(self.n_layers)
-        out = {name: np.stack([reads.rows[l][name] for l in layers], axis=1) for name in names}
-        for s, name in enumerate(sets):
-            out[f"mass:{name}"] = np.stack(
-                [reads.rows[l]["key_set_mass"] if s == 0 else reads.rows[l]["sets"][..., s - 1]
-                 for l in layers], axis=1)
-        return out
+        return _stacked_rows(reads, self.n_layers, names, sets)
 
     def _builtin_set(self, kind, what, ids, tokenized):
         keys = np.zeros(ids.shape, dtype=bool)
