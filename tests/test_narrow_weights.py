@@ -283,3 +283,30 @@ def test_linear_transposed_q8_0_padded_rows_and_bad_input():
         _core.linear_transposed(a, p, columns=40, format="q8_0", rows=40)  # more rows than blocks
     with pytest.raises(ValueError):
         _core.linear_transposed(a, _core.pack_weight(b), columns=40, rows=21)   # native: K is 20
+
+
+def test_packings_start_on_a_cache_line():
+    """Every packing starts on a 64-byte line (a 32-byte load across two lines slows the AVX2
+    micro-kernel), also one restored from a pickle at NumPy's 16-byte alignment."""
+    from mha.models.weights import CACHE_LINE, Packed, aligned_copy
+    rng = np.random.default_rng(0)
+    b = rng.standard_normal((70, 45)).astype(np.float32)
+    packings = [_core.pack_weight(b), _core.pack_weight(b.astype(np.float64), trans_b=True)]
+    packings += [_core.pack_weight(b, format=f) for f in ("bfloat16", "float16", "q8_0")]
+    for p in packings:
+        assert p.ctypes.data % CACHE_LINE == 0 and p.flags.c_contiguous
+    # a packing handed to __setstate__ 16 bytes past a line comes back on one, same values
+    packed = Packed(b, keep=False)
+    raw = np.empty(packed.data.nbytes + 2 * CACHE_LINE, np.uint8)
+    start = -raw.ctypes.data % CACHE_LINE + 16
+    off = raw[start:start + packed.data.nbytes].view(np.float32).reshape(packed.data.shape)
+    off[...] = packed.data
+    assert off.ctypes.data % CACHE_LINE == 16
+    state = packed.__getstate__()
+    state["data"] = off
+    again = Packed.__new__(Packed)
+    again.__setstate__(state)
+    assert again.data.ctypes.data % CACHE_LINE == 0 and not again.data.flags.writeable
+    np.testing.assert_array_equal(again.unpack(), b)
+    copy = aligned_copy(off)
+    assert copy.ctypes.data % CACHE_LINE == 0 and np.array_equal(copy, off)
