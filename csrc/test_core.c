@@ -687,7 +687,7 @@ typedef struct {
  * and float32, on the weights path and the fused path, every statistic asked but one
  * (leaving a field NULL writes nothing there). Tolerances, absolute: 1e-12 (float64) and
  * 1e-6 (float32) on the probabilities (max, key-set mass, self, prev, next); the entropy
- * relative to its scale log(n_k), the distance to its scale n_k. The argmax must name a key
+ * relative to its scale log(n_k), the distance to its scale n_k (float32: 3e-6). The argmax must name a key
  * whose weight is the row's max within that tolerance (a near tie may go either way). */
 static void test_row_stats_case(stats_case c) {
     mha_attention_desc d;
@@ -776,7 +776,10 @@ static void test_row_stats_case(stats_case c) {
                 if (s == skip) continue;
                 char *tail = strstr(what, ": ") + 2;
                 snprintf(tail, sizeof what - (size_t)(tail - what), "%s", STAT_NAMES[s]);
-                expect(err[s] <= tol, what, err[s], tol);
+                /* float32's distance is a product over all n_k keys, summed in one slice of the
+                 * GEMM up to 4096 keys: 1.1e-6 measured at n_k = 1030 (portable build) */
+                const double tol_s = f32 && s == 7 ? 3e-6 : tol;
+                expect(err[s] <= tol_s, what, err[s], tol_s);
             }
             snprintf(strstr(what, ": ") + 2, 60, "%s not asked, not written", STAT_NAMES[skip]);
             expect(untouched, what, 1, 0);
