@@ -278,6 +278,36 @@ static void FN(pack_panel_task)(void *ctx, int64_t panel, int thread) {
                j->trans, j->K, MHA_MIN(j->width, j->N - j0));
 }
 
+/* One panel of op(B)^T (N, K) packed from op(B)'s packing, for mha_pack_weight_transposed. */
+typedef struct {
+    real *out;
+    const real *packed;
+    int64_t K, N, width;
+} FN(transpose_job);
+
+static void FN(transpose_panel_task)(void *ctx, int64_t panel, int thread) {
+    const FN(transpose_job) *j = ctx;
+    (void)thread;
+    /* out's panel holds op(B)^T's columns k0 .. k0 + W, i.e. op(B)'s rows k0 .. k0 + W: of
+     * every source panel (K x W, its columns n0 .. n0 + W) a W x W block, transposed as
+     * pack_b reads a transposed operand (the source block is stored (k, n), ldb W) */
+    const int64_t W = j->width, n0 = panel * W, rows = MHA_MIN(W, j->N - n0);
+    for (int64_t k0 = 0; k0 < j->K; k0 += W)
+        FN(pack_b)(j->out + k0 * j->N + n0 * W, j->packed + n0 * j->K + k0 * W, W, 1, rows,
+                   MHA_MIN(W, j->K - k0));
+}
+
+/* mha.h: op(B)^T packed whole from op(B)'s packing, one pass, in parallel over out's panels. */
+static int FN(mha_pack_weight_transposed)(real *out, const real *packed, int64_t K, int64_t N) {
+    if (K < 0 || N < 0) return MHA_EINVAL;
+    if (K == 0 || N == 0) return MHA_OK;
+    FN(transpose_job) job = {out, packed, K, N, 0};
+    FN(mha_pack_width)(&job.width);
+    mha_parallel_for(mha_threads_for((double)N * (double)K), (N + job.width - 1) / job.width, 1,
+                     FN(transpose_panel_task), &job);
+    return MHA_OK;
+}
+
 /* dA (M, K) += dz (M, NB) @ op(B)^T, op(B) (K, NB) given as B, ldb, trans_b: op(B)^T is packed
  * whole first, in parallel, then read by one product in one parallel region (as
  * mha_linear_packed). The product on B as it is packs op(B)^T per slice of its shared axis

@@ -50,6 +50,8 @@
     X(mha_pack_weight_##SFX,                                                                   \
       (T *packed, const T *B, int64_t ldb, int trans_b, int64_t K, int64_t N),                 \
       (packed, B, ldb, trans_b, K, N))                                                         \
+    X(mha_pack_weight_transposed_##SFX,                                                        \
+      (T *out, const T *packed, int64_t K, int64_t N), (out, packed, K, N))                    \
     X(mha_pack_width_##SFX, (int64_t *width), (width))                                         \
     X(mha_packed_bytes_##SFX, (int format, int64_t K, int64_t N, size_t *bytes),               \
       (format, K, N, bytes))                                                                   \

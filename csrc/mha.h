@@ -309,6 +309,11 @@ enum mha_weight_format {
     int mha_pack_width_##SFX(int64_t *width);                                                  \
     int mha_pack_weight_##SFX(T *packed, const T *B, int64_t ldb, int trans_b, int64_t K,      \
                               int64_t N);                                                      \
+    /* mha_pack_weight_transposed writes op(B)^T (N, K) packed (ceil(K / W) panels of N x W,  \
+     * ceil(K / W) * W * N elements) into out from op(B)'s packing alone: the weight that a    \
+     * backward's dA = dz @ op(B)^T multiplies by, when a model keeps only the packing.        \
+     * Bitwise what mha_pack_weight makes of op(B)^T; out must not overlap packed. */          \
+    int mha_pack_weight_transposed_##SFX(T *out, const T *packed, int64_t K, int64_t N);      \
     int mha_linear_packed_##SFX(int64_t M, int64_t N, int64_t K, const T *A, int64_t lda,     \
                                 const T *Bp, const T *bias, int act, T beta, T *C,             \
                                 int64_t ldc);                                                  \

@@ -1307,6 +1307,67 @@ static PyObject *py_pack_weight(PyObject *self, PyObject *const *args, Py_ssize_
     return (PyObject *)p;
 }
 
+static int check_apart(PyArrayObject *const *all, const char *const *names, int n_all, int n_outs);
+
+static const char *const pack_weight_transposed_kw[] = {"packed", "columns", "out", NULL};
+static call_spec pack_weight_transposed_spec = {"pack_weight_transposed", pack_weight_transposed_kw, 2, {NULL}};
+
+/* pack_weight_transposed(packed (P, K, W) from pack_weight, columns=N, out=None) -> op(b)^T
+ * packed as pack_weight packs it, (ceil(K / W), N, W): a new array, or a view of out's first
+ * elements (out: a C-contiguous 1-D array of the dtype, apart from packed, with room). */
+static PyObject *py_pack_weight_transposed(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                                           PyObject *kwnames) {
+    (void)self;
+    PyObject *arg[MAX_PARAMS];
+    Py_ssize_t N = 0;
+    if (parse_call(&pack_weight_transposed_spec, args, nargs, kwnames, arg) || get_ssize(arg[1], "columns", &N))
+        return NULL;
+    int typenum = float_type(arg[0], "packed");
+    if (typenum < 0) return NULL;
+    PyArrayObject *p = get_array(arg[0], "packed", typenum, 3);
+    if (!p) return NULL;
+    const npy_intp W = pack_width(typenum), K = PyArray_DIM(p, 1);
+    if (PyArray_DIM(p, 2) != W || N < 0 || (N + W - 1) / W != PyArray_DIM(p, 0)) {
+        PyErr_Format(PyExc_ValueError, "packed (%zd, %zd, %zd) needs panels %zd wide (this process's SIMD "
+                     "path) and columns=N with ceil(N / %zd) = %zd, got columns=%zd", (Py_ssize_t)PyArray_DIM(p, 0),
+                     (Py_ssize_t)K, (Py_ssize_t)PyArray_DIM(p, 2), (Py_ssize_t)W, (Py_ssize_t)W,
+                     (Py_ssize_t)PyArray_DIM(p, 0), N);
+        return NULL;
+    }
+    npy_intp shape[3] = {(K + W - 1) / W, N, W};
+    PyArrayObject *t;
+    if (OR_NONE(arg[2]) == Py_None) {
+        if (!(t = new_aligned_array(3, shape, typenum))) return NULL;
+    } else {
+        PyArrayObject *out = get_output_array(arg[2], "out", typenum, 1);
+        if (!out) return NULL;
+        if (PyArray_DIM(out, 0) < shape[0] * N * W) {
+            PyErr_Format(PyExc_ValueError, "out has %zd elements but the packing needs %zd",
+                         (Py_ssize_t)PyArray_DIM(out, 0), (Py_ssize_t)(shape[0] * N * W));
+            return NULL;
+        }
+        PyArrayObject *all[] = {out, p};
+        const char *const names[] = {"out", "packed"};
+        if (check_apart(all, names, 2, 1)) return NULL;
+        Py_INCREF(PyArray_DESCR(out)); /* NewFromDescr steals it */
+        t = (PyArrayObject *)PyArray_NewFromDescr(&PyArray_Type, PyArray_DESCR(out), 3, shape, NULL,
+                                                  PyArray_DATA(out), NPY_ARRAY_CARRAY, NULL);
+        if (!t) return NULL;
+        Py_INCREF(out);
+        if (PyArray_SetBaseObject(t, (PyObject *)out) < 0) { /* steals out's new reference */
+            Py_DECREF(t);
+            return NULL;
+        }
+    }
+    int err;
+    CALL_TYPED(typenum, err, mha_pack_weight_transposed, PyArray_DATA(t), PyArray_DATA(p), K, N);
+    if (raise_core_error(err)) {
+        Py_DECREF(t);
+        return NULL;
+    }
+    return (PyObject *)t;
+}
+
 static const char *const linear_kw[] = {"a", "b", "bias", "act", "trans_b", "out", "columns",
                                         "accumulate", NULL};
 static call_spec linear_spec = {"linear", linear_kw, 2, {NULL}};
@@ -2295,6 +2356,9 @@ static PyMethodDef methods[] = {
      "or out += a @ op(b) + bias; b may be pack_weight's (P, K, W), with columns=N"},
     {"pack_weight", (PyCFunction)(void (*)(void))py_pack_weight, METH_FASTCALL | METH_KEYWORDS,
      "pack_weight(b, trans_b=False) -> op(b) (K, N) packed whole for linear: (ceil(N / W), K, W)"},
+    {"pack_weight_transposed", (PyCFunction)(void (*)(void))py_pack_weight_transposed,
+     METH_FASTCALL | METH_KEYWORDS,
+     "pack_weight_transposed(packed, columns, out=None) -> op(b)^T packed, from op(b)'s packing"},
     {"pack_weight_narrow", (PyCFunction)(void (*)(void))py_pack_weight_narrow, METH_FASTCALL | METH_KEYWORDS,
      "pack_weight_narrow(b, format, trans_b=False) -> op(b) packed in format 1 (bfloat16), 2 (q8_0) or 3 (float16)"},
     {"linear_narrow", (PyCFunction)(void (*)(void))py_linear_narrow, METH_FASTCALL | METH_KEYWORDS,

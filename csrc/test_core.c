@@ -1005,6 +1005,44 @@ static void test_linear_packed(void) {
     free(A), free(B), free(Bp), free(want), free(C);
 }
 
+/* mha_pack_weight_transposed: op(B)^T's packing made from op(B)'s alone, bitwise what
+ * mha_pack_weight makes of op(B)^T, for shapes with ragged panels on either axis (float and
+ * double); a negative size refused. */
+static void test_pack_weight_transposed(void) {
+    char what[96];
+    const int64_t shapes[][2] = {{1, 1}, {5, 7}, {64, 64}, {65, 130}, {100, 33}, {3, 200}, {768, 300}};
+    for (int dbl = 0; dbl < 2; dbl++)
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+            const int64_t K = shapes[si][0], N = shapes[si][1];
+            int64_t W = 0;
+            if (dbl) mha_pack_width_f64(&W);
+            else mha_pack_width_f32(&W);
+            const size_t size = dbl ? sizeof(double) : sizeof(float);
+            const size_t src_n = (size_t)(K * N), p_n = (size_t)(K * W * ((N + W - 1) / W)),
+                         t_n = (size_t)(N * W * ((K + W - 1) / W));
+            double *B = random_array(src_n);
+            void *Bs = malloc(size * src_n), *P = malloc(size * p_n), *T = malloc(size * t_n),
+                 *want = malloc(size * t_n);
+            int err;
+            memset(T, 0xff, size * t_n); /* NaNs: every element must be written */
+            if (dbl) {
+                memcpy(Bs, B, size * src_n);
+                err = mha_pack_weight_f64(P, Bs, N, 0, K, N) | mha_pack_weight_f64(want, Bs, N, 1, N, K) |
+                      mha_pack_weight_transposed_f64(T, P, K, N);
+            } else {
+                for (size_t i = 0; i < src_n; i++) ((float *)Bs)[i] = (float)B[i];
+                err = mha_pack_weight_f32(P, Bs, N, 0, K, N) | mha_pack_weight_f32(want, Bs, N, 1, N, K) |
+                      mha_pack_weight_transposed_f32(T, P, K, N);
+            }
+            snprintf(what, sizeof what, "pack_weight_transposed %s K=%lld N=%lld bitwise",
+                     dbl ? "f64" : "f32", (long long)K, (long long)N);
+            expect(!err && memcmp(T, want, size * t_n) == 0, what, (double)err, 0);
+            free(B), free(Bs), free(P), free(T), free(want);
+        }
+    float one = 0;
+    expect(mha_pack_weight_transposed_f32(&one, &one, -1, 1) == MHA_EINVAL, "pack_weight_transposed: negative K refused", 0, 0);
+}
+
 /* ---- narrow packed weights (mha.h: mha_weight_format) -------------------------------------- */
 
 /* The scalar conversions (narrow.h): every finite half round-trips through float; float ->
@@ -2008,6 +2046,7 @@ int main(int argc, char **argv) {
     test_attention_flow();
     test_linear();
     test_linear_packed();
+    test_pack_weight_transposed();
     test_narrow_conversions();
     test_linear_packed_narrow();
     test_linear_transposed();

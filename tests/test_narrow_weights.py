@@ -310,3 +310,51 @@ def test_packings_start_on_a_cache_line():
     np.testing.assert_array_equal(again.unpack(), b)
     copy = aligned_copy(off)
     assert copy.ctypes.data % CACHE_LINE == 0 and np.array_equal(copy, off)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("K,N", [(1, 1), (65, 130), (100, 33), (768, 300)])
+def test_pack_weight_transposed_from_the_packing(dtype, K, N):
+    """The packing of op(b)^T made from op(b)'s packing alone is bitwise pack_weight's of
+    op(b)^T: new, or written into a workspace's first elements (the rest untouched); and the
+    input gradient dx = dy @ op(b)^T of a packed weight (models.backward.linear_backward,
+    more than 16 rows) equals NumPy's float64 product to float rounding."""
+    from mha.models.backward import linear_backward
+    from mha.models.weights import Packed
+    rng = np.random.default_rng(1)
+    b = rng.standard_normal((K, N)).astype(dtype)
+    packed = _core.pack_weight(b)
+    want = _core.pack_weight(b, trans_b=True)
+    got = _core.pack_weight_transposed(packed, columns=N)
+    assert got.shape == want.shape and np.array_equal(got, want)
+    assert got.ctypes.data % 64 == 0
+    ws = np.full(want.size + 7, -1.0, dtype)
+    into = _core.pack_weight_transposed(packed, columns=N, out=ws)
+    assert np.shares_memory(into, ws) and np.array_equal(into, want)
+    assert np.all(ws[want.size:] == -1)
+    dy = rng.standard_normal((40, N)).astype(dtype)
+    exact = dy.astype(np.float64) @ b.T.astype(np.float64)
+    for workspace in (None, np.empty(want.size, dtype)):
+        dx = linear_backward(dy, None, Packed(b, keep=False), None, None, None,
+                             workspace=workspace)
+        tol = 1e-5 if dtype == np.float32 else 1e-12
+        assert np.max(np.abs(dx - exact)) <= tol * np.max(np.abs(exact))
+
+
+def test_pack_weight_transposed_bad_input():
+    b = np.ones((20, 40), np.float32)
+    p = _core.pack_weight(b)
+    with pytest.raises(ValueError, match="columns=N"):
+        _core.pack_weight_transposed(p, columns=40 + _core.pack_width())   # one panel too many
+    with pytest.raises(ValueError, match="elements but the packing needs"):
+        _core.pack_weight_transposed(p, columns=40, out=np.empty(10, np.float32))
+    buffer = np.zeros(5000, np.float32)             # the packing inside the workspace
+    inside = buffer[:p.size].reshape(p.shape)
+    inside[...] = p
+    with pytest.raises(ValueError, match="overlaps"):
+        _core.pack_weight_transposed(inside, columns=40, out=buffer[p.size // 2:])
+    assert np.array_equal(inside, p)
+    with pytest.raises(TypeError, match="dtype"):
+        _core.pack_weight_transposed(p, columns=40, out=np.empty(p.size, np.float64))
+    with pytest.raises(ValueError, match="dimensions"):
+        _core.pack_weight_transposed(b, columns=40)

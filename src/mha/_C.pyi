@@ -99,6 +99,11 @@ def linear(
 ) -> _Array: ...
 # op(b) (K, N) packed whole for linear: (ceil(N / W), K, W), W the SIMD path's panel width
 def pack_weight(b: ArrayLike, trans_b: bool = False) -> _Array: ...
+# op(b)^T packed as pack_weight packs it, (ceil(K / W), N, W), from op(b)'s packing (P, K, W)
+# with columns=N; into out's first elements (a 1-D array of the dtype) when given
+def pack_weight_transposed(
+    packed: ArrayLike, columns: int, out: _Array | None = None
+) -> _Array: ...
 # op(b) packed in format 1 (bfloat16: (P, K, W) uint16), 2 (q8_0: (P, ceil(K / 32), 34 W)
 # uint8) or 3 (float16: (P, K, W) uint16) for linear_narrow; b float32, or uint16 bfloat16 /
 # float16 bits, or uint8 ggml Q8_0 blocks

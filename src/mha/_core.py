@@ -18,7 +18,7 @@ from . import _C
 
 __all__ = [
     "attention_forward", "attention_backward", "LayerContext", "layer_forward", "layer_backward", "matmul",
-    "linear", "linear_transposed", "pack_weight", "pack_width", "WEIGHT_FORMATS", "activation", "layer_norm", "rms_norm", "rope", "embedding",
+    "linear", "linear_transposed", "pack_weight", "pack_weight_transposed", "pack_width", "WEIGHT_FORMATS", "activation", "layer_norm", "rms_norm", "rope", "embedding",
     "attention_flow",
     "linear_backward", "activation_backward", "layer_norm_backward", "rms_norm_backward",
     "rope_backward", "embedding_backward", "cross_entropy", "adam_step",
@@ -178,6 +178,15 @@ def pack_weight(b, *, trans_b=False, format=None) -> np.ndarray:
             b = b.astype(np.float32)
         return _C.pack_weight_narrow(b=b, format=code, trans_b=trans_b)
     return _C.pack_weight(b=b, trans_b=trans_b)
+
+
+def pack_weight_transposed(packed, *, columns, out=None) -> np.ndarray:
+    """op(b)^T (N, K) packed as `pack_weight` packs it, (ceil(K / W), N, W), from op(b)'s
+    packing (P, K, W) alone (float32 or float64), columns = N: the weight of the input
+    gradient dx = dy @ op(b)^T as one `linear` reads it. out: a 1-D array of the dtype whose
+    first elements receive the packing (a workspace; the result is a view of it), else a new
+    array. Bitwise ``pack_weight(op(b), trans_b=True)``."""
+    return _C.pack_weight_transposed(packed=packed, columns=columns, out=out)
 
 
 def linear_transposed(a, packed, *, columns, format=None, rows=None, out=None,

@@ -593,21 +593,26 @@ def linear_backward(d_out: np.ndarray, a: np.ndarray, w: np.ndarray | ops.Packed
     the bias added into dw and dbias; with dw None only a's, one product instead of two.
     w may be a model's packed weight (:class:`ops.Packed`, any format): for a's gradient alone
     of up to 16 rows it is read transposed from its packing (``_core.linear_transposed``:
-    1.2-1.4 ms against 3.7-4.6 ms for a 960 x 2560 bfloat16 or Q8_0 weight at one row), else
-    unpacked into a copy (at 122-256 rows the copy's GEMM took 0.6-0.9x linear_transposed's
-    time on a loaded machine). With dw, ``_core.linear_backward`` packs op(w)'s transpose
-    whole first, into ``workspace`` when given (see :func:`workspace_size`). Without dw, with
-    a workspace (a layer's weight: the LM head's is read as it is), op(w)'s transpose is
-    packed whole too (a new array: one pass over w, 0.09 ms for MiniLM's largest weight),
-    then multiplied as a forward product: read transposed a slice of the shared axis at a
-    time instead, the product ran as fast on one thread but 3.5x slower on two threads of a
-    loaded machine (MiniLM's W_1, 128 rows: 7.2 ms against 2.2 ms, packing included), and
-    attn_lrp and gradient_relevance took 10-15% longer."""
+    1.2-1.4 ms against 3.7-4.6 ms for a 960 x 2560 bfloat16 or Q8_0 weight at one row). With
+    more rows a float packing is turned into its transpose's packing in one pass
+    (``_core.pack_weight_transposed``, into ``workspace`` when given), then multiplied as a
+    forward product: a ViT-B/16 weight took 0.3-0.8 ms so, against 2.2 ms to unpack a copy and
+    pack its transpose (at 122-256 rows the copy's GEMM had taken 0.6-0.9x linear_transposed's
+    time); a narrow packing is still unpacked. With dw, ``_core.linear_backward`` packs op(w)'s
+    transpose whole first, into ``workspace`` when given (see :func:`workspace_size`). Without
+    dw, a plain w's transpose is packed whole too (one pass over w, 0.09 ms for MiniLM's
+    largest weight), then multiplied as a forward product: read transposed a slice of the
+    shared axis at a time instead, the product ran as fast on one thread but 3.5x slower on
+    two threads of a loaded machine (MiniLM's W_1, 128 rows: 7.2 ms against 2.2 ms, packing
+    included), and attn_lrp and gradient_relevance took 10-15% longer."""
     if isinstance(w, ops.Packed):
         if dw is None and len(d_out) <= 16:     # dx = dy W^T read from the packing itself
             return _core.linear_transposed(d_out, w.data, columns=w.columns, format=w.format,
                                            rows=w.rows, out=da)
-        w = w.array()                           # more rows: an unpacked copy's GEMM is faster
+        if dw is None and w.format is None:     # the packing of W^T, made from W's
+            packed = _core.pack_weight_transposed(w.data, columns=w.columns, out=workspace)
+            return _core.linear(d_out, packed, columns=w.rows, out=da)
+        w = w.array()                           # an unpacked copy (a narrow format)
     if dw is not None:
         return _core.linear_backward(d_out, a, w, bias=bias, trans_b=trans_b, da=da, db=dw,
                                      dbias=dbias, workspace=workspace)[0]

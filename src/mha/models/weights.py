@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from mha import _core
+from mha.models.memory import CACHE_LINE, aligned_empty
 
 __all__ = ["Packed", "NarrowTable", "LayerWeights", "as_array"]
 
@@ -42,16 +43,9 @@ def _widen_bits(bits: np.ndarray, fmt: str) -> np.ndarray:
     return bits.view(np.float16).astype(np.float32)
 
 
-#: where `_core.pack_weight` starts a packing: a 32-byte load across two cache lines costs the
-#: AVX2 micro-kernel about a tenth of its speed, and NumPy aligns its own arrays to 16 bytes only
-CACHE_LINE = 64
-
-
 def aligned_copy(a: np.ndarray) -> np.ndarray:
     """A C-contiguous copy of `a` whose data starts on a cache line (a view of a longer buffer)."""
-    raw = np.empty(a.nbytes + CACHE_LINE, np.uint8)
-    start = -raw.ctypes.data % CACHE_LINE
-    out = raw[start:start + a.nbytes].view(a.dtype).reshape(a.shape)
+    out = aligned_empty(a.shape, a.dtype)
     out[...] = a
     return out
 
