@@ -76,3 +76,32 @@ def test_release_memory_drops_the_spare_blocks():
     gc.collect()
     assert model.release_memory() == n * Arena.BLOCK
     assert model.release_memory() == 0
+
+
+def test_a_dropped_tape_gives_its_record_to_the_next_backward():
+    """A backward's record (every activation its forward keeps, one buffer) comes from the
+    same pool: a held tape's record is never handed out again, a spent one's is taken by the
+    next forward of that size, and the gradients are those of a fresh model whatever the
+    memory held before."""
+    model = mha.models.from_config(GPT2, seed=0)
+    ids = np.random.default_rng(4).integers(0, 100, (2, 40))
+    d_logits = np.random.default_rng(5).standard_normal((2, 40, 100)).astype(np.float32)
+    first = model(ids, backward=True)
+    second = model(ids, backward=True)               # the first tape is held: memory of its own
+    buffers = {address(first.tape.record.buffer), address(second.tape.record.buffer)}
+    assert len(buffers) == 2
+    spent = first.tape.record.buffer
+    want = first.backward(d_logits=d_logits)         # the record is spent...
+    spent[:] = np.nan                                # (garbage in the memory given back)
+    del first, spent
+    gc.collect()
+    pool = model._memory.cache_blocks
+    assert [b.nbytes for b in pool._spare] == [second.tape.record.buffer.nbytes]  # given back
+    third = model(ids, backward=True)
+    assert not pool._spare and address(third.tape.record.buffer) in buffers   # taken again
+    got = third.backward(d_logits=d_logits)
+    fresh = mha.models.from_config(GPT2, seed=0)(ids, backward=True).backward(d_logits=d_logits)
+    held = second.backward(d_logits=d_logits)
+    for name in fresh:
+        for grads in (want, held, got):
+            np.testing.assert_array_equal(grads[name], fresh[name], err_msg=name)

@@ -292,7 +292,8 @@ class Recorder(HookPoints):
             del fields["ln2"]
         shapes = [(name, shape) for _ in range(L) for name, shape in fields.items()]
         buffer, groups = carve(model.dtype, shapes + [("resid_pre", (rows, d)),
-                                                      ("hidden", (rows, d))])
+                                                      ("hidden", (rows, d))],
+                               model._memory.cache_blocks)
         layers = [kind(**g) for g in groups[:L]]
         norm_input, hidden = groups[L]["resid_pre"], groups[L]["hidden"]
         self.record = Record(

@@ -135,13 +135,16 @@ class BlockPool:
         return sum(s.nbytes for s in spare)
 
 
-def carve(dtype: Any, shapes: Sequence[tuple[str, tuple[int, ...]]]
-          ) -> tuple[np.ndarray, list[dict[str, np.ndarray]]]:
+def carve(dtype: Any, shapes: Sequence[tuple[str, tuple[int, ...]]],
+          pool: BlockPool | None = None) -> tuple[np.ndarray, list[dict[str, np.ndarray]]]:
     """One buffer for every (name, shape), and C-contiguous views of it -> (buffer, [views
     by name]) in the order given; a name repeats once per group (a new dict when the first
-    name comes back)."""
+    name comes back). With ``pool`` the buffer is a block of it (given back when the last
+    view is gone; its pages resident when an earlier call of the same size gave it back)."""
     total = sum(int(np.prod(s)) for _, s in shapes)
-    buffer = np.empty(total, dtype=dtype)
+    dtype = np.dtype(dtype)
+    buffer = (np.empty(total, dtype=dtype) if pool is None
+              else pool.take(total * dtype.itemsize).view(dtype))
     groups: list[dict[str, np.ndarray]] = []
     start = 0
     first = shapes[0][0]
