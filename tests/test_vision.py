@@ -259,20 +259,50 @@ def test_parameter_gradients_equal_torch_autograd(folders, name):
     ref = _reference(folders, name)
     x = _pixels()
     labels = np.array([1, 2])
+    pixels = torch.from_numpy(x).requires_grad_(True)
     with float64_steps():
-        out = ref(torch.from_numpy(x), labels=torch.from_numpy(labels))
+        out = ref(pixels, labels=torch.from_numpy(labels))
         out.loss.backward()
     lambdas = None
     if name == "registers":
         lambdas = [(l.layer_scale1.lambda1.detach(), l.layer_scale2.lambda1.detach())
                    for l in ref.base_model.encoder.layer]
     expected = _torch_grads(ref, name, lambdas)
-    loss, grads = model.loss_and_grads(x, labels)
+    loss, grads = model.loss_and_grads(x, labels, wrt=["pixel_values"])
     assert abs(loss - out.loss.item()) < 1e-13
     assert set(expected) == set(model.parameters())
+    expected["pixel_values"] = pixels.grad.numpy()          # the image's own gradient
     for key, value in expected.items():
         scale = max(np.abs(value).max(), 1e-30)
         assert np.abs(grads[key] - value).max() / scale < GRAD, key
+
+
+@pytest.mark.parametrize("name", ["vit_classifier", "registers"])
+def test_pixel_gradients_equal_torch_autograd(folders, name):
+    """The gradient over the image itself (wrt="pixel_values", the saliency map) at a size
+    that is no multiple of the patch (the convolution leaves the last rows and columns out:
+    their gradient is zero) and with interpolated positions; a backward hook sees it."""
+    model = mha.models.load(folders[name][0], dtype=np.float64)
+    ref = _reference(folders, name)
+    x = _pixels((2, 3, 36, 44), seed=3)
+    labels = np.array([0, 2])
+    pixels = torch.from_numpy(x).requires_grad_(True)
+    with float64_steps():
+        ref(pixels, labels=torch.from_numpy(labels), interpolate_pos_encoding=True
+            ).loss.backward()
+    expected = pixels.grad.numpy()
+    seen = []
+    enc = model(x, backward=True, interpolate_pos_encoding=True)
+    logits = enc.logits
+    shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
+    d_logits = shifted / shifted.sum(axis=1, keepdims=True)
+    d_logits[np.arange(2), labels] -= 1
+    grads = enc.backward(d_logits=d_logits / 2, wrt=["pixel_values"], parameters=False,
+                         bwd_hooks=[("pixel_values", lambda g, hook: seen.append(g.shape))])
+    assert list(grads) == ["pixel_values"] and seen == [(2, 3, 36, 44)]
+    got = grads["pixel_values"]
+    assert np.abs(got - expected).max() / np.abs(expected).max() < GRAD
+    assert not got[:, :, 32:].any() and not got[..., 40:].any() and got[:, :, :32, :40].all()
 
 
 def test_backward_d_logits_and_activation_gradients(folders):
@@ -443,12 +473,14 @@ def test_clip_vision_gradients_equal_torch_autograd(clip_folder):
     ref = _clip_reference(clip_folder).vision_model
     x = _pixels()
     g = np.random.default_rng(7).standard_normal((2, 17, 48))
+    pixels = torch.from_numpy(x).requires_grad_(True)
     with clip_float64():
-        out = ref(pixel_values=torch.from_numpy(x))
+        out = ref(pixel_values=pixels)
         (out.last_hidden_state * torch.from_numpy(g)).sum().backward()
-    grads = model(x, backward=True).backward(d_hidden=g)
+    grads = model(x, backward=True).backward(d_hidden=g, wrt=["pixel_values"])
     emb = ref.embeddings
-    expected = {"patch_weight": emb.patch_embedding.weight.grad.reshape(48, -1).T,
+    expected = {"pixel_values": pixels.grad,
+                "patch_weight": emb.patch_embedding.weight.grad.reshape(48, -1).T,
                 "class_embedding": emb.class_embedding.grad[None],
                 "position_embeddings": emb.position_embedding.weight.grad,
                 "ln_pre_weight": ref.pre_layrnorm.weight.grad,

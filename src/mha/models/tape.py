@@ -500,8 +500,9 @@ def _record_points(model: Any, fwd_hooks: Sequence[tuple[NameFilter, HookFn]]) -
     attention kernel's insides (scores, pattern, per-head results). A hook named at a point
     that is not among them raises a KeyError that says why (an unknown name gets the usual
     one from HookPoints)."""
+    inputs = ("head_mask", *getattr(model, "_input_gradients", ()))
     valid = [name for name in grad_names(model)
-             if name != "head_mask" and not name.endswith(KERNEL_INSIDES)]
+             if name not in inputs and not name.endswith(KERNEL_INSIDES)]
     for selector, _ in fwd_hooks:
         if isinstance(selector, str) and selector not in valid and \
                 selector in model.hook_names():
@@ -524,9 +525,11 @@ NOT_DIFFERENTIATED = ("hook_scale", "hook_normalized")
 def grad_names(model: Any) -> list[str]:
     """The names ``wrt=`` and ``bwd_hooks=`` take, in forward order: the model's hook names
     (declared once, by its ``_hook_layout``) but the norms' ``hook_scale`` and
-    ``hook_normalized``, then ``head_mask``."""
-    return [name for name in model.hook_names()
-            if name.rsplit(".", 1)[-1] not in NOT_DIFFERENTIATED] + ["head_mask"]
+    ``hook_normalized``, then the model's inputs that have a gradient (an image model's
+    ``pixel_values``), then ``head_mask``."""
+    return ([name for name in model.hook_names()
+             if name.rsplit(".", 1)[-1] not in NOT_DIFFERENTIATED]
+            + list(getattr(model, "_input_gradients", ())) + ["head_mask"])
 
 
 def _grad_points(model: Any) -> tuple[set[str], str]:

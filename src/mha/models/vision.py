@@ -313,7 +313,8 @@ class ImageEncoding(Encoding):
         d_hidden : array_like, shape (B, n, d_model), optional
             The gradient with respect to the last hidden state.
         wrt : sequence of str, optional
-            Activations to return the gradient of, by hook name, and ``head_mask``.
+            Activations to return the gradient of, by hook name, ``pixel_values`` (the
+            image's own, (B, C, H, W), zero past the last whole patch) and ``head_mask``.
         retain : bool, default False
             Keep the record for another backward.
         parameters : bool, default True
@@ -352,8 +353,9 @@ class ViTModel(Differentiable, TransformerModel):
     final LayerNorm, as transformers), ``attentions`` (B, L, H, n, n) and, for a classifier,
     ``logits`` (B, num_labels). Every feature of a text model runs on the image tokens:
     ``run_with_cache(pixel_values)``, ``run_with_hooks``, ``head_statistics``,
-    ``model(pixel_values, backward=True)`` then ``backward``, ``loss_and_grads``, and
-    :func:`mha.analysis.gradient_relevance`.
+    ``model(pixel_values, backward=True)`` then ``backward``, ``loss_and_grads`` (with
+    ``wrt=["pixel_values"]`` the gradient over the image itself, (B, 3, H, W): a saliency
+    map), and :func:`mha.analysis.gradient_relevance`.
 
     Examples
     --------
@@ -369,6 +371,8 @@ class ViTModel(Differentiable, TransformerModel):
     _pos_embed = True
     anchor = "embeddings.patch_embeddings.projection.weight"
     modality = "image"
+    #: the inputs with a gradient: ``wrt`` and ``bwd_hooks`` take them beside the hook names
+    _input_gradients = ("pixel_values",)
     #: the prefix tokens' checkpoint names after ``embeddings.``, in transformers' order
     _prefix_tokens: tuple[str, ...] = ("cls_token",)
     #: position embeddings for the prefix tokens (CLS; DeiT's distillation token too)
@@ -576,6 +580,19 @@ class ViTModel(Differentiable, TransformerModel):
         return (np.ascontiguousarray(x.transpose(0, 2, 4, 1, 3, 5)).reshape(
             B * rows * cols, C * p_h * p_w), (rows, cols))
 
+    def _fold(self, d_patches: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+        """The transpose of :meth:`_unfold`: the patches' gradients (B * rows * cols, C p_h
+        p_w) put back at their pixels, (B, C, H, W) of ``shape``; the pixels past the last
+        whole patch (the convolution's stride leaves them out) get zeros."""
+        B, C, H, W = shape
+        p_h, p_w = self.patch_size
+        rows, cols = H // p_h, W // p_w
+        out = np.zeros(shape, self.dtype)
+        out[:, :, :rows * p_h, :cols * p_w] = d_patches.reshape(
+            B, rows, cols, C, p_h, p_w).transpose(0, 3, 1, 4, 2, 5).reshape(
+            B, C, rows * p_h, cols * p_w)
+        return out
+
     def _interpolation(self, grid: tuple[int, int], height: int, width: int,
                        interpolate: bool) -> np.ndarray | None:
         """The (rows * cols, old rows * old cols) matrix that interpolates the patch positions
@@ -634,7 +651,7 @@ class ViTModel(Differentiable, TransformerModel):
             x += full
         else:
             x.reshape(B, n, d)[...] += pos
-        return x, dict(patches=patches, grid=grid, matrix=matrix, n=n)
+        return x, dict(patches=patches, grid=grid, matrix=matrix, n=n, shape=pixels.shape)
 
     def _forward(self, ids, mask, type_ids, need_weights, head_mask, hooks=NO_HOOKS,
                  resume=None):
@@ -787,21 +804,26 @@ class ViTModel(Differentiable, TransformerModel):
                              grads: dict[str, np.ndarray]) -> None:
         """The backward of :meth:`_embed` (``decoder_backward`` calls it with the gradient
         dx (B*n, d) of the first block's input): the patch projection's, the prefix tokens'
-        and the position table's gradients added into grads."""
+        and the position table's gradients added into grads, and the pixels' offered to keep
+        as ``pixel_values`` (B, C, H, W) when it wants them."""
         info = record.image
         B, n = record.ids.shape
         d = self.d_model
+        m = self.n_prefix
         d_tokens = keep.branch(None, "hook_embed", dx, (B, n, d)).reshape(B, n, d)
         d_pos = keep.branch(None, "hook_pos_embed", dx, (B, n, d)).reshape(B, n, d)
+        # forward: x[:, prefix] = tokens;  x[:, m:] = patches W_patch + b_patch
+        d_rows = np.ascontiguousarray(d_tokens[:, m:]).reshape(-1, d)
+        if keep.wants(None, "pixel_values"):
+            d_pixels = self._fold(_core.matmul(d_rows, self.patch_weight, trans_b=True),
+                                  info["shape"])
+            keep(None, "pixel_values", d_pixels, d_pixels.shape)
         if grads["patch_weight"] is None:
             return
-        m = self.n_prefix
-        # forward: x[:, prefix] = tokens;  x[:, m:] = patches W_patch + b_patch
         start = 0
         for name, table in self.tokens_prefix.items():
             grads[name] += d_tokens[:, start:start + len(table)].sum(axis=0)
             start += len(table)
-        d_rows = np.ascontiguousarray(d_tokens[:, m:]).reshape(-1, d)
         grads["patch_weight"] += _core.matmul(info["patches"], d_rows, trans_a=True)
         if self.patch_bias is not None:
             grads["patch_bias"] += d_rows.sum(axis=0)
@@ -872,7 +894,8 @@ class ViTModel(Differentiable, TransformerModel):
         d_hidden : array_like, shape (B, n, d_model), optional
             The gradient with respect to the last hidden state (after the final norm).
         wrt : sequence of str, optional
-            Activations to return the gradient of, by hook name, and ``head_mask``.
+            Activations to return the gradient of, by hook name, ``pixel_values`` (the
+            image's own, (B, C, H, W), zero past the last whole patch) and ``head_mask``.
         retain : bool, default False
             Keep the forward's record for another backward.
         parameters : bool, default True
