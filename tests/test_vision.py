@@ -499,6 +499,44 @@ def test_clip_vision_gradients_equal_torch_autograd(clip_folder):
     assert not grads["ln_post_weight"].any()        # the pooled output is not in this loss
 
 
+def test_clip_text_gradients_equal_torch_autograd(clip_folder):
+    """The causal text tower's backward (right-padded texts) against torch autograd: every
+    parameter's gradient and the token embeddings', from a gradient on the real tokens' last
+    hidden states."""
+    model = mha.models.load(clip_folder, dtype=np.float64).text_model
+    ref = _clip_reference(clip_folder).text_model
+    g = np.random.default_rng(8).standard_normal((2, 7, 32)) * CLIP_MASK[..., None]
+    with clip_float64():
+        out = ref(input_ids=torch.from_numpy(CLIP_IDS),
+                  attention_mask=torch.from_numpy(CLIP_MASK.astype(np.int64)))
+        (out.last_hidden_state * torch.from_numpy(g)).sum().backward()
+    enc = model(CLIP_IDS, CLIP_MASK, backward=True)
+    np.testing.assert_allclose(enc.last_hidden_state * CLIP_MASK[..., None],
+                               out.last_hidden_state.detach().numpy() * CLIP_MASK[..., None],
+                               **F64)
+    grads = enc.backward(d_hidden=g)
+    emb = ref.embeddings
+    expected = {"token_embedding": emb.token_embedding.weight.grad,
+                "position_embedding": emb.position_embedding.weight.grad,
+                "ln_f_weight": ref.final_layer_norm.weight.grad,
+                "ln_f_bias": ref.final_layer_norm.bias.grad}
+    for i, layer in enumerate(ref.encoder.layers):
+        a, p = layer.self_attn, f"layers.{i}."
+        expected[p + "W_qkv"] = torch.cat([a.q_proj.weight.grad, a.k_proj.weight.grad,
+                                           a.v_proj.weight.grad]).T
+        expected[p + "b_qkv"] = torch.cat([a.q_proj.bias.grad, a.k_proj.bias.grad,
+                                           a.v_proj.bias.grad])
+        expected[p + "W_o"] = a.out_proj.weight.grad.T
+        expected[p + "W_1"] = layer.mlp.fc1.weight.grad.T
+        expected[p + "W_2"] = layer.mlp.fc2.weight.grad.T
+        expected[p + "b_2"] = layer.mlp.fc2.bias.grad
+        expected[p + "ln_1_weight"] = layer.layer_norm1.weight.grad
+        expected[p + "ln_2_bias"] = layer.layer_norm2.bias.grad
+    for key, value in expected.items():
+        value = value.numpy()
+        assert np.abs(grads[key] - value).max() / np.abs(value).max() < GRAD, key
+
+
 def test_clip_score_relevance_equals_chefer_on_transformers(clip_folder):
     from mha.analysis import gradient_relevance
 
@@ -589,7 +627,9 @@ def test_clip_float32_and_recorded_hooks(clip_folder, folders):
     hooked = vit.run_with_hooks(x, fwd_hooks=[("hook_embed", ablate)])
     enc = vit(x, backward=True, fwd_hooks=[("hook_embed", ablate)])
     np.testing.assert_allclose(enc.logits, hooked.logits, rtol=0, atol=1e-14)
-    grads = enc.backward(d_logits=np.ones((2, 5)))
+    grads = enc.backward(d_logits=np.ones((2, 5)), wrt=["pixel_values"])
+    d_pixels = grads["pixel_values"]                 # none through the replaced patch
+    assert not d_pixels[:, :, 0:8, 16:24].any() and d_pixels[:, :, 0:8, 8:16].all()
     other = x.copy()
     other[:, :, 0:8, 16:24] = 5.0
     again = vit(other, backward=True, fwd_hooks=[("hook_embed", ablate)]).backward(
