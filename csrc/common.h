@@ -51,24 +51,15 @@ static inline size_t mha_add_size(size_t a, size_t b, int *ok) {
     return a + b;
 }
 
-/* Scratch: 64-byte aligned (so per-thread slices can start on cache lines), released with
- * mha_free, NULL when out of memory. One spelling for every platform: malloc'd with room to
- * align, the block's own address kept just before the aligned start (C11's aligned_alloc is
- * missing on MSVC and MinGW). */
-static inline void *mha_alloc(size_t bytes) {
-    const size_t extra = MHA_CACHE_LINE + sizeof(void *);
-    if (bytes > SIZE_MAX - extra) return NULL;
-    char *raw = malloc(bytes + extra);
-    if (!raw) return NULL;
-    uintptr_t start = ((uintptr_t)raw + extra) & ~(uintptr_t)(MHA_CACHE_LINE - 1);
-    void **aligned = (void **)start;
-    aligned[-1] = raw;
-    return aligned;
-}
-
-static inline void mha_free(void *p) {
-    if (p) free(((void **)p)[-1]);
-}
+/* Scratch (threads.c): 64-byte aligned (so per-thread slices can start on cache lines),
+ * released with mha_free, NULL when out of memory. malloc'd with room to align (C11's
+ * aligned_alloc is missing on MSVC and MinGW). On POSIX builds a freed block of 256 KiB or
+ * more is kept (up to 64 MiB in all) for the next mha_alloc it can hold: glibc maps each
+ * large malloc anew and returns it on free, so a layer's scratch, asked for again and again
+ * at one size, was faulted in and zeroed by the kernel on every call. */
+#define MHA_SCRATCH_KEEP_MIN ((size_t)256 << 10)
+void *mha_alloc(size_t bytes);
+void mha_free(void *p);
 
 /* Named scratch, llm.c's way: a kernel's scratch is a struct of pointers with a shape comment
  * per field, and one layout function that carves every field, in order, out of one block with

@@ -470,6 +470,11 @@ const char *mha_simd_paths(void);
  * OpenMP or serial). */
 const char *mha_build_info(void);
 
+/* The kernels keep freed scratch blocks of 256 KiB or more (up to 64 MiB in all, POSIX
+ * builds) for their next calls; this frees them and returns their bytes (0 where none are
+ * kept). */
+size_t mha_release_scratch(void);
+
 #ifdef __cplusplus
 }
 #endif

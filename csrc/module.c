@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common.h" /* mha_alloc, mha_free: the scratch results are made from */
 #include "mha.h"
 
 /* ---- argument checks ---------------------------------------------------------------------- */
@@ -311,9 +312,44 @@ static int raise_core_error(int err) {
     return err ? -1 : 0;
 }
 
+static void free_block(PyObject *capsule) { mha_free(PyCapsule_GetPointer(capsule, "mha.block")); }
+
+/* A new C-contiguous array for a result (zeroed with `zero`). From MHA_SCRATCH_KEEP_MIN bytes
+ * its memory is the core's scratch (mha_alloc, 64-byte aligned; a capsule base gives it back
+ * to mha_free): a result dropped after a call is then taken again by the next call's, where
+ * NumPy's own memory, from glibc, would be mapped anew and faulted in every time (the layer's
+ * forward and backward at the seed shape: about 1,300 page faults a step). Smaller results
+ * are NumPy's. */
 static PyArrayObject *new_array(int ndim, const npy_intp *shape, int typenum, int zero) {
-    return (PyArrayObject *)(zero ? PyArray_ZEROS(ndim, (npy_intp *)shape, typenum, 0)
-                                  : PyArray_SimpleNew(ndim, (npy_intp *)shape, typenum));
+    PyArray_Descr *descr = PyArray_DescrFromType(typenum); /* a new reference, which NewFromDescr steals */
+    if (!descr) return NULL;
+    size_t bytes = (size_t)PyDataType_ELSIZE(descr);
+    for (int i = 0; i < ndim; i++) bytes *= (size_t)shape[i];
+    if (bytes < MHA_SCRATCH_KEEP_MIN) {
+        Py_DECREF(descr);
+        return (PyArrayObject *)(zero ? PyArray_ZEROS(ndim, (npy_intp *)shape, typenum, 0)
+                                      : PyArray_SimpleNew(ndim, (npy_intp *)shape, typenum));
+    }
+    void *data = mha_alloc(bytes);
+    if (!data) {
+        Py_DECREF(descr);
+        return (PyArrayObject *)PyErr_NoMemory();
+    }
+    if (zero) memset(data, 0, bytes);
+    PyObject *capsule = PyCapsule_New(data, "mha.block", free_block);
+    if (!capsule) {
+        mha_free(data);
+        Py_DECREF(descr);
+        return NULL;
+    }
+    PyArrayObject *a = (PyArrayObject *)PyArray_NewFromDescr(&PyArray_Type, descr, ndim, (npy_intp *)shape,
+                                                             NULL, data, NPY_ARRAY_CARRAY, NULL);
+    if (!a || PyArray_SetBaseObject(a, capsule) < 0) { /* SetBaseObject steals the capsule */
+        Py_XDECREF(a);
+        if (!a) Py_DECREF(capsule);
+        return NULL;
+    }
+    return a;
 }
 
 /* A new C-contiguous array whose data starts on a cache line (PACK_ALIGN = 64 bytes), for the

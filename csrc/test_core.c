@@ -1992,6 +1992,58 @@ static void test_threads(void) {
     mha_set_num_threads(old);
 }
 
+/* Scratch (common.h: mha_alloc, mha_free): every block 64-byte aligned and writable to its
+ * end; where blocks are kept (POSIX builds, not under ASan: mha_release_scratch reports them)
+ * a freed block of MHA_SCRATCH_KEEP_MIN bytes or more is the next request's that it holds
+ * (the smallest that does, if at most twice the request), a held block is never handed out
+ * again, a small block is never kept, and mha_release_scratch gives every kept byte back. */
+static void test_scratch(void) {
+    mha_release_scratch();
+    const size_t big = (size_t)1 << 20, sizes[] = {1, 100, MHA_SCRATCH_KEEP_MIN, big, 3 * big};
+    int aligned = 1;
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+        for (int round = 0; round < 2; round++) {
+            char *p = mha_alloc(sizes[i]);
+            aligned &= p != NULL && (uintptr_t)p % MHA_CACHE_LINE == 0;
+            if (p) memset(p, 0x5a, sizes[i]);
+            mha_free(p);
+        }
+    expect(aligned, "scratch: 64-byte aligned, writable to its end", aligned, 0);
+    const size_t kept = mha_release_scratch(); /* the last large one (each larger request
+                                                * dropped the smaller kept ones), or none */
+    const int keeps = kept > 0;
+    expect(kept == 0 || kept == 3 * big, "scratch: the freed large block kept (or none)",
+           (double)kept, (double)(3 * big));
+    if (!keeps) return;
+    char *a = mha_alloc(big), *b = mha_alloc(3 * big);
+    const uintptr_t a_at = (uintptr_t)a, b_at = (uintptr_t)b; /* (a freed pointer is not compared) */
+    mha_free(a);
+    mha_free(b);
+    char *c = mha_alloc(big - 100), *d = mha_alloc(big), *e = mha_alloc(2 * big);
+    const uintptr_t e_at = (uintptr_t)e;
+    expect((uintptr_t)c == a_at, "scratch: the smallest kept block that holds a request", 0, 0);
+    expect((uintptr_t)d != a_at && (uintptr_t)d != b_at,
+           "scratch: a held block, or one over twice the request, not handed out", 0, 0);
+    expect(e_at == b_at, "scratch: a larger kept block for a larger request", 0, 0);
+    memset(c, 1, big - 100), memset(d, 2, big), memset(e, 3, 2 * big);
+    expect(c[0] == 1 && d[big - 1] == 2 && e[0] == 3, "scratch: blocks in use apart", 0, 0);
+    mha_free(c), mha_free(d), mha_free(e);
+    char *small = mha_alloc(1000); /* below the minimum: no effect on the kept blocks */
+    mha_free(small);
+    char *f = mha_alloc(2 * big); /* e's block again: within twice the request */
+    expect((uintptr_t)f == e_at, "scratch: a freed block taken again", 0, 0);
+    mha_free(f);
+    expect(mha_release_scratch() == big + big + 3 * big, "scratch: release gives back every kept byte",
+           0, 0);
+    expect(mha_release_scratch() == 0, "scratch: nothing kept after a release", 0, 0);
+    a = mha_alloc(big), b = mha_alloc(big);
+    mha_free(a), mha_free(b);
+    char *g = mha_alloc(4 * big); /* none holds it: the smaller kept blocks are freed */
+    expect(mha_release_scratch() == 0, "scratch: a request none holds drops the smaller blocks", 0, 0);
+    mha_free(g);
+    expect(mha_release_scratch() == 4 * big, "scratch: the larger block kept", 0, 0);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "--paths") == 0) {
         puts(mha_simd_paths());
@@ -2047,6 +2099,7 @@ int main(int argc, char **argv) {
     test_linear();
     test_linear_packed();
     test_pack_weight_transposed();
+    test_scratch();
     test_narrow_conversions();
     test_linear_packed_narrow();
     test_linear_transposed();

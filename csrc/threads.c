@@ -247,6 +247,131 @@ const char *mha_thread_runtime(void) { return "serial"; }
 
 #endif
 
+/* ---- scratch memory (common.h: mha_alloc, mha_free) ---------------------------------------- */
+
+/* What precedes a block's aligned start: the malloc'd address and the bytes usable from the
+ * start. */
+typedef struct {
+    void *raw;
+    size_t capacity;
+} scratch_header;
+
+/* Blocks kept for reuse: from SCRATCH_KEEP_MIN bytes, at most SCRATCH_KEEP_BLOCKS of them and
+ * SCRATCH_KEEP_BYTES in all; a request takes the smallest kept block that holds it, if that
+ * is at most twice its size (a large block stays for a large request); a request that none
+ * holds frees the kept blocks smaller than it. Only with
+ * the POSIX pool's mutex, and not under AddressSanitizer (whose use-after-free checks need
+ * freed memory to go back to it). */
+#if defined(__SANITIZE_ADDRESS__)
+#define MHA_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define MHA_ASAN 1
+#endif
+#endif
+#if MHA_POOL && !defined(MHA_ASAN)
+#define SCRATCH_CACHE 1
+#define SCRATCH_KEEP_MIN MHA_SCRATCH_KEEP_MIN
+#define SCRATCH_KEEP_BYTES ((size_t)64 << 20)
+#define SCRATCH_KEEP_BLOCKS 32
+static struct {
+    pthread_mutex_t mu;
+    void *block[SCRATCH_KEEP_BLOCKS]; /* aligned starts, or NULL */
+    size_t bytes;                     /* their capacities in all */
+} kept = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static size_t capacity_of(void *p) { return ((scratch_header *)p - 1)->capacity; }
+
+static void *take_kept(size_t bytes) {
+    if (bytes < SCRATCH_KEEP_MIN) return NULL;
+    void *p = NULL, *smaller[SCRATCH_KEEP_BLOCKS] = {NULL};
+    pthread_mutex_lock(&kept.mu);
+    int best = -1;
+    for (int i = 0; i < SCRATCH_KEEP_BLOCKS; i++)
+        if (kept.block[i] && capacity_of(kept.block[i]) >= bytes && capacity_of(kept.block[i]) / 2 <= bytes &&
+            (best < 0 || capacity_of(kept.block[i]) < capacity_of(kept.block[best])))
+            best = i;
+    if (best >= 0) {
+        p = kept.block[best];
+        kept.block[best] = NULL;
+        kept.bytes -= capacity_of(p);
+    } else { /* a miss: the calls have grown; blocks too small for it go, so that memory kept
+              * from smaller calls does not stay resident beside the new one */
+        for (int i = 0; i < SCRATCH_KEEP_BLOCKS; i++)
+            if (kept.block[i] && capacity_of(kept.block[i]) < bytes) {
+                smaller[i] = kept.block[i];
+                kept.bytes -= capacity_of(kept.block[i]);
+                kept.block[i] = NULL;
+            }
+    }
+    pthread_mutex_unlock(&kept.mu);
+    for (int i = 0; i < SCRATCH_KEEP_BLOCKS; i++)
+        if (smaller[i]) free(((scratch_header *)smaller[i] - 1)->raw);
+    return p;
+}
+
+/* 1 if p was kept, 0 if the caller frees it. */
+static int keep_block(void *p) {
+    const size_t cap = capacity_of(p);
+    if (cap < SCRATCH_KEEP_MIN || cap > SCRATCH_KEEP_BYTES) return 0;
+    int done = 0;
+    pthread_mutex_lock(&kept.mu);
+    if (kept.bytes + cap <= SCRATCH_KEEP_BYTES)
+        for (int i = 0; i < SCRATCH_KEEP_BLOCKS && !done; i++)
+            if (!kept.block[i]) {
+                kept.block[i] = p;
+                kept.bytes += cap;
+                done = 1;
+            }
+    pthread_mutex_unlock(&kept.mu);
+    return done;
+}
+#else
+#define SCRATCH_CACHE 0
+#endif
+
+void *mha_alloc(size_t bytes) {
+#if SCRATCH_CACHE
+    void *reused = take_kept(bytes);
+    if (reused) return reused;
+#endif
+    const size_t extra = MHA_CACHE_LINE + sizeof(scratch_header);
+    if (bytes > SIZE_MAX - extra) return NULL;
+    char *raw = malloc(bytes + extra);
+    if (!raw) return NULL;
+    uintptr_t start = ((uintptr_t)raw + extra) & ~(uintptr_t)(MHA_CACHE_LINE - 1);
+    scratch_header *h = (scratch_header *)start - 1;
+    h->raw = raw;
+    h->capacity = bytes;
+    return (void *)start;
+}
+
+void mha_free(void *p) {
+    if (!p) return;
+#if SCRATCH_CACHE
+    if (keep_block(p)) return;
+#endif
+    free(((scratch_header *)p - 1)->raw);
+}
+
+size_t mha_release_scratch(void) {
+    size_t bytes = 0;
+#if SCRATCH_CACHE
+    void *drop[SCRATCH_KEEP_BLOCKS];
+    pthread_mutex_lock(&kept.mu);
+    for (int i = 0; i < SCRATCH_KEEP_BLOCKS; i++) {
+        drop[i] = kept.block[i];
+        kept.block[i] = NULL;
+    }
+    bytes = kept.bytes;
+    kept.bytes = 0;
+    pthread_mutex_unlock(&kept.mu);
+    for (int i = 0; i < SCRATCH_KEEP_BLOCKS; i++)
+        if (drop[i]) free(((scratch_header *)drop[i] - 1)->raw);
+#endif
+    return bytes;
+}
+
 int mha_threads_for(double flops) {
     if (in_parallel()) return 1;
     double useful = flops / MHA_FLOPS_PER_THREAD;

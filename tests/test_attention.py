@@ -510,6 +510,38 @@ def test_head_views_of_a_projection_reach_the_core_without_a_copy(rng, dtype, mo
         assert out.dtype == dtype and np.array_equal(out, copied), "views and copies differ"
 
 
+def test_large_results_take_the_memory_of_dropped_ones(rng):
+    """A result of 256 KiB or more is made on the core's scratch (64-byte aligned): dropped,
+    its memory is the next call's result of that size (no fresh pages to fault in and zero);
+    held, it is never written by a later call. A layer's forward and backward give the same
+    values from recycled memory as from fresh."""
+    q, k, v = (rng.standard_normal((4, 8, 128, 64)).astype(np.float32) for _ in range(3))
+    first = mha._C.attention_forward(q=q, k=k, v=v, need_weights=False)[0]
+    assert first.nbytes >= 256 << 10 and first.ctypes.data % 64 == 0
+    address, kept = first.ctypes.data, first.copy()
+    held = mha._C.attention_forward(q=q, k=k, v=v, need_weights=False)[0]
+    assert held.ctypes.data != address and np.array_equal(first, kept)
+    del first
+    again = mha._C.attention_forward(q=q, k=k, v=v, need_weights=False)[0]
+    assert again.ctypes.data == address and np.array_equal(again, kept)
+    small = mha._C.attention_forward(q=q[:, :1, :8], k=k[:, :1, :8], v=v[:, :1, :8],
+                                     need_weights=False)[0]
+    assert small.base is None                           # NumPy's own below 256 KiB
+    layer = mha.MultiHeadAttention(256, 8, seed=0)
+    x = rng.standard_normal((16, 128, 256)).astype(np.float32)
+    g = rng.standard_normal((16, 128, 256)).astype(np.float32)
+
+    def step():
+        out, _ = layer(x, need_weights=False)
+        d_x = layer.backward(g)[0]
+        return out, d_x, {name: a.copy() for name, a in layer.grads.items()}
+    want = [np.array(a) if isinstance(a, np.ndarray) else a for a in step()]
+    for _ in range(2):                                  # the second and third on recycled memory
+        got = step()
+        assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+        assert all(np.array_equal(got[2][name], want[2][name]) for name in want[2])
+
+
 def test_dtype_promotion(rng):
     q = rng.standard_normal((4, 8)).astype(np.float32)
     k = rng.standard_normal((5, 8))
