@@ -468,6 +468,24 @@ def test_clip_forward_equals_transformers(clip_folder):
     np.testing.assert_allclose(model.preprocess(image), expected, atol=1e-6)
 
 
+def _clip_layer_grads(layers):
+    """Every parameter gradient of transformers' CLIP encoder layers (after a backward), by
+    mha's names."""
+    out = {}
+    for i, layer in enumerate(layers):
+        a, p = layer.self_attn, f"layers.{i}."
+        projections = (a.q_proj, a.k_proj, a.v_proj)
+        out[p + "W_qkv"] = torch.cat([m.weight.grad for m in projections]).T
+        out[p + "b_qkv"] = torch.cat([m.bias.grad for m in projections])
+        for name, module in (("W_o", a.out_proj), ("W_1", layer.mlp.fc1), ("W_2", layer.mlp.fc2)):
+            out[p + name] = module.weight.grad.T
+            out[p + "b" + name[1:]] = module.bias.grad
+        for k, norm in ((1, layer.layer_norm1), (2, layer.layer_norm2)):
+            out[p + f"ln_{k}_weight"] = norm.weight.grad
+            out[p + f"ln_{k}_bias"] = norm.bias.grad
+    return out
+
+
 def test_clip_vision_gradients_equal_torch_autograd(clip_folder):
     model = mha.models.load(clip_folder, dtype=np.float64).vision_model
     ref = _clip_reference(clip_folder).vision_model
@@ -485,14 +503,7 @@ def test_clip_vision_gradients_equal_torch_autograd(clip_folder):
                 "position_embeddings": emb.position_embedding.weight.grad,
                 "ln_pre_weight": ref.pre_layrnorm.weight.grad,
                 "ln_pre_bias": ref.pre_layrnorm.bias.grad}
-    for i, layer in enumerate(ref.encoder.layers):
-        a, p = layer.self_attn, f"layers.{i}."
-        expected[p + "W_qkv"] = torch.cat([a.q_proj.weight.grad, a.k_proj.weight.grad,
-                                           a.v_proj.weight.grad]).T
-        expected[p + "W_o"] = a.out_proj.weight.grad.T
-        expected[p + "W_2"] = layer.mlp.fc2.weight.grad.T
-        expected[p + "ln_1_weight"] = layer.layer_norm1.weight.grad
-        expected[p + "b_1"] = layer.mlp.fc1.bias.grad
+    expected.update(_clip_layer_grads(ref.encoder.layers))
     for key, value in expected.items():
         value = value.numpy()
         assert np.abs(grads[key] - value).max() / np.abs(value).max() < GRAD, key
@@ -520,18 +531,7 @@ def test_clip_text_gradients_equal_torch_autograd(clip_folder):
                 "position_embedding": emb.position_embedding.weight.grad,
                 "ln_f_weight": ref.final_layer_norm.weight.grad,
                 "ln_f_bias": ref.final_layer_norm.bias.grad}
-    for i, layer in enumerate(ref.encoder.layers):
-        a, p = layer.self_attn, f"layers.{i}."
-        expected[p + "W_qkv"] = torch.cat([a.q_proj.weight.grad, a.k_proj.weight.grad,
-                                           a.v_proj.weight.grad]).T
-        expected[p + "b_qkv"] = torch.cat([a.q_proj.bias.grad, a.k_proj.bias.grad,
-                                           a.v_proj.bias.grad])
-        expected[p + "W_o"] = a.out_proj.weight.grad.T
-        expected[p + "W_1"] = layer.mlp.fc1.weight.grad.T
-        expected[p + "W_2"] = layer.mlp.fc2.weight.grad.T
-        expected[p + "b_2"] = layer.mlp.fc2.bias.grad
-        expected[p + "ln_1_weight"] = layer.layer_norm1.weight.grad
-        expected[p + "ln_2_bias"] = layer.layer_norm2.bias.grad
+    expected.update(_clip_layer_grads(ref.encoder.layers))
     for key, value in expected.items():
         value = value.numpy()
         assert np.abs(grads[key] - value).max() / np.abs(value).max() < GRAD, key
