@@ -259,9 +259,8 @@ typedef struct {
 /* Blocks kept for reuse: from SCRATCH_KEEP_MIN bytes, at most SCRATCH_KEEP_BLOCKS of them and
  * SCRATCH_KEEP_BYTES in all; a request takes the smallest kept block that holds it, if that
  * is at most twice its size (a large block stays for a large request); a request that none
- * holds frees the kept blocks smaller than it. Only with
- * the POSIX pool's mutex, and not under AddressSanitizer (whose use-after-free checks need
- * freed memory to go back to it). */
+ * holds frees the kept blocks smaller than it. Only with the POSIX pool's mutex, and not
+ * under AddressSanitizer (whose use-after-free checks need freed memory to go back to it). */
 #if defined(__SANITIZE_ADDRESS__)
 #define MHA_ASAN 1
 #elif defined(__has_feature)
