@@ -314,22 +314,16 @@ static int raise_core_error(int err) {
 
 static void free_block(PyObject *capsule) { mha_free(PyCapsule_GetPointer(capsule, "mha.block")); }
 
-/* A new C-contiguous array for a result (zeroed with `zero`). From MHA_SCRATCH_KEEP_MIN bytes
- * its memory is the core's scratch (mha_alloc, 64-byte aligned; a capsule base gives it back
- * to mha_free): a result dropped after a call is then taken again by the next call's, where
- * NumPy's own memory, from glibc, would be mapped anew and faulted in every time (the layer's
- * forward and backward at the seed shape: about 1,300 page faults a step). Smaller results
- * are NumPy's. */
-static PyArrayObject *new_array(int ndim, const npy_intp *shape, int typenum, int zero) {
+/* A new C-contiguous array on the core's scratch memory (mha_alloc: 64-byte aligned; a capsule
+ * base gives it back to mha_free when the array goes), zeroed with `zero`. Packings are made
+ * here whatever their size: NumPy aligns its arrays to 16 bytes only, and a 32-byte load that
+ * straddles two cache lines (every other load of a panel row at an address 16 or 48 past a
+ * line) costs the AVX2 micro-kernel about a tenth of its speed. */
+static PyArrayObject *new_block_array(int ndim, const npy_intp *shape, int typenum, int zero) {
     PyArray_Descr *descr = PyArray_DescrFromType(typenum); /* a new reference, which NewFromDescr steals */
     if (!descr) return NULL;
     size_t bytes = (size_t)PyDataType_ELSIZE(descr);
     for (int i = 0; i < ndim; i++) bytes *= (size_t)shape[i];
-    if (bytes < MHA_SCRATCH_KEEP_MIN) {
-        Py_DECREF(descr);
-        return (PyArrayObject *)(zero ? PyArray_ZEROS(ndim, (npy_intp *)shape, typenum, 0)
-                                      : PyArray_SimpleNew(ndim, (npy_intp *)shape, typenum));
-    }
     void *data = mha_alloc(bytes);
     if (!data) {
         Py_DECREF(descr);
@@ -352,33 +346,20 @@ static PyArrayObject *new_array(int ndim, const npy_intp *shape, int typenum, in
     return a;
 }
 
-/* A new C-contiguous array whose data starts on a cache line (PACK_ALIGN = 64 bytes), for the
- * packed weights: NumPy aligns its arrays to 16 bytes only, and a 32-byte load that straddles
- * two cache lines (every other load of a panel row at an address 16 or 48 past a line) costs
- * the AVX2 micro-kernel about a tenth of its speed. The array is a view of a uint8 buffer one
- * line longer (its base). */
-#define PACK_ALIGN 64
-static PyArrayObject *new_aligned_array(int ndim, const npy_intp *shape, int typenum) {
-    PyArray_Descr *descr = PyArray_DescrFromType(typenum); /* a new reference, which NewFromDescr steals */
+/* A new C-contiguous array for a result (zeroed with `zero`). From MHA_SCRATCH_KEEP_MIN bytes
+ * it is a block array: a result dropped after a call is then taken again by the next call's,
+ * where NumPy's own memory, from glibc, would be mapped anew and faulted in every time (the
+ * layer's forward and backward at the seed shape: about 1,300 page faults a step). Smaller
+ * results are NumPy's. */
+static PyArrayObject *new_array(int ndim, const npy_intp *shape, int typenum, int zero) {
+    PyArray_Descr *descr = PyArray_DescrFromType(typenum);
     if (!descr) return NULL;
-    npy_intp bytes = (npy_intp)PyDataType_ELSIZE(descr);
-    for (int i = 0; i < ndim; i++) bytes *= shape[i];
-    npy_intp raw_len = bytes + PACK_ALIGN;
-    PyArrayObject *raw = (PyArrayObject *)PyArray_SimpleNew(1, &raw_len, NPY_UINT8);
-    if (!raw) {
-        Py_DECREF(descr);
-        return NULL;
-    }
-    char *data = PyArray_DATA(raw);
-    data += (PACK_ALIGN - (uintptr_t)data % PACK_ALIGN) % PACK_ALIGN;
-    PyArrayObject *a = (PyArrayObject *)PyArray_NewFromDescr(&PyArray_Type, descr, ndim, (npy_intp *)shape,
-                                                             NULL, data, NPY_ARRAY_CARRAY, NULL);
-    if (!a || PyArray_SetBaseObject(a, (PyObject *)raw) < 0) { /* SetBaseObject steals raw */
-        Py_XDECREF(a);
-        if (!a) Py_DECREF(raw);
-        return NULL;
-    }
-    return a;
+    size_t bytes = (size_t)PyDataType_ELSIZE(descr);
+    Py_DECREF(descr);
+    for (int i = 0; i < ndim; i++) bytes *= (size_t)shape[i];
+    if (bytes >= MHA_SCRATCH_KEEP_MIN) return new_block_array(ndim, shape, typenum, zero);
+    return (PyArrayObject *)(zero ? PyArray_ZEROS(ndim, (npy_intp *)shape, typenum, 0)
+                                  : PyArray_SimpleNew(ndim, (npy_intp *)shape, typenum));
 }
 
 /* The float dtype of the call, from its first array (every other float array must match it). */
@@ -1332,7 +1313,7 @@ static PyObject *py_pack_weight(PyObject *self, PyObject *const *args, Py_ssize_
     if (!b) return NULL;
     const npy_intp K = PyArray_DIM(b, tb ? 1 : 0), N = PyArray_DIM(b, tb ? 0 : 1), W = pack_width(typenum);
     npy_intp shape[3] = {(N + W - 1) / W, K, W};
-    PyArrayObject *p = new_aligned_array(3, shape, typenum);
+    PyArrayObject *p = new_block_array(3, shape, typenum, 0);
     if (!p) return NULL;
     int err;
     CALL_TYPED(typenum, err, mha_pack_weight, PyArray_DATA(p), PyArray_DATA(b), PyArray_DIM(b, 1), tb, K, N);
@@ -1362,18 +1343,16 @@ static PyObject *py_pack_weight_transposed(PyObject *self, PyObject *const *args
     if (typenum < 0) return NULL;
     PyArrayObject *p = get_array(arg[0], "packed", typenum, 3);
     if (!p) return NULL;
-    const npy_intp W = pack_width(typenum), K = PyArray_DIM(p, 1);
-    if (PyArray_DIM(p, 2) != W || N < 0 || (N + W - 1) / W != PyArray_DIM(p, 0)) {
-        PyErr_Format(PyExc_ValueError, "packed (%zd, %zd, %zd) needs panels %zd wide (this process's SIMD "
-                     "path) and columns=N with ceil(N / %zd) = %zd, got columns=%zd", (Py_ssize_t)PyArray_DIM(p, 0),
-                     (Py_ssize_t)K, (Py_ssize_t)PyArray_DIM(p, 2), (Py_ssize_t)W, (Py_ssize_t)W,
-                     (Py_ssize_t)PyArray_DIM(p, 0), N);
+    const npy_intp W = pack_width(typenum), K = PyArray_DIM(p, 1), expected[3] = {(N + W - 1) / W, K, W};
+    if (N < 0) {
+        PyErr_Format(PyExc_ValueError, "columns must be >= 0, got %zd", N);
         return NULL;
     }
+    if (check_shape(p, "packed (for columns=N on this process's SIMD path)", 3, expected)) return NULL;
     npy_intp shape[3] = {(K + W - 1) / W, N, W};
     PyArrayObject *t;
     if (OR_NONE(arg[2]) == Py_None) {
-        if (!(t = new_aligned_array(3, shape, typenum))) return NULL;
+        if (!(t = new_block_array(3, shape, typenum, 0))) return NULL;
     } else {
         PyArrayObject *out = get_output_array(arg[2], "out", typenum, 1);
         if (!out) return NULL;
@@ -1565,7 +1544,7 @@ static PyObject *py_pack_weight_narrow(PyObject *self, PyObject *const *args, Py
     npy_intp shape[3];
     int typenum;
     narrow_shape(format, K, N, shape, &typenum);
-    PyArrayObject *p = new_aligned_array(3, shape, typenum);
+    PyArrayObject *p = new_block_array(3, shape, typenum, 0);
     if (!p) return NULL;
     int err;
     Py_BEGIN_ALLOW_THREADS

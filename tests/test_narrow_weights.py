@@ -337,7 +337,7 @@ def test_pack_weight_transposed_from_the_packing(dtype, K, N):
     for workspace in (None, np.empty(want.size, dtype)):
         dx = linear_backward(dy, None, Packed(b, keep=False), None, None, None,
                              workspace=workspace)
-        tol = 1e-5 if dtype == np.float32 else 1e-12
+        tol = 5e-6 if dtype == np.float32 else 4e-15      # measured 6.6e-7 and 3.9e-16
         assert np.max(np.abs(dx - exact)) <= tol * np.max(np.abs(exact))
 
 

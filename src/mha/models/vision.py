@@ -812,9 +812,12 @@ class ViTModel(Differentiable, TransformerModel):
         m = self.n_prefix
         d_tokens = keep.branch(None, "hook_embed", dx, (B, n, d)).reshape(B, n, d)
         d_pos = keep.branch(None, "hook_pos_embed", dx, (B, n, d)).reshape(B, n, d)
+        wants_pixels = keep.wants(None, "pixel_values")
+        if grads["patch_weight"] is None and not wants_pixels:
+            return
         # forward: x[:, prefix] = tokens;  x[:, m:] = patches W_patch + b_patch
         d_rows = np.ascontiguousarray(d_tokens[:, m:]).reshape(-1, d)
-        if keep.wants(None, "pixel_values"):
+        if wants_pixels:
             d_pixels = self._fold(_core.matmul(d_rows, self.patch_weight, trans_b=True),
                                   info["shape"])
             keep(None, "pixel_values", d_pixels, d_pixels.shape)
