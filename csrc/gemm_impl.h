@@ -138,14 +138,16 @@ MHA_INLINE void FN(tile_finish)(real tile[MR][NR], real *c, int64_t ldc, int64_t
 }
 
 #if MHA_GNU_C
-/* The same from the accumulators in registers: whole vectors when the tile is whole. */
-MHA_INLINE void FN(tile_store)(const int rows, vreal acc[MR][NV], real *c, int64_t ldc, int64_t m,
-                               int64_t n, real alpha, real beta, const real *bias) {
-    if (m == rows && n == NR) {
+/* The same from the accumulators in registers (rows x nv vectors): whole vectors when the
+ * tile is whole. */
+MHA_INLINE void FN(tile_store)(const int rows, const int nv, vreal acc[MR][NV], real *c,
+                               int64_t ldc, int64_t m, int64_t n, real alpha, real beta,
+                               const real *bias) {
+    if (m == rows && n == nv * VL) {
         MHA_UNROLL(6)
         for (int r = 0; r < rows; r++)
             MHA_UNROLL(4)
-            for (int v = 0; v < NV; v++) {
+            for (int v = 0; v < nv; v++) {
                 real *c_rv = c + r * ldc + v * VL;
                 vreal x = alpha * acc[r][v], y;
                 if (bias) {
@@ -164,7 +166,7 @@ MHA_INLINE void FN(tile_store)(const int rows, vreal acc[MR][NV], real *c, int64
     MHA_UNROLL(6)
     for (int r = 0; r < rows; r++)
         MHA_UNROLL(4)
-        for (int v = 0; v < NV; v++) MHA_VSTORE(tile[r] + v * VL, acc[r][v]);
+        for (int v = 0; v < nv; v++) MHA_VSTORE(tile[r] + v * VL, acc[r][v]);
     FN(tile_finish)(tile, c, ldc, m, n, alpha, beta, bias);
 }
 #endif
@@ -176,15 +178,16 @@ MHA_INLINE void FN(tile_store)(const int rows, vreal acc[MR][NV], real *c, int64
  * strides of op(A) itself when A is read in place; rows past m then repeat row m - 1 (valid
  * memory, results discarded) instead of reading past the matrix.
  * rows (MR, or m itself when m < MR: a decode step's single row costs one row's products,
- * not MR's) is a constant where this is inlined, so the loops over it unroll.
+ * not MR's) and nv (NV, or NV / 2 when n <= NR / 2: the panel's first nv vectors) are
+ * constants where this is inlined, so the loops over them unroll.
  * NR = NV vectors: the MR x NV accumulators, NV vectors of B and a broadcast element of A
  * fill the register file (16 registers: NV = 2, 12 + 2 + 1; 32 registers: NV = 4, 24 + 4 + 1).
  * The loops are unrolled by pragma so that acc lives in registers at any -O level (rolled,
  * GCC at -O2 keeps acc on the stack). Portable C accumulates in an array and leaves the
  * registers to the compiler. */
-MHA_INLINE void FN(micro_tile)(const int rows, int64_t kc, const real *a, int64_t a_rs, int64_t a_cs,
-                               const real *b, real *c, int64_t ldc, int64_t m, int64_t n,
-                               real alpha, real beta, const real *bias) {
+MHA_INLINE void FN(micro_tile)(const int rows, const int nv, int64_t kc, const real *a,
+                               int64_t a_rs, int64_t a_cs, const real *b, real *c, int64_t ldc,
+                               int64_t m, int64_t n, real alpha, real beta, const real *bias) {
     const real *row[MR];
     MHA_UNROLL(6)
     for (int r = 0; r < rows; r++) row[r] = a + MHA_MIN(r, m - 1) * a_rs;
@@ -193,26 +196,26 @@ MHA_INLINE void FN(micro_tile)(const int rows, int64_t kc, const real *a, int64_
     MHA_UNROLL(6)
     for (int r = 0; r < rows; r++)
         MHA_UNROLL(4)
-        for (int v = 0; v < NV; v++) acc[r][v] = (vreal){0};
+        for (int v = 0; v < nv; v++) acc[r][v] = (vreal){0};
     for (int64_t p = 0; p < kc; p++) {
         vreal bv[NV];
         MHA_UNROLL(4)
-        for (int v = 0; v < NV; v++) MHA_VLOAD(bv[v], b + p * NR + v * VL);
+        for (int v = 0; v < nv; v++) MHA_VLOAD(bv[v], b + p * NR + v * VL);
         MHA_UNROLL(6)
         for (int r = 0; r < rows; r++) {
             real a_r = row[r][p * a_cs];
             MHA_UNROLL(4)
-            for (int v = 0; v < NV; v++) acc[r][v] += a_r * bv[v];
+            for (int v = 0; v < nv; v++) acc[r][v] += a_r * bv[v];
         }
     }
-    FN(tile_store)(rows, acc, c, ldc, m, n, alpha, beta, bias);
+    FN(tile_store)(rows, nv, acc, c, ldc, m, n, alpha, beta, bias);
 #else
     real tile[MR][NR] = {{0}};
     for (int64_t p = 0; p < kc; p++) {
         const real *b_p = b + p * NR;
         for (int r = 0; r < rows; r++) {
             const real a_r = row[r][p * a_cs];
-            for (int col = 0; col < NR; col++) tile[r][col] += a_r * b_p[col];
+            for (int col = 0; col < nv * VL; col++) tile[r][col] += a_r * b_p[col];
         }
     }
     FN(tile_finish)(tile, c, ldc, m, n, alpha, beta, bias);
@@ -409,7 +412,7 @@ MHA_INLINE void FN(micro_tile_nw)(const int rows, const int fmt, int64_t kc, con
             }
         }
     }
-    FN(tile_store)(rows, acc, c, ldc, m, n, alpha, beta, bias);
+    FN(tile_store)(rows, NV, acc, c, ldc, m, n, alpha, beta, bias);
 #else
     real tile[MR][NR] = {{0}}, b_p[NR];
     if (fmt == MHA_WEIGHTS_Q8_0) {
@@ -478,18 +481,24 @@ static void FN(macro_kernel_q8_0)(int64_t mc, int64_t n, int64_t kc, const real 
 }
 
 /* A tile of m <= MR rows: a full one, or the ragged last rows of a block (or a decode step's
- * one to three rows) with only their own products. Each element's arithmetic is the same
- * whichever form runs it. */
+ * one to three rows) with only their own products; and of n <= NR / 2 columns (a ragged
+ * right edge, or attention's P v at d_head 32 on AVX-512's 64-column panels) with half the
+ * vectors, the panel's zero columns costing no products. Each element's arithmetic is the
+ * same whichever form runs it. */
+#define MICRO_ROWS(nv)                                                                           \
+    switch (m) {                                                                                 \
+    case 1: FN(micro_tile)(1, nv, kc, a, a_rs, a_cs, b, c, ldc, m, n, alpha, beta, bias); return; \
+    case 2: FN(micro_tile)(2, nv, kc, a, a_rs, a_cs, b, c, ldc, m, n, alpha, beta, bias); return; \
+    case 3: FN(micro_tile)(3, nv, kc, a, a_rs, a_cs, b, c, ldc, m, n, alpha, beta, bias); return; \
+    default: FN(micro_tile)(MR, nv, kc, a, a_rs, a_cs, b, c, ldc, m, n, alpha, beta, bias); return; \
+    }
 MHA_INLINE void FN(micro_kernel)(int64_t kc, const real *a, int64_t a_rs, int64_t a_cs,
                              const real *b, real *c, int64_t ldc, int64_t m, int64_t n,
                              real alpha, real beta, const real *bias) {
-    switch (m) {
-    case 1: FN(micro_tile)(1, kc, a, a_rs, a_cs, b, c, ldc, m, n, alpha, beta, bias); return;
-    case 2: FN(micro_tile)(2, kc, a, a_rs, a_cs, b, c, ldc, m, n, alpha, beta, bias); return;
-    case 3: FN(micro_tile)(3, kc, a, a_rs, a_cs, b, c, ldc, m, n, alpha, beta, bias); return;
-    default: FN(micro_tile)(MR, kc, a, a_rs, a_cs, b, c, ldc, m, n, alpha, beta, bias); return;
-    }
+    if (NV > 1 && n <= NR / 2) MICRO_ROWS(NV / 2)
+    MICRO_ROWS(NV)
 }
+#undef MICRO_ROWS
 
 /* One MC x NC block of C from packed panels of A and B; B's panels start b_ps elements apart
  * (kc * NR when packed per slice, K * NR when packed whole, with b_pack at the slice). */
