@@ -58,6 +58,17 @@ static inline size_t mha_add_size(size_t a, size_t b, int *ok) {
  * large malloc anew and returns it on free, so a layer's scratch, asked for again and again
  * at one size, was faulted in and zeroed by the kernel on every call. */
 #define MHA_SCRATCH_KEEP_MIN ((size_t)256 << 10)
+/* 1 when built with AddressSanitizer (GCC's macro, clang's feature test): no blocks kept. */
+#if defined(__SANITIZE_ADDRESS__)
+#define MHA_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define MHA_ASAN 1
+#endif
+#endif
+#ifndef MHA_ASAN
+#define MHA_ASAN 0
+#endif
 void *mha_alloc(size_t bytes);
 void mha_free(void *p);
 

@@ -495,7 +495,7 @@ static void FN(macro_kernel_q8_0)(int64_t mc, int64_t n, int64_t kc, const real 
 MHA_INLINE void FN(micro_kernel)(int64_t kc, const real *a, int64_t a_rs, int64_t a_cs,
                              const real *b, real *c, int64_t ldc, int64_t m, int64_t n,
                              real alpha, real beta, const real *bias) {
-    if (NV > 1 && n <= NR / 2) MICRO_ROWS(NV / 2)
+    if (n <= NR / 2) MICRO_ROWS(NV / 2) /* NV is 2 or 4 */
     MICRO_ROWS(NV)
 }
 #undef MICRO_ROWS

@@ -314,16 +314,27 @@ static int raise_core_error(int err) {
 
 static void free_block(PyObject *capsule) { mha_free(PyCapsule_GetPointer(capsule, "mha.block")); }
 
-/* A new C-contiguous array on the core's scratch memory (mha_alloc: 64-byte aligned; a capsule
- * base gives it back to mha_free when the array goes), zeroed with `zero`. Packings are made
- * here whatever their size: NumPy aligns its arrays to 16 bytes only, and a 32-byte load that
- * straddles two cache lines (every other load of a panel row at an address 16 or 48 past a
- * line) costs the AVX2 micro-kernel about a tenth of its speed. */
-static PyArrayObject *new_block_array(int ndim, const npy_intp *shape, int typenum, int zero) {
+/* A new C-contiguous array, zeroed with `zero`. With `block`, or from MHA_SCRATCH_KEEP_MIN
+ * bytes, its data is the core's scratch memory (mha_alloc: 64-byte aligned; a capsule base
+ * gives it back to mha_free when the array goes): a result dropped after a call is then taken
+ * again by the next call's, where NumPy's own memory, from glibc, would be mapped anew and
+ * faulted in every time (the layer's forward and backward at the seed shape: about 1,300 page
+ * faults a step). Packings are block arrays whatever their size: NumPy aligns its arrays to
+ * 16 bytes only, and a 32-byte load that straddles two cache lines (every other load of a
+ * panel row at an address 16 or 48 past a line) costs the AVX2 micro-kernel about a tenth of
+ * its speed. */
+static PyArrayObject *make_array(int ndim, const npy_intp *shape, int typenum, int zero, int block) {
     PyArray_Descr *descr = PyArray_DescrFromType(typenum); /* a new reference, which NewFromDescr steals */
     if (!descr) return NULL;
+    int ok = 1;
     size_t bytes = (size_t)PyDataType_ELSIZE(descr);
-    for (int i = 0; i < ndim; i++) bytes *= (size_t)shape[i];
+    for (int i = 0; i < ndim; i++) bytes = mha_mul_size(bytes, (size_t)shape[i], &ok);
+    /* past what an array can address, NumPy's own check raises "array is too big" */
+    if (!ok || bytes > (size_t)NPY_MAX_INTP || (!block && bytes < MHA_SCRATCH_KEEP_MIN)) {
+        Py_DECREF(descr);
+        return (PyArrayObject *)(zero ? PyArray_ZEROS(ndim, (npy_intp *)shape, typenum, 0)
+                                      : PyArray_SimpleNew(ndim, (npy_intp *)shape, typenum));
+    }
     void *data = mha_alloc(bytes);
     if (!data) {
         Py_DECREF(descr);
@@ -346,20 +357,13 @@ static PyArrayObject *new_block_array(int ndim, const npy_intp *shape, int typen
     return a;
 }
 
-/* A new C-contiguous array for a result (zeroed with `zero`). From MHA_SCRATCH_KEEP_MIN bytes
- * it is a block array: a result dropped after a call is then taken again by the next call's,
- * where NumPy's own memory, from glibc, would be mapped anew and faulted in every time (the
- * layer's forward and backward at the seed shape: about 1,300 page faults a step). Smaller
- * results are NumPy's. */
+/* A result (NumPy's memory below MHA_SCRATCH_KEEP_MIN bytes), and a packing (always a block). */
 static PyArrayObject *new_array(int ndim, const npy_intp *shape, int typenum, int zero) {
-    PyArray_Descr *descr = PyArray_DescrFromType(typenum);
-    if (!descr) return NULL;
-    size_t bytes = (size_t)PyDataType_ELSIZE(descr);
-    Py_DECREF(descr);
-    for (int i = 0; i < ndim; i++) bytes *= (size_t)shape[i];
-    if (bytes >= MHA_SCRATCH_KEEP_MIN) return new_block_array(ndim, shape, typenum, zero);
-    return (PyArrayObject *)(zero ? PyArray_ZEROS(ndim, (npy_intp *)shape, typenum, 0)
-                                  : PyArray_SimpleNew(ndim, (npy_intp *)shape, typenum));
+    return make_array(ndim, shape, typenum, zero, 0);
+}
+
+static PyArrayObject *new_block_array(int ndim, const npy_intp *shape, int typenum, int zero) {
+    return make_array(ndim, shape, typenum, zero, 1);
 }
 
 /* The float dtype of the call, from its first array (every other float array must match it). */
@@ -2312,6 +2316,12 @@ static PyObject *py_build_info(PyObject *self, PyObject *unused) {
     return PyUnicode_FromString(mha_build_info());
 }
 
+static PyObject *py_release_scratch(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    return PyLong_FromSize_t(mha_release_scratch());
+}
+
 static const char *const adam_step_kw[] = {"p", "grad", "m", "v", "lr", "beta1", "beta2", "eps",
                                            "weight_decay", "decoupled", "step", NULL};
 static call_spec adam_step_spec = {"adam_step", adam_step_kw, 11, {NULL}};
@@ -2416,6 +2426,8 @@ static PyMethodDef methods[] = {
     {"set_num_threads", py_set_num_threads, METH_O, "set_num_threads(n): n in 1 .. MAX_THREADS"},
     {"get_num_threads", py_get_num_threads, METH_NOARGS, "get_num_threads() -> int"},
     {"build_info", py_build_info, METH_NOARGS, "build_info() -> str"},
+    {"release_scratch", py_release_scratch, METH_NOARGS,
+     "release_scratch() -> int: free the scratch blocks the core keeps for its next calls (0 where none are kept)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -256,21 +256,16 @@ typedef struct {
     size_t capacity;
 } scratch_header;
 
-/* Blocks kept for reuse: from SCRATCH_KEEP_MIN bytes, at most SCRATCH_KEEP_BLOCKS of them and
- * SCRATCH_KEEP_BYTES in all; a request takes the smallest kept block that holds it, if that
- * is at most twice its size (a large block stays for a large request); a request that none
- * holds frees the kept blocks smaller than it. Only with the POSIX pool's mutex, and not
+/* Gives a block (its aligned start) back to malloc. */
+static void free_raw(void *p) { free(((scratch_header *)p - 1)->raw); }
+
+/* Blocks kept for reuse: from MHA_SCRATCH_KEEP_MIN bytes, at most SCRATCH_KEEP_BLOCKS of them
+ * and SCRATCH_KEEP_BYTES in all; a request takes the smallest kept block that holds it, if
+ * that is at most twice its size (a large block stays for a large request); a request that
+ * none holds frees the kept blocks smaller than it. Only with the POSIX pool's mutex, and not
  * under AddressSanitizer (whose use-after-free checks need freed memory to go back to it). */
-#if defined(__SANITIZE_ADDRESS__)
-#define MHA_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define MHA_ASAN 1
-#endif
-#endif
-#if MHA_POOL && !defined(MHA_ASAN)
+#if MHA_POOL && !MHA_ASAN
 #define SCRATCH_CACHE 1
-#define SCRATCH_KEEP_MIN MHA_SCRATCH_KEEP_MIN
 #define SCRATCH_KEEP_BYTES ((size_t)64 << 20)
 #define SCRATCH_KEEP_BLOCKS 32
 static struct {
@@ -282,14 +277,15 @@ static struct {
 static size_t capacity_of(void *p) { return ((scratch_header *)p - 1)->capacity; }
 
 static void *take_kept(size_t bytes) {
-    if (bytes < SCRATCH_KEEP_MIN) return NULL;
+    if (bytes < MHA_SCRATCH_KEEP_MIN) return NULL;
     void *p = NULL, *smaller[SCRATCH_KEEP_BLOCKS] = {NULL};
     pthread_mutex_lock(&kept.mu);
     int best = -1;
-    for (int i = 0; i < SCRATCH_KEEP_BLOCKS; i++)
-        if (kept.block[i] && capacity_of(kept.block[i]) >= bytes && capacity_of(kept.block[i]) / 2 <= bytes &&
-            (best < 0 || capacity_of(kept.block[i]) < capacity_of(kept.block[best])))
+    for (int i = 0; i < SCRATCH_KEEP_BLOCKS; i++) {
+        const size_t cap = kept.block[i] ? capacity_of(kept.block[i]) : 0;
+        if (cap >= bytes && cap / 2 <= bytes && (best < 0 || cap < capacity_of(kept.block[best])))
             best = i;
+    }
     if (best >= 0) {
         p = kept.block[best];
         kept.block[best] = NULL;
@@ -305,14 +301,14 @@ static void *take_kept(size_t bytes) {
     }
     pthread_mutex_unlock(&kept.mu);
     for (int i = 0; i < SCRATCH_KEEP_BLOCKS; i++)
-        if (smaller[i]) free(((scratch_header *)smaller[i] - 1)->raw);
+        if (smaller[i]) free_raw(smaller[i]);
     return p;
 }
 
 /* 1 if p was kept, 0 if the caller frees it. */
 static int keep_block(void *p) {
     const size_t cap = capacity_of(p);
-    if (cap < SCRATCH_KEEP_MIN || cap > SCRATCH_KEEP_BYTES) return 0;
+    if (cap < MHA_SCRATCH_KEEP_MIN || cap > SCRATCH_KEEP_BYTES) return 0;
     int done = 0;
     pthread_mutex_lock(&kept.mu);
     if (kept.bytes + cap <= SCRATCH_KEEP_BYTES)
@@ -350,7 +346,7 @@ void mha_free(void *p) {
 #if SCRATCH_CACHE
     if (keep_block(p)) return;
 #endif
-    free(((scratch_header *)p - 1)->raw);
+    free_raw(p);
 }
 
 size_t mha_release_scratch(void) {
@@ -366,7 +362,7 @@ size_t mha_release_scratch(void) {
     kept.bytes = 0;
     pthread_mutex_unlock(&kept.mu);
     for (int i = 0; i < SCRATCH_KEEP_BLOCKS; i++)
-        if (drop[i]) free(((scratch_header *)drop[i] - 1)->raw);
+        if (drop[i]) free_raw(drop[i]);
 #endif
     return bytes;
 }
